@@ -1,0 +1,1 @@
+"""Input pipelines: sources of examples and the input_fn builder that batches them."""

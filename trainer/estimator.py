@@ -1,0 +1,355 @@
+"""The Estimator: train, evaluate, predict and train_and_evaluate over a ModelFn.
+
+Three levels, as in Keras ``fit`` and orbit: this module's Python loop decides
+cadence (log, checkpoint, evaluate), ``step.Steps.train_loop`` runs a compiled block
+of steps, and one step function touches the model.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import keras
+import tensorflow as tf
+from absl import logging
+
+from trainer import checkpoints, hooks
+from trainer.errors import UserError
+from trainer.model_fn import InputParams, Mode, ModelFn, check_spec
+from trainer.step import Steps, split_element
+from trainer.summaries import Writers
+
+InputFn = Callable[[Mode, InputParams], tf.data.Dataset]
+OPERATIVE_CONFIG = "operative_config.gin"
+
+
+class Estimator:
+    """Trains, evaluates, predicts with a ``ModelFn``, keeping all state in ``model_dir``.
+
+    Args:
+      model_fn: the model (a ``ModelFn`` instance).
+      model_dir: directory for checkpoints, event files and the operative config.
+        Rerunning with the same ``model_dir`` resumes from its newest checkpoint.
+      optimizer: a Keras optimizer; its learning rate may be a schedule. Default Adam.
+      global_batch_size: examples per training step over all devices.
+      eval_batch_size: examples per eval/predict batch; defaults to ``global_batch_size``.
+      steps_per_loop: most steps run per compiled call; blocks are cut short so that
+        logging, checkpoints and evaluation still happen at the steps asked for.
+      log_every_steps: how often to write train scalars and print progress.
+      save_checkpoints_steps: how often to checkpoint (also always at the end).
+      keep_checkpoint_max: how many recent checkpoints to keep.
+      seed: seed given to input_fns (shuffling); None for nondeterministic input.
+      checkpoint_input: also checkpoint the training input iterator, so that a
+        resumed run continues from the exact next batch instead of restarting the
+        data. Needs a pipeline without ``py_function``.
+      config_text_fn: returns the run's configuration as text; written to
+        ``model_dir/operative_config.gin`` and to TensorBoard once training starts.
+    """
+
+    def __init__(
+        self,
+        model_fn: ModelFn,
+        model_dir: str,
+        *,
+        optimizer: keras.optimizers.Optimizer | None = None,
+        global_batch_size: int = 32,
+        eval_batch_size: int | None = None,
+        steps_per_loop: int = 100,
+        log_every_steps: int = 100,
+        save_checkpoints_steps: int | None = 1000,
+        keep_checkpoint_max: int = 5,
+        seed: int | None = None,
+        checkpoint_input: bool = True,
+        config_text_fn: Callable[[], str] | None = None,
+    ):
+        if not isinstance(model_fn, ModelFn):
+            raise UserError(
+                f"model_fn must be a trainer.ModelFn instance, got {type(model_fn).__name__} "
+                "(in gin, write @MyModel() with parentheses to pass an instance)"
+            )
+        for name, value in [("global_batch_size", global_batch_size),
+                            ("steps_per_loop", steps_per_loop),
+                            ("log_every_steps", log_every_steps)]:
+            if value < 1:
+                raise UserError(f"Estimator.{name} must be >= 1, got {value}")
+        self.model_fn = model_fn
+        self.model_dir = model_dir
+        self.optimizer = optimizer if optimizer is not None else keras.optimizers.Adam()
+        self.global_batch_size = global_batch_size
+        self.eval_batch_size = eval_batch_size or global_batch_size
+        self.steps_per_loop = steps_per_loop
+        self.log_every_steps = log_every_steps
+        self.save_checkpoints_steps = save_checkpoints_steps
+        self.keep_checkpoint_max = keep_checkpoint_max
+        self.seed = seed
+        self.checkpoint_input = checkpoint_input
+        self.config_text_fn = config_text_fn
+        self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        self.writers = Writers(model_dir)
+        self._steps: Steps | None = None  # built on first use, from the data's shapes
+        self._has_state = False  # True once the model holds trained or restored weights
+
+    # ---------------------------------------------------------------- public API
+
+    def train(self, input_fn: InputFn, max_steps: int,
+              hooks_: Sequence[hooks.Hook] = ()) -> int:
+        """Trains until ``global_step`` reaches ``max_steps``, resuming from ``model_dir``.
+
+        Args:
+          input_fn: returns the training dataset, repeated as needed.
+          max_steps: the global step to stop at (not a number of extra steps).
+          hooks_: callables ``hook(step, logs)`` called at every log step.
+
+        Returns:
+          The global step reached.
+        """
+        return self._train(input_fn, max_steps, extra=[], hooks_=hooks_)
+
+    def evaluate(self, input_fn: InputFn, steps: int | None = None,
+                 name: str = "eval") -> dict[str, float]:
+        """Evaluates on the whole eval set (or its first ``steps`` batches).
+
+        Uses the weights in memory after ``train``; otherwise restores the newest
+        checkpoint. Writes the metrics to ``model_dir/eval_<name>`` at the global step.
+
+        Returns:
+          Mean loss and metrics over every example seen, keyed by metric name.
+        """
+        dataset = self._dataset(input_fn, Mode.EVAL)
+        return self._evaluate(dataset, steps, name)
+
+    def predict(self, input_fn: InputFn) -> Iterator[dict[str, Any]]:
+        """Yields one dict of numpy predictions per example of ``input_fn(PREDICT)``."""
+        dataset = self._dataset(input_fn, Mode.PREDICT)
+        steps = self._prepare(dataset.element_spec, Mode.PREDICT)
+        self._restore_for_inference()
+        for element in dataset:
+            features, _ = split_element(element, Mode.PREDICT)
+            batch = {k: v.numpy() for k, v in steps.predict(features).items()}
+            for i in range(len(next(iter(batch.values())))):
+                yield {k: v[i] for k, v in batch.items()}
+
+    def train_and_evaluate(
+        self,
+        train_input_fn: InputFn,
+        eval_input_fns: InputFn | Mapping[str, InputFn],
+        max_steps: int,
+        eval_every_steps: int | None = None,
+        eval_steps: int | None = None,
+    ) -> dict[str, dict[str, float]]:
+        """Trains to ``max_steps``, evaluating every ``eval_every_steps`` and at the end.
+
+        Args:
+          train_input_fn: the training input.
+          eval_input_fns: one input_fn (its eval set is named ``eval``) or a dict of
+            them keyed by eval-set name; each writes to ``model_dir/eval_<name>``.
+          max_steps: the global step to stop at.
+          eval_every_steps: evaluation cadence in steps; None evaluates only at the end.
+          eval_steps: batches per evaluation; None means the whole eval set.
+
+        Returns:
+          The final metrics of each eval set, keyed by its name.
+        """
+        if not isinstance(eval_input_fns, Mapping):
+            eval_input_fns = {"eval": eval_input_fns}
+        eval_sets = {n: self._dataset(fn, Mode.EVAL) for n, fn in eval_input_fns.items()}
+        results: dict[str, dict[str, float]] = {}
+        evaluated_at = []
+
+        def evaluate_all(step: int) -> None:
+            for name, dataset in eval_sets.items():
+                results[name] = self._evaluate(dataset, eval_steps, name)
+            evaluated_at.append(step)
+
+        self._train(train_input_fn, max_steps,
+                    extra=[hooks.Periodic(eval_every_steps, evaluate_all)])
+        if self.step not in evaluated_at:
+            evaluate_all(self.step)
+        return results
+
+    @property
+    def step(self) -> int:
+        """The global step: how many training steps the model has taken."""
+        return int(self.global_step.numpy())
+
+    # ---------------------------------------------------------------- the loop
+
+    def _train(self, input_fn: InputFn, max_steps: int, extra: list[hooks.Periodic],
+               hooks_: Sequence[hooks.Hook] = ()) -> int:
+        # Data, model and optimizer.
+        dataset = self._dataset(input_fn, Mode.TRAIN)
+        iterator = iter(dataset)
+        steps = self._prepare(dataset.element_spec, Mode.TRAIN)
+
+        # Restore: rerunning the same command continues where it stopped.
+        tf.io.gfile.makedirs(self.model_dir)
+        state = dict(model=self.model_fn, optimizer=self.optimizer, step=self.global_step,
+                     rng=self.model_fn.non_trainable_variables)
+        if self.checkpoint_input:
+            state["input"] = iterator
+        checkpointer = checkpoints.Checkpointer(self.model_dir, self.keep_checkpoint_max, **state)
+        restored = checkpointer.restore_latest()
+        self._has_state = True
+        start = self.step
+        if start >= max_steps:
+            logging.info("global_step %d >= max_steps %d: nothing to train.", start, max_steps)
+            return start
+        self._write_config(start)
+        logging.info("Training %s from step %d to %d in %s", type(self.model_fn).__name__,
+                     start, max_steps, self.model_dir if restored else f"new {self.model_dir}")
+
+        # Loop: compiled blocks of steps; actions fire at the steps they are due.
+        progress = _Progress(start, max_steps, self.global_batch_size)
+        steps.train_metrics.reset()
+
+        def log(step: int) -> None:
+            logs = steps.train_metrics.result()
+            steps.train_metrics.reset()
+            logs.update(progress.rates(step))
+            logs["learning_rate"] = float(self.optimizer.learning_rate)
+            self.writers.scalars("train", step, logs)
+            logging.info("%s", progress.line(step, logs))
+            for hook in hooks_:
+                hook(step, logs)
+
+        actions = [hooks.Periodic(self.log_every_steps, log),
+                   hooks.Periodic(self.save_checkpoints_steps, checkpointer.save), *extra]
+        step = start
+        while step < max_steps:
+            n = hooks.steps_until_due(step, actions, min(self.steps_per_loop, max_steps - step))
+            steps.train_loop(iterator, tf.constant(n, tf.int64))
+            step = self.step
+            for action in actions:
+                if action.is_due(step):
+                    action.fn(step)
+
+        # The end: log and save unless that just happened.
+        if not actions[0].is_due(step):
+            log(step)
+        checkpointer.save(step)
+        return step
+
+    # ---------------------------------------------------------------- helpers
+
+    def _dataset(self, input_fn: InputFn, mode: Mode) -> tf.data.Dataset:
+        batch = self.global_batch_size if mode == Mode.TRAIN else self.eval_batch_size
+        params = InputParams(batch_size=batch, global_batch_size=batch, seed=self.seed)
+        dataset = input_fn(mode, params)
+        if not isinstance(dataset, tf.data.Dataset):
+            raise UserError(
+                f"input_fn {_name(input_fn)} returned {type(dataset).__name__} for mode "
+                f"{mode.value!r}; it must return a tf.data.Dataset of (features, labels)"
+            )
+        spec = dataset.element_spec
+        has_labels = isinstance(spec, tuple) and len(spec) == 2
+        if mode != Mode.PREDICT and not has_labels:
+            raise UserError(
+                f"input_fn {_name(input_fn)} yields {spec} in mode {mode.value!r}; "
+                "TRAIN and EVAL need (features, labels) pairs"
+            )
+        return dataset
+
+    def _prepare(self, element_spec, mode: Mode) -> Steps:
+        """Creates the model's and optimizer's variables once, by tracing the model.
+
+        Tracing on the dataset's element spec creates every variable without running
+        a batch, so a checkpoint can be restored into them before the first step.
+        """
+        if self._steps is not None:
+            return self._steps
+        features_spec, labels_spec = split_element(element_spec, mode)
+        found = {}
+
+        def trace(features, labels):
+            spec = self.model_fn(features, labels, mode)
+            check_spec(spec, mode, type(self.model_fn).__name__)
+            found["metrics"] = sorted(spec.metrics)
+            return spec.predictions
+
+        args = (features_spec, labels_spec) if labels_spec is not None else (features_spec,)
+        fn = trace if labels_spec is not None else (lambda f: trace(f, None))
+        try:
+            tf.function(fn).get_concrete_function(*args)
+        except ValueError as error:
+            raise UserError(str(error).splitlines()[0]) from error
+        variables = self.model_fn.trainable_variables
+        if not variables:
+            raise UserError(f"{type(self.model_fn).__name__} has no trainable variables: "
+                            "create its Keras layers as attributes in __init__")
+        self.optimizer.build(variables)
+        self._steps = Steps(self.model_fn, self.optimizer, self.global_step,
+                            found.get("metrics", []))
+        return self._steps
+
+    def _restore_for_inference(self) -> None:
+        if self._has_state:
+            return
+        checkpointer = checkpoints.Checkpointer(
+            self.model_dir, model=self.model_fn, step=self.global_step,
+            rng=self.model_fn.non_trainable_variables)
+        if checkpointer.restore_latest(partial=True) is None:
+            raise UserError(f"no checkpoint in {self.model_dir}: train first "
+                            "(--schedule train) or point --model_dir at a trained run")
+        self._has_state = True
+
+    def _evaluate(self, dataset: tf.data.Dataset, steps: int | None, name: str) -> dict:
+        compiled = self._prepare(dataset.element_spec, Mode.EVAL)
+        self._restore_for_inference()
+        if steps is not None:
+            dataset = dataset.take(steps)
+        compiled.eval_metrics.reset()
+        start = time.perf_counter()
+        compiled.evaluate(dataset)
+        metrics = compiled.eval_metrics.result()
+        if not metrics:
+            raise UserError(f"eval set {name!r} is empty: its input_fn yielded no batches")
+        self.writers.scalars(f"eval_{name}", self.step, metrics)
+        logging.info("eval %s at step %d (%.0f examples, %.1fs): %s", name, self.step,
+                     compiled.eval_metrics.count.numpy(), time.perf_counter() - start,
+                     _format(metrics))
+        return metrics
+
+    def _write_config(self, step: int) -> None:
+        if self.config_text_fn is None:
+            return
+        text = self.config_text_fn()
+        path = os.path.join(self.model_dir, OPERATIVE_CONFIG)
+        with tf.io.gfile.GFile(path + ".tmp", "w") as f:
+            f.write(text)
+        tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+        self.writers.text("train", "operative_config", text, step)
+
+
+class _Progress:
+    """Turns wall time between log steps into steps/sec, examples/sec and an ETA."""
+
+    def __init__(self, start: int, max_steps: int, global_batch_size: int):
+        self.max_steps = max_steps
+        self.global_batch_size = global_batch_size
+        self.last_step, self.last_time = start, time.perf_counter()
+
+    def rates(self, step: int) -> dict[str, float]:
+        now = time.perf_counter()
+        steps_per_sec = (step - self.last_step) / max(now - self.last_time, 1e-9)
+        self.last_step, self.last_time = step, now
+        return {"steps_per_sec": steps_per_sec,
+                "examples_per_sec": steps_per_sec * self.global_batch_size}
+
+    def line(self, step: int, logs: Mapping[str, float]) -> str:
+        eta = (self.max_steps - step) / max(logs["steps_per_sec"], 1e-9)
+        shown = {k: v for k, v in logs.items() if k not in ("steps_per_sec", "examples_per_sec")}
+        return (f"step {step}/{self.max_steps}  {_format(shown)}  "
+                f"{logs['examples_per_sec']:.0f} examples/s  "
+                f"ETA {datetime.timedelta(seconds=round(eta))}")
+
+
+def _format(metrics: Mapping[str, float]) -> str:
+    return "  ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+
+
+def _name(fn) -> str:
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)

@@ -1,0 +1,35 @@
+"""Hooks are plain callables ``hook(step, logs)``; one helper decides cadence.
+
+The training loop runs compiled blocks of steps. Before each block it asks
+``steps_until_due`` how far it may go so that every periodic action (logging,
+checkpointing, evaluation, user hooks) fires exactly at the steps it asked for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from typing import Any
+
+Hook = Callable[[int, dict[str, Any]], None]
+
+
+@dataclasses.dataclass
+class Periodic:
+    """Calls ``fn(step)`` every ``every_steps`` steps; never when it is None or 0."""
+
+    every_steps: int | None
+    fn: Callable[[int], Any]
+
+    def is_due(self, step: int) -> bool:
+        """True when ``step`` is a multiple of ``every_steps``."""
+        return bool(self.every_steps) and step % self.every_steps == 0
+
+
+def steps_until_due(step: int, actions: Iterable[Periodic], limit: int) -> int:
+    """How many steps to run from ``step`` before the next action is due (at most ``limit``)."""
+    steps = limit
+    for action in actions:
+        if action.every_steps:
+            steps = min(steps, action.every_steps - step % action.every_steps)
+    return max(steps, 1)

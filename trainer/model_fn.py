@@ -1,0 +1,182 @@
+"""The contract between research code and the framework.
+
+Research code provides two things:
+
+* an ``input_fn(mode, params) -> tf.data.Dataset`` whose elements are
+  ``(features, labels)``: two dicts of batched tensors. In PREDICT the dataset may
+  yield ``features`` alone; labels are never given to the model then.
+* a ``ModelFn`` subclass that owns its layers (built once, in ``__init__``) and maps
+  ``(features, labels, mode)`` to a ``Spec``.
+
+The framework does the rest: compiled steps, optimizer, checkpoints, summaries.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import enum
+from collections.abc import Mapping
+
+import keras
+import tensorflow as tf
+
+
+class Mode(str, enum.Enum):
+    """What the model is asked to do; the values are Estimator's mode strings."""
+
+    TRAIN = "train"
+    EVAL = "eval"
+    PREDICT = "infer"
+
+
+@dataclasses.dataclass(frozen=True)
+class InputParams:
+    """What the framework tells an ``input_fn``.
+
+    Attributes:
+      batch_size: examples per batch this pipeline must yield. With one input
+        pipeline it equals ``global_batch_size``.
+      global_batch_size: examples per training step summed over all devices.
+      seed: seed for shuffling and augmentation; None means nondeterministic.
+      num_input_pipelines: how many pipelines feed the step (one per worker).
+      input_pipeline_id: which of them this one is, for sharding the files.
+    """
+
+    batch_size: int
+    global_batch_size: int
+    seed: int | None = None
+    num_input_pipelines: int = 1
+    input_pipeline_id: int = 0
+
+
+@dataclasses.dataclass
+class Spec:
+    """What a ``ModelFn`` returns for one batch.
+
+    Attributes:
+      predictions: dict of tensors whose first dimension is the batch.
+      loss: scalar, the mean loss over the batch. Required in TRAIN and EVAL.
+      metrics: dict of per-example values, each of shape ``[batch]``. The framework
+        streams their mean over the whole eval set (and over all devices), so
+        accuracy is ``tf.cast(tf.equal(predicted, label), tf.float32)``.
+    """
+
+    predictions: Mapping[str, tf.Tensor]
+    loss: tf.Tensor | None = None
+    metrics: Mapping[str, tf.Tensor] = dataclasses.field(default_factory=dict)
+
+
+class ModelFn(tf.Module):
+    """Base class of models: create layers in ``__init__``, compute in ``__call__``.
+
+    Keras layers (and ``keras.Variable``/``tf.Variable``) held as attributes, directly
+    or inside lists and dicts, are found by the framework: their variables are
+    trained and checkpointed. Subclasses may be ``@gin.configurable`` directly.
+
+    Example::
+
+        class Linear(ModelFn):
+            def __init__(self):
+                super().__init__()
+                self.dense = keras.layers.Dense(1)
+
+            def __call__(self, features, labels, mode):
+                y = self.dense(features["x"])[:, 0]
+                if labels is None:
+                    return Spec(predictions={"y": y})
+                error = y - labels["y"]
+                return Spec({"y": y}, loss=tf.reduce_mean(error**2),
+                            metrics={"mae": tf.abs(error)})
+    """
+
+    def __call__(
+        self, features: Mapping[str, tf.Tensor], labels: Mapping[str, tf.Tensor] | None, mode: Mode
+    ) -> Spec:
+        """Maps a batch to a ``Spec``; ``labels`` is None in PREDICT."""
+        raise NotImplementedError(f"{type(self).__name__} must implement __call__")
+
+    @property
+    def layers(self) -> list[keras.layers.Layer]:
+        """The Keras layers held as attributes, at any depth of lists and dicts."""
+        return [x for x in _walk(self) if isinstance(x, keras.layers.Layer)]
+
+    @property
+    def trainable_variables(self) -> list[tf.Variable]:
+        """The variables the optimizer updates (Keras 3 ones included)."""
+        return self._collect(trainable=True)
+
+    @property
+    def non_trainable_variables(self) -> list[tf.Variable]:
+        """Other state: batch-norm statistics and the dropout RNG state."""
+        return self._collect(trainable=False)
+
+    def _collect(self, trainable: bool) -> list[tf.Variable]:
+        found, seen = [], set()
+        for item in _walk(self):
+            if isinstance(item, keras.layers.Layer):
+                variables = item.trainable_variables if trainable else item.non_trainable_variables
+            elif isinstance(item, keras.Variable | tf.Variable):
+                variables = [item] if item.trainable == trainable else []
+            else:
+                continue
+            for v in variables:
+                if id(v) not in seen:
+                    seen.add(id(v))
+                    found.append(v)
+        return found
+
+
+def _walk(root):
+    """Yields attribute values of ``root`` depth-first, descending into containers.
+
+    Keras layers are yielded but not entered (they report their own variables);
+    nested ``tf.Module``s are entered.
+    """
+    stack, visited = [root], {id(root)}
+    while stack:
+        obj = stack.pop()
+        if isinstance(obj, tf.Module):
+            children = [v for k, v in sorted(vars(obj).items()) if not k.startswith("_tf_")]
+        elif isinstance(obj, Mapping):
+            children = [obj[k] for k in sorted(obj, key=str)]
+        elif isinstance(obj, collections.abc.Sequence) and not isinstance(obj, str | bytes):
+            children = list(obj)
+        else:
+            continue
+        for child in reversed(children):
+            if id(child) in visited:
+                continue
+            visited.add(id(child))
+            if isinstance(child, keras.layers.Layer | keras.Variable | tf.Variable):
+                yield child
+            elif isinstance(child, tf.Module | Mapping | collections.abc.Sequence):
+                stack.append(child)
+
+
+def check_spec(spec: Spec, mode: Mode, model_name: str) -> None:
+    """Raises ValueError when a ModelFn's Spec breaks the contract for ``mode``.
+
+    Called while tracing, so it sees static shapes only.
+    """
+    where = f"{model_name}(mode={mode.value!r})"
+    if not isinstance(spec, Spec):
+        raise ValueError(f"{where} returned {type(spec).__name__}; return a trainer.Spec")
+    if not isinstance(spec.predictions, Mapping) or not spec.predictions:
+        raise ValueError(f"{where}: Spec.predictions must be a non-empty dict of tensors")
+    if mode != Mode.PREDICT:
+        if spec.loss is None:
+            raise ValueError(f"{where}: Spec.loss is required in {mode.value} mode")
+        if spec.loss.shape.rank != 0:
+            raise ValueError(
+                f"{where}: Spec.loss must be a scalar (mean over the batch), "
+                f"got shape {spec.loss.shape}"
+            )
+    for name, value in spec.metrics.items():
+        if value.shape.rank != 1:
+            raise ValueError(
+                f"{where}: metric {name!r} must hold one value per example (shape [batch]), "
+                f"got shape {value.shape}"
+            )
+        if name == "loss":
+            raise ValueError(f"{where}: metric name 'loss' is reserved for Spec.loss")
