@@ -1,0 +1,262 @@
+"""The command line: ``python -m trainer --gin_file experiments/digits_mlp.gin``.
+
+This is the only module that defines flags or parses gin. It makes the framework's
+pieces configurable (``Estimator``, Keras optimizers and learning-rate schedules),
+parses the gin files, and calls ``experiment``, which builds the objects and runs
+one schedule. Bad input ends in one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+import sys
+import uuid
+
+import gin
+import keras
+import numpy as np
+from absl import app, flags, logging
+
+from trainer.errors import UserError
+from trainer.estimator import Estimator
+
+SCHEDULES = ["train", "evaluate", "train_and_evaluate", "predict"]
+EXIT_USER_ERROR = 2
+
+flags.DEFINE_multi_string("gin_file", [], "Gin config file; repeat to layer files in order.")
+flags.DEFINE_multi_string(
+    "gin_param", [], "One gin binding, applied after the files, e.g. 'MLP.dropout_rate = 0.2'."
+)
+flags.DEFINE_string(
+    "model_dir", None,
+    "Where checkpoints, event files and the operative config go. Rerunning with the same "
+    "model_dir resumes. Default: output/<name of the first --gin_file>.")
+flags.DEFINE_enum("schedule", "train_and_evaluate", SCHEDULES, "What to run.")
+flags.DEFINE_string(
+    "results", None,
+    "Write results here: JSON with global_step and the final metrics of each eval set; "
+    "for --schedule=predict, one JSON line of predictions per example.")
+FLAGS = flags.FLAGS
+
+# ---------------------------------------------------------------- configurables
+
+_GinEstimator = gin.external_configurable(
+    Estimator, name="Estimator", module="trainer",
+    denylist=["model_fn", "model_dir", "seed", "config_text_fn"])
+for _cls in [keras.optimizers.SGD, keras.optimizers.Adam, keras.optimizers.AdamW,
+             keras.optimizers.RMSprop, keras.optimizers.Adagrad]:
+    gin.external_configurable(_cls, module="optimizers")
+for _cls in [keras.optimizers.schedules.ExponentialDecay,
+             keras.optimizers.schedules.PiecewiseConstantDecay,
+             keras.optimizers.schedules.CosineDecay,
+             keras.optimizers.schedules.PolynomialDecay]:
+    gin.external_configurable(_cls, module="schedules")
+
+
+@gin.configurable("experiment", denylist=["model_dir", "schedule"])
+def experiment(
+    model_dir: str,
+    schedule: str,
+    model_fn=gin.REQUIRED,
+    input_fn=gin.REQUIRED,
+    eval_input_fns=None,
+    max_steps: int = gin.REQUIRED,
+    eval_every_steps: int | None = None,
+    eval_steps: int | None = None,
+    seed: int | None = 0,
+) -> dict:
+    """Builds the Estimator and runs ``schedule``; bound by the experiment's gin file.
+
+    Args:
+      model_dir: from ``--model_dir``.
+      schedule: from ``--schedule``.
+      model_fn: the model, e.g. ``@MLP()``.
+      input_fn: ``input_fn(mode, params)`` for training (and eval, unless
+        ``eval_input_fns`` is given), e.g. ``@digits.input_fn``.
+      eval_input_fns: dict of eval-set name to input_fn; default ``{'eval': input_fn}``.
+      max_steps: the global step training stops at.
+      eval_every_steps: evaluation cadence during train_and_evaluate.
+      eval_steps: batches per evaluation; None evaluates the whole eval set.
+      seed: seeds Keras, TF, NumPy and the input pipelines; None for no seeding.
+
+    Returns:
+      ``{'global_step', 'model_dir', 'metrics': {eval_set: {metric: value}}}`` or, for
+      predict, ``{'predictions': iterator of per-example dicts}``.
+    """
+    estimator = _GinEstimator(model_fn=model_fn, model_dir=model_dir, seed=seed,
+                              config_text_fn=gin.operative_config_str)
+    eval_input_fns = eval_input_fns or {"eval": input_fn}
+    metrics = {}
+    if schedule == "train":
+        estimator.train(input_fn, max_steps)
+    elif schedule == "evaluate":
+        metrics = {name: estimator.evaluate(fn, eval_steps, name)
+                   for name, fn in eval_input_fns.items()}
+    elif schedule == "train_and_evaluate":
+        metrics = estimator.train_and_evaluate(input_fn, eval_input_fns, max_steps,
+                                               eval_every_steps, eval_steps)
+    elif schedule == "predict":
+        return {"predictions": estimator.predict(input_fn), "model_dir": model_dir}
+    return {"global_step": estimator.step, "model_dir": model_dir, "metrics": metrics}
+
+
+# ---------------------------------------------------------------- main
+
+
+def main(argv: list[str]) -> None:
+    """Parses gin, runs the experiment, writes results; exits 2 on bad input."""
+    if len(argv) > 1:
+        _fail(f"unexpected arguments {argv[1:]}: every option is a --flag (see --help)")
+    try:
+        _parse_gin(FLAGS.gin_file, FLAGS.gin_param)
+        model_dir = FLAGS.model_dir or _default_model_dir(FLAGS.gin_file)
+        _check_writable(model_dir, "--model_dir")
+        if FLAGS.schedule == "predict" and not FLAGS.results:
+            raise UserError("--schedule=predict needs --results=PATH.jsonl to write to")
+        if FLAGS.results:
+            _check_writable(os.path.dirname(os.path.abspath(FLAGS.results)), "--results")
+        seed = _query("experiment.seed", 0)
+        if seed is not None:
+            keras.utils.set_random_seed(seed)
+        logging.info("model_dir: %s", model_dir)
+        result = experiment(model_dir=model_dir, schedule=FLAGS.schedule)
+        _report(result, FLAGS.schedule, FLAGS.results)
+    except UserError as error:
+        _fail(_first_line(error))
+    except RuntimeError as error:
+        if "Required bindings" not in str(error):
+            raise
+        _fail(_first_line(error).replace("Required bindings for", "missing required gin bindings for")
+              + ": bind them in the .gin file or with --gin_param")
+
+
+def run_main() -> None:
+    """Console-script entry point."""
+    app.run(main)
+
+
+def _parse_gin(files: list[str], params: list[str]) -> None:
+    if not files:
+        raise UserError("--gin_file is required, e.g. --gin_file=experiments/digits_mlp.gin")
+    for path in files:
+        if not os.path.isfile(path):
+            known = sorted(f for f in os.listdir("experiments") if f.endswith(".gin")) \
+                if os.path.isdir("experiments") else []
+            hint = f"; experiments here: {', '.join(known)}" if known else ""
+            raise UserError(f"--gin_file={path}: no such file{hint}")
+    try:
+        gin.parse_config_files_and_bindings(files, params, finalize_config=False)
+    except (ValueError, SyntaxError, ImportError, OSError, TypeError) as error:
+        raise UserError(_gin_error(error)) from None
+
+
+def _gin_error(error: Exception) -> str:
+    """Turns gin's multi-line parse error into ``file:line: message (hint)``."""
+    text = str(error)
+    if isinstance(error, SyntaxError) and getattr(error, "filename", None):
+        return f"{error.filename}:{error.lineno}: gin syntax error: {error.msg}"
+    message = text.splitlines()[0]
+    where = re.search(r'In file "([^"]+)", line (\d+)', text)
+    location = f"{where.group(1)}:{where.group(2)}: " if where else (
+        "--gin_param: " if "In bindings string" in text else "")
+    return location + message + _closest_name_hint(message)
+
+
+def _closest_name_hint(message: str) -> str:
+    """Suggests the nearest registered configurable or parameter for a misspelt name."""
+    missing = re.search(r"No configurable matching '([^']+)'", message)
+    if missing:
+        names = sorted({key.name for key in gin.config._REGISTRY})  # noqa: SLF001
+        close = difflib.get_close_matches(missing.group(1).split(".")[-1], names, n=1)
+        return f"; did you mean {close[0]!r}?" if close else "; is its module imported?"
+    param = re.search(r"Configurable '([^']+)' doesn't have a parameter named '([^']+)'", message)
+    if param:
+        selectable = gin.config._REGISTRY.get_match(param.group(1))  # noqa: SLF001
+        if selectable is not None:
+            names = [p for p in _parameters(selectable.wrapped)]
+            close = difflib.get_close_matches(param.group(2), names, n=1)
+            if close:
+                return f"; did you mean {close[0]!r}?"
+            return f"; it takes {', '.join(names)}"
+    return ""
+
+
+def _parameters(fn) -> list[str]:
+    import inspect
+
+    target = fn.__init__ if isinstance(fn, type) else fn
+    return [p for p in inspect.signature(target).parameters if p not in ("self", "args", "kwargs")]
+
+
+def _query(name: str, default):
+    try:
+        return gin.query_parameter(name)
+    except ValueError:
+        return default
+
+
+def _default_model_dir(files: list[str]) -> str:
+    return os.path.join("output", os.path.splitext(os.path.basename(files[0]))[0])
+
+
+def _check_writable(directory: str, flag: str) -> None:
+    """Creates ``directory`` and proves it writable, before any work is done."""
+    probe = os.path.join(directory, f".write_test_{uuid.uuid4().hex}")
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as error:
+        raise UserError(f"{flag}={directory} is not writable ({error.strerror}); "
+                        "choose a directory you can write to") from None
+
+
+def _report(result: dict, schedule: str, results_path: str | None) -> None:
+    if schedule == "predict":
+        count = _write_atomically(results_path, (
+            json.dumps({k: _jsonable(v) for k, v in example.items()}) + "\n"
+            for example in result["predictions"]))
+        print(f"Wrote {count} predictions to {results_path}")
+        return
+    summary = ", ".join(f"{name}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+                        for name, metrics in result["metrics"].items())
+    print(f"global_step {result['global_step']}"
+          + (f"; {summary}" if summary else "")
+          + f"\nmodel_dir {result['model_dir']} (tensorboard --logdir {result['model_dir']})")
+    if results_path:
+        _write_atomically(results_path, [json.dumps(result, indent=2) + "\n"])
+        print(f"results {results_path}")
+
+
+def _write_atomically(path: str, chunks) -> int:
+    """Writes chunks to ``path`` via a temporary file, so a failure leaves no half file."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    count = 0
+    try:
+        with open(tmp, "w") as f:
+            for chunk in chunks:
+                f.write(chunk)
+                count += 1
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return count
+
+
+def _jsonable(value):
+    value = np.asarray(value)
+    return value.item() if value.ndim == 0 else value.tolist()
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0]
+
+
+def _fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(EXIT_USER_ERROR)
