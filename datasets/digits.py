@@ -13,6 +13,7 @@ same preprocessing (scale to [0, 1]) serves both.
 
 from __future__ import annotations
 
+import contextlib
 import gin
 import numpy as np
 import tensorflow as tf
@@ -67,11 +68,26 @@ class Digits(tfds.core.GeneratorBasedBuilder):
 def load(split: str, data_dir: str | None = None) -> tf.data.Dataset:
     """The examples of ``split`` ('train', 'test', or a slice like 'train[:50%]')."""
     builder = Digits(data_dir=data_dir)
-    if not builder.is_prepared():
+    with _quiet():
+        prepared = builder.is_prepared()
+    if not prepared:
         logging.info("Building the digits dataset in %s (once, offline)", builder.data_dir)
         tfds.disable_progress_bar()
-        builder.download_and_prepare()
-    return builder.as_dataset(split=split, shuffle_files=False)
+        with _quiet():
+            builder.download_and_prepare()
+    with _quiet():
+        return builder.as_dataset(split=split, shuffle_files=False)
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Keeps TFDS's per-call INFO lines (and its first-build warning) off the console."""
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity(logging.ERROR)
+    try:
+        yield
+    finally:
+        logging.set_verbosity(verbosity)
 
 
 def preprocess(example: dict) -> tuple[dict, dict]:

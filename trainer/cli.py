@@ -18,6 +18,7 @@ import uuid
 import gin
 import keras
 import numpy as np
+import tensorflow as tf
 from absl import app, flags, logging
 
 from trainer.errors import UserError
@@ -121,6 +122,7 @@ def main(argv: list[str]) -> None:
         seed = _query("experiment.seed", 0)
         if seed is not None:
             keras.utils.set_random_seed(seed)
+        tf.get_logger().setLevel("WARNING")  # TF's per-save INFO lines are noise here
         logging.info("model_dir: %s", model_dir)
         result = experiment(model_dir=model_dir, schedule=FLAGS.schedule)
         _report(result, FLAGS.schedule, FLAGS.results)

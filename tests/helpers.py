@@ -1,0 +1,27 @@
+"""Reading back what a run wrote: event files (with TensorBoard's own loader)."""
+
+import os
+
+from tensorboard.backend.event_processing import event_accumulator
+
+
+def event_tags(log_dir):
+    """Scalar and tensor tags (tf.summary writes scalars as tensors) in ``log_dir``."""
+    acc = event_accumulator.EventAccumulator(log_dir, size_guidance={"tensors": 0})
+    acc.Reload()
+    return set(acc.Tags()["tensors"]) | set(acc.Tags()["scalars"])
+
+
+def scalar_series(log_dir, tag):
+    """``[(step, value)]`` of one scalar tag in ``log_dir``."""
+    import tensorflow as tf
+
+    acc = event_accumulator.EventAccumulator(log_dir, size_guidance={"tensors": 0})
+    acc.Reload()
+    return [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in acc.Tensors(tag)]
+
+
+def checkpoint_steps(model_dir):
+    """Global steps of the checkpoints present in ``model_dir``, sorted."""
+    return sorted(int(f[len("ckpt-"):-len(".index")])
+                  for f in os.listdir(model_dir) if f.startswith("ckpt-") and f.endswith(".index"))
