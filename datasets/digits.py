@@ -50,6 +50,7 @@ class Digits(tfds.core.GeneratorBasedBuilder):
                 "label": tfds.features.ClassLabel(num_classes=NUM_CLASSES),
             }),
             supervised_keys=("image", "label"),
+            disable_shuffling=True,  # records stay in the documented index order
         )
 
     def _split_generators(self, dl_manager):
@@ -61,8 +62,9 @@ class Digits(tfds.core.GeneratorBasedBuilder):
 
         digits = load_digits()
         images = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)[..., None]
-        for i in indices:
-            yield int(i), {"image": images[i], "label": int(digits.target[i])}
+        # Keyed by position: record k of a split is example split_indices()[split][k].
+        for position, i in enumerate(indices):
+            yield position, {"image": images[i], "label": int(digits.target[i])}
 
 
 def load(split: str, data_dir: str | None = None) -> tf.data.Dataset:

@@ -9,10 +9,12 @@ one schedule. Bad input ends in one line on stderr and exit code 2.
 from __future__ import annotations
 
 import difflib
+import inspect
 import json
 import os
 import re
 import sys
+import tokenize
 import uuid
 
 import gin
@@ -129,10 +131,13 @@ def main(argv: list[str]) -> None:
     except UserError as error:
         _fail(_first_line(error))
     except RuntimeError as error:
-        if "Required bindings" not in str(error):
+        missing = re.search(r"Required bindings for `([^`]+)` not provided in config: \[(.*)\]",
+                            str(error))
+        if not missing:
             raise
-        _fail(_first_line(error).replace("Required bindings for", "missing required gin bindings for")
-              + ": bind them in the .gin file or with --gin_param")
+        name, params = missing.group(1), missing.group(2).replace("'", "").split(", ")
+        _fail(f"{name} needs values for {', '.join(params)}: add e.g. "
+              f"'{name}.{params[0]} = ...' to the .gin file, or --gin_param")
 
 
 def run_main() -> None:
@@ -141,6 +146,7 @@ def run_main() -> None:
 
 
 def _parse_gin(files: list[str], params: list[str]) -> None:
+    """Parses each file, then the --gin_param bindings, naming the source of any error."""
     if not files:
         raise UserError("--gin_file is required, e.g. --gin_file=experiments/digits_mlp.gin")
     for path in files:
@@ -149,46 +155,50 @@ def _parse_gin(files: list[str], params: list[str]) -> None:
                 if os.path.isdir("experiments") else []
             hint = f"; experiments here: {', '.join(known)}" if known else ""
             raise UserError(f"--gin_file={path}: no such file{hint}")
-    try:
-        gin.parse_config_files_and_bindings(files, params, finalize_config=False)
-    except (ValueError, SyntaxError, ImportError, OSError, TypeError) as error:
-        raise UserError(_gin_error(error)) from None
+    sources = [(path, lambda path=path: gin.parse_config_file(path)) for path in files]
+    sources.append(("--gin_param", lambda: gin.parse_config(params)))
+    for source, parse in sources:
+        try:
+            parse()
+        except (ValueError, SyntaxError, ImportError, OSError, TypeError,
+                tokenize.TokenError) as error:
+            raise UserError(_gin_error(error, source)) from None
 
 
-def _gin_error(error: Exception) -> str:
+def _gin_error(error: Exception, source: str) -> str:
     """Turns gin's multi-line parse error into ``file:line: message (hint)``."""
+    if isinstance(error, tokenize.TokenError):  # an unclosed bracket or quote
+        return f"{source}: gin syntax error: {error.args[0]} (is a bracket or quote unclosed?)"
     text = str(error)
-    if isinstance(error, SyntaxError) and getattr(error, "filename", None):
-        return f"{error.filename}:{error.lineno}: gin syntax error: {error.msg}"
-    message = text.splitlines()[0]
+    if isinstance(error, SyntaxError):
+        line = f":{error.lineno}" if error.lineno else ""
+        return f"{error.filename or source}{line}: gin syntax error: {error.msg}"
     where = re.search(r'In file "([^"]+)", line (\d+)', text)
-    location = f"{where.group(1)}:{where.group(2)}: " if where else (
-        "--gin_param: " if "In bindings string" in text else "")
-    return location + message + _closest_name_hint(message)
+    location = f"{where.group(1)}:{where.group(2)}" if where else source
+    message = text.splitlines()[0].rstrip(".")
+    return f"{location}: {message}{_closest_name_hint(message)}"
 
 
 def _closest_name_hint(message: str) -> str:
     """Suggests the nearest registered configurable or parameter for a misspelt name."""
+    registry = gin.config._REGISTRY  # noqa: SLF001 - gin has no public listing
     missing = re.search(r"No configurable matching '([^']+)'", message)
     if missing:
-        names = sorted({key.name for key in gin.config._REGISTRY})  # noqa: SLF001
+        names = sorted({configurable.name for _, configurable in registry.items()})
         close = difflib.get_close_matches(missing.group(1).split(".")[-1], names, n=1)
-        return f"; did you mean {close[0]!r}?" if close else "; is its module imported?"
+        return (f"; did you mean {close[0]!r}?" if close
+                else "; is the module that defines it imported in the .gin file?")
     param = re.search(r"Configurable '([^']+)' doesn't have a parameter named '([^']+)'", message)
     if param:
-        selectable = gin.config._REGISTRY.get_match(param.group(1))  # noqa: SLF001
-        if selectable is not None:
-            names = [p for p in _parameters(selectable.wrapped)]
+        configurable = registry.get_match(param.group(1))
+        if configurable is not None:
+            names = _parameters(configurable.wrapped)
             close = difflib.get_close_matches(param.group(2), names, n=1)
-            if close:
-                return f"; did you mean {close[0]!r}?"
-            return f"; it takes {', '.join(names)}"
+            return f"; did you mean {close[0]!r}?" if close else f"; it takes {', '.join(names)}"
     return ""
 
 
 def _parameters(fn) -> list[str]:
-    import inspect
-
     target = fn.__init__ if isinstance(fn, type) else fn
     return [p for p in inspect.signature(target).parameters if p not in ("self", "args", "kwargs")]
 
