@@ -14,6 +14,7 @@ same preprocessing (scale to [0, 1]) serves both.
 from __future__ import annotations
 
 import contextlib
+
 import gin
 import numpy as np
 import tensorflow as tf
@@ -45,10 +46,12 @@ class Digits(tfds.core.GeneratorBasedBuilder):
         return tfds.core.DatasetInfo(
             builder=self,
             description="scikit-learn's handwritten digits (UCI optdigits test set), 8x8.",
-            features=tfds.features.FeaturesDict({
-                "image": tfds.features.Image(shape=IMAGE_SHAPE),
-                "label": tfds.features.ClassLabel(num_classes=NUM_CLASSES),
-            }),
+            features=tfds.features.FeaturesDict(
+                {
+                    "image": tfds.features.Image(shape=IMAGE_SHAPE),
+                    "label": tfds.features.ClassLabel(num_classes=NUM_CLASSES),
+                }
+            ),
             supervised_keys=("image", "label"),
             disable_shuffling=True,  # records stay in the documented index order
         )
@@ -116,5 +119,6 @@ def input_fn(
       shuffle_buffer: training shuffle buffer (the whole train split by default).
     """
     split = split or ("train" if mode == Mode.TRAIN else "test")
-    return pipeline.build(load(split, data_dir), mode, params, preprocess,
-                          shuffle_buffer=shuffle_buffer)
+    return pipeline.build(
+        load(split, data_dir), mode, params, preprocess, shuffle_buffer=shuffle_buffer
+    )

@@ -41,7 +41,8 @@ class MLP(ModelFn):
             for i, units in enumerate(hidden_units)
         ]
         self.dropout = [
-            keras.layers.Dropout(dropout_rate, name=f"dropout_{i}") for i in range(len(hidden_units))
+            keras.layers.Dropout(dropout_rate, name=f"dropout_{i}")
+            for i in range(len(hidden_units))
         ]
         self.logits = keras.layers.Dense(num_classes, name="logits")
 
@@ -49,6 +50,6 @@ class MLP(ModelFn):
         """Logits from the image; see ``heads.classification`` for the Spec."""
         training = mode == Mode.TRAIN
         x = self.flatten(features[self.image_key])
-        for dense, dropout in zip(self.hidden, self.dropout):
+        for dense, dropout in zip(self.hidden, self.dropout, strict=False):
             x = dropout(dense(x), training=training)
         return heads.classification(self.logits(x), labels, self.label_key)

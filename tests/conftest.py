@@ -32,5 +32,11 @@ def data_dir(tmp_path_factory):
 def run_cli(*args, cwd=REPO, env=None, timeout=300):
     """Runs ``python -m trainer ARGS`` in a subprocess; returns the CompletedProcess."""
     full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
-    return subprocess.run([sys.executable, "-m", "trainer", *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "trainer", *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

@@ -23,5 +23,8 @@ def scalar_series(log_dir, tag):
 
 def checkpoint_steps(model_dir):
     """Global steps of the checkpoints present in ``model_dir``, sorted."""
-    return sorted(int(f[len("ckpt-"):-len(".index")])
-                  for f in os.listdir(model_dir) if f.startswith("ckpt-") and f.endswith(".index"))
+    return sorted(
+        int(f[len("ckpt-") : -len(".index")])
+        for f in os.listdir(model_dir)
+        if f.startswith("ckpt-") and f.endswith(".index")
+    )

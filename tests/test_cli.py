@@ -16,8 +16,15 @@ DIGITS = "experiments/digits_mlp.gin"
 
 
 def digits_args(data_dir, model_dir, *extra):
-    return ["--gin_file", DIGITS, "--model_dir", str(model_dir),
-            "--gin_param", f"digits.input_fn.data_dir = '{data_dir}'", *extra]
+    return [
+        "--gin_file",
+        DIGITS,
+        "--model_dir",
+        str(model_dir),
+        "--gin_param",
+        f"digits.input_fn.data_dir = '{data_dir}'",
+        *extra,
+    ]
 
 
 def assert_ok(proc):
@@ -37,41 +44,72 @@ def test_default_experiment_reaches_accuracy_then_resumes(tmp_path, data_dir):
     assert {"loss", "accuracy", "learning_rate", "steps_per_sec"} <= event_tags(model_dir / "train")
     assert {"loss", "accuracy"} <= event_tags(model_dir / "eval_eval")
     operative = (model_dir / "operative_config.gin").read_text()
-    assert "MLP.hidden_units = [256, 256]" in operative and "experiment.max_steps = 2000" in operative
+    assert (
+        "MLP.hidden_units = [256, 256]" in operative and "experiment.max_steps = 2000" in operative
+    )
 
-    saved = {s: os.path.getmtime(model_dir / f"ckpt-{s}.index") for s in checkpoint_steps(model_dir)}
+    saved = {
+        s: os.path.getmtime(model_dir / f"ckpt-{s}.index") for s in checkpoint_steps(model_dir)
+    }
     proc = run_cli(*digits_args(data_dir, model_dir, "--results", str(results)))
     assert_ok(proc)
     assert "nothing to train" in proc.stderr
     again = json.loads(results.read_text())
     assert again["global_step"] == 2000
-    assert again["metrics"]["eval"]["accuracy"] == pytest.approx(first["metrics"]["eval"]["accuracy"])
-    assert {s: os.path.getmtime(model_dir / f"ckpt-{s}.index")
-            for s in checkpoint_steps(model_dir)} == saved
+    assert again["metrics"]["eval"]["accuracy"] == pytest.approx(
+        first["metrics"]["eval"]["accuracy"]
+    )
+    assert {
+        s: os.path.getmtime(model_dir / f"ckpt-{s}.index") for s in checkpoint_steps(model_dir)
+    } == saved
 
 
 def test_killed_run_continues_from_its_last_checkpoint(tmp_path, data_dir):
     model_dir = tmp_path / "run"
-    args = digits_args(data_dir, model_dir, "--schedule", "train",
-                       "--gin_param", "experiment.max_steps = 1000000",
-                       "--gin_param", "Estimator.save_checkpoints_steps = 200")
+    args = digits_args(
+        data_dir,
+        model_dir,
+        "--schedule",
+        "train",
+        "--gin_param",
+        "experiment.max_steps = 1000000",
+        "--gin_param",
+        "Estimator.save_checkpoints_steps = 200",
+    )
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.Popen([sys.executable, "-m", "trainer", *args], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainer", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.time() + 120
-        while time.time() < deadline and len(checkpoint_steps(model_dir) if model_dir.exists()
-                                             else []) < 2:
+        while (
+            time.time() < deadline
+            and len(checkpoint_steps(model_dir) if model_dir.exists() else []) < 2
+        ):
             time.sleep(0.2)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     last = checkpoint_steps(model_dir)[-1]
     assert last >= 400
-    resumed = run_cli(*digits_args(data_dir, model_dir, "--schedule", "train",
-                                   "--gin_param", f"experiment.max_steps = {last + 100}"))
+    resumed = run_cli(
+        *digits_args(
+            data_dir,
+            model_dir,
+            "--schedule",
+            "train",
+            "--gin_param",
+            f"experiment.max_steps = {last + 100}",
+        )
+    )
     assert_ok(resumed)
-    assert f"ckpt-{last}" in resumed.stderr and f"from step {last} to {last + 100}" in resumed.stderr
+    assert (
+        f"ckpt-{last}" in resumed.stderr and f"from step {last} to {last + 100}" in resumed.stderr
+    )
     assert checkpoint_steps(model_dir)[-1] == last + 100
 
 
@@ -82,14 +120,24 @@ def test_train_then_evaluate_then_predict(tmp_path, data_dir):
     assert checkpoint_steps(model_dir) == [10]
 
     results = tmp_path / "eval.json"
-    assert_ok(run_cli(*digits_args(data_dir, model_dir, "--schedule", "evaluate", *ten,
-                                   "--results", str(results))))
+    assert_ok(
+        run_cli(
+            *digits_args(
+                data_dir, model_dir, "--schedule", "evaluate", *ten, "--results", str(results)
+            )
+        )
+    )
     evaluated = json.loads(results.read_text())
     assert evaluated["global_step"] == 10 and 0 <= evaluated["metrics"]["eval"]["accuracy"] <= 1
 
     predictions = tmp_path / "predictions.jsonl"
-    assert_ok(run_cli(*digits_args(data_dir, model_dir, "--schedule", "predict", *ten,
-                                   "--results", str(predictions))))
+    assert_ok(
+        run_cli(
+            *digits_args(
+                data_dir, model_dir, "--schedule", "predict", *ten, "--results", str(predictions)
+            )
+        )
+    )
     lines = [json.loads(line) for line in predictions.read_text().splitlines()]
     assert len(lines) == 360
     assert 0 <= lines[0]["classes"] < 10 and len(lines[0]["probabilities"]) == 10
@@ -100,13 +148,25 @@ def test_user_model_from_own_module_through_gin_import(tmp_path):
     env = {"PYTHONPATH": os.path.join(REPO, "tests", "user_project")}
     gin_file = os.path.join(REPO, "tests", "user_project", "polyfit.gin")
     model_dir, results = tmp_path / "poly", tmp_path / "r.json"
-    proc = run_cli("--gin_file", gin_file, "--model_dir", str(model_dir),
-                   "--results", str(results), env=env)
+    proc = run_cli(
+        "--gin_file", gin_file, "--model_dir", str(model_dir), "--results", str(results), env=env
+    )
     assert_ok(proc)
     assert json.loads(results.read_text())["metrics"]["eval"]["abs_error"] < 0.15
     predictions = tmp_path / "p.jsonl"
-    assert_ok(run_cli("--gin_file", gin_file, "--model_dir", str(model_dir), "--schedule",
-                      "predict", "--results", str(predictions), env=env))
+    assert_ok(
+        run_cli(
+            "--gin_file",
+            gin_file,
+            "--model_dir",
+            str(model_dir),
+            "--schedule",
+            "predict",
+            "--results",
+            str(predictions),
+            env=env,
+        )
+    )
     ys = [json.loads(line)["y"][0] for line in predictions.read_text().splitlines()]
     assert ys == pytest.approx([3.0, 4.25, 8.0], abs=0.1)  # y = 5x^2 + 3 at x = 0, .5, 1
 
@@ -117,32 +177,50 @@ def write(path, text):
 
 
 BAD_INPUTS = {
-    "missing_gin_file": (lambda tmp: ["--gin_file", "experiments/nope.gin"],
-                         "error: --gin_file=experiments/nope.gin: no such file; experiments here:"),
+    "missing_gin_file": (
+        lambda tmp: ["--gin_file", "experiments/nope.gin"],
+        "error: --gin_file=experiments/nope.gin: no such file; experiments here:",
+    ),
     "unknown_configurable": (
         lambda tmp: ["--gin_file", write(tmp / "a.gin", "import models.mlp\n\nMLPP.x = 1\n")],
-        "a.gin:3: No configurable matching 'MLPP'; did you mean 'MLP'?"),
+        "a.gin:3: No configurable matching 'MLPP'; did you mean 'MLP'?",
+    ),
     "unknown_parameter": (
-        lambda tmp: ["--gin_file", DIGITS, "--gin_file",
-                     write(tmp / "b.gin", "# header\nMLP.hidden_unit = [4]\n")],
+        lambda tmp: [
+            "--gin_file",
+            DIGITS,
+            "--gin_file",
+            write(tmp / "b.gin", "# header\nMLP.hidden_unit = [4]\n"),
+        ],
         "b.gin:2: Configurable 'MLP' doesn't have a parameter named 'hidden_unit'; "
-        "did you mean 'hidden_units'?"),
+        "did you mean 'hidden_units'?",
+    ),
     "unknown_parameter_in_gin_param": (
         lambda tmp: ["--gin_file", DIGITS, "--gin_param", "Estimator.save_every = 3"],
-        "--gin_param: Configurable 'Estimator' doesn't have a parameter named 'save_every'"),
+        "--gin_param: Configurable 'Estimator' doesn't have a parameter named 'save_every'",
+    ),
     "gin_syntax_error": (
-        lambda tmp: ["--gin_file", write(tmp / "c.gin", "import models.mlp\nMLP.hidden_units = [4\n")],
-        "c.gin: gin syntax error"),
+        lambda tmp: [
+            "--gin_file",
+            write(tmp / "c.gin", "import models.mlp\nMLP.hidden_units = [4\n"),
+        ],
+        "c.gin: gin syntax error",
+    ),
     "missing_required_binding": (
-        lambda tmp: ["--gin_file", write(tmp / "d.gin", "import models.mlp\n"
-                                                        "experiment.model_fn = @MLP()\n")],
-        "error: experiment needs values for input_fn, max_steps"),
+        lambda tmp: [
+            "--gin_file",
+            write(tmp / "d.gin", "import models.mlp\nexperiment.model_fn = @MLP()\n"),
+        ],
+        "error: experiment needs values for input_fn, max_steps",
+    ),
     "unwritable_model_dir": (
         lambda tmp: ["--gin_file", DIGITS, "--model_dir", write(tmp / "file", "") + "/run"],
-        "is not writable (Not a directory)"),
+        "is not writable (Not a directory)",
+    ),
     "predict_without_results": (
         lambda tmp: ["--gin_file", DIGITS, "--schedule", "predict", "--model_dir", str(tmp)],
-        "error: --schedule=predict needs --results"),
+        "error: --schedule=predict needs --results",
+    ),
 }
 
 
@@ -159,6 +237,7 @@ def test_bad_input_gets_one_clear_line(tmp_path, case):
 def test_unknown_schedule_is_refused_by_the_flag_parser(tmp_path):
     proc = run_cli("--gin_file", DIGITS, "--model_dir", str(tmp_path), "--schedule", "fly")
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
-    assert ("flag --schedule=fly: value should be one of "
-            "<train|evaluate|train_and_evaluate|predict>") in proc.stderr
+    assert (
+        "flag --schedule=fly: value should be one of <train|evaluate|train_and_evaluate|predict>"
+    ) in proc.stderr
     assert not os.listdir(tmp_path)  # nothing was written

@@ -28,22 +28,23 @@ def test_examples_are_the_scikit_learn_digits(data_dir):
     example = next(iter(digits.load("test", data_dir)))
     assert example["image"].shape == (8, 8, 1) and example["image"].dtype == tf.uint8
     assert int(example["label"]) == source.target[first]
-    np.testing.assert_allclose(example["image"].numpy()[..., 0] / 255 * 16, source.images[first],
-                               atol=0.04)
+    np.testing.assert_allclose(
+        example["image"].numpy()[..., 0] / 255 * 16, source.images[first], atol=0.04
+    )
 
 
 def test_eval_keeps_every_example_and_scales_pixels(data_dir):
     batches = list(digits.input_fn(Mode.EVAL, params(100), data_dir=data_dir))
-    assert [len(l["label"]) for _, l in batches] == [100, 100, 100, 60]
+    assert [len(y["label"]) for _, y in batches] == [100, 100, 100, 60]
     images = np.concatenate([f["image"].numpy() for f, _ in batches])
     assert images.min() == 0.0 and images.max() == 1.0
-    labels = np.concatenate([l["label"].numpy() for _, l in batches])
+    labels = np.concatenate([y["label"].numpy() for _, y in batches])
     assert set(labels) == set(range(10))
 
 
 def first_labels(data_dir, seed, batches=3):
     dataset = digits.input_fn(Mode.TRAIN, params(32, seed), data_dir=data_dir)
-    return np.concatenate([l["label"].numpy() for _, l in dataset.take(batches)])
+    return np.concatenate([y["label"].numpy() for _, y in dataset.take(batches)])
 
 
 def test_training_order_follows_the_seed(data_dir):
@@ -53,12 +54,12 @@ def test_training_order_follows_the_seed(data_dir):
 
 def test_training_repeats_with_full_batches(data_dir):
     dataset = digits.input_fn(Mode.TRAIN, params(100), data_dir=data_dir)
-    sizes = [len(l["label"]) for _, l in dataset.take(30)]  # 3000 > 1437 examples
+    sizes = [len(y["label"]) for _, y in dataset.take(30)]  # 3000 > 1437 examples
     assert sizes == [100] * 30
 
 
 @pytest.mark.parametrize("split", ["train", "test"])
 def test_train_split_option(data_dir, split):
     dataset = digits.input_fn(Mode.EVAL, params(2000), data_dir=data_dir, split=split)
-    (_, labels), = list(dataset)
+    ((_, labels),) = list(dataset)
     assert len(labels["label"]) == len(digits.split_indices()[split])

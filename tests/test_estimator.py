@@ -16,9 +16,15 @@ from trainer import Estimator, Mode, UserError
 
 def make_estimator(model_dir, seed=0, **kwargs):
     keras.utils.set_random_seed(seed)
-    options = dict(global_batch_size=32, eval_batch_size=100, steps_per_loop=4,
-                   log_every_steps=5, save_checkpoints_steps=5, seed=seed,
-                   optimizer=keras.optimizers.Adam(1e-3))
+    options = dict(
+        global_batch_size=32,
+        eval_batch_size=100,
+        steps_per_loop=4,
+        log_every_steps=5,
+        save_checkpoints_steps=5,
+        seed=seed,
+        optimizer=keras.optimizers.Adam(1e-3),
+    )
     options.update(kwargs)
     return Estimator(MLP(hidden_units=[32], dropout_rate=0.2), str(model_dir), **options)
 
@@ -30,14 +36,21 @@ def input_fn(data_dir):
 
 def test_ten_steps_write_checkpoints_and_events(tmp_path, input_fn):
     estimator = make_estimator(tmp_path, config_text_fn=lambda: "MLP.hidden_units = [32]\n")
-    metrics = estimator.train_and_evaluate(input_fn, {"test": input_fn}, max_steps=10,
-                                           eval_every_steps=5)
+    metrics = estimator.train_and_evaluate(
+        input_fn, {"test": input_fn}, max_steps=10, eval_every_steps=5
+    )
     assert estimator.step == 10
     assert checkpoint_steps(tmp_path) == [5, 10]
     assert set(metrics) == {"test"} and set(metrics["test"]) == {"loss", "accuracy"}
     train = event_tags(os.path.join(tmp_path, "train"))
-    assert {"loss", "accuracy", "learning_rate", "steps_per_sec", "examples_per_sec",
-            "operative_config"} <= train
+    assert {
+        "loss",
+        "accuracy",
+        "learning_rate",
+        "steps_per_sec",
+        "examples_per_sec",
+        "operative_config",
+    } <= train
     assert [s for s, _ in scalar_series(os.path.join(tmp_path, "train"), "loss")] == [5, 10]
     eval_dir = os.path.join(tmp_path, "eval_test")
     assert [s for s, _ in scalar_series(eval_dir, "accuracy")] == [5, 10]
@@ -63,7 +76,9 @@ def test_resume_continues_from_the_exact_batch(tmp_path, input_fn):
     first.train(input_fn, max_steps=10)
     second = make_estimator(tmp_path / "split", seed=7)  # other init and RNG: all restored
     second.train(input_fn, max_steps=20)
-    for a, b in zip(straight.model_fn.trainable_variables, second.model_fn.trainable_variables):
+    for a, b in zip(
+        straight.model_fn.trainable_variables, second.model_fn.trainable_variables, strict=True
+    ):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
@@ -73,7 +88,7 @@ def test_evaluate_covers_the_whole_eval_set(tmp_path, input_fn):
     metrics = estimator.evaluate(input_fn, name="test")  # 360 examples in batches of 100
     assert estimator._steps.eval_metrics.count.numpy() == digits.NUM_EXAMPLES - digits.NUM_TRAIN
     predictions = list(estimator.predict(input_fn))
-    labels = np.concatenate([l["label"].numpy() for _, l in input_fn(Mode.EVAL, _params(100))])
+    labels = np.concatenate([y["label"].numpy() for _, y in input_fn(Mode.EVAL, _params(100))])
     accuracy = np.mean([p["classes"] for p in predictions] == labels)
     assert metrics["accuracy"] == pytest.approx(accuracy, abs=1e-9)
     one_batch = estimator.evaluate(input_fn, steps=1, name="test")
@@ -83,8 +98,9 @@ def test_evaluate_covers_the_whole_eval_set(tmp_path, input_fn):
 
 def test_hooks_fire_at_the_requested_steps_across_loop_blocks(tmp_path, input_fn):
     calls = []
-    estimator = make_estimator(tmp_path, steps_per_loop=7, log_every_steps=5,
-                               save_checkpoints_steps=6)
+    estimator = make_estimator(
+        tmp_path, steps_per_loop=7, log_every_steps=5, save_checkpoints_steps=6
+    )
     estimator.train(input_fn, max_steps=17, hooks_=[lambda step, logs: calls.append((step, logs))])
     assert [s for s, _ in calls] == [5, 10, 15, 17]
     assert checkpoint_steps(tmp_path) == [6, 12, 17]

@@ -44,14 +44,17 @@ def spec_for(loss=None, metrics=None):
     return Spec({"y": tf.zeros([4])}, loss=loss, metrics=metrics or {})
 
 
-@pytest.mark.parametrize("spec, mode, message", [
-    (spec_for(), Mode.TRAIN, "Spec.loss is required"),
-    (spec_for(loss=tf.zeros([4])), Mode.EVAL, "must be a scalar"),
-    (spec_for(tf.zeros([]), {"acc": tf.zeros([])}), Mode.EVAL, "one value per example"),
-    (spec_for(tf.zeros([]), {"loss": tf.zeros([4])}), Mode.EVAL, "reserved"),
-    (Spec({}), Mode.PREDICT, "non-empty dict"),
-    ({"y": 1}, Mode.PREDICT, "return a trainer.Spec"),
-])
+@pytest.mark.parametrize(
+    "spec, mode, message",
+    [
+        (spec_for(), Mode.TRAIN, "Spec.loss is required"),
+        (spec_for(loss=tf.zeros([4])), Mode.EVAL, "must be a scalar"),
+        (spec_for(tf.zeros([]), {"acc": tf.zeros([])}), Mode.EVAL, "one value per example"),
+        (spec_for(tf.zeros([]), {"loss": tf.zeros([4])}), Mode.EVAL, "reserved"),
+        (Spec({}), Mode.PREDICT, "non-empty dict"),
+        ({"y": 1}, Mode.PREDICT, "return a trainer.Spec"),
+    ],
+)
 def test_check_spec_names_what_is_wrong(spec, mode, message):
     with pytest.raises(ValueError, match=message):
         check_spec(spec, mode, "M")
@@ -72,8 +75,10 @@ def test_mlp_predicts_without_labels():
 def test_dropout_is_active_in_train_only():
     model = MLP(num_classes=4, hidden_units=[64], dropout_rate=0.5)
     features, labels = {"image": tf.ones([2, 8, 8, 1])}, {"label": tf.constant([0, 1])}
-    runs = {mode: [model(features, labels, mode).predictions["probabilities"].numpy()
-                   for _ in range(2)] for mode in (Mode.TRAIN, Mode.EVAL)}
+    runs = {
+        mode: [model(features, labels, mode).predictions["probabilities"].numpy() for _ in range(2)]
+        for mode in (Mode.TRAIN, Mode.EVAL)
+    }
     assert not np.allclose(*runs[Mode.TRAIN])
     np.testing.assert_array_equal(*runs[Mode.EVAL])
 
@@ -94,8 +99,12 @@ def test_estimator_predicts_from_a_features_only_dataset(tmp_path):
     estimator = Estimator(Recorder(hidden_units=[8]), str(tmp_path), global_batch_size=2)
     with pytest.raises(UserError, match="no checkpoint"):
         list(estimator.predict(input_fn))
-    estimator.train(lambda m, p: tf.data.Dataset.from_tensors(
-        ({"image": tf.zeros([2, 8, 8, 1])}, {"label": tf.constant([1, 2])})).repeat(), 2)
+    estimator.train(
+        lambda m, p: tf.data.Dataset.from_tensors(
+            ({"image": tf.zeros([2, 8, 8, 1])}, {"label": tf.constant([1, 2])})
+        ).repeat(),
+        2,
+    )
     predictions = list(estimator.predict(input_fn))
     assert len(predictions) == 5 and predictions[0]["probabilities"].shape == (10,)
     assert all(labels is None for mode, labels in seen_labels if mode == Mode.PREDICT)

@@ -34,28 +34,42 @@ flags.DEFINE_multi_string(
     "gin_param", [], "One gin binding, applied after the files, e.g. 'MLP.dropout_rate = 0.2'."
 )
 flags.DEFINE_string(
-    "model_dir", None,
+    "model_dir",
+    None,
     "Where checkpoints, event files and the operative config go. Rerunning with the same "
-    "model_dir resumes. Default: output/<name of the first --gin_file>.")
+    "model_dir resumes. Default: output/<name of the first --gin_file>.",
+)
 flags.DEFINE_enum("schedule", "train_and_evaluate", SCHEDULES, "What to run.")
 flags.DEFINE_string(
-    "results", None,
+    "results",
+    None,
     "Write results here: JSON with global_step and the final metrics of each eval set; "
-    "for --schedule=predict, one JSON line of predictions per example.")
+    "for --schedule=predict, one JSON line of predictions per example.",
+)
 FLAGS = flags.FLAGS
 
 # ---------------------------------------------------------------- configurables
 
 _GinEstimator = gin.external_configurable(
-    Estimator, name="Estimator", module="trainer",
-    denylist=["model_fn", "model_dir", "seed", "config_text_fn"])
-for _cls in [keras.optimizers.SGD, keras.optimizers.Adam, keras.optimizers.AdamW,
-             keras.optimizers.RMSprop, keras.optimizers.Adagrad]:
+    Estimator,
+    name="Estimator",
+    module="trainer",
+    denylist=["model_fn", "model_dir", "seed", "config_text_fn"],
+)
+for _cls in [
+    keras.optimizers.SGD,
+    keras.optimizers.Adam,
+    keras.optimizers.AdamW,
+    keras.optimizers.RMSprop,
+    keras.optimizers.Adagrad,
+]:
     gin.external_configurable(_cls, module="optimizers")
-for _cls in [keras.optimizers.schedules.ExponentialDecay,
-             keras.optimizers.schedules.PiecewiseConstantDecay,
-             keras.optimizers.schedules.CosineDecay,
-             keras.optimizers.schedules.PolynomialDecay]:
+for _cls in [
+    keras.optimizers.schedules.ExponentialDecay,
+    keras.optimizers.schedules.PiecewiseConstantDecay,
+    keras.optimizers.schedules.CosineDecay,
+    keras.optimizers.schedules.PolynomialDecay,
+]:
     gin.external_configurable(_cls, module="schedules")
 
 
@@ -89,18 +103,21 @@ def experiment(
       ``{'global_step', 'model_dir', 'metrics': {eval_set: {metric: value}}}`` or, for
       predict, ``{'predictions': iterator of per-example dicts}``.
     """
-    estimator = _GinEstimator(model_fn=model_fn, model_dir=model_dir, seed=seed,
-                              config_text_fn=gin.operative_config_str)
+    estimator = _GinEstimator(
+        model_fn=model_fn, model_dir=model_dir, seed=seed, config_text_fn=gin.operative_config_str
+    )
     eval_input_fns = eval_input_fns or {"eval": input_fn}
     metrics = {}
     if schedule == "train":
         estimator.train(input_fn, max_steps)
     elif schedule == "evaluate":
-        metrics = {name: estimator.evaluate(fn, eval_steps, name)
-                   for name, fn in eval_input_fns.items()}
+        metrics = {
+            name: estimator.evaluate(fn, eval_steps, name) for name, fn in eval_input_fns.items()
+        }
     elif schedule == "train_and_evaluate":
-        metrics = estimator.train_and_evaluate(input_fn, eval_input_fns, max_steps,
-                                               eval_every_steps, eval_steps)
+        metrics = estimator.train_and_evaluate(
+            input_fn, eval_input_fns, max_steps, eval_every_steps, eval_steps
+        )
     elif schedule == "predict":
         return {"predictions": estimator.predict(input_fn), "model_dir": model_dir}
     return {"global_step": estimator.step, "model_dir": model_dir, "metrics": metrics}
@@ -131,13 +148,16 @@ def main(argv: list[str]) -> None:
     except UserError as error:
         _fail(_first_line(error))
     except RuntimeError as error:
-        missing = re.search(r"Required bindings for `([^`]+)` not provided in config: \[(.*)\]",
-                            str(error))
+        missing = re.search(
+            r"Required bindings for `([^`]+)` not provided in config: \[(.*)\]", str(error)
+        )
         if not missing:
             raise
         name, params = missing.group(1), missing.group(2).replace("'", "").split(", ")
-        _fail(f"{name} needs values for {', '.join(params)}: add e.g. "
-              f"'{name}.{params[0]} = ...' to the .gin file, or --gin_param")
+        _fail(
+            f"{name} needs values for {', '.join(params)}: add e.g. "
+            f"'{name}.{params[0]} = ...' to the .gin file, or --gin_param"
+        )
 
 
 def run_main() -> None:
@@ -151,8 +171,11 @@ def _parse_gin(files: list[str], params: list[str]) -> None:
         raise UserError("--gin_file is required, e.g. --gin_file=experiments/digits_mlp.gin")
     for path in files:
         if not os.path.isfile(path):
-            known = sorted(f for f in os.listdir("experiments") if f.endswith(".gin")) \
-                if os.path.isdir("experiments") else []
+            known = (
+                sorted(f for f in os.listdir("experiments") if f.endswith(".gin"))
+                if os.path.isdir("experiments")
+                else []
+            )
             hint = f"; experiments here: {', '.join(known)}" if known else ""
             raise UserError(f"--gin_file={path}: no such file{hint}")
     sources = [(path, lambda path=path: gin.parse_config_file(path)) for path in files]
@@ -160,8 +183,14 @@ def _parse_gin(files: list[str], params: list[str]) -> None:
     for source, parse in sources:
         try:
             parse()
-        except (ValueError, SyntaxError, ImportError, OSError, TypeError,
-                tokenize.TokenError) as error:
+        except (
+            ValueError,
+            SyntaxError,
+            ImportError,
+            OSError,
+            TypeError,
+            tokenize.TokenError,
+        ) as error:
             raise UserError(_gin_error(error, source)) from None
 
 
@@ -186,8 +215,11 @@ def _closest_name_hint(message: str) -> str:
     if missing:
         names = sorted({configurable.name for _, configurable in registry.items()})
         close = difflib.get_close_matches(missing.group(1).split(".")[-1], names, n=1)
-        return (f"; did you mean {close[0]!r}?" if close
-                else "; is the module that defines it imported in the .gin file?")
+        return (
+            f"; did you mean {close[0]!r}?"
+            if close
+            else "; is the module that defines it imported in the .gin file?"
+        )
     param = re.search(r"Configurable '([^']+)' doesn't have a parameter named '([^']+)'", message)
     if param:
         configurable = registry.get_match(param.group(1))
@@ -223,22 +255,32 @@ def _check_writable(directory: str, flag: str) -> None:
             pass
         os.remove(probe)
     except OSError as error:
-        raise UserError(f"{flag}={directory} is not writable ({error.strerror}); "
-                        "choose a directory you can write to") from None
+        raise UserError(
+            f"{flag}={directory} is not writable ({error.strerror}); "
+            "choose a directory you can write to"
+        ) from None
 
 
 def _report(result: dict, schedule: str, results_path: str | None) -> None:
     if schedule == "predict":
-        count = _write_atomically(results_path, (
-            json.dumps({k: _jsonable(v) for k, v in example.items()}) + "\n"
-            for example in result["predictions"]))
+        count = _write_atomically(
+            results_path,
+            (
+                json.dumps({k: _jsonable(v) for k, v in example.items()}) + "\n"
+                for example in result["predictions"]
+            ),
+        )
         print(f"Wrote {count} predictions to {results_path}")
         return
-    summary = ", ".join(f"{name}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
-                        for name, metrics in result["metrics"].items())
-    print(f"global_step {result['global_step']}"
-          + (f"; {summary}" if summary else "")
-          + f"\nmodel_dir {result['model_dir']} (tensorboard --logdir {result['model_dir']})")
+    summary = ", ".join(
+        f"{name}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+        for name, metrics in result["metrics"].items()
+    )
+    print(
+        f"global_step {result['global_step']}"
+        + (f"; {summary}" if summary else "")
+        + f"\nmodel_dir {result['model_dir']} (tensorboard --logdir {result['model_dir']})"
+    )
     if results_path:
         _write_atomically(results_path, [json.dumps(result, indent=2) + "\n"])
         print(f"results {results_path}")

@@ -71,9 +71,11 @@ class Estimator:
                 f"model_fn must be a trainer.ModelFn instance, got {type(model_fn).__name__} "
                 "(in gin, write @MyModel() with parentheses to pass an instance)"
             )
-        for name, value in [("global_batch_size", global_batch_size),
-                            ("steps_per_loop", steps_per_loop),
-                            ("log_every_steps", log_every_steps)]:
+        for name, value in [
+            ("global_batch_size", global_batch_size),
+            ("steps_per_loop", steps_per_loop),
+            ("log_every_steps", log_every_steps),
+        ]:
             if value < 1:
                 raise UserError(f"Estimator.{name} must be >= 1, got {value}")
         self.model_fn = model_fn
@@ -95,8 +97,7 @@ class Estimator:
 
     # ---------------------------------------------------------------- public API
 
-    def train(self, input_fn: InputFn, max_steps: int,
-              hooks_: Sequence[hooks.Hook] = ()) -> int:
+    def train(self, input_fn: InputFn, max_steps: int, hooks_: Sequence[hooks.Hook] = ()) -> int:
         """Trains until ``global_step`` reaches ``max_steps``, resuming from ``model_dir``.
 
         Args:
@@ -109,8 +110,9 @@ class Estimator:
         """
         return self._train(input_fn, max_steps, extra=[], hooks_=hooks_)
 
-    def evaluate(self, input_fn: InputFn, steps: int | None = None,
-                 name: str = "eval") -> dict[str, float]:
+    def evaluate(
+        self, input_fn: InputFn, steps: int | None = None, name: str = "eval"
+    ) -> dict[str, float]:
         """Evaluates on the whole eval set (or its first ``steps`` batches).
 
         Uses the weights in memory after ``train``; otherwise restores the newest
@@ -165,8 +167,9 @@ class Estimator:
                 results[name] = self._evaluate(dataset, eval_steps, name)
             evaluated_at.append(step)
 
-        self._train(train_input_fn, max_steps,
-                    extra=[hooks.Periodic(eval_every_steps, evaluate_all)])
+        self._train(
+            train_input_fn, max_steps, extra=[hooks.Periodic(eval_every_steps, evaluate_all)]
+        )
         if self.step not in evaluated_at:
             evaluate_all(self.step)
         return results
@@ -178,8 +181,13 @@ class Estimator:
 
     # ---------------------------------------------------------------- the loop
 
-    def _train(self, input_fn: InputFn, max_steps: int, extra: list[hooks.Periodic],
-               hooks_: Sequence[hooks.Hook] = ()) -> int:
+    def _train(
+        self,
+        input_fn: InputFn,
+        max_steps: int,
+        extra: list[hooks.Periodic],
+        hooks_: Sequence[hooks.Hook] = (),
+    ) -> int:
         # Data, model and optimizer.
         dataset = self._dataset(input_fn, Mode.TRAIN)
         iterator = iter(dataset)
@@ -187,8 +195,12 @@ class Estimator:
 
         # Restore: rerunning the same command continues where it stopped.
         tf.io.gfile.makedirs(self.model_dir)
-        state = dict(model=self.model_fn, optimizer=self.optimizer, step=self.global_step,
-                     rng=self.model_fn.non_trainable_variables)
+        state = dict(
+            model=self.model_fn,
+            optimizer=self.optimizer,
+            step=self.global_step,
+            rng=self.model_fn.non_trainable_variables,
+        )
         if self.checkpoint_input:
             state["input"] = iterator
         checkpointer = checkpoints.Checkpointer(self.model_dir, self.keep_checkpoint_max, **state)
@@ -199,8 +211,13 @@ class Estimator:
             logging.info("global_step %d >= max_steps %d: nothing to train.", start, max_steps)
             return start
         self._write_config(start)
-        logging.info("Training %s from step %d to %d in %s", type(self.model_fn).__name__,
-                     start, max_steps, self.model_dir if restored else f"new {self.model_dir}")
+        logging.info(
+            "Training %s from step %d to %d in %s",
+            type(self.model_fn).__name__,
+            start,
+            max_steps,
+            self.model_dir if restored else f"new {self.model_dir}",
+        )
 
         # Loop: compiled blocks of steps; actions fire at the steps they are due.
         progress = _Progress(start, max_steps, self.global_batch_size)
@@ -216,8 +233,11 @@ class Estimator:
             for hook in hooks_:
                 hook(step, logs)
 
-        actions = [hooks.Periodic(self.log_every_steps, log),
-                   hooks.Periodic(self.save_checkpoints_steps, checkpointer.save), *extra]
+        actions = [
+            hooks.Periodic(self.log_every_steps, log),
+            hooks.Periodic(self.save_checkpoints_steps, checkpointer.save),
+            *extra,
+        ]
         step = start
         while step < max_steps:
             n = hooks.steps_until_due(step, actions, min(self.steps_per_loop, max_steps - step))
@@ -278,22 +298,30 @@ class Estimator:
             raise UserError(str(error).splitlines()[0]) from error
         variables = self.model_fn.trainable_variables
         if not variables:
-            raise UserError(f"{type(self.model_fn).__name__} has no trainable variables: "
-                            "create its Keras layers as attributes in __init__")
+            raise UserError(
+                f"{type(self.model_fn).__name__} has no trainable variables: "
+                "create its Keras layers as attributes in __init__"
+            )
         self.optimizer.build(variables)
-        self._steps = Steps(self.model_fn, self.optimizer, self.global_step,
-                            found.get("metrics", []))
+        self._steps = Steps(
+            self.model_fn, self.optimizer, self.global_step, found.get("metrics", [])
+        )
         return self._steps
 
     def _restore_for_inference(self) -> None:
         if self._has_state:
             return
         checkpointer = checkpoints.Checkpointer(
-            self.model_dir, model=self.model_fn, step=self.global_step,
-            rng=self.model_fn.non_trainable_variables)
+            self.model_dir,
+            model=self.model_fn,
+            step=self.global_step,
+            rng=self.model_fn.non_trainable_variables,
+        )
         if checkpointer.restore_latest(partial=True) is None:
-            raise UserError(f"no checkpoint in {self.model_dir}: train first "
-                            "(--schedule train) or point --model_dir at a trained run")
+            raise UserError(
+                f"no checkpoint in {self.model_dir}: train first "
+                "(--schedule train) or point --model_dir at a trained run"
+            )
         self._has_state = True
 
     def _evaluate(self, dataset: tf.data.Dataset, steps: int | None, name: str) -> dict:
@@ -308,9 +336,14 @@ class Estimator:
         if not metrics:
             raise UserError(f"eval set {name!r} is empty: its input_fn yielded no batches")
         self.writers.scalars(f"eval_{name}", self.step, metrics)
-        logging.info("eval %s at step %d (%.0f examples, %.1fs): %s", name, self.step,
-                     compiled.eval_metrics.count.numpy(), time.perf_counter() - start,
-                     _format(metrics))
+        logging.info(
+            "eval %s at step %d (%.0f examples, %.1fs): %s",
+            name,
+            self.step,
+            compiled.eval_metrics.count.numpy(),
+            time.perf_counter() - start,
+            _format(metrics),
+        )
         return metrics
 
     def _write_config(self, step: int) -> None:
@@ -336,15 +369,19 @@ class _Progress:
         now = time.perf_counter()
         steps_per_sec = (step - self.last_step) / max(now - self.last_time, 1e-9)
         self.last_step, self.last_time = step, now
-        return {"steps_per_sec": steps_per_sec,
-                "examples_per_sec": steps_per_sec * self.global_batch_size}
+        return {
+            "steps_per_sec": steps_per_sec,
+            "examples_per_sec": steps_per_sec * self.global_batch_size,
+        }
 
     def line(self, step: int, logs: Mapping[str, float]) -> str:
         eta = (self.max_steps - step) / max(logs["steps_per_sec"], 1e-9)
         shown = {k: v for k, v in logs.items() if k not in ("steps_per_sec", "examples_per_sec")}
-        return (f"step {step}/{self.max_steps}  {_format(shown)}  "
-                f"{logs['examples_per_sec']:.0f} examples/s  "
-                f"ETA {datetime.timedelta(seconds=round(eta))}")
+        return (
+            f"step {step}/{self.max_steps}  {_format(shown)}  "
+            f"{logs['examples_per_sec']:.0f} examples/s  "
+            f"ETA {datetime.timedelta(seconds=round(eta))}"
+        )
 
 
 def _format(metrics: Mapping[str, float]) -> str:

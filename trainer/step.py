@@ -69,8 +69,13 @@ class MetricSums:
 class Steps:
     """The compiled train, eval and predict functions of one model and optimizer."""
 
-    def __init__(self, model_fn: ModelFn, optimizer: keras.optimizers.Optimizer,
-                 global_step: tf.Variable, metric_names: Sequence[str]):
+    def __init__(
+        self,
+        model_fn: ModelFn,
+        optimizer: keras.optimizers.Optimizer,
+        global_step: tf.Variable,
+        metric_names: Sequence[str],
+    ):
         self.model_fn = model_fn
         self.optimizer = optimizer
         self.global_step = global_step
@@ -86,7 +91,7 @@ class Steps:
             spec = self.model_fn(features, labels, Mode.TRAIN)
         gradients = tape.gradient(spec.loss, self.variables)
         self.optimizer.apply_gradients(
-            [(g, v) for g, v in zip(gradients, self.variables) if g is not None]
+            [(g, v) for g, v in zip(gradients, self.variables, strict=True) if g is not None]
         )
         self.train_metrics.update(spec, batch_size_of(features))
         self.global_step.assign_add(1)
