@@ -204,7 +204,7 @@ BAD_INPUTS = {
             "--gin_file",
             write(tmp / "c.gin", "import models.mlp\nMLP.hidden_units = [4\n"),
         ],
-        "c.gin: gin syntax error",
+        "c.gin:2: gin syntax error: a bracket opened here is never closed",
     ),
     "missing_required_binding": (
         lambda tmp: [

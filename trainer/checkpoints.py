@@ -1,9 +1,20 @@
-"""Save and restore training state in ``model_dir`` over tf.train.CheckpointManager."""
+"""Save and restore training state in ``model_dir`` over tf.train.CheckpointManager.
+
+A save is atomic from a reader's point of view: TensorFlow writes the data and index
+files first and rewrites the ``checkpoint`` pointer file (atomically) only after
+they are complete, so a kill during a save leaves the pointer on the previous
+checkpoint. A save that fails (disk full) removes its partial files and says so.
+"""
 
 from __future__ import annotations
 
+import os
+import re
+
 import tensorflow as tf
 from absl import logging
+
+from trainer.errors import UserError
 
 CHECKPOINT_NAME = "ckpt"
 
@@ -28,6 +39,7 @@ class Checkpointer:
     """
 
     def __init__(self, model_dir: str, max_to_keep: int = 5, **trackables):
+        self.model_dir = model_dir
         self.checkpoint = tf.train.Checkpoint(**trackables)
         self.manager = tf.train.CheckpointManager(
             self.checkpoint, model_dir, max_to_keep=max_to_keep, checkpoint_name=CHECKPOINT_NAME
@@ -44,22 +56,76 @@ class Checkpointer:
         Args:
           partial: allow the checkpoint to hold state this object does not ask for
             (an evaluator does not need the training input iterator).
+
+        Raises:
+          UserError: the checkpoint was written by a different model or input pipeline.
         """
         path = self.latest
         if path is None:
             return None
-        status = self.checkpoint.restore(path)
-        if partial:
-            status.expect_partial()
-        else:
-            status.assert_existing_objects_matched()
+        try:
+            status = self.checkpoint.restore(path)
+            if partial:
+                status.expect_partial()
+            else:
+                status.assert_existing_objects_matched()
+        except (AssertionError, ValueError, tf.errors.OpError) as error:
+            raise UserError(
+                f"checkpoint {path} does not fit this model: {_mismatch(error)}; train in a "
+                "new --model_dir, or restore the config this checkpoint was trained with"
+            ) from None
         logging.info("Restored %s", path)
         return path
 
+    def restore(self, path: str) -> None:
+        """Restores one given checkpoint (used to roll back to the last good state)."""
+        self.checkpoint.restore(path).assert_existing_objects_matched()
+        logging.info("Restored %s", path)
+
     def save(self, step: int) -> str:
-        """Writes a checkpoint numbered by ``step`` unless one for it exists already."""
+        """Writes a checkpoint numbered by ``step`` unless one for it exists already.
+
+        Raises:
+          UserError: the write failed (disk full, permissions); partial files are removed
+            and the previous checkpoint stays the newest.
+        """
         if self.latest is not None and step_of(self.latest) == step:
             return self.latest
-        path = self.manager.save(checkpoint_number=step)
+        try:
+            path = self.manager.save(checkpoint_number=step)
+        except (tf.errors.OpError, OSError) as error:
+            self._remove_partial(step)
+            reason = str(error).strip().splitlines()[0]
+            raise UserError(
+                f"could not write checkpoint {CHECKPOINT_NAME}-{step} in {self.model_dir} "
+                f"({reason}); free space or choose another --model_dir. The newest complete "
+                f"checkpoint is still {self.latest}"
+            ) from None
         logging.info("Saved checkpoint %s", path)
         return path
+
+    def _remove_partial(self, step: int) -> None:
+        prefix = os.path.join(self.model_dir, f"{CHECKPOINT_NAME}-{step}")
+        for path in tf.io.gfile.glob(prefix + ".*") + tf.io.gfile.glob(prefix + "_temp*"):
+            if tf.io.gfile.isdir(path):
+                tf.io.gfile.rmtree(path)
+            else:
+                tf.io.gfile.remove(path)
+
+
+def _mismatch(error: Exception) -> str:
+    """Names the variables a failed restore complained about, in one line."""
+    text = str(error)
+    shapes = re.search(
+        r"incompatible tensor with shape (\(.*?\)) when attempting to restore "
+        r"variable with shape (\(.*?\)) and name (\S+)",
+        text,
+    )
+    if shapes:
+        name = re.sub(r"(:0)?\.?$", "", shapes.group(3))
+        return f"{name} has shape {shapes.group(2)} here but {shapes.group(1)} in the checkpoint"
+    paths = sorted(set(re.findall(r"path=([^,>\s]+)", text)))
+    if paths:
+        shown = ", ".join(paths[:6]) + (f" and {len(paths) - 6} more" if len(paths) > 6 else "")
+        return f"no saved value for {shown}"
+    return text.strip().splitlines()[0]

@@ -22,12 +22,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 from absl import app, flags, logging
+from gin import config_parser
 
-from trainer.errors import UserError
+from trainer.errors import Preempted, TrainingDiverged, UserError
 from trainer.estimator import Estimator
 
 SCHEDULES = ["train", "evaluate", "train_and_evaluate", "predict"]
-EXIT_USER_ERROR = 2
 
 flags.DEFINE_multi_string("gin_file", [], "Gin config file; repeat to layer files in order.")
 flags.DEFINE_multi_string(
@@ -46,7 +46,30 @@ flags.DEFINE_string(
     "Write results here: JSON with global_step and the final metrics of each eval set; "
     "for --schedule=predict, one JSON line of predictions per example.",
 )
+flags.DEFINE_bool(
+    "overwrite_config",
+    False,
+    "Resume even though the model, data or optimizer config differs from the one the "
+    "checkpoints in --model_dir were trained with.",
+)
 FLAGS = flags.FLAGS
+
+# Bindings that may change between runs of one model_dir: how long and how often,
+# not what is trained. Anything else changed under a checkpoint is refused.
+RESUMABLE_BINDINGS = {
+    "experiment.max_steps",
+    "experiment.eval_every_steps",
+    "experiment.eval_steps",
+    "experiment.eval_input_fns",
+    "Estimator.log_every_steps",
+    "Estimator.save_checkpoints_steps",
+    "Estimator.keep_checkpoint_max",
+    "Estimator.steps_per_loop",
+    "Estimator.eval_batch_size",
+    "Estimator.nonfinite_loss",
+    "Estimator.max_rollbacks",
+}
+RESUMABLE_PARAMETERS = {"data_dir"}
 
 # ---------------------------------------------------------------- configurables
 
@@ -54,7 +77,7 @@ _GinEstimator = gin.external_configurable(
     Estimator,
     name="Estimator",
     module="trainer",
-    denylist=["model_fn", "model_dir", "seed", "config_text_fn"],
+    denylist=["model_fn", "model_dir", "seed", "config_text_fn", "config_guard"],
 )
 for _cls in [
     keras.optimizers.SGD,
@@ -73,10 +96,11 @@ for _cls in [
     gin.external_configurable(_cls, module="schedules")
 
 
-@gin.configurable("experiment", denylist=["model_dir", "schedule"])
+@gin.configurable("experiment", denylist=["model_dir", "schedule", "overwrite_config"])
 def experiment(
     model_dir: str,
     schedule: str,
+    overwrite_config: bool = False,
     model_fn=gin.REQUIRED,
     input_fn=gin.REQUIRED,
     eval_input_fns=None,
@@ -84,12 +108,14 @@ def experiment(
     eval_every_steps: int | None = None,
     eval_steps: int | None = None,
     seed: int | None = 0,
+    deterministic: bool = False,
 ) -> dict:
     """Builds the Estimator and runs ``schedule``; bound by the experiment's gin file.
 
     Args:
       model_dir: from ``--model_dir``.
       schedule: from ``--schedule``.
+      overwrite_config: from ``--overwrite_config``: resume under a changed config.
       model_fn: the model, e.g. ``@MLP()``.
       input_fn: ``input_fn(mode, params)`` for training (and eval, unless
         ``eval_input_fns`` is given), e.g. ``@digits.input_fn``.
@@ -98,13 +124,20 @@ def experiment(
       eval_every_steps: evaluation cadence during train_and_evaluate.
       eval_steps: batches per evaluation; None evaluates the whole eval set.
       seed: seeds Keras, TF, NumPy and the input pipelines; None for no seeding.
+      deterministic: make TF ops deterministic, so that a run and a killed-and-resumed
+        run end bitwise equal (applied by ``main`` before anything runs).
 
     Returns:
       ``{'global_step', 'model_dir', 'metrics': {eval_set: {metric: value}}}`` or, for
       predict, ``{'predictions': iterator of per-example dicts}``.
     """
+    del deterministic  # read by main() before any op runs; bound here to be recorded
     estimator = _GinEstimator(
-        model_fn=model_fn, model_dir=model_dir, seed=seed, config_text_fn=gin.operative_config_str
+        model_fn=model_fn,
+        model_dir=model_dir,
+        seed=seed,
+        config_text_fn=gin.operative_config_str,
+        config_guard=None if overwrite_config else _config_guard,
     )
     eval_input_fns = eval_input_fns or {"eval": input_fn}
     metrics = {}
@@ -141,12 +174,16 @@ def main(argv: list[str]) -> None:
         seed = _query("experiment.seed", 0)
         if seed is not None:
             keras.utils.set_random_seed(seed)
+        if _query("experiment.deterministic", False):
+            tf.config.experimental.enable_op_determinism()
         tf.get_logger().setLevel("WARNING")  # TF's per-save INFO lines are noise here
         logging.info("model_dir: %s", model_dir)
-        result = experiment(model_dir=model_dir, schedule=FLAGS.schedule)
+        result = experiment(
+            model_dir=model_dir, schedule=FLAGS.schedule, overwrite_config=FLAGS.overwrite_config
+        )
         _report(result, FLAGS.schedule, FLAGS.results)
-    except UserError as error:
-        _fail(_first_line(error))
+    except (UserError, TrainingDiverged, Preempted) as error:
+        _fail(_first_line(error), error.exit_code)
     except RuntimeError as error:
         missing = re.search(
             r"Required bindings for `([^`]+)` not provided in config: \[(.*)\]", str(error)
@@ -196,7 +233,10 @@ def _parse_gin(files: list[str], params: list[str]) -> None:
 
 def _gin_error(error: Exception, source: str) -> str:
     """Turns gin's multi-line parse error into ``file:line: message (hint)``."""
-    if isinstance(error, tokenize.TokenError):  # an unclosed bracket or quote
+    if isinstance(error, tokenize.TokenError):  # gin reports only where the text ended
+        line = _unclosed_bracket_line(source)
+        if line:
+            return f"{source}:{line}: gin syntax error: a bracket opened here is never closed"
         return f"{source}: gin syntax error: {error.args[0]} (is a bracket or quote unclosed?)"
     text = str(error)
     if isinstance(error, SyntaxError):
@@ -206,6 +246,26 @@ def _gin_error(error: Exception, source: str) -> str:
     location = f"{where.group(1)}:{where.group(2)}" if where else source
     message = text.splitlines()[0].rstrip(".")
     return f"{location}: {message}{_closest_name_hint(message)}"
+
+
+def _unclosed_bracket_line(source: str) -> int | None:
+    """The line of the first bracket a gin file (or binding) opens and never closes."""
+    text = open(source).read() if os.path.isfile(source) else ""
+    opened: list[int] = []
+    quote = None
+    for number, line in enumerate(text.splitlines(), 1):
+        for char in line:
+            if quote:
+                quote = None if char == quote else quote
+            elif char in "'\"":
+                quote = char
+            elif char == "#":
+                break
+            elif char in "([{":
+                opened.append(number)
+            elif char in ")]}" and opened:
+                opened.pop()
+    return opened[0] if opened else None
 
 
 def _closest_name_hint(message: str) -> str:
@@ -233,6 +293,47 @@ def _closest_name_hint(message: str) -> str:
 def _parameters(fn) -> list[str]:
     target = fn.__init__ if isinstance(fn, type) else fn
     return [p for p in inspect.signature(target).parameters if p not in ("self", "args", "kwargs")]
+
+
+def _config_guard(saved: str, new: str) -> None:
+    """Refuses to resume when what is trained changed; names each changed binding."""
+    old_bindings, new_bindings = _bindings(saved), _bindings(new)
+    changes = []
+    for key in sorted(set(old_bindings) | set(new_bindings)):
+        short = key.split("/")[-1]
+        configurable, param = short.rsplit(".", 1)
+        short = configurable.split(".")[-1] + "." + param
+        if short in RESUMABLE_BINDINGS or param in RESUMABLE_PARAMETERS:
+            continue
+        before, after = old_bindings.get(key, "(unset)"), new_bindings.get(key, "(unset)")
+        if before != after:
+            changes.append(f"{key}: {before} -> {after}")
+    if changes:
+        raise UserError(
+            "the config differs from the one the checkpoints in this model_dir were trained "
+            f"with: {'; '.join(changes)}. Use a new --model_dir, or --overwrite_config to "
+            "resume anyway"
+        )
+
+
+def _bindings(text: str) -> dict[str, str]:
+    """``{'scope/Configurable.param': value text}`` of a gin config text."""
+    delegate = gin.config.ParserDelegate(skip_unknown=True)
+    found = {}
+    for statement in config_parser.ConfigParser(text, delegate):
+        if isinstance(statement, config_parser.BindingStatement):
+            scope = f"{statement.scope}/" if statement.scope else ""
+            found[f"{scope}{statement.selector}.{statement.arg_name}"] = _value_text(
+                statement.value
+            )
+    return found
+
+
+def _value_text(value) -> str:
+    selector = getattr(value, "_selector", None)  # a @reference: gin keeps its name here
+    if selector is not None:
+        return f"@{selector}{'()' if getattr(value, '_evaluate', False) else ''}"
+    return repr(value)
 
 
 def _query(name: str, default):
@@ -311,6 +412,10 @@ def _first_line(error: Exception) -> str:
     return str(error).strip().splitlines()[0]
 
 
-def _fail(message: str) -> None:
+def _fail(message: str, exit_code: int = UserError.exit_code) -> None:
+    # TF logs warnings about half-restored objects as they are freed at exit; the
+    # one line below says everything, so keep it the last line.
+    logging.set_verbosity(logging.ERROR)
+    tf.get_logger().setLevel("ERROR")
     print(f"error: {message}", file=sys.stderr)
-    sys.exit(EXIT_USER_ERROR)
+    sys.exit(exit_code)

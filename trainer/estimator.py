@@ -17,8 +17,8 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from trainer import checkpoints, hooks
-from trainer.errors import UserError
+from trainer import checkpoints, hooks, preemption
+from trainer.errors import Preempted, TrainingDiverged, UserError
 from trainer.model_fn import InputParams, Mode, ModelFn, check_spec
 from trainer.step import Steps, split_element
 from trainer.summaries import Writers
@@ -46,8 +46,14 @@ class Estimator:
       checkpoint_input: also checkpoint the training input iterator, so that a
         resumed run continues from the exact next batch instead of restarting the
         data. Needs a pipeline without ``py_function``.
+      nonfinite_loss: what a NaN or infinite training loss does: ``'stop'`` ends the
+        run (TrainingDiverged) leaving the last checkpoint untouched; ``'rollback'``
+        restores the last checkpoint and skips the offending batch.
+      max_rollbacks: rollbacks allowed in one run before giving up.
       config_text_fn: returns the run's configuration as text; written to
         ``model_dir/operative_config.gin`` and to TensorBoard once training starts.
+      config_guard: ``guard(saved_text, new_text)`` called before resuming from a
+        checkpoint; raises UserError when the change is not safe to resume with.
     """
 
     def __init__(
@@ -64,8 +70,15 @@ class Estimator:
         keep_checkpoint_max: int = 5,
         seed: int | None = None,
         checkpoint_input: bool = True,
+        nonfinite_loss: str = "stop",
+        max_rollbacks: int = 3,
         config_text_fn: Callable[[], str] | None = None,
+        config_guard: Callable[[str, str], None] | None = None,
     ):
+        if nonfinite_loss not in ("stop", "rollback"):
+            raise UserError(
+                f"Estimator.nonfinite_loss must be 'stop' or 'rollback', got {nonfinite_loss!r}"
+            )
         if not isinstance(model_fn, ModelFn):
             raise UserError(
                 f"model_fn must be a trainer.ModelFn instance, got {type(model_fn).__name__} "
@@ -89,7 +102,10 @@ class Estimator:
         self.keep_checkpoint_max = keep_checkpoint_max
         self.seed = seed
         self.checkpoint_input = checkpoint_input
+        self.nonfinite_loss = nonfinite_loss
+        self.max_rollbacks = max_rollbacks
         self.config_text_fn = config_text_fn
+        self.config_guard = config_guard
         self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.writers = Writers(model_dir)
         self._steps: Steps | None = None  # built on first use, from the data's shapes
@@ -193,7 +209,8 @@ class Estimator:
         iterator = iter(dataset)
         steps = self._prepare(dataset.element_spec, Mode.TRAIN)
 
-        # Restore: rerunning the same command continues where it stopped.
+        # Restore: rerunning the same command continues where it stopped, from the
+        # exact next batch, unless the configuration changed under the checkpoint.
         tf.io.gfile.makedirs(self.model_dir)
         state = dict(
             model=self.model_fn,
@@ -204,6 +221,8 @@ class Estimator:
         if self.checkpoint_input:
             state["input"] = iterator
         checkpointer = checkpoints.Checkpointer(self.model_dir, self.keep_checkpoint_max, **state)
+        if checkpointer.latest is not None:
+            self._check_config()
         restored = checkpointer.restore_latest()
         self._has_state = True
         start = self.step
@@ -238,20 +257,83 @@ class Estimator:
             hooks.Periodic(self.save_checkpoints_steps, checkpointer.save),
             *extra,
         ]
+        skip_at: set[int] = set()  # steps whose batch is dropped after a rollback
+        rollbacks = 0
         step = start
-        while step < max_steps:
-            n = hooks.steps_until_due(step, actions, min(self.steps_per_loop, max_steps - step))
-            steps.train_loop(iterator, tf.constant(n, tf.int64))
-            step = self.step
-            for action in actions:
-                if action.is_due(step):
-                    action.fn(step)
+        with preemption.watch_signals() as signals:
+            while step < max_steps:
+                if step + 1 in skip_at:
+                    skip_at.discard(step + 1)
+                    next(iterator)
+                    logging.warning("Skipping the batch of step %d (non-finite loss)", step + 1)
+                limit = min(
+                    [self.steps_per_loop, max_steps - step]
+                    + [s - 1 - step for s in skip_at if s - 1 > step]
+                )
+                n = hooks.steps_until_due(step, actions, limit)
+                self._run_block(steps, iterator, n)
+                step = self.step
+                if steps.nonfinite.numpy():
+                    rollbacks += 1
+                    bad_step = step + 1
+                    step = self._recover_from_nonfinite(checkpointer, bad_step, rollbacks)
+                    skip_at.add(bad_step)
+                    steps.train_metrics.reset()
+                    continue
+                for action in actions:
+                    if action.is_due(step):
+                        action.fn(step)
+                if signals:
+                    path = checkpointer.save(step)
+                    raise Preempted(
+                        f"{signals[0]} received: saved {path} at step {step}; rerun the same "
+                        "command to resume"
+                    )
 
         # The end: log and save unless that just happened.
         if not actions[0].is_due(step):
             log(step)
         checkpointer.save(step)
         return step
+
+    def _run_block(self, steps: Steps, iterator, n: int) -> None:
+        """Runs one compiled block, turning input and runtime errors into one line."""
+        try:
+            steps.train_loop(iterator, tf.constant(n, tf.int64))
+        except tf.errors.OutOfRangeError:
+            raise UserError(
+                f"the training input ran out of data at step {self.step}: an input_fn must "
+                "repeat its data in TRAIN mode (dataset.repeat())"
+            ) from None
+        except tf.errors.DataLossError as error:
+            raise UserError(
+                f"training input is corrupt at step {self.step} ({_first_line(error)}); "
+                "rebuild or re-copy the data files"
+            ) from None
+        except tf.errors.InvalidArgumentError as error:
+            raise UserError(f"training step {self.step + 1} failed: {_first_line(error)}") from None
+
+    def _recover_from_nonfinite(
+        self, checkpointer: checkpoints.Checkpointer, bad_step: int, rollbacks: int
+    ) -> int:
+        """Stops, or rolls back to the last checkpoint and marks the bad batch to be skipped."""
+        last = checkpointer.latest
+        where = f"the last good checkpoint, {last}, is untouched" if last else "no checkpoint yet"
+        if self.nonfinite_loss != "rollback" or last is None or rollbacks > self.max_rollbacks:
+            hint = (
+                f"gave up after {self.max_rollbacks} rollbacks"
+                if rollbacks > self.max_rollbacks
+                else "lower the learning rate, clip gradients, or set "
+                "Estimator.nonfinite_loss = 'rollback' to skip bad batches"
+            )
+            raise TrainingDiverged(f"loss is NaN or Inf at step {bad_step}; {where}; {hint}")
+        checkpointer.restore(last)
+        logging.warning(
+            "Loss is NaN or Inf at step %d: rolled back to %s; its batch will be skipped",
+            bad_step,
+            last,
+        )
+        return self.step
 
     # ---------------------------------------------------------------- helpers
 
@@ -284,18 +366,26 @@ class Estimator:
         features_spec, labels_spec = split_element(element_spec, mode)
         found = {}
 
+        name = type(self.model_fn).__name__
+
         def trace(features, labels):
-            spec = self.model_fn(features, labels, mode)
-            check_spec(spec, mode, type(self.model_fn).__name__)
+            try:
+                spec = self.model_fn(features, labels, mode)
+            except (ValueError, TypeError) as error:
+                shapes = tf.nest.map_structure(lambda t: t.shape.as_list(), features_spec)
+                raise UserError(
+                    f"{name} cannot take the input_fn's features {shapes}: {_first_line(error)}"
+                ) from None
+            try:
+                check_spec(spec, mode, name)
+            except ValueError as error:
+                raise UserError(str(error)) from None
             found["metrics"] = sorted(spec.metrics)
             return spec.predictions
 
         args = (features_spec, labels_spec) if labels_spec is not None else (features_spec,)
         fn = trace if labels_spec is not None else (lambda f: trace(f, None))
-        try:
-            tf.function(fn).get_concrete_function(*args)
-        except ValueError as error:
-            raise UserError(str(error).splitlines()[0]) from error
+        tf.function(fn).get_concrete_function(*args)
         variables = self.model_fn.trainable_variables
         if not variables:
             raise UserError(
@@ -346,6 +436,15 @@ class Estimator:
         )
         return metrics
 
+    def _check_config(self) -> None:
+        """Lets ``config_guard`` refuse to resume under a changed configuration."""
+        path = os.path.join(self.model_dir, OPERATIVE_CONFIG)
+        if self.config_guard is None or self.config_text_fn is None:
+            return
+        if tf.io.gfile.exists(path):
+            with tf.io.gfile.GFile(path) as f:
+                self.config_guard(f.read(), self.config_text_fn())
+
     def _write_config(self, step: int) -> None:
         if self.config_text_fn is None:
             return
@@ -386,6 +485,11 @@ class _Progress:
 
 def _format(metrics: Mapping[str, float]) -> str:
     return "  ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+
+
+def _first_line(error: Exception) -> str:
+    message = getattr(error, "message", None) or str(error)
+    return message.strip().splitlines()[0]
 
 
 def _name(fn) -> str:

@@ -82,24 +82,34 @@ class Steps:
         self.variables = model_fn.trainable_variables
         self.train_metrics = MetricSums(metric_names)
         self.eval_metrics = MetricSums(metric_names)
+        with tf.init_scope():
+            self.nonfinite = tf.Variable(False, trainable=False, name="nonfinite")
         self.train_loop = tf.function(self._train_loop)
         self.evaluate = tf.function(self._evaluate)
         self.predict = tf.function(self._predict)
 
-    def _train_step(self, features, labels) -> None:
+    def _train_step(self, features, labels) -> tf.Tensor:
+        """One step; returns False, and changes nothing, when the loss is not finite."""
         with tf.GradientTape() as tape:
             spec = self.model_fn(features, labels, Mode.TRAIN)
         gradients = tape.gradient(spec.loss, self.variables)
-        self.optimizer.apply_gradients(
-            [(g, v) for g, v in zip(gradients, self.variables, strict=True) if g is not None]
-        )
-        self.train_metrics.update(spec, batch_size_of(features))
-        self.global_step.assign_add(1)
+        finite = tf.math.is_finite(spec.loss)
+        if finite:
+            self.optimizer.apply_gradients(
+                [(g, v) for g, v in zip(gradients, self.variables, strict=True) if g is not None]
+            )
+            self.train_metrics.update(spec, batch_size_of(features))
+            self.global_step.assign_add(1)
+        return finite
 
     def _train_loop(self, iterator, num_steps: tf.Tensor) -> None:
+        """Runs up to ``num_steps`` steps; stops early, setting ``nonfinite``, on a bad loss."""
+        self.nonfinite.assign(False)
         for _ in tf.range(num_steps):
             features, labels = split_element(next(iterator), Mode.TRAIN)
-            self._train_step(features, labels)
+            if not self._train_step(features, labels):
+                self.nonfinite.assign(True)
+                break
 
     def _evaluate(self, dataset: tf.data.Dataset) -> None:
         for element in dataset:
