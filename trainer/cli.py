@@ -9,6 +9,7 @@ one schedule. Bad input ends in one line on stderr and exit code 2.
 from __future__ import annotations
 
 import difflib
+import gc
 import inspect
 import json
 import os
@@ -160,9 +161,18 @@ def experiment(
 
 
 def main(argv: list[str]) -> None:
-    """Parses gin, runs the experiment, writes results; exits 2 on bad input."""
+    """Parses gin, runs the experiment, writes results; one line and exit code on failure."""
     if len(argv) > 1:
         _fail(f"unexpected arguments {argv[1:]}: every option is a --flag (see --help)")
+    failure = _run()
+    if failure:
+        # Free the failed run (its iterators log from C++ as they die) before the last line.
+        gc.collect()
+        _fail(*failure)
+
+
+def _run() -> tuple[str, int, str] | None:
+    """Runs the command; returns (message, exit code, prefix) if it failed cleanly."""
     try:
         _parse_gin(FLAGS.gin_file, FLAGS.gin_param)
         model_dir = FLAGS.model_dir or _default_model_dir(FLAGS.gin_file)
@@ -182,8 +192,10 @@ def main(argv: list[str]) -> None:
             model_dir=model_dir, schedule=FLAGS.schedule, overwrite_config=FLAGS.overwrite_config
         )
         _report(result, FLAGS.schedule, FLAGS.results)
-    except (UserError, TrainingDiverged, Preempted) as error:
-        _fail(_first_line(error), error.exit_code)
+    except Preempted as error:
+        return _first_line(error), error.exit_code, "preempted"
+    except (UserError, TrainingDiverged) as error:
+        return _first_line(error), error.exit_code, "error"
     except RuntimeError as error:
         missing = re.search(
             r"Required bindings for `([^`]+)` not provided in config: \[(.*)\]", str(error)
@@ -191,10 +203,12 @@ def main(argv: list[str]) -> None:
         if not missing:
             raise
         name, params = missing.group(1), missing.group(2).replace("'", "").split(", ")
-        _fail(
+        message = (
             f"{name} needs values for {', '.join(params)}: add e.g. "
             f"'{name}.{params[0]} = ...' to the .gin file, or --gin_param"
         )
+        return message, UserError.exit_code, "error"
+    return None
 
 
 def run_main() -> None:
@@ -412,10 +426,10 @@ def _first_line(error: Exception) -> str:
     return str(error).strip().splitlines()[0]
 
 
-def _fail(message: str, exit_code: int = UserError.exit_code) -> None:
+def _fail(message: str, exit_code: int = UserError.exit_code, prefix: str = "error") -> None:
     # TF logs warnings about half-restored objects as they are freed at exit; the
     # one line below says everything, so keep it the last line.
     logging.set_verbosity(logging.ERROR)
     tf.get_logger().setLevel("ERROR")
-    print(f"error: {message}", file=sys.stderr)
+    print(f"{prefix}: {message}", file=sys.stderr)
     sys.exit(exit_code)

@@ -7,6 +7,7 @@ of steps, and one step function touches the model.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import time
@@ -145,9 +146,10 @@ class Estimator:
         dataset = self._dataset(input_fn, Mode.PREDICT)
         steps = self._prepare(dataset.element_spec, Mode.PREDICT)
         self._restore_for_inference()
-        for element in dataset:
+        for element in _guarded(dataset, "predict input"):
             features, _ = split_element(element, Mode.PREDICT)
-            batch = {k: v.numpy() for k, v in steps.predict(features).items()}
+            with _runtime_errors("predict"):
+                batch = {k: v.numpy() for k, v in steps.predict(features).items()}
             for i in range(len(next(iter(batch.values())))):
                 yield {k: v[i] for k, v in batch.items()}
 
@@ -297,21 +299,15 @@ class Estimator:
         return step
 
     def _run_block(self, steps: Steps, iterator, n: int) -> None:
-        """Runs one compiled block, turning input and runtime errors into one line."""
+        """Runs one compiled block of ``n`` steps; input and runtime errors become one line."""
         try:
-            steps.train_loop(iterator, tf.constant(n, tf.int64))
+            with _runtime_errors(f"training step {self.step + 1}"):
+                steps.train_loop(iterator, tf.constant(n, tf.int64))
         except tf.errors.OutOfRangeError:
             raise UserError(
                 f"the training input ran out of data at step {self.step}: an input_fn must "
                 "repeat its data in TRAIN mode (dataset.repeat())"
             ) from None
-        except tf.errors.DataLossError as error:
-            raise UserError(
-                f"training input is corrupt at step {self.step} ({_first_line(error)}); "
-                "rebuild or re-copy the data files"
-            ) from None
-        except tf.errors.InvalidArgumentError as error:
-            raise UserError(f"training step {self.step + 1} failed: {_first_line(error)}") from None
 
     def _recover_from_nonfinite(
         self, checkpointer: checkpoints.Checkpointer, bad_step: int, rollbacks: int
@@ -421,7 +417,8 @@ class Estimator:
             dataset = dataset.take(steps)
         compiled.eval_metrics.reset()
         start = time.perf_counter()
-        compiled.evaluate(dataset)
+        with _runtime_errors(f"eval set {name!r}"):
+            compiled.evaluate(dataset)
         metrics = compiled.eval_metrics.result()
         if not metrics:
             raise UserError(f"eval set {name!r} is empty: its input_fn yielded no batches")
@@ -488,8 +485,43 @@ def _format(metrics: Mapping[str, float]) -> str:
 
 
 def _first_line(error: Exception) -> str:
-    message = getattr(error, "message", None) or str(error)
-    return message.strip().splitlines()[0]
+    return str(error).strip().splitlines()[0]
+
+
+def _op_error_text(error: tf.errors.OpError) -> str:
+    """The line of a TF runtime error that says what happened (not where it was traced)."""
+    skip = ("Graph execution error", "Detected at node", "File ", "In call to configurable")
+    lines = [line.strip() for line in error.message.splitlines()]
+    useful = [line for line in lines if line and not line.startswith(skip + ("[[",))]
+    return useful[-1] if useful else _first_line(error)
+
+
+@contextlib.contextmanager
+def _runtime_errors(what: str):
+    """Turns corrupt or missing data and failed checks at run time into one UserError."""
+    try:
+        yield
+    except tf.errors.DataLossError as error:
+        raise UserError(
+            f"{what}: input data is corrupt ({_op_error_text(error)}); rebuild or re-copy "
+            "the data files"
+        ) from None
+    except tf.errors.NotFoundError as error:
+        raise UserError(f"{what}: input data is missing ({_op_error_text(error)})") from None
+    except tf.errors.InvalidArgumentError as error:
+        raise UserError(f"{what} failed: {_op_error_text(error)}") from None
+
+
+def _guarded(dataset: tf.data.Dataset, what: str):
+    """Iterates ``dataset`` eagerly, with ``_runtime_errors`` around each element."""
+    iterator = iter(dataset)
+    while True:
+        with _runtime_errors(what):
+            try:
+                element = next(iterator)
+            except StopIteration:
+                return
+        yield element
 
 
 def _name(fn) -> str:
