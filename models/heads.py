@@ -25,7 +25,8 @@ def classification(logits: tf.Tensor, labels: dict | None, label_key: str = "lab
     num_classes = logits.shape[-1]
     tf.debugging.assert_non_negative(label, message=f"{label_key} below 0")
     tf.debugging.assert_less(
-        label, tf.constant(num_classes, tf.int64),
+        label,
+        tf.constant(num_classes, tf.int64),
         message=f"{label_key} out of range [0, {num_classes}): is num_classes right?",
     )
     cross_entropy = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=label, logits=logits)

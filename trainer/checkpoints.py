@@ -116,6 +116,10 @@ class Checkpointer:
 def _mismatch(error: Exception) -> str:
     """Names the variables a failed restore complained about, in one line."""
     text = str(error)
+    if "DeserializeIterator" in text:
+        return (
+            "its saved input position does not fit this input pipeline (did the input_fn change?)"
+        )
     shapes = re.search(
         r"incompatible tensor with shape (\(.*?\)) when attempting to restore "
         r"variable with shape (\(.*?\)) and name (\S+)",

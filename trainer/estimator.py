@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -322,10 +323,12 @@ class Estimator:
                 else "lower the learning rate, clip gradients, or set "
                 "Estimator.nonfinite_loss = 'rollback' to skip bad batches"
             )
-            raise TrainingDiverged(f"loss is NaN or Inf at step {bad_step}; {where}; {hint}")
+            raise TrainingDiverged(
+                f"loss or gradients NaN or Inf at step {bad_step}; {where}; {hint}"
+            )
         checkpointer.restore(last)
         logging.warning(
-            "Loss is NaN or Inf at step %d: rolled back to %s; its batch will be skipped",
+            "Loss or gradients NaN or Inf at step %d: rolled back to %s; its batch is skipped",
             bad_step,
             last,
         )
@@ -493,7 +496,10 @@ def _op_error_text(error: tf.errors.OpError) -> str:
     skip = ("Graph execution error", "Detected at node", "File ", "In call to configurable")
     lines = [line.strip() for line in error.message.splitlines()]
     useful = [line for line in lines if line and not line.startswith(skip + ("[[",))]
-    return useful[-1] if useful else _first_line(error)
+    text = useful[-1] if useful else _first_line(error)
+    # tf.debugging asserts read "assertion failed: [message] [Condition ...] [x = ] [values]".
+    failed = re.match(r"assertion failed: \[(.*?)\] \[Condition.*?\] \[x .*?\] \[(.*?)\]", text)
+    return f"{failed.group(1)} (got {failed.group(2)})" if failed else text
 
 
 @contextlib.contextmanager

@@ -89,11 +89,17 @@ class Steps:
         self.predict = tf.function(self._predict)
 
     def _train_step(self, features, labels) -> tf.Tensor:
-        """One step; returns False, and changes nothing, when the loss is not finite."""
+        """One step; returns False, and changes nothing, if loss or gradients are not finite.
+
+        The gradients are checked too: a NaN input can leave the loss finite (ReLU maps
+        NaN to 0 on some kernels) while the gradients that reach the weights are NaN.
+        """
         with tf.GradientTape() as tape:
             spec = self.model_fn(features, labels, Mode.TRAIN)
         gradients = tape.gradient(spec.loss, self.variables)
-        finite = tf.math.is_finite(spec.loss)
+        finite = tf.math.is_finite(spec.loss) & tf.math.is_finite(
+            tf.linalg.global_norm([g for g in gradients if g is not None])
+        )
         if finite:
             self.optimizer.apply_gradients(
                 [(g, v) for g, v in zip(gradients, self.variables, strict=True) if g is not None]

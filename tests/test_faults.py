@@ -1,0 +1,434 @@
+"""Faults and bad input, through subprocesses of ``python -m trainer``.
+
+Each bad-input test runs against a copy of a trained model_dir and checks three
+things: the exit code, the one-line message, and that the previous checkpoint is
+untouched and still restores.
+"""
+
+import os
+import random
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.conftest import REPO, run_cli
+from tests.helpers import checkpoint_steps
+
+USER_PROJECT = os.path.join(REPO, "tests", "user_project")
+ENV = {"PYTHONPATH": USER_PROJECT}
+STATE_PREFIXES = ("model/", "optimizer/", "rng/", "step/")
+
+
+@pytest.fixture(scope="module")
+def faulty_gin(tmp_path_factory, data_dir):
+    """digits_mlp, fed by faulty_digits (no fault unless a test binds one)."""
+    path = tmp_path_factory.mktemp("gin") / "faulty.gin"
+    path.write_text(
+        f"include '{REPO}/experiments/digits_mlp.gin'\n"
+        "import faulty\n"
+        "experiment.input_fn = @faulty_digits\n"
+        "experiment.max_steps = 100\n"
+        "experiment.eval_every_steps = None\n"
+        "Estimator.save_checkpoints_steps = 50\n"
+        "Estimator.log_every_steps = 50\n"
+        f"digits.input_fn.data_dir = '{data_dir}'\n"
+    )
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, faulty_gin):
+    """A model_dir trained to step 100 with checkpoints at 50 and 100."""
+    model_dir = tmp_path_factory.mktemp("trained") / "run"
+    proc = run_cli("--gin_file", faulty_gin, "--model_dir", str(model_dir), env=ENV)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert checkpoint_steps(model_dir) == [50, 100]
+    return model_dir
+
+
+@pytest.fixture
+def model_dir(trained, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(trained, copy)
+    return copy
+
+
+def snapshot(model_dir):
+    """The checkpoint pointer, the checkpoint files and every saved model/optimizer value."""
+    latest = tf.train.latest_checkpoint(str(model_dir))
+    reader = tf.train.load_checkpoint(latest)
+    values = {
+        key: reader.get_tensor(key)
+        for key in reader.get_variable_to_shape_map()
+        if key.startswith(STATE_PREFIXES)
+    }
+    files = sorted(f for f in os.listdir(model_dir) if f.startswith("ckpt"))
+    return (model_dir / "checkpoint").read_text(), files, values
+
+
+def assert_same_snapshot(before, after):
+    assert before[0] == after[0] and before[1] == after[1]
+    assert before[2].keys() == after[2].keys() and len(before[2]) > 4
+    for key, value in before[2].items():
+        np.testing.assert_array_equal(value, after[2][key], err_msg=key)
+
+
+def last_line(proc):
+    return proc.stderr.strip().splitlines()[-1]
+
+
+def run_bad(model_dir, faulty_gin, *args, exit_code=2, **kwargs):
+    before = snapshot(model_dir)
+    proc = run_cli(
+        "--gin_file", faulty_gin, "--model_dir", str(model_dir), *args, env=ENV, **kwargs
+    )
+    assert proc.returncode == exit_code, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert_same_snapshot(before, snapshot(model_dir))
+    return last_line(proc)
+
+
+# ---------------------------------------------------------------- the bad-input table
+
+
+def test_gin_syntax_error(model_dir, faulty_gin, tmp_path):
+    bad = tmp_path / "bad.gin"
+    bad.write_text("# header\nMLP.hidden_units = [256,\n    256\n")
+    line = run_bad(model_dir, faulty_gin, "--gin_file", str(bad))
+    assert line == f"error: {bad}:2: gin syntax error: a bracket opened here is never closed"
+
+
+def test_unknown_configurable_names_the_closest(model_dir, faulty_gin):
+    line = run_bad(model_dir, faulty_gin, "--gin_param", "Estimater.steps_per_loop = 5")
+    assert line == (
+        "error: --gin_param: No configurable matching 'Estimater'; did you mean 'Estimator'?"
+    )
+
+
+def test_missing_required_binding(model_dir, tmp_path):
+    lone = tmp_path / "lone.gin"
+    lone.write_text("import models.mlp\nexperiment.model_fn = @MLP()\n")
+    before = snapshot(model_dir)
+    proc = run_cli("--gin_file", str(lone), "--model_dir", str(model_dir))
+    assert proc.returncode == 2
+    assert last_line(proc).startswith("error: experiment needs values for input_fn, max_steps")
+    assert_same_snapshot(before, snapshot(model_dir))
+
+
+def test_changed_config_is_refused_with_a_diff(model_dir, faulty_gin):
+    line = run_bad(
+        model_dir,
+        faulty_gin,
+        "--gin_param",
+        "MLP.hidden_units = [128]",
+        "--gin_param",
+        "Adam.learning_rate = 0.01",
+        "--gin_param",
+        "experiment.max_steps = 200",
+    )
+    assert line == (
+        "error: the config differs from the one the checkpoints in this model_dir were "
+        "trained with: Adam.learning_rate: 0.001 -> 0.01; MLP.hidden_units: [256, 256] -> "
+        "[128]. Use a new --model_dir, or --overwrite_config to resume anyway"
+    )
+
+
+def test_checkpoint_from_a_different_model_names_the_variable(model_dir, faulty_gin):
+    line = run_bad(
+        model_dir,
+        faulty_gin,
+        "--gin_param",
+        "MLP.hidden_units = [256, 128]",
+        "--gin_param",
+        "experiment.max_steps = 200",
+        "--overwrite_config",
+    )
+    assert f"checkpoint {model_dir}/ckpt-100 does not fit this model:" in line
+    assert "logits/kernel has shape (128, 10) here but (256, 10) in the checkpoint" in line
+
+
+def test_features_that_do_not_fit_the_model(model_dir, faulty_gin):
+    line = run_bad(
+        model_dir,
+        faulty_gin,
+        "--gin_param",
+        "faulty_digits.fault = 'shape'",
+        "--gin_param",
+        "experiment.max_steps = 200",
+        "--overwrite_config",
+    )
+    assert "does not fit this model: dense_0/kernel has shape (16, 256) here but (64, 256)" in line
+
+
+def test_label_out_of_range(model_dir, faulty_gin):
+    line = run_bad(
+        model_dir,
+        faulty_gin,
+        "--gin_param",
+        "faulty_digits.fault = 'label'",
+        "--gin_param",
+        "experiment.max_steps = 200",
+        "--overwrite_config",
+    )
+    assert re.fullmatch(
+        r"error: training step 101 failed: label out of range \[0, 10\): is num_classes "
+        r"right\? \(got 1\d( 1\d)*(\.\.\.)?\)",
+        line,
+    ), line
+
+
+def test_empty_training_data(model_dir, faulty_gin):
+    line = run_bad(
+        model_dir,
+        faulty_gin,
+        "--gin_param",
+        "faulty_digits.fault = 'empty'",
+        "--gin_param",
+        "experiment.max_steps = 200",
+        "--overwrite_config",
+    )
+    # The restored prefetch buffer may still hold a batch or two; then the input ends.
+    assert re.match(
+        r"error: the training input ran out of data at step 10\d: an input_fn "
+        r"must repeat its data in TRAIN mode",
+        line,
+    ), line
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "missing"])
+def test_corrupt_or_missing_data_file(model_dir, faulty_gin, data_dir, tmp_path, damage):
+    copy = tmp_path / "data"
+    shutil.copytree(data_dir, copy)
+    shard = copy / "digits" / "1.0.0" / "digits-test.tfrecord-00000-of-00001"
+    if damage == "corrupt":
+        data = bytearray(shard.read_bytes())
+        data[3000:3100] = b"x" * 100
+        shard.write_bytes(bytes(data))
+    else:
+        shard.unlink()
+    line = run_bad(
+        model_dir,
+        faulty_gin,
+        "--schedule",
+        "evaluate",
+        "--gin_param",
+        f"digits.input_fn.data_dir = '{copy}'",
+    )
+    if damage == "corrupt":
+        assert line.startswith("error: eval set 'eval': input data is corrupt (corrupted record")
+    else:
+        assert line == (
+            f"error: eval set 'eval': input data is missing ({shard}; No such file or directory)"
+        )
+
+
+def test_disk_full_during_save_keeps_the_previous_checkpoint(model_dir, faulty_gin):
+    data_file = model_dir / "ckpt-100.data-00000-of-00001"
+    limit = os.path.getsize(data_file) // 2
+
+    def small_disk():  # writes past `limit` bytes fail with EFBIG, like a full disk
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    before = snapshot(model_dir)
+    args = [
+        "--gin_file",
+        faulty_gin,
+        "--model_dir",
+        str(model_dir),
+        "--gin_param",
+        "experiment.max_steps = 200",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer", *args],
+        cwd=REPO,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **ENV),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=small_disk,
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    line = last_line(proc)
+    assert line.startswith(f"error: could not write checkpoint ckpt-150 in {model_dir} (")
+    assert line.endswith(f"The newest complete checkpoint is still {model_dir}/ckpt-100")
+    assert_same_snapshot(before, snapshot(model_dir))  # no partial ckpt-150 files either
+
+
+# ---------------------------------------------------------------- NaN guard
+
+
+def test_nonfinite_loss_stops_and_keeps_the_last_checkpoint(model_dir, faulty_gin):
+    line = run_bad(
+        model_dir,
+        faulty_gin,
+        "--gin_param",
+        "faulty_digits.fault = 'nan'",
+        "--gin_param",
+        "experiment.max_steps = 200",
+        "--overwrite_config",
+        exit_code=3,
+    )
+    # ReLU zeroes some non-finite activations, so the gradients may go bad a step later.
+    assert re.match(
+        r"error: loss or gradients NaN or Inf at step 1[0-4]\d; the last good checkpoint, "
+        + re.escape(f"{model_dir}/ckpt-100, is untouched"),
+        line,
+    ), line
+
+
+def test_rollback_skips_the_bad_batch_and_finishes(tmp_path, faulty_gin):
+    model_dir = tmp_path / "run"
+    proc = run_cli(
+        "--gin_file",
+        faulty_gin,
+        "--model_dir",
+        str(model_dir),
+        "--gin_param",
+        "faulty_digits.fault = 'nan_once'",
+        "--gin_param",
+        "faulty_digits.at_batch = 30",
+        "--gin_param",
+        "Estimator.save_checkpoints_steps = 20",
+        "--gin_param",
+        "Estimator.nonfinite_loss = 'rollback'",
+        "--gin_param",
+        "experiment.max_steps = 60",
+        env=ENV,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (
+        f"Loss or gradients NaN or Inf at step 31: rolled back to {model_dir}/ckpt-20"
+        in proc.stderr
+    )
+    assert "Skipping the batch of step 31" in proc.stderr
+    assert checkpoint_steps(model_dir)[-1] == 60
+    reader = tf.train.load_checkpoint(str(model_dir / "ckpt-60"))
+    for key in reader.get_variable_to_shape_map():
+        if key.startswith("model/"):
+            assert np.all(np.isfinite(reader.get_tensor(key))), key
+
+
+# ---------------------------------------------------------------- kills and signals
+
+
+def start(args):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.Popen(
+        [sys.executable, "-m", "trainer", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for_checkpoint_after(model_dir, step, proc, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        steps = checkpoint_steps(model_dir) if model_dir.exists() else []
+        if steps and steps[-1] > step:
+            return steps[-1]
+        time.sleep(0.05)
+    raise AssertionError(f"no checkpoint after step {step}; exit {proc.poll()}")
+
+
+def saved_state(model_dir):
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(model_dir)))
+    return {
+        key: reader.get_tensor(key)
+        for key in reader.get_variable_to_shape_map()
+        if key.startswith(STATE_PREFIXES)
+    }
+
+
+def test_sigkill_at_random_steps_then_resume_is_bitwise_exact(tmp_path, data_dir):
+    """Three kills at random moments (mid-save included); the end equals an unbroken run."""
+    common = [
+        "--gin_file",
+        "experiments/digits_mlp.gin",
+        "--schedule",
+        "train",
+        "--gin_param",
+        f"digits.input_fn.data_dir = '{data_dir}'",
+        "--gin_param",
+        "experiment.deterministic = True",
+        "--gin_param",
+        "experiment.max_steps = 3000",
+        "--gin_param",
+        "Estimator.save_checkpoints_steps = 100",
+        "--gin_param",
+        "Estimator.steps_per_loop = 20",
+    ]
+    straight = tmp_path / "straight"
+    assert run_cli(*common, "--model_dir", str(straight)).returncode == 0
+
+    killed = tmp_path / "killed"
+    seed = int(time.time())
+    rng = random.Random(seed)
+    reached = 0
+    for _ in range(3):
+        proc = start([*common, "--model_dir", str(killed)])
+        try:
+            reached = wait_for_checkpoint_after(killed, reached, proc)
+            time.sleep(rng.uniform(0.0, 0.6))
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+        # The pointer always names a complete checkpoint, even after a kill mid-save.
+        assert saved_state(killed), f"seed {seed}"
+        reached = checkpoint_steps(killed)[-1]
+        assert reached < 3000, f"seed {seed}: the run finished before it was killed"
+    assert run_cli(*common, "--model_dir", str(killed)).returncode == 0
+
+    expected, actual = saved_state(straight), saved_state(killed)
+    assert expected.keys() == actual.keys()
+    for key, value in expected.items():
+        np.testing.assert_array_equal(value, actual[key], err_msg=f"{key} (seed {seed})")
+
+
+def test_sigterm_saves_at_a_step_boundary_and_exits_75(tmp_path, data_dir):
+    model_dir = tmp_path / "run"
+    args = [
+        "--gin_file",
+        "experiments/digits_mlp.gin",
+        "--schedule",
+        "train",
+        "--model_dir",
+        str(model_dir),
+        "--gin_param",
+        f"digits.input_fn.data_dir = '{data_dir}'",
+        "--gin_param",
+        "experiment.max_steps = 1000000",
+        "--gin_param",
+        "Estimator.save_checkpoints_steps = 1000",
+        "--gin_param",
+        "Estimator.steps_per_loop = 7",
+    ]
+    proc = start(args)
+    try:
+        wait_for_checkpoint_after(model_dir, 0, proc)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 75, stderr[-3000:]
+    saved = checkpoint_steps(model_dir)[-1]
+    assert saved > 1000
+    assert stderr.strip().splitlines()[-1] == (
+        f"preempted: SIGTERM received: saved {model_dir}/ckpt-{saved} at step {saved}; "
+        "rerun the same command to resume"
+    )
+    args[args.index("experiment.max_steps = 1000000")] = f"experiment.max_steps = {saved + 10}"
+    resumed = run_cli(*args)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"from step {saved} to {saved + 10}" in resumed.stderr
