@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import gin
 import keras
 
 from models import heads
+from models.layers import DenseStack
 from trainer import Mode, ModelFn
 
 
@@ -18,8 +20,10 @@ class MLP(ModelFn):
     Args:
       num_classes: size of the output layer.
       hidden_units: width of each hidden layer, in order.
-      activation: Keras activation name of the hidden layers.
-      dropout_rate: dropout after each hidden layer, active in TRAIN only.
+      activation: Keras activation name of the hidden layers, one or per layer.
+      dropout_rate: dropout after each hidden layer (TRAIN only), one or per layer.
+      batch_norm: batch normalisation in each hidden layer, one or per layer.
+      l2: L2 weight decay on the hidden kernels, added to the training loss.
       image_key: the feature to classify.
       label_key: the label holding class ids.
     """
@@ -28,28 +32,27 @@ class MLP(ModelFn):
         self,
         num_classes: int = 10,
         hidden_units: Sequence[int] = (512, 512),
-        activation: str = "relu",
-        dropout_rate: float = 0.0,
+        activation: Any = "relu",
+        dropout_rate: Any = 0.0,
+        batch_norm: Any = False,
+        l2: float = 0.0,
         image_key: str = "image",
         label_key: str = "label",
     ):
         super().__init__(name="mlp")
         self.image_key, self.label_key = image_key, label_key
         self.flatten = keras.layers.Flatten(name="flatten")
-        self.hidden = [
-            keras.layers.Dense(units, activation=activation, name=f"dense_{i}")
-            for i, units in enumerate(hidden_units)
-        ]
-        self.dropout = [
-            keras.layers.Dropout(dropout_rate, name=f"dropout_{i}")
-            for i in range(len(hidden_units))
-        ]
+        self.hidden = DenseStack(
+            list(hidden_units),
+            activation=activation,
+            dropout=dropout_rate,
+            batch_norm=batch_norm,
+            l2=l2,
+            name="dense",
+        )
         self.logits = keras.layers.Dense(num_classes, name="logits")
 
     def __call__(self, features, labels, mode):
         """Logits from the image; see ``heads.classification`` for the Spec."""
-        training = mode == Mode.TRAIN
-        x = self.flatten(features[self.image_key])
-        for dense, dropout in zip(self.hidden, self.dropout, strict=False):
-            x = dropout(dense(x), training=training)
+        x = self.hidden(self.flatten(features[self.image_key]), training=mode == Mode.TRAIN)
         return heads.classification(self.logits(x), labels, self.label_key)
