@@ -19,11 +19,14 @@ def build(model, shape):
     return tuple(spec.predictions["probabilities"].shape), count
 
 
-@pytest.mark.parametrize("shape, params", [
-    # 3x3 convs 64-128-256 with 2x2 pools: 28 -> 14 -> 7 -> 3; 32 -> 16 -> 8 -> 4.
-    ((28, 28, 1), 640 + 73856 + 295168 + (3 * 3 * 256 * 512 + 512) + 5130),
-    ((32, 32, 3), 1792 + 73856 + 295168 + (4 * 4 * 256 * 512 + 512) + 5130),
-])
+@pytest.mark.parametrize(
+    "shape, params",
+    [
+        # 3x3 convs 64-128-256 with 2x2 pools: 28 -> 14 -> 7 -> 3; 32 -> 16 -> 8 -> 4.
+        ((28, 28, 1), 640 + 73856 + 295168 + (3 * 3 * 256 * 512 + 512) + 5130),
+        ((32, 32, 3), 1792 + 73856 + 295168 + (4 * 4 * 256 * 512 + 512) + 5130),
+    ],
+)
 def test_alexnet_downsamples_and_counts_parameters(shape, params):
     out, count = build(AlexNet(num_classes=10), shape)
     assert out == (2, 10)
@@ -45,10 +48,13 @@ def test_classic_imagenet_alexnet_binding():
     assert build(model, (224, 224, 3)) == ((2, 1000), 62_378_344)
 
 
-@pytest.mark.parametrize("kwargs, params", [
-    (dict(hidden_units=[512, 512]), 784 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10),
-    (dict(hidden_units=[32], batch_norm=True), 784 * 32 + 2 * 32 + 32 * 10 + 10),
-])
+@pytest.mark.parametrize(
+    "kwargs, params",
+    [
+        (dict(hidden_units=[512, 512]), 784 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10),
+        (dict(hidden_units=[32], batch_norm=True), 784 * 32 + 2 * 32 + 32 * 10 + 10),
+    ],
+)
 def test_mlp_shapes_and_parameters(kwargs, params):
     assert build(MLP(num_classes=10, **kwargs), (28, 28, 1)) == ((2, 10), params)
 
@@ -81,9 +87,15 @@ def test_batch_norm_statistics_move_in_train_only():
 def test_dropout_in_train_only_for_alexnet():
     model = AlexNet(num_classes=4, conv_filters=[4], dense_units=[16], dropout_rate=0.5)
     features = {"image": tf.ones([2, 8, 8, 1])}
-    outputs = {m: [model(features, None if m == Mode.PREDICT else {"label": tf.zeros([2])}, m)
-                   .predictions["probabilities"].numpy() for _ in range(2)]
-               for m in (Mode.TRAIN, Mode.EVAL, Mode.PREDICT)}
+    outputs = {
+        m: [
+            model(features, None if m == Mode.PREDICT else {"label": tf.zeros([2])}, m)
+            .predictions["probabilities"]
+            .numpy()
+            for _ in range(2)
+        ]
+        for m in (Mode.TRAIN, Mode.EVAL, Mode.PREDICT)
+    }
     assert not np.allclose(*outputs[Mode.TRAIN])
     np.testing.assert_array_equal(*outputs[Mode.EVAL])
     np.testing.assert_array_equal(outputs[Mode.EVAL][0], outputs[Mode.PREDICT][0])

@@ -25,6 +25,7 @@ import tensorflow as tf
 from absl import app, flags, logging
 from gin import config_parser
 
+from trainer import optimization
 from trainer.errors import Preempted, TrainingDiverged, UserError
 from trainer.estimator import Estimator
 
@@ -88,6 +89,8 @@ for _cls in [
     keras.optimizers.Adagrad,
 ]:
     gin.external_configurable(_cls, module="optimizers")
+gin.external_configurable(optimization.momentum, name="Momentum", module="optimizers")
+gin.external_configurable(optimization.WarmupDecay, module="schedules")
 for _cls in [
     keras.optimizers.schedules.ExponentialDecay,
     keras.optimizers.schedules.PiecewiseConstantDecay,

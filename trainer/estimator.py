@@ -22,6 +22,7 @@ from absl import logging
 from trainer import checkpoints, hooks, preemption
 from trainer.errors import Preempted, TrainingDiverged, UserError
 from trainer.model_fn import InputParams, Mode, ModelFn, check_spec
+from trainer.optimization import WeightAverage
 from trainer.step import Steps, split_element
 from trainer.summaries import Writers
 
@@ -48,6 +49,9 @@ class Estimator:
       checkpoint_input: also checkpoint the training input iterator, so that a
         resumed run continues from the exact next batch instead of restarting the
         data. Needs a pipeline without ``py_function``.
+      clip_gradient_norm: clip the gradients to this global norm before applying them.
+      ema_decay: keep an exponential moving average of the weights with this decay
+        and evaluate and predict with it (e.g. 0.999); None for no average.
       nonfinite_loss: what a NaN or infinite training loss does: ``'stop'`` ends the
         run (TrainingDiverged) leaving the last checkpoint untouched; ``'rollback'``
         restores the last checkpoint and skips the offending batch.
@@ -72,6 +76,8 @@ class Estimator:
         keep_checkpoint_max: int = 5,
         seed: int | None = None,
         checkpoint_input: bool = True,
+        clip_gradient_norm: float | None = None,
+        ema_decay: float | None = None,
         nonfinite_loss: str = "stop",
         max_rollbacks: int = 3,
         config_text_fn: Callable[[], str] | None = None,
@@ -104,6 +110,9 @@ class Estimator:
         self.keep_checkpoint_max = keep_checkpoint_max
         self.seed = seed
         self.checkpoint_input = checkpoint_input
+        self.clip_gradient_norm = clip_gradient_norm
+        self.ema_decay = ema_decay
+        self.ema: WeightAverage | None = None
         self.nonfinite_loss = nonfinite_loss
         self.max_rollbacks = max_rollbacks
         self.config_text_fn = config_text_fn
@@ -149,7 +158,7 @@ class Estimator:
         self._restore_for_inference()
         for element in _guarded(dataset, "predict input"):
             features, _ = split_element(element, Mode.PREDICT)
-            with _runtime_errors("predict"):
+            with _runtime_errors("predict"), self._averaged_weights():
                 batch = {k: v.numpy() for k, v in steps.predict(features).items()}
             for i in range(len(next(iter(batch.values())))):
                 yield {k: v[i] for k, v in batch.items()}
@@ -215,12 +224,7 @@ class Estimator:
         # Restore: rerunning the same command continues where it stopped, from the
         # exact next batch, unless the configuration changed under the checkpoint.
         tf.io.gfile.makedirs(self.model_dir)
-        state = dict(
-            model=self.model_fn,
-            optimizer=self.optimizer,
-            step=self.global_step,
-            rng=self.model_fn.non_trainable_variables,
-        )
+        state = self._state(optimizer=True)
         if self.checkpoint_input:
             state["input"] = iterator
         checkpointer = checkpoints.Checkpointer(self.model_dir, self.keep_checkpoint_max, **state)
@@ -392,20 +396,37 @@ class Estimator:
                 "create its Keras layers as attributes in __init__"
             )
         self.optimizer.build(variables)
+        if self.ema_decay:
+            self.ema = WeightAverage(variables, self.ema_decay)
         self._steps = Steps(
-            self.model_fn, self.optimizer, self.global_step, found.get("metrics", [])
+            self.model_fn,
+            self.optimizer,
+            self.global_step,
+            found.get("metrics", []),
+            clip_gradient_norm=self.clip_gradient_norm,
+            ema=self.ema,
         )
         return self._steps
+
+    def _averaged_weights(self):
+        """Within the block the model holds its EMA weights, if an EMA is kept."""
+        return self.ema.swapped_in() if self.ema is not None else contextlib.nullcontext()
+
+    def _state(self, optimizer: bool) -> dict:
+        """What a checkpoint holds: weights, step, RNG and BN state, EMA, optimizer."""
+        state = dict(
+            model=self.model_fn, step=self.global_step, rng=self.model_fn.non_trainable_variables
+        )
+        if optimizer:
+            state["optimizer"] = self.optimizer
+        if self.ema is not None:
+            state["ema"] = self.ema.averages
+        return state
 
     def _restore_for_inference(self) -> None:
         if self._has_state:
             return
-        checkpointer = checkpoints.Checkpointer(
-            self.model_dir,
-            model=self.model_fn,
-            step=self.global_step,
-            rng=self.model_fn.non_trainable_variables,
-        )
+        checkpointer = checkpoints.Checkpointer(self.model_dir, **self._state(optimizer=False))
         if checkpointer.restore_latest(partial=True) is None:
             raise UserError(
                 f"no checkpoint in {self.model_dir}: train first "
@@ -420,7 +441,7 @@ class Estimator:
             dataset = dataset.take(steps)
         compiled.eval_metrics.reset()
         start = time.perf_counter()
-        with _runtime_errors(f"eval set {name!r}"):
+        with _runtime_errors(f"eval set {name!r}"), self._averaged_weights():
             compiled.evaluate(dataset)
         metrics = compiled.eval_metrics.result()
         if not metrics:

@@ -111,6 +111,11 @@ class ModelFn(tf.Module):
         """Other state: batch-norm statistics and the dropout RNG state."""
         return self._collect(trainable=False)
 
+    @property
+    def regularization_losses(self) -> list[tf.Tensor]:
+        """Weight-decay terms of the layers (e.g. ``kernel_regularizer``), to add to the loss."""
+        return [loss for layer in self.layers for loss in layer.losses]
+
     def _collect(self, trainable: bool) -> list[tf.Variable]:
         found, seen = [], set()
         for item in _walk(self):

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 import keras
 import tensorflow as tf
 
-from trainer.model_fn import Mode, ModelFn, Spec
+from trainer.model_fn import Mode, ModelFn
+from trainer.optimization import WeightAverage
 
 
 def batch_size_of(features) -> tf.Tensor:
@@ -31,26 +32,29 @@ def split_element(element, mode: Mode):
 
 
 class MetricSums:
-    """Streams the mean of the loss and of every per-example metric.
+    """Streams means: of per-example metrics over examples, of per-batch values over batches.
 
-    Sums are kept in float64 variables so that means over large eval sets are exact
-    to float32 precision; ``result`` reads them, ``reset`` zeroes them.
+    Per-batch values (the loss, the gradient norm) are weighted by batch size, so
+    with a short last batch every example still counts once. Sums are float64
+    variables; ``result`` reads them, ``reset`` zeroes them.
     """
 
-    def __init__(self, names: Sequence[str]):
-        self.names = ["loss", *names]
+    def __init__(self, per_example: Sequence[str], per_batch: Sequence[str] = ("loss",)):
+        self.per_example = list(per_example)
+        self.per_batch = list(per_batch)
         with tf.init_scope():
             self.sums = {
                 n: tf.Variable(0.0, dtype=tf.float64, trainable=False, name=f"sum_{n}")
-                for n in self.names
+                for n in self.per_batch + self.per_example
             }
             self.count = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="count")
 
-    def update(self, spec: Spec, batch_size: tf.Tensor) -> None:
-        """Adds one batch: the loss weighted by batch size, metrics summed over examples."""
-        self.sums["loss"].assign_add(tf.cast(spec.loss, tf.float64) * batch_size)
-        for name in self.names[1:]:
-            self.sums[name].assign_add(tf.reduce_sum(tf.cast(spec.metrics[name], tf.float64)))
+    def update(self, per_example, per_batch, batch_size: tf.Tensor) -> None:
+        """Adds one batch: dicts of ``[batch]`` values and of scalars."""
+        for name in self.per_batch:
+            self.sums[name].assign_add(tf.cast(per_batch[name], tf.float64) * batch_size)
+        for name in self.per_example:
+            self.sums[name].assign_add(tf.reduce_sum(tf.cast(per_example[name], tf.float64)))
         self.count.assign_add(batch_size)
 
     def result(self) -> dict[str, float]:
@@ -58,7 +62,7 @@ class MetricSums:
         count = float(self.count.numpy())
         if count == 0:
             return {}
-        return {n: float(self.sums[n].numpy()) / count for n in self.names}
+        return {n: float(v.numpy()) / count for n, v in self.sums.items()}
 
     def reset(self) -> None:
         """Zeroes every sum and the count."""
@@ -67,7 +71,16 @@ class MetricSums:
 
 
 class Steps:
-    """The compiled train, eval and predict functions of one model and optimizer."""
+    """The compiled train, eval and predict functions of one model and optimizer.
+
+    Args:
+      model_fn: the model.
+      optimizer: a built Keras optimizer.
+      global_step: incremented once per applied training step.
+      metric_names: the per-example metrics the model's Spec returns.
+      clip_gradient_norm: clip gradients to this global norm (None: no clipping).
+      ema: a WeightAverage to update after each step, or None.
+    """
 
     def __init__(
         self,
@@ -75,12 +88,20 @@ class Steps:
         optimizer: keras.optimizers.Optimizer,
         global_step: tf.Variable,
         metric_names: Sequence[str],
+        clip_gradient_norm: float | None = None,
+        ema: WeightAverage | None = None,
     ):
         self.model_fn = model_fn
         self.optimizer = optimizer
         self.global_step = global_step
+        self.clip_gradient_norm = clip_gradient_norm
+        self.ema = ema
         self.variables = model_fn.trainable_variables
-        self.train_metrics = MetricSums(metric_names)
+        self.has_regularization = bool(model_fn.regularization_losses)
+        train_scalars = ["loss", "gradient_norm"]
+        if self.has_regularization:
+            train_scalars.append("regularization_loss")
+        self.train_metrics = MetricSums(metric_names, train_scalars)
         self.eval_metrics = MetricSums(metric_names)
         with tf.init_scope():
             self.nonfinite = tf.Variable(False, trainable=False, name="nonfinite")
@@ -96,20 +117,33 @@ class Steps:
         """
         with tf.GradientTape() as tape:
             spec = self.model_fn(features, labels, Mode.TRAIN)
-        gradients = tape.gradient(spec.loss, self.variables)
-        finite = tf.math.is_finite(spec.loss) & tf.math.is_finite(
-            tf.linalg.global_norm([g for g in gradients if g is not None])
-        )
+            scalars = {"loss": spec.loss}
+            total = spec.loss
+            if self.has_regularization:
+                scalars["regularization_loss"] = tf.add_n(self.model_fn.regularization_losses)
+                total = total + scalars["regularization_loss"]
+        pairs = [
+            (g, v)
+            for g, v in zip(tape.gradient(total, self.variables), self.variables, strict=True)
+            if g is not None
+        ]
+        gradients = [g for g, _ in pairs]
+        scalars["gradient_norm"] = tf.linalg.global_norm(gradients)
+        finite = tf.math.is_finite(total) & tf.math.is_finite(scalars["gradient_norm"])
         if finite:
-            self.optimizer.apply_gradients(
-                [(g, v) for g, v in zip(gradients, self.variables, strict=True) if g is not None]
-            )
-            self.train_metrics.update(spec, batch_size_of(features))
+            if self.clip_gradient_norm:
+                gradients, _ = tf.clip_by_global_norm(
+                    gradients, self.clip_gradient_norm, use_norm=scalars["gradient_norm"]
+                )
+            self.optimizer.apply_gradients(zip(gradients, [v for _, v in pairs], strict=True))
+            if self.ema is not None:
+                self.ema.update()
+            self.train_metrics.update(spec.metrics, scalars, batch_size_of(features))
             self.global_step.assign_add(1)
         return finite
 
     def _train_loop(self, iterator, num_steps: tf.Tensor) -> None:
-        """Runs up to ``num_steps`` steps; stops early, setting ``nonfinite``, on a bad loss."""
+        """Runs up to ``num_steps`` steps; stops early, setting ``nonfinite``, on a bad step."""
         self.nonfinite.assign(False)
         for _ in tf.range(num_steps):
             features, labels = split_element(next(iterator), Mode.TRAIN)
@@ -121,7 +155,7 @@ class Steps:
         for element in dataset:
             features, labels = split_element(element, Mode.EVAL)
             spec = self.model_fn(features, labels, Mode.EVAL)
-            self.eval_metrics.update(spec, batch_size_of(features))
+            self.eval_metrics.update(spec.metrics, {"loss": spec.loss}, batch_size_of(features))
 
     def _predict(self, features):
         return dict(self.model_fn(features, None, Mode.PREDICT).predictions)

@@ -1,0 +1,120 @@
+"""The framework's optimisation: schedules reach the optimizer, clipping, EMA, L2."""
+
+import math
+import os
+
+import gin
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.helpers import event_tags, scalar_series
+from trainer import Estimator, ModelFn, Spec
+from trainer.optimization import WarmupDecay
+
+
+class Slope(ModelFn):
+    """loss = mean(w * x) with x = 1: the gradient is exactly 1 (plus 2 * l2 * w)."""
+
+    def __init__(self, l2=0.0):
+        super().__init__()
+        regularizer = keras.regularizers.L2(l2) if l2 else None
+        self.dense = keras.layers.Dense(1, use_bias=False, kernel_initializer="ones",
+                                        kernel_regularizer=regularizer)
+
+    def __call__(self, features, labels, mode):
+        y = self.dense(features["x"])[:, 0]
+        return Spec({"y": y}, loss=None if labels is None else tf.reduce_mean(y))
+
+
+def ones(mode, params):
+    del mode
+    data = ({"x": tf.ones([params.batch_size, 1])}, {"y": tf.zeros([params.batch_size])})
+    return tf.data.Dataset.from_tensors(data).repeat()
+
+
+def eval_ones(mode, params):
+    return ones(mode, params).take(3)
+
+
+def weights_per_step(tmp_path, optimizer, max_steps, **kwargs):
+    """Trains Slope one step per block; returns [w after step 0, 1, ..., max_steps]."""
+    estimator = Estimator(Slope(kwargs.pop("l2", 0.0)), str(tmp_path), optimizer=optimizer,
+                          global_batch_size=4, steps_per_loop=1, log_every_steps=1, **kwargs)
+    weights = []
+    estimator.train(ones, max_steps,
+                    hooks_=[lambda step, logs: weights.append(kernel(estimator))])
+    return estimator, [1.0, *weights]
+
+
+def kernel(estimator):
+    return float(estimator.model_fn.dense.kernel.numpy()[0, 0])
+
+
+def test_warmup_hold_and_each_decay():
+    lr = 0.5
+    warm = WarmupDecay(lr, warmup_steps=10, hold_steps=5, decay="step", decay_steps=4,
+                       decay_rate=0.1)
+    assert [float(warm(s)) for s in (0, 5, 10, 14, 15, 18, 19, 23)] == pytest.approx(
+        [0.0, 0.25, 0.5, 0.5, 0.5, 0.5, 0.05, 0.005])
+    exponential = WarmupDecay(lr, decay="exponential", decay_steps=10, decay_rate=0.5)
+    assert float(exponential(5)) == pytest.approx(lr * 0.5**0.5)
+    cosine = WarmupDecay(lr, warmup_steps=2, decay="cosine", decay_steps=8,
+                         final_learning_rate=0.1)
+    assert [float(cosine(s)) for s in (2, 6, 10, 50)] == pytest.approx(
+        [0.5, 0.1 + 0.4 * 0.5 * (1 + math.cos(math.pi * 0.5)), 0.1, 0.1])
+
+
+def test_the_schedule_is_the_rate_the_optimizer_applies(tmp_path):
+    schedule = WarmupDecay(0.1, warmup_steps=4, hold_steps=2, decay="step", decay_steps=3,
+                           decay_rate=0.5)
+    estimator, w = weights_per_step(tmp_path, keras.optimizers.SGD(schedule), 12)
+    applied = [w[i] - w[i + 1] for i in range(12)]  # gradient is 1: the step is the rate
+    for iteration in (0, 2, 4, 5, 6, 9, 11):  # start, warmup, its end, hold, decays
+        assert applied[iteration] == pytest.approx(float(schedule(iteration)), abs=1e-7)
+    logged = dict(scalar_series(os.path.join(tmp_path, "train"), "learning_rate"))
+    assert logged[4] == pytest.approx(float(schedule(4)))  # the rate the next step uses
+    assert estimator.step == 12
+
+
+def test_gradients_are_clipped_to_the_global_norm_and_the_norm_is_logged(tmp_path):
+    _, w = weights_per_step(tmp_path, keras.optimizers.SGD(0.1), 3, clip_gradient_norm=0.25)
+    assert w[0] - w[1] == pytest.approx(0.1 * 0.25)
+    norms = dict(scalar_series(os.path.join(tmp_path, "train"), "gradient_norm"))
+    assert norms[1] == pytest.approx(1.0)  # logged before clipping
+
+
+def test_l2_is_added_to_the_training_loss(tmp_path):
+    _, w = weights_per_step(tmp_path, keras.optimizers.SGD(0.1), 2, l2=0.5)
+    assert w[0] - w[1] == pytest.approx(0.1 * (1 + 2 * 0.5 * 1.0))  # d/dw (w + 0.5 w^2)
+    assert "regularization_loss" in event_tags(os.path.join(tmp_path, "train"))
+
+
+def test_eval_uses_the_moving_average_of_the_weights(tmp_path):
+    decay, lr, steps = 0.9, 0.1, 6
+    estimator, w = weights_per_step(tmp_path, keras.optimizers.SGD(lr), steps, ema_decay=decay)
+    average = w[0]
+    for value in w[1:]:
+        average = decay * average + (1 - decay) * value
+    metrics = estimator.evaluate(eval_ones)
+    assert metrics["loss"] == pytest.approx(average, abs=1e-6)  # loss = mean(w * 1)
+    assert kernel(estimator) == pytest.approx(w[-1])  # raw weights are back after eval
+    assert list(estimator.predict(eval_ones))[0]["y"] == pytest.approx(average, abs=1e-6)
+
+    fresh = Estimator(Slope(), str(tmp_path), ema_decay=decay, global_batch_size=4)
+    assert fresh.evaluate(eval_ones)["loss"] == pytest.approx(average, abs=1e-6)  # restored
+
+
+def test_momentum_and_schedules_are_gin_configurable():
+    gin.parse_config("""
+        import trainer.cli
+        Momentum.learning_rate = @WarmupDecay()
+        Momentum.momentum = 0.8
+        WarmupDecay.learning_rate = 0.2
+        WarmupDecay.warmup_steps = 10
+    """)
+    optimizer = gin.get_configurable("Momentum")()
+    assert isinstance(optimizer, keras.optimizers.SGD) and optimizer.momentum == 0.8
+    assert float(optimizer.learning_rate) == 0.0  # iteration 0 of the warmup
+    np.testing.assert_allclose(float(optimizer._learning_rate(5)), 0.1)
