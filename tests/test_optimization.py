@@ -20,8 +20,9 @@ class Slope(ModelFn):
     def __init__(self, l2=0.0):
         super().__init__()
         regularizer = keras.regularizers.L2(l2) if l2 else None
-        self.dense = keras.layers.Dense(1, use_bias=False, kernel_initializer="ones",
-                                        kernel_regularizer=regularizer)
+        self.dense = keras.layers.Dense(
+            1, use_bias=False, kernel_initializer="ones", kernel_regularizer=regularizer
+        )
 
     def __call__(self, features, labels, mode):
         y = self.dense(features["x"])[:, 0]
@@ -40,11 +41,17 @@ def eval_ones(mode, params):
 
 def weights_per_step(tmp_path, optimizer, max_steps, **kwargs):
     """Trains Slope one step per block; returns [w after step 0, 1, ..., max_steps]."""
-    estimator = Estimator(Slope(kwargs.pop("l2", 0.0)), str(tmp_path), optimizer=optimizer,
-                          global_batch_size=4, steps_per_loop=1, log_every_steps=1, **kwargs)
+    estimator = Estimator(
+        Slope(kwargs.pop("l2", 0.0)),
+        str(tmp_path),
+        optimizer=optimizer,
+        global_batch_size=4,
+        steps_per_loop=1,
+        log_every_steps=1,
+        **kwargs,
+    )
     weights = []
-    estimator.train(ones, max_steps,
-                    hooks_=[lambda step, logs: weights.append(kernel(estimator))])
+    estimator.train(ones, max_steps, hooks_=[lambda step, logs: weights.append(kernel(estimator))])
     return estimator, [1.0, *weights]
 
 
@@ -54,21 +61,24 @@ def kernel(estimator):
 
 def test_warmup_hold_and_each_decay():
     lr = 0.5
-    warm = WarmupDecay(lr, warmup_steps=10, hold_steps=5, decay="step", decay_steps=4,
-                       decay_rate=0.1)
+    warm = WarmupDecay(
+        lr, warmup_steps=10, hold_steps=5, decay="step", decay_steps=4, decay_rate=0.1
+    )
     assert [float(warm(s)) for s in (0, 5, 10, 14, 15, 18, 19, 23)] == pytest.approx(
-        [0.0, 0.25, 0.5, 0.5, 0.5, 0.5, 0.05, 0.005])
+        [0.0, 0.25, 0.5, 0.5, 0.5, 0.5, 0.05, 0.005]
+    )
     exponential = WarmupDecay(lr, decay="exponential", decay_steps=10, decay_rate=0.5)
     assert float(exponential(5)) == pytest.approx(lr * 0.5**0.5)
-    cosine = WarmupDecay(lr, warmup_steps=2, decay="cosine", decay_steps=8,
-                         final_learning_rate=0.1)
+    cosine = WarmupDecay(lr, warmup_steps=2, decay="cosine", decay_steps=8, final_learning_rate=0.1)
     assert [float(cosine(s)) for s in (2, 6, 10, 50)] == pytest.approx(
-        [0.5, 0.1 + 0.4 * 0.5 * (1 + math.cos(math.pi * 0.5)), 0.1, 0.1])
+        [0.5, 0.1 + 0.4 * 0.5 * (1 + math.cos(math.pi * 0.5)), 0.1, 0.1]
+    )
 
 
 def test_the_schedule_is_the_rate_the_optimizer_applies(tmp_path):
-    schedule = WarmupDecay(0.1, warmup_steps=4, hold_steps=2, decay="step", decay_steps=3,
-                           decay_rate=0.5)
+    schedule = WarmupDecay(
+        0.1, warmup_steps=4, hold_steps=2, decay="step", decay_steps=3, decay_rate=0.5
+    )
     estimator, w = weights_per_step(tmp_path, keras.optimizers.SGD(schedule), 12)
     applied = [w[i] - w[i + 1] for i in range(12)]  # gradient is 1: the step is the rate
     for iteration in (0, 2, 4, 5, 6, 9, 11):  # start, warmup, its end, hold, decays
