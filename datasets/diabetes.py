@@ -36,5 +36,6 @@ def input_fn(mode: Mode, params: InputParams, split: str | None = None) -> tf.da
     """Batches of ``({'x': [batch, 10]}, {'y': [batch]})``: 'train' for TRAIN, else 'test'."""
     x, y = arrays(split or ("train" if mode == Mode.TRAIN else "test"))
     source = tf.data.Dataset.from_tensor_slices({"x": x, "y": y})
-    return pipeline.build(source, mode, params, lambda e: ({"x": e["x"]}, {"y": e["y"]}),
-                          shuffle_buffer=NUM_EXAMPLES)
+    return pipeline.build(
+        source, mode, params, lambda e: ({"x": e["x"]}, {"y": e["y"]}), shuffle_buffer=NUM_EXAMPLES
+    )

@@ -15,6 +15,7 @@ import tensorflow as tf
 from trainer import InputParams, Mode, UserError
 
 Preprocess = Callable[[dict], tuple[dict, dict]]
+Augment = Callable[[dict, dict, tf.Tensor], tuple[dict, dict]]
 
 
 def build(
@@ -23,6 +24,7 @@ def build(
     params: InputParams,
     preprocess: Preprocess,
     *,
+    augment: Augment | None = None,
     shuffle_buffer: int = 10_000,
     cache: bool = True,
     deterministic: bool = True,
@@ -35,6 +37,10 @@ def build(
         last partial batch; EVAL and PREDICT go through the data once, keeping it.
       params: batch size, seed and this pipeline's shard.
       preprocess: pure function of one example to ``(features, labels)``.
+      augment: ``augment(features, labels, seed)`` applied in TRAIN only, after the
+        cache, so each epoch sees new draws. ``seed`` is a shape-[2] int64 tensor for
+        ``tf.image.stateless_random_*`` ops, drawn from a seeded ``Dataset.random``, so
+        augmentation is reproducible and checkpointed with the input position.
       shuffle_buffer: examples in the shuffle buffer (training only).
       cache: keep preprocessed examples in memory after the first epoch.
       deterministic: keep the element order reproducible; False trades it for speed.
@@ -54,6 +60,11 @@ def build(
     if training:
         dataset = dataset.shuffle(shuffle_buffer, seed=params.seed, reshuffle_each_iteration=True)
         dataset = dataset.repeat()
+        if augment is not None:
+            seeds = tf.data.Dataset.random(seed=params.seed).batch(2)
+            dataset = tf.data.Dataset.zip((dataset, seeds)).map(
+                lambda element, seed: augment(*element, seed), num_parallel_calls=tf.data.AUTOTUNE
+            )
     dataset = dataset.batch(params.batch_size, drop_remainder=training)
     options = tf.data.Options()
     options.deterministic = deterministic

@@ -32,5 +32,6 @@ class LinearRegression(ModelFn):
         if labels is None:
             return Spec({"y": y})
         error = y - tf.cast(labels[self.label_key], tf.float32)
-        return Spec({"y": y}, loss=tf.reduce_mean(error**2),
-                    metrics={"mse": error**2, "mae": tf.abs(error)})
+        return Spec(
+            {"y": y}, loss=tf.reduce_mean(error**2), metrics={"mse": error**2, "mae": tf.abs(error)}
+        )

@@ -28,8 +28,14 @@ def test_split_is_standardised_on_train():
 @pytest.mark.parametrize("experiment", ["diabetes_linear", "diabetes_linear_momentum"])
 def test_gradient_descent_reaches_the_closed_form(tmp_path, experiment):
     results = tmp_path / "r.json"
-    proc = run_cli("--gin_file", f"experiments/{experiment}.gin", "--model_dir",
-                   str(tmp_path / "run"), "--results", str(results))
+    proc = run_cli(
+        "--gin_file",
+        f"experiments/{experiment}.gin",
+        "--model_dir",
+        str(tmp_path / "run"),
+        "--results",
+        str(results),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     mse = json.loads(results.read_text())["metrics"]["eval"]["mse"]
     assert mse == pytest.approx(closed_form_eval_mse(), rel=0.01)

@@ -1,0 +1,69 @@
+"""Every experiment file runs, small: TFDS ones on mock data, offline ones for real."""
+
+import json
+import os
+
+import gin
+import pytest
+import tensorflow_datasets as tfds
+
+from tests.conftest import REPO, run_cli
+from tests.helpers import checkpoint_steps
+from trainer import cli
+
+TFDS_EXPERIMENTS = ["mnist_mlp", "fashion_mnist_mlp", "mnist_alexnet", "cifar10_alexnet"]
+
+
+@pytest.mark.parametrize("name", TFDS_EXPERIMENTS)
+def test_tfds_experiment_trains_on_mock_data(tmp_path, name):
+    gin.parse_config_files_and_bindings(
+        [f"{REPO}/experiments/{name}.gin", f"{REPO}/experiments/smoke.gin"],
+        ["Estimator.global_batch_size = 8", "tfds_images.input_fn.data_dir = 'unused'"],
+    )
+    with tfds.testing.mock_data(num_examples=24):
+        result = cli.experiment(model_dir=str(tmp_path), schedule="train_and_evaluate")
+    assert result["global_step"] == 10
+    assert 0.0 <= result["metrics"]["eval"]["accuracy"] <= 1.0
+    assert checkpoint_steps(tmp_path) == [10]
+
+
+def test_digits_alexnet_reaches_95_percent(tmp_path, data_dir):
+    results = tmp_path / "r.json"
+    proc = run_cli(
+        "--gin_file",
+        "experiments/digits_alexnet.gin",
+        "--model_dir",
+        str(tmp_path / "run"),
+        "--results",
+        str(results),
+        "--gin_param",
+        f"digits.input_fn.data_dir = '{data_dir}'",
+        "--gin_param",
+        "experiment.max_steps = 250",
+        "--gin_param",
+        "experiment.eval_every_steps = None",
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(results.read_text())["metrics"]["eval"]["accuracy"] >= 0.95
+
+
+def test_smoke_include_shrinks_an_experiment(tmp_path, data_dir):
+    proc = run_cli(
+        "--gin_file",
+        "experiments/digits_mlp.gin",
+        "--gin_file",
+        "experiments/smoke.gin",
+        "--model_dir",
+        str(tmp_path),
+        "--gin_param",
+        f"digits.input_fn.data_dir = '{data_dir}'",
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert checkpoint_steps(tmp_path) == [10]
+    assert "eval eval at step 10 (256 examples" in proc.stderr
+
+
+def test_every_experiment_parses(tmp_path):
+    for name in sorted(os.listdir(f"{REPO}/experiments")):
+        gin.clear_config()
+        gin.parse_config_file(f"{REPO}/experiments/{name}")
