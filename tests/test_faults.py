@@ -165,7 +165,10 @@ def test_features_that_do_not_fit_the_model(model_dir, faulty_gin):
         "experiment.max_steps = 200",
         "--overwrite_config",
     )
-    assert "does not fit this model: dense_0/kernel has shape (16, 256) here but (64, 256)" in line
+    assert (
+        "does not fit this model: dense/dense_0/kernel has shape (16, 256) here but (64, 256)"
+        in line
+    )
 
 
 def test_label_out_of_range(model_dir, faulty_gin):

@@ -41,6 +41,11 @@ class Checkpointer:
     def __init__(self, model_dir: str, max_to_keep: int = 5, **trackables):
         self.model_dir = model_dir
         self.checkpoint = tf.train.Checkpoint(**trackables)
+        model = trackables.get("model")
+        self._variables = [  # to name a mismatched variable by its Keras path
+            *getattr(model, "trainable_variables", []),
+            *getattr(model, "non_trainable_variables", []),
+        ]
         self.manager = tf.train.CheckpointManager(
             self.checkpoint, model_dir, max_to_keep=max_to_keep, checkpoint_name=CHECKPOINT_NAME
         )
@@ -71,7 +76,8 @@ class Checkpointer:
                 status.assert_existing_objects_matched()
         except (AssertionError, ValueError, tf.errors.OpError) as error:
             raise UserError(
-                f"checkpoint {path} does not fit this model: {_mismatch(error)}; train in a "
+                f"checkpoint {path} does not fit this model: {_mismatch(error, self._variables)}; "
+                "train in a "
                 "new --model_dir, or restore the config this checkpoint was trained with"
             ) from None
         logging.info("Restored %s", path)
@@ -113,8 +119,12 @@ class Checkpointer:
                 tf.io.gfile.remove(path)
 
 
-def _mismatch(error: Exception) -> str:
-    """Names the variables a failed restore complained about, in one line."""
+def _mismatch(error: Exception, variables: list) -> str:
+    """Names the variables a failed restore complained about, in one line.
+
+    TensorFlow names a variable by its short name (``dense/kernel``); when exactly one
+    of ``variables`` has the shape it complains about, its Keras path is used instead.
+    """
     text = str(error)
     if "DeserializeIterator" in text:
         return (
@@ -127,6 +137,8 @@ def _mismatch(error: Exception) -> str:
     )
     if shapes:
         name = re.sub(r"(:0)?\.?$", "", shapes.group(3))
+        same = [v.path for v in variables if str(tuple(v.shape)) == shapes.group(2)]
+        name = same[0] if len(same) == 1 else name
         return f"{name} has shape {shapes.group(2)} here but {shapes.group(1)} in the checkpoint"
     paths = sorted(set(re.findall(r"path=([^,>\s]+)", text)))
     if paths:
