@@ -34,8 +34,9 @@ def arrays(split: str) -> tuple[np.ndarray, np.ndarray]:
 @gin.configurable
 def input_fn(mode: Mode, params: InputParams, split: str | None = None) -> tf.data.Dataset:
     """Batches of ``({'x': [batch, 10]}, {'y': [batch]})``: 'train' for TRAIN, else 'test'."""
-    x, y = arrays(split or ("train" if mode == Mode.TRAIN else "test"))
+    split = split or ("train" if mode == Mode.TRAIN else "test")
+    x, y = arrays(split)
     source = tf.data.Dataset.from_tensor_slices({"x": x, "y": y})
     return pipeline.build(
-        source, mode, params, lambda e: ({"x": e["x"]}, {"y": e["y"]}), shuffle_buffer=NUM_EXAMPLES
+        source, mode, params, lambda e: ({"x": e["x"]}, {"y": e["y"]}), name=f"diabetes-{split}"
     )

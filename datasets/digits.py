@@ -105,20 +105,21 @@ def preprocess(example: dict) -> tuple[dict, dict]:
 def input_fn(
     mode: Mode,
     params: InputParams,
-    split: str | None = None,
+    split: str | list[str] | None = None,
+    weights: list[float] | None = None,
     data_dir: str | None = None,
-    shuffle_buffer: int = 2048,
 ) -> tf.data.Dataset:
     """Digits batches for ``mode``: 'train' split for TRAIN, 'test' otherwise.
 
     Args:
       mode: the mode asked for.
       params: batch size and seed, from the framework.
-      split: overrides the split (e.g. 'train' to evaluate on training data).
+      split: overrides the split: 'train' to evaluate on training data, a slice like
+        'train[:50%]', or a list of splits mixed by ``weights`` in training.
+      weights: mixing probabilities of a list of splits.
       data_dir: where the built dataset lives; TFDS's default when None.
-      shuffle_buffer: training shuffle buffer (the whole train split by default).
     """
     split = split or ("train" if mode == Mode.TRAIN else "test")
-    return pipeline.build(
-        load(split, data_dir), mode, params, preprocess, shuffle_buffer=shuffle_buffer
-    )
+    splits = split if isinstance(split, list) else [split]
+    sources = [load(s, data_dir) for s in splits]
+    return pipeline.build(sources, mode, params, preprocess, weights=weights, name="+".join(splits))

@@ -96,7 +96,6 @@ def input_fn(
     download: bool = True,
     augment: bool = False,
     standardize: bool = False,
-    shuffle_buffer: int = 10_000,
 ) -> tf.data.Dataset:
     """Batches of ``({'image': [b, h, w, c] in [0, 1]}, {'label': [b]})``.
 
@@ -110,7 +109,8 @@ def input_fn(
       download: allow downloading a missing dataset.
       augment: pad-crop-flip in training (for CIFAR-like natural images).
       standardize: per-image standardisation instead of plain [0, 1] scaling.
-      shuffle_buffer: training shuffle buffer in examples.
+
+    Shuffle buffer, caching and determinism are ``pipeline.*`` bindings.
     """
     split = train_split if mode == Mode.TRAIN else eval_split
     source = load(name, split, data_dir, download)
@@ -120,5 +120,5 @@ def input_fn(
         params,
         functools.partial(preprocess, standardize=standardize),
         augment=pad_crop_flip if augment else None,
-        shuffle_buffer=shuffle_buffer,
+        name=f"{name}-{split}",
     )

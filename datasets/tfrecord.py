@@ -1,0 +1,296 @@
+"""Sharded TFRecord files of tf.train.Example: writing, checking and fast reading.
+
+Layout of a prepared directory::
+
+    DIR/dataset.json                     shapes, format, classes, per-shard counts/bytes
+    DIR/train-00000-of-00004.tfrecord    (".tfrecord.gz" with GZIP)
+    DIR/test-00000-of-00001.tfrecord
+
+Each record holds ``image`` (PNG-encoded, or raw uint8 bytes) and ``label`` (int64).
+Examples keep their order: shard k holds the k-th contiguous block. Reading checks
+every shard against ``dataset.json`` first (a missing or truncated file is named at
+once), interleaves the shards, batches serialized records and parses each batch with
+one vectorised ``tf.io.parse_example``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+
+import gin
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from datasets import pipeline
+from trainer import InputParams, Mode, UserError
+
+METADATA = "dataset.json"
+FORMATS = ("png", "raw")
+
+
+def shard_name(split: str, index: int, count: int, compression: str | None) -> str:
+    """``train-00003-of-00007.tfrecord`` (``.gz`` appended for GZIP)."""
+    suffix = ".tfrecord.gz" if compression == "GZIP" else ".tfrecord"
+    return f"{split}-{index:05d}-of-{count:05d}{suffix}"
+
+
+def _example(image: np.ndarray, label: int, image_format: str) -> bytes:
+    if image_format == "png":
+        data = tf.io.encode_png(image).numpy()
+    else:
+        data = np.ascontiguousarray(image, dtype=np.uint8).tobytes()
+    feature = {
+        "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[data])),
+        "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)])),
+    }
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def write(
+    examples: Iterable[dict],
+    out_dir: str,
+    split: str,
+    num_shards: int,
+    image_format: str = "png",
+    compression: str | None = None,
+    num_classes: int | None = None,
+) -> dict:
+    """Writes ``{'image': uint8 [h, w, c], 'label': int}`` examples as ``num_shards`` files.
+
+    Files are written under temporary names and renamed when complete; ``dataset.json``
+    is updated last. Returns this split's metadata.
+    """
+    if image_format not in FORMATS:
+        raise UserError(f"image format must be one of {FORMATS}, got {image_format!r}")
+    examples = [(np.asarray(e["image"], np.uint8), int(e["label"])) for e in examples]
+    if not examples:
+        raise UserError(f"split {split!r} has no examples to write")
+    shape = examples[0][0].shape
+    tf.io.gfile.makedirs(out_dir)
+    options = tf.io.TFRecordOptions(compression_type=compression or "")
+    blocks = np.array_split(np.arange(len(examples)), num_shards)
+    shards = []
+    for index, block in enumerate(blocks):
+        name = shard_name(split, index, num_shards, compression)
+        path = os.path.join(out_dir, name)
+        with tf.io.TFRecordWriter(path + ".tmp", options) as writer:
+            for i in block:
+                image, label = examples[i]
+                if image.shape != shape:
+                    raise UserError(
+                        f"example {i} of {split!r} has shape {image.shape}, "
+                        f"the first had {shape}: images must share one shape"
+                    )
+                writer.write(_example(image, label, image_format))
+        tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+        shards.append({"file": name, "count": len(block), "bytes": tf.io.gfile.stat(path).length})
+    entry = {"shards": shards, "count": len(examples)}
+    metadata = _read_metadata(out_dir, missing_ok=True) or {}
+    metadata.update(
+        image_shape=list(shape),
+        image_format=image_format,
+        compression=compression,
+        num_classes=num_classes,
+    )
+    metadata.setdefault("splits", {})[split] = entry
+    with tf.io.gfile.GFile(os.path.join(out_dir, METADATA + ".tmp"), "w") as f:
+        json.dump(metadata, f, indent=2)
+    tf.io.gfile.rename(
+        os.path.join(out_dir, METADATA + ".tmp"), os.path.join(out_dir, METADATA), overwrite=True
+    )
+    return entry
+
+
+def _read_metadata(data_dir: str, missing_ok: bool = False) -> dict | None:
+    path = os.path.join(data_dir, METADATA)
+    if not tf.io.gfile.exists(path):
+        if missing_ok:
+            return None
+        raise UserError(
+            f"{path} not found: prepare the data with "
+            f"`python -m datasets.prepare --out {data_dir} ...`"
+        )
+    with tf.io.gfile.GFile(path) as f:
+        return json.load(f)
+
+
+def check_shards(data_dir: str, split: str) -> tuple[dict, list[str]]:
+    """The metadata and shard paths of ``split``, after checking each file exists at full size."""
+    metadata = _read_metadata(data_dir)
+    splits = metadata.get("splits", {})
+    if split not in splits:
+        raise UserError(f"{data_dir} has no split {split!r}; it has {', '.join(sorted(splits))}")
+    if splits[split]["count"] == 0:
+        raise UserError(f"split {split!r} in {data_dir} is empty")
+    paths = []
+    for shard in splits[split]["shards"]:
+        path = os.path.join(data_dir, shard["file"])
+        if not tf.io.gfile.exists(path):
+            raise UserError(f"shard {path} is missing: re-copy it or prepare the data again")
+        size = tf.io.gfile.stat(path).length
+        if size != shard["bytes"]:
+            raise UserError(
+                f"shard {path} is {size} bytes, {shard['bytes']} were written "
+                "(truncated or overwritten?): re-copy it or prepare the data again"
+            )
+        paths.append(path)
+    return metadata, paths
+
+
+def count_readable(path: str, compression: str | None) -> tuple[int, bool]:
+    """(records read before the first error, whether the file read to its end cleanly)."""
+    count = 0
+    try:
+        for _ in tf.data.TFRecordDataset(path, compression_type=compression or ""):
+            count += 1
+    except tf.errors.DataLossError:
+        return count, False
+    return count, True
+
+
+def verify(data_dir: str, split: str) -> list[str]:
+    """Reads every record of ``split``; returns one line per damaged shard (none: all good)."""
+    metadata, paths = check_shards(data_dir, split)
+    problems = []
+    for path, shard in zip(paths, metadata["splits"][split]["shards"], strict=True):
+        count, clean = count_readable(path, metadata["compression"])
+        if not clean or count != shard["count"]:
+            problems.append(f"{path}: {count} of {shard['count']} records readable")
+    return problems
+
+
+def parse_batch(records: tf.Tensor, metadata: dict) -> tuple[dict, dict]:
+    """Parses a batch of serialized examples into ``({'image': uint8}, {'label'})``."""
+    parsed = tf.io.parse_example(
+        records,
+        {
+            "image": tf.io.FixedLenFeature([], tf.string),
+            "label": tf.io.FixedLenFeature([], tf.int64),
+        },
+    )
+    shape = metadata["image_shape"]
+    if metadata["image_format"] == "raw":
+        images = tf.reshape(tf.io.decode_raw(parsed["image"], tf.uint8), [-1, *shape])
+    else:
+        images = tf.map_fn(
+            lambda png: tf.io.decode_png(png, channels=shape[-1]),
+            parsed["image"],
+            fn_output_signature=tf.TensorSpec(shape, tf.uint8),
+        )
+    label = parsed["label"]
+    if metadata.get("num_classes"):
+        num_classes = metadata["num_classes"]
+        check = tf.debugging.assert_less(
+            label,
+            tf.constant(num_classes, tf.int64),
+            message=f"a label in the data is outside [0, {num_classes})",
+        )
+        with tf.control_dependencies([check, tf.debugging.assert_non_negative(label)]):
+            label = tf.identity(label)
+    return {"image": images}, {"label": label}
+
+
+def scale_batch(features: dict, labels: dict) -> tuple[dict, dict]:
+    """uint8 images to float32 in [0, 1]."""
+    return {"image": tf.cast(features["image"], tf.float32) / 255.0}, labels
+
+
+def crop_flip_batch(features: dict, labels: dict, seed: tf.Tensor, pad: int = 4):
+    """Per image: pad by ``pad``, crop a random window of the original size, maybe flip.
+
+    Vectorised over the batch (``crop_and_resize`` with one box per image, at scale 1),
+    with stateless randomness from ``seed``.
+    """
+    images = features["image"]
+    height, width = images.shape[1], images.shape[2]
+    batch = tf.shape(images)[0]
+    padded = tf.pad(images, [[0, 0], [pad, pad], [pad, pad], [0, 0]], mode="REFLECT")
+    offsets = tf.random.stateless_uniform([batch, 2], seed, 0, 2 * pad + 1, dtype=tf.int32)
+    top = tf.cast(offsets[:, 0], tf.float32)
+    left = tf.cast(offsets[:, 1], tf.float32)
+    full_h, full_w = float(height + 2 * pad - 1), float(width + 2 * pad - 1)
+    boxes = tf.stack(
+        [top / full_h, left / full_w, (top + height - 1) / full_h, (left + width - 1) / full_w],
+        axis=1,
+    )
+    cropped = tf.image.crop_and_resize(padded, boxes, tf.range(batch), [height, width])
+    flip = tf.random.stateless_uniform([batch], seed + 1) < 0.5
+    flipped = tf.where(flip[:, None, None, None], tf.reverse(cropped, axis=[2]), cropped)
+    return {**features, "image": flipped}, labels
+
+
+def read(
+    data_dir: str,
+    split: str,
+    mode: Mode,
+    params: InputParams,
+    *,
+    augment: bool = False,
+    skip_corrupt: bool = False,
+) -> tf.data.Dataset:
+    """Batches of ``({'image': float32 [b, h, w, c] in [0, 1]}, {'label': [b]})`` from shards.
+
+    Args:
+      data_dir: a directory written by ``write`` (``python -m datasets.prepare``).
+      split: which split's shards to read.
+      mode: TRAIN shuffles shards and records, repeats and drops the last partial
+        batch; EVAL and PREDICT read every record once, in order.
+      params: batch size, seed, and this pipeline's share of the shards.
+      augment: random crop and flip per image in TRAIN.
+      skip_corrupt: skip unreadable records instead of failing; how many are skipped
+        in which file is counted once up front and logged.
+    """
+    metadata, paths = check_shards(data_dir, split)
+    compression = metadata["compression"] or ""
+    if skip_corrupt:
+        for path, shard in zip(paths, metadata["splits"][split]["shards"], strict=True):
+            count, clean = count_readable(path, compression)
+            if count != shard["count"] or not clean:
+                logging.warning(
+                    "Skipping %d unreadable records of %d in %s",
+                    shard["count"] - count,
+                    shard["count"],
+                    path,
+                )
+    training = mode == Mode.TRAIN
+    files = tf.data.Dataset.from_tensor_slices(paths)
+    if params.num_input_pipelines > 1:
+        files = files.shard(params.num_input_pipelines, params.input_pipeline_id)
+    if training:
+        files = files.shuffle(len(paths), seed=params.seed)
+
+    def records(path):
+        dataset = tf.data.TFRecordDataset(path, compression_type=compression)
+        return dataset.ignore_errors() if skip_corrupt else dataset
+
+    dataset = files.interleave(
+        records,
+        cycle_length=min(len(paths), 8),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True,
+    )
+    return pipeline.batched(
+        dataset,
+        mode,
+        params,
+        parse=lambda batch: scale_batch(*parse_batch(batch, metadata)),
+        augment=crop_flip_batch if augment and training else None,
+    )
+
+
+@gin.configurable
+def input_fn(
+    mode: Mode,
+    params: InputParams,
+    data_dir: str = gin.REQUIRED,
+    train_split: str = "train",
+    eval_split: str = "test",
+    augment: bool = False,
+    skip_corrupt: bool = False,
+) -> tf.data.Dataset:
+    """An input_fn over a prepared TFRecord directory (see ``read``)."""
+    split = train_split if mode == Mode.TRAIN else eval_split
+    return read(data_dir, split, mode, params, augment=augment, skip_corrupt=skip_corrupt)
