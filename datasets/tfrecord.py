@@ -26,6 +26,7 @@ from absl import logging
 
 from datasets import pipeline
 from trainer import InputParams, Mode, UserError
+from trainer.model_fn import check_class_ids
 
 METADATA = "dataset.json"
 FORMATS = ("png", "raw")
@@ -182,14 +183,7 @@ def parse_batch(records: tf.Tensor, metadata: dict) -> tuple[dict, dict]:
         )
     label = parsed["label"]
     if metadata.get("num_classes"):
-        num_classes = metadata["num_classes"]
-        check = tf.debugging.assert_less(
-            label,
-            tf.constant(num_classes, tf.int64),
-            message=f"a label in the data is outside [0, {num_classes})",
-        )
-        with tf.control_dependencies([check, tf.debugging.assert_non_negative(label)]):
-            label = tf.identity(label)
+        label = check_class_ids(label, metadata["num_classes"], "a label in the data")
     return {"image": images}, {"label": label}
 
 
@@ -266,9 +260,11 @@ def read(
         dataset = tf.data.TFRecordDataset(path, compression_type=compression)
         return dataset.ignore_errors() if skip_corrupt else dataset
 
+    # Training reads up to 8 shards at once; eval and predict read them in order, so
+    # that results line up with the data.
     dataset = files.interleave(
         records,
-        cycle_length=min(len(paths), 8),
+        cycle_length=min(len(paths), 8) if training else 1,
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=True,
     )
@@ -278,6 +274,7 @@ def read(
         params,
         parse=lambda batch: scale_batch(*parse_batch(batch, metadata)),
         augment=crop_flip_batch if augment and training else None,
+        name=f"tfrecord-{split}",
     )
 
 

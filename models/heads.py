@@ -5,6 +5,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from trainer import Spec
+from trainer.model_fn import check_class_ids
 
 
 def classification(logits: tf.Tensor, labels: dict | None, label_key: str = "label") -> Spec:
@@ -21,18 +22,9 @@ def classification(logits: tf.Tensor, labels: dict | None, label_key: str = "lab
     }
     if labels is None:
         return Spec(predictions)
-    label = tf.cast(labels[label_key], tf.int64)
-    num_classes = logits.shape[-1]
-    checks = [
-        tf.debugging.assert_non_negative(label, message=f"{label_key} below 0"),
-        tf.debugging.assert_less(
-            label,
-            tf.constant(num_classes, tf.int64),
-            message=f"{label_key} out of range [0, {num_classes}): is num_classes right?",
-        ),
-    ]
-    with tf.control_dependencies(checks):  # run the checks before the loss uses the label
-        label = tf.identity(label)
+    label = check_class_ids(
+        labels[label_key], logits.shape[-1], label_key, hint="; is num_classes right?"
+    )
     cross_entropy = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=label, logits=logits)
     correct = tf.cast(tf.equal(predictions["classes"], label), tf.float32)
     return Spec(predictions, loss=tf.reduce_mean(cross_entropy), metrics={"accuracy": correct})

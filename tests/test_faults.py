@@ -182,7 +182,7 @@ def test_label_out_of_range(model_dir, faulty_gin):
         "--overwrite_config",
     )
     assert re.fullmatch(
-        r"error: training step 101 failed: label out of range \[0, 10\): is num_classes "
+        r"error: training step 101 failed: label out of range \[0, 10\); is num_classes "
         r"right\? \(got 1\d( 1\d)*(\.\.\.)?\)",
         line,
     ), line

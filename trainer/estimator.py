@@ -518,8 +518,11 @@ def _op_error_text(error: tf.errors.OpError) -> str:
     lines = [line.strip() for line in error.message.splitlines()]
     useful = [line for line in lines if line and not line.startswith(skip + ("[[",))]
     text = useful[-1] if useful else _first_line(error)
-    # tf.debugging asserts read "assertion failed: [message] [Condition ...] [x = ] [values]".
-    failed = re.match(r"assertion failed: \[(.*?)\] \[Condition.*?\] \[x .*?\] \[(.*?)\]", text)
+    # tf.debugging asserts read "assertion failed: [message] [values]" (assert_less
+    # puts "[Condition ...] [x = ]" in between).
+    failed = re.match(
+        r"assertion failed: \[(.*?)\] (?:\[Condition.*?\] \[x .*?\] )?\[(.*?)\]", text
+    )
     return f"{failed.group(1)} (got {failed.group(2)})" if failed else text
 
 

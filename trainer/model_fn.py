@@ -185,3 +185,20 @@ def check_spec(spec: Spec, mode: Mode, model_name: str) -> None:
             )
         if name == "loss":
             raise ValueError(f"{where}: metric name 'loss' is reserved for Spec.loss")
+
+
+def check_class_ids(labels: tf.Tensor, num_classes: int, what: str, hint: str = "") -> tf.Tensor:
+    """``labels`` (int64), once every value is checked to be in ``[0, num_classes)``.
+
+    The error lists the offending values: "assertion failed: [label out of range
+    [0, 10); is num_classes right?] [12 11]".
+    """
+    labels = tf.cast(labels, tf.int64)
+    valid = (labels >= 0) & (labels < num_classes)
+    check = tf.debugging.Assert(
+        tf.reduce_all(valid),
+        [f"{what} out of range [0, {num_classes}){hint}", tf.boolean_mask(labels, ~valid)],
+        summarize=8,
+    )
+    with tf.control_dependencies([check]):  # nothing downstream runs before the check
+        return tf.identity(labels)

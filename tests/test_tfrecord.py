@@ -1,0 +1,241 @@
+"""TFRecord shards: lossless round trip, order, seeds, accuracy, and damaged data."""
+
+import functools
+import os
+import re
+import subprocess
+import sys
+
+import gin
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from datasets import digits, pipeline, tfrecord
+from models.mlp import MLP
+from tests.conftest import REPO
+from trainer import Estimator, InputParams, Mode, UserError
+
+
+def params(batch_size=8, seed=0):
+    return InputParams(batch_size=batch_size, global_batch_size=batch_size, seed=seed)
+
+
+def random_examples(count=50, shape=(5, 6, 3), seed=0):
+    rng = np.random.default_rng(seed)
+    return [
+        {"image": rng.integers(0, 256, shape, dtype=np.uint8), "label": int(rng.integers(10))}
+        for _ in range(count)
+    ]
+
+
+def read_all(data_dir, split="train", mode=Mode.EVAL, **kwargs):
+    batches = list(tfrecord.read(str(data_dir), split, mode, params(), **kwargs))
+    images = np.concatenate(
+        [np.round(f["image"].numpy() * 255).astype(np.uint8) for f, _ in batches]
+    )
+    labels = np.concatenate([y["label"].numpy() for _, y in batches])
+    return images, labels
+
+
+@pytest.mark.parametrize("shards", [1, 7])
+@pytest.mark.parametrize("compression", [None, "GZIP"])
+@pytest.mark.parametrize("image_format", ["png", "raw"])
+def test_round_trip_is_lossless_and_in_order(tmp_path, shards, compression, image_format):
+    examples = random_examples()
+    entry = tfrecord.write(
+        examples, str(tmp_path), "train", shards, image_format, compression, num_classes=10
+    )
+    assert len(entry["shards"]) == shards and entry["count"] == 50
+    suffix = ".tfrecord.gz" if compression else ".tfrecord"
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        ["dataset.json"] + [f"train-{i:05d}-of-{shards:05d}{suffix}" for i in range(shards)]
+    )
+    images, labels = read_all(tmp_path)
+    np.testing.assert_array_equal(images, np.stack([e["image"] for e in examples]))
+    np.testing.assert_array_equal(labels, [e["label"] for e in examples])
+
+
+def first_labels(data_dir, seed):
+    dataset = tfrecord.read(str(data_dir), "train", Mode.TRAIN, params(16, seed))
+    return np.concatenate([y["label"].numpy() for _, y in dataset.take(4)])
+
+
+def test_training_order_follows_the_seed(tmp_path):
+    tfrecord.write(random_examples(200), str(tmp_path), "train", 4, "raw")
+    np.testing.assert_array_equal(first_labels(tmp_path, 0), first_labels(tmp_path, 0))
+    assert not np.array_equal(first_labels(tmp_path, 0), first_labels(tmp_path, 1))
+
+
+def test_augmentation_crops_and_flips_each_image_reproducibly(tmp_path):
+    tfrecord.write(random_examples(64, (32, 32, 3)), str(tmp_path), "train", 2, "raw")
+
+    def first_batch(seed):
+        dataset = tfrecord.read(str(tmp_path), "train", Mode.TRAIN, params(32, seed), augment=True)
+        return next(iter(dataset))[0]["image"].numpy()
+
+    plain = next(iter(tfrecord.read(str(tmp_path), "train", Mode.TRAIN, params(32, 0))))
+    augmented = first_batch(0)
+    assert augmented.shape == (32, 32, 32, 3)
+    np.testing.assert_array_equal(augmented, first_batch(0))
+    assert not np.allclose(augmented, plain[0]["image"].numpy())
+
+
+@pytest.fixture(scope="module")
+def digits_records(tmp_path_factory, data_dir):
+    out = tmp_path_factory.mktemp("digits_records")
+    for split in ("train", "test"):
+        rows = list(digits.load(split, data_dir).as_numpy_iterator())
+        tfrecord.write(rows, str(out), split, 4, "png", num_classes=10)
+    return out
+
+
+def eval_accuracy(tmp_path, input_fn):
+    keras.utils.set_random_seed(0)
+    estimator = Estimator(
+        MLP(hidden_units=[64]),
+        str(tmp_path),
+        global_batch_size=64,
+        seed=0,
+        optimizer=keras.optimizers.Adam(3e-3),
+        steps_per_loop=50,
+        log_every_steps=100,
+    )
+    return estimator.train_and_evaluate(input_fn, input_fn, max_steps=400)["eval"]["accuracy"]
+
+
+def test_digits_from_shards_match_the_in_memory_source(tmp_path, digits_records, data_dir):
+    from_records = eval_accuracy(
+        tmp_path / "records", functools.partial(tfrecord.input_fn, data_dir=str(digits_records))
+    )
+    in_memory = eval_accuracy(
+        tmp_path / "memory", functools.partial(digits.input_fn, data_dir=data_dir)
+    )
+    assert from_records >= 0.95 and in_memory >= 0.95
+    assert abs(from_records - in_memory) <= 0.02
+
+
+def damaged_copy(digits_records, tmp_path, how):
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-r", str(digits_records), str(copy)], check=True)
+    shard = copy / "train-00002-of-00004.tfrecord"
+    data = bytearray(shard.read_bytes())
+    if how == "truncate":
+        data = data[: len(data) // 2]
+    else:  # garbage in the middle, same size
+        data[len(data) // 2 : len(data) // 2 + 64] = os.urandom(64)
+    shard.write_bytes(bytes(data))
+    return copy, shard
+
+
+def test_truncated_shard_is_named_before_reading(digits_records, tmp_path):
+    copy, shard = damaged_copy(digits_records, tmp_path, "truncate")
+    with pytest.raises(UserError, match=rf"shard {shard} is \d+ bytes, \d+ were written"):
+        tfrecord.read(str(copy), "train", Mode.TRAIN, params())
+
+
+def test_garbage_fails_training_clearly_or_is_skipped_and_counted(digits_records, tmp_path, caplog):
+    copy, shard = damaged_copy(digits_records, tmp_path, "garbage")
+    fn = functools.partial(tfrecord.input_fn, data_dir=str(copy))
+    estimator = Estimator(MLP(hidden_units=[8]), str(tmp_path / "strict"), global_batch_size=32)
+    with pytest.raises(UserError, match=r"input data is corrupt \(corrupted record at \d+\)"):
+        estimator.train(fn, 100)
+
+    problems = tfrecord.verify(str(copy), "train")
+    assert len(problems) == 1 and problems[0].startswith(f"{shard}: ")
+
+    skipping = Estimator(MLP(hidden_units=[8]), str(tmp_path / "skip"), global_batch_size=32)
+    caplog.set_level("WARNING")
+    assert skipping.train(functools.partial(fn, skip_corrupt=True), 100) == 100
+    skipped = [r.getMessage() for r in caplog.records if "unreadable records" in r.getMessage()]
+    assert len(skipped) == 1 and re.search(
+        rf"Skipping \d+ unreadable records of 359 in {shard}$", skipped[0]
+    )
+
+
+def test_label_outside_the_classes_names_the_value(tmp_path):
+    examples = random_examples(8)
+    examples[3]["label"] = 12
+    tfrecord.write(examples, str(tmp_path), "train", 1, "raw", num_classes=10)
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=r"a label in the data out of range \[0, 10\)\] \[12\]",
+    ):
+        read_all(tmp_path)
+
+
+def test_empty_or_absent_splits_are_clear_errors(tmp_path):
+    with pytest.raises(UserError, match="split 'train' has no examples to write"):
+        tfrecord.write([], str(tmp_path), "train", 2)
+    tfrecord.write(random_examples(4), str(tmp_path), "train", 1, "raw")
+    with pytest.raises(UserError, match="has no split 'test'; it has train"):
+        tfrecord.read(str(tmp_path), "test", Mode.EVAL, params())
+    with pytest.raises(UserError, match="dataset.json not found: prepare the data"):
+        tfrecord.read(str(tmp_path / "nowhere"), "train", Mode.EVAL, params())
+
+
+def test_prepare_command_writes_and_verifies(tmp_path, data_dir):
+    out = tmp_path / "out"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "datasets.prepare",
+            "--dataset",
+            "digits",
+            "--out",
+            str(out),
+            "--shards",
+            "3",
+            "--data_dir",
+            data_dir,
+            "--compression",
+            "GZIP",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "train: 1437 examples in 3 shards" in proc.stdout
+    assert "test: 360 examples in 3 shards" in proc.stdout
+    verify = subprocess.run(
+        [sys.executable, "-m", "datasets.prepare", "--verify", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert verify.returncode == 0 and "all records readable" in verify.stdout
+
+
+def test_weighted_mixing_of_sources():
+    zeros = tf.data.Dataset.from_tensors({"v": 0}).repeat(100)
+    ones = tf.data.Dataset.from_tensors({"v": 1}).repeat(100)
+    dataset = pipeline.build(
+        [zeros, ones],
+        Mode.TRAIN,
+        params(100),
+        lambda e: ({"v": e["v"]}, {"v": e["v"]}),
+        weights=[0.9, 0.1],
+    )
+    values = np.concatenate([f["v"].numpy() for f, _ in dataset.take(30)])
+    assert 0.07 <= values.mean() <= 0.13
+    evaluation = pipeline.build(
+        [zeros, ones], Mode.EVAL, params(100), lambda e: ({"v": e["v"]}, {"v": e["v"]})
+    )
+    assert [int(f["v"].numpy().sum()) for f, _ in evaluation] == [0, 100]
+
+
+def test_file_cache_and_determinism_are_gin_knobs(tmp_path):
+    gin.parse_config([f"pipeline.cache = '{tmp_path}/cache'", "pipeline.deterministic = False"])
+    source = tf.data.Dataset.range(10).map(lambda i: {"v": i})
+    dataset = pipeline.build(source, Mode.EVAL, params(4), lambda e: (e, e), name="train")
+    assert [len(f["v"]) for f, _ in dataset] == [4, 4, 2]
+    assert any(name.startswith("train-0") for name in os.listdir(tmp_path / "cache"))
+    assert dataset.options().deterministic is False
