@@ -128,3 +128,14 @@ def test_momentum_and_schedules_are_gin_configurable():
     assert isinstance(optimizer, keras.optimizers.SGD) and optimizer.momentum == 0.8
     assert float(optimizer.learning_rate) == 0.0  # iteration 0 of the warmup
     np.testing.assert_allclose(float(optimizer._learning_rate(5)), 0.1)
+
+
+def test_export_saves_the_moving_average(tmp_path):
+    estimator, w = weights_per_step(tmp_path / "run", keras.optimizers.SGD(0.1), 4, ema_decay=0.5)
+    average = w[0]
+    for value in w[1:]:
+        average = 0.5 * average + 0.5 * value
+    path = estimator.export(eval_ones, str(tmp_path / "export"))
+    serve = tf.saved_model.load(path).signatures["serving_default"]
+    assert float(serve(x=tf.ones([1, 1]))["y"][0]) == pytest.approx(average, abs=1e-6)
+    assert kernel(estimator) == pytest.approx(w[-1])  # the raw weights are back

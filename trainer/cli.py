@@ -29,7 +29,7 @@ from trainer import optimization
 from trainer.errors import Preempted, TrainingDiverged, UserError
 from trainer.estimator import Estimator
 
-SCHEDULES = ["train", "evaluate", "train_and_evaluate", "predict"]
+SCHEDULES = ["train", "evaluate", "train_and_evaluate", "predict", "export"]
 
 flags.DEFINE_multi_string("gin_file", [], "Gin config file; repeat to layer files in order.")
 flags.DEFINE_multi_string(
@@ -70,6 +70,9 @@ RESUMABLE_BINDINGS = {
     "Estimator.eval_batch_size",
     "Estimator.nonfinite_loss",
     "Estimator.max_rollbacks",
+    "Estimator.export_best_metric",
+    "Estimator.export_best_keep",
+    "Estimator.export_best_higher",
 }
 RESUMABLE_PARAMETERS = {"data_dir"}
 
@@ -157,6 +160,14 @@ def experiment(
         )
     elif schedule == "predict":
         return {"predictions": estimator.predict(input_fn), "model_dir": model_dir}
+    elif schedule == "export":
+        path = estimator.export(input_fn)
+        return {
+            "global_step": estimator.step,
+            "model_dir": model_dir,
+            "export_dir": path,
+            "metrics": {},
+        }
     return {"global_step": estimator.step, "model_dir": model_dir, "metrics": metrics}
 
 
@@ -394,6 +405,8 @@ def _report(result: dict, schedule: str, results_path: str | None) -> None:
         f"{name}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
         for name, metrics in result["metrics"].items()
     )
+    if "export_dir" in result:
+        print(f"exported SavedModel to {result['export_dir']}")
     print(
         f"global_step {result['global_step']}"
         + (f"; {summary}" if summary else "")

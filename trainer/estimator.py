@@ -19,7 +19,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from trainer import checkpoints, hooks, preemption
+from trainer import checkpoints, export, hooks, preemption
 from trainer.errors import Preempted, TrainingDiverged, UserError
 from trainer.model_fn import InputParams, Mode, ModelFn, check_spec
 from trainer.optimization import WeightAverage
@@ -56,6 +56,12 @@ class Estimator:
         run (TrainingDiverged) leaving the last checkpoint untouched; ``'rollback'``
         restores the last checkpoint and skips the offending batch.
       max_rollbacks: rollbacks allowed in one run before giving up.
+      export_best_metric: in train_and_evaluate, export a SavedModel whenever this
+        metric of the first eval set ranks among the best ``export_best_keep`` so far,
+        to ``model_dir/export/best/<step>`` (the ranking survives restarts).
+      export_best_keep: how many best exports to keep.
+      export_best_higher: True when a higher metric is better (accuracy), False for
+        lower (loss).
       config_text_fn: returns the run's configuration as text; written to
         ``model_dir/operative_config.gin`` and to TensorBoard once training starts.
       config_guard: ``guard(saved_text, new_text)`` called before resuming from a
@@ -80,6 +86,9 @@ class Estimator:
         ema_decay: float | None = None,
         nonfinite_loss: str = "stop",
         max_rollbacks: int = 3,
+        export_best_metric: str | None = None,
+        export_best_keep: int = 1,
+        export_best_higher: bool = True,
         config_text_fn: Callable[[], str] | None = None,
         config_guard: Callable[[str, str], None] | None = None,
     ):
@@ -115,6 +124,16 @@ class Estimator:
         self.ema: WeightAverage | None = None
         self.nonfinite_loss = nonfinite_loss
         self.max_rollbacks = max_rollbacks
+        self.best_exporter = (
+            export.BestExporter(
+                os.path.join(model_dir, "export", "best"),
+                export_best_metric,
+                export_best_keep,
+                export_best_higher,
+            )
+            if export_best_metric
+            else None
+        )
         self.config_text_fn = config_text_fn
         self.config_guard = config_guard
         self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
@@ -163,6 +182,30 @@ class Estimator:
             for i in range(len(next(iter(batch.values())))):
                 yield {k: v[i] for k, v in batch.items()}
 
+    def export(self, input_fn: InputFn, export_dir: str | None = None) -> str:
+        """Writes a SavedModel whose ``serving_default`` maps PREDICT features to predictions.
+
+        Uses the weights in memory after training, otherwise the newest checkpoint (and
+        the moving average of the weights when ``ema_decay`` is set).
+
+        Args:
+          input_fn: its PREDICT dataset fixes the signature's feature shapes and dtypes.
+          export_dir: where to write; default ``model_dir/export/<global step>``.
+
+        Returns:
+          The export directory.
+        """
+        dataset = self._dataset(input_fn, Mode.PREDICT)
+        self._prepare(dataset.element_spec, Mode.PREDICT)
+        self._restore_for_inference()
+        features_spec, _ = split_element(dataset.element_spec, Mode.PREDICT)
+        target = export_dir or os.path.join(self.model_dir, "export", str(self.step))
+        return self._save_model(features_spec, target)
+
+    def _save_model(self, features_spec, export_dir: str) -> str:
+        with self._averaged_weights():
+            return export.save(self.model_fn, features_spec, export_dir)
+
     def train_and_evaluate(
         self,
         train_input_fn: InputFn,
@@ -190,10 +233,17 @@ class Estimator:
         results: dict[str, dict[str, float]] = {}
         evaluated_at = []
 
+        first = next(iter(eval_sets))
+        features_spec, _ = split_element(eval_sets[first].element_spec, Mode.EVAL)
+
         def evaluate_all(step: int) -> None:
             for name, dataset in eval_sets.items():
                 results[name] = self._evaluate(dataset, eval_steps, name)
             evaluated_at.append(step)
+            if self.best_exporter is not None:
+                self.best_exporter.maybe_export(
+                    step, results[first], lambda path: self._save_model(features_spec, path)
+                )
 
         self._train(
             train_input_fn, max_steps, extra=[hooks.Periodic(eval_every_steps, evaluate_all)]
