@@ -14,6 +14,8 @@ same preprocessing (scale to [0, 1]) serves both.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import os
 
 import gin
 import numpy as np
@@ -76,10 +78,18 @@ def load(split: str, data_dir: str | None = None) -> tf.data.Dataset:
     with _quiet():
         prepared = builder.is_prepared()
     if not prepared:
-        logging.info("Building the digits dataset in %s (once, offline)", builder.data_dir)
-        tfds.disable_progress_bar()
-        with _quiet():
-            builder.download_and_prepare()
+        # Processes started together (a trainer and its evaluator) build it once.
+        os.makedirs(builder.data_dir_root, exist_ok=True)
+        with open(os.path.join(builder.data_dir_root, ".digits.lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            builder = Digits(data_dir=data_dir)
+            with _quiet():
+                prepared = builder.is_prepared()
+            if not prepared:
+                logging.info("Building the digits dataset in %s (once, offline)", builder.data_dir)
+                tfds.disable_progress_bar()
+                with _quiet():
+                    builder.download_and_prepare()
     with _quiet():
         return builder.as_dataset(split=split, shuffle_files=False)
 

@@ -33,9 +33,22 @@ def _regularizer(l2: float):
 
 
 class _Stack(keras.layers.Layer):
-    """Runs ``self.blocks`` (lists of layers) in order, passing ``training`` where used."""
+    """Runs its blocks of layers in order, passing ``training`` where used.
 
-    blocks: list[list[keras.layers.Layer]]
+    Each layer is held as a named attribute: TensorFlow checkpoints do not see Keras
+    layers kept in lists inside a Keras layer, so a list here would not be saved.
+    """
+
+    def _set_blocks(self, blocks: list[list[keras.layers.Layer]]) -> None:
+        self._block_names = [[layer.name for layer in block] for block in blocks]
+        for block in blocks:
+            for layer in block:
+                setattr(self, layer.name, layer)
+
+    @property
+    def blocks(self) -> list[list[keras.layers.Layer]]:
+        """The layers, one list per block (Dense or Conv with its BN, activation, ...)."""
+        return [[getattr(self, name) for name in names] for names in self._block_names]
 
     def call(self, x, training=False):
         """Applies each layer in order."""
@@ -75,7 +88,7 @@ class DenseStack(_Stack):
         activations = per_layer(activation, count, f"{name} activation")
         dropouts = per_layer(dropout, count, f"{name} dropout")
         norms = per_layer(batch_norm, count, f"{name} batch_norm")
-        self.blocks = []
+        blocks = []
         for i in range(count):
             block = [
                 keras.layers.Dense(
@@ -90,7 +103,8 @@ class DenseStack(_Stack):
             block.append(keras.layers.Activation(activations[i], name=f"{name}_{i}_act"))
             if dropouts[i]:
                 block.append(keras.layers.Dropout(dropouts[i], name=f"{name}_{i}_dropout"))
-            self.blocks.append(block)
+            blocks.append(block)
+        self._set_blocks(blocks)
 
 
 class ConvStack(_Stack):
@@ -136,7 +150,7 @@ class ConvStack(_Stack):
         activations = per_layer(activation, count, f"{name} activation")
         dropouts = per_layer(dropout, count, f"{name} dropout")
         norms = per_layer(batch_norm, count, f"{name} batch_norm")
-        self.blocks = []
+        blocks = []
         for i in range(count):
             block = [
                 keras.layers.Conv2D(
@@ -163,4 +177,5 @@ class ConvStack(_Stack):
                 )
             if dropouts[i]:
                 block.append(keras.layers.Dropout(dropouts[i], name=f"{name}_{i}_dropout"))
-            self.blocks.append(block)
+            blocks.append(block)
+        self._set_blocks(blocks)

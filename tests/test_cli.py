@@ -238,6 +238,7 @@ def test_unknown_schedule_is_refused_by_the_flag_parser(tmp_path):
     proc = run_cli("--gin_file", DIGITS, "--model_dir", str(tmp_path), "--schedule", "fly")
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert (
-        "flag --schedule=fly: value should be one of <train|evaluate|train_and_evaluate|predict>"
+        "flag --schedule=fly: value should be one of "
+        "<train|evaluate|train_and_evaluate|continuous_eval|predict|export>"
     ) in proc.stderr
     assert not os.listdir(tmp_path)  # nothing was written

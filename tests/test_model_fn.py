@@ -108,3 +108,31 @@ def test_estimator_predicts_from_a_features_only_dataset(tmp_path):
     predictions = list(estimator.predict(input_fn))
     assert len(predictions) == 5 and predictions[0]["probabilities"].shape == (10,)
     assert all(labels is None for mode, labels in seen_labels if mode == Mode.PREDICT)
+
+
+class ListInKerasLayer(keras.layers.Layer):
+    def __init__(self):
+        super().__init__()
+        self.stack = [keras.layers.Dense(4), keras.layers.Dense(2)]  # invisible to checkpoints
+
+    def call(self, x):
+        for layer in self.stack:
+            x = layer(x)
+        return x
+
+
+class Hidden(ModelFn):
+    def __init__(self):
+        super().__init__()
+        self.body = ListInKerasLayer()
+
+    def __call__(self, features, labels, mode):
+        return Spec({"y": self.body(features["x"])})
+
+
+def test_variables_a_checkpoint_cannot_reach_are_refused_before_training(tmp_path):
+    def input_fn(mode, params):
+        return tf.data.Dataset.from_tensors({"x": tf.zeros([2, 3])})
+
+    with pytest.raises(UserError, match=r"holds variables a checkpoint cannot reach \(.*kernel"):
+        Estimator(Hidden(), str(tmp_path)).export(input_fn)

@@ -19,9 +19,30 @@ from trainer.errors import UserError
 CHECKPOINT_NAME = "ckpt"
 
 
+def unreachable(root, variables: list) -> list:
+    """The ``variables`` a ``tf.train.Checkpoint(model=root)`` would not save."""
+    from tensorflow.python.checkpoint import graph_view  # no public way to list them
+
+    checkpoint = tf.train.Checkpoint(model=root)
+    reachable = {id(obj) for obj in graph_view.ObjectGraphView(checkpoint).descendants()}
+    return [v for v in variables if id(v) not in reachable]
+
+
 def latest_checkpoint(model_dir: str) -> str | None:
     """The path prefix of the newest complete checkpoint in ``model_dir``, or None."""
     return tf.train.latest_checkpoint(model_dir)
+
+
+def all_checkpoints(model_dir: str) -> list[str]:
+    """Every checkpoint the ``checkpoint`` index lists, oldest first."""
+    state = tf.train.get_checkpoint_state(model_dir)
+    if state is None:
+        return []
+    paths = [
+        p if os.path.isabs(p) else os.path.join(model_dir, p)
+        for p in state.all_model_checkpoint_paths
+    ]
+    return sorted(paths, key=step_of)
 
 
 def step_of(path: str) -> int:

@@ -29,7 +29,7 @@ from trainer import optimization
 from trainer.errors import Preempted, TrainingDiverged, UserError
 from trainer.estimator import Estimator
 
-SCHEDULES = ["train", "evaluate", "train_and_evaluate", "predict", "export"]
+SCHEDULES = ["train", "evaluate", "train_and_evaluate", "continuous_eval", "predict", "export"]
 
 flags.DEFINE_multi_string("gin_file", [], "Gin config file; repeat to layer files in order.")
 flags.DEFINE_multi_string(
@@ -158,6 +158,8 @@ def experiment(
         metrics = estimator.train_and_evaluate(
             input_fn, eval_input_fns, max_steps, eval_every_steps, eval_steps
         )
+    elif schedule == "continuous_eval":
+        metrics = estimator.continuous_evaluate(eval_input_fns, max_steps, eval_steps)
     elif schedule == "predict":
         return {"predictions": estimator.predict(input_fn), "model_dir": model_dir}
     elif schedule == "export":

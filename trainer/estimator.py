@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import os
 import re
 import time
@@ -181,6 +182,68 @@ class Estimator:
                 batch = {k: v.numpy() for k, v in steps.predict(features).items()}
             for i in range(len(next(iter(batch.values())))):
                 yield {k: v[i] for k, v in batch.items()}
+
+    def continuous_evaluate(
+        self,
+        eval_input_fns: InputFn | Mapping[str, InputFn],
+        max_steps: int,
+        eval_steps: int | None = None,
+        poll_seconds: float = 2.0,
+        timeout_seconds: float | None = None,
+    ) -> dict[str, dict[str, float]]:
+        """Evaluates each checkpoint a training job writes, once, until ``max_steps``.
+
+        Runs beside ``train`` (another process, same ``model_dir``), so evaluation
+        never pauses training. Checkpoints are taken oldest first; the last evaluated
+        step is kept in ``model_dir/continuous_eval.json`` so a restarted evaluator
+        resumes. A checkpoint deleted before its turn is skipped with a warning.
+
+        Args:
+          eval_input_fns: one input_fn (named ``eval``) or a dict of them.
+          max_steps: stop after evaluating a checkpoint at or past this step.
+          eval_steps: batches per evaluation; None for the whole eval set.
+          poll_seconds: how often to look for new checkpoints.
+          timeout_seconds: give up (UserError) after this long without a new checkpoint.
+
+        Returns:
+          The metrics of the last evaluation, keyed by eval-set name.
+        """
+        if not isinstance(eval_input_fns, Mapping):
+            eval_input_fns = {"eval": eval_input_fns}
+        eval_sets = {n: self._dataset(fn, Mode.EVAL) for n, fn in eval_input_fns.items()}
+        self._prepare(next(iter(eval_sets.values())).element_spec, Mode.EVAL)
+        checkpointer = checkpoints.Checkpointer(self.model_dir, **self._state(optimizer=False))
+        progress_path = os.path.join(self.model_dir, "continuous_eval.json")
+        done = _read_json(progress_path).get("step", -1)
+        results: dict[str, dict[str, float]] = {}
+        waited = 0.0
+        while done < max_steps:
+            pending = [
+                p
+                for p in checkpoints.all_checkpoints(self.model_dir)
+                if checkpoints.step_of(p) > done
+            ]
+            if not pending:
+                if timeout_seconds is not None and waited >= timeout_seconds:
+                    raise UserError(
+                        f"no new checkpoint in {self.model_dir} for "
+                        f"{timeout_seconds:.0f}s after step {done}; is training running?"
+                    )
+                time.sleep(poll_seconds)
+                waited += poll_seconds
+                continue
+            waited = 0.0
+            for path in pending:
+                try:
+                    checkpointer.checkpoint.restore(path).expect_partial()
+                except (tf.errors.NotFoundError, ValueError):
+                    logging.warning("Checkpoint %s was deleted before evaluation: skipped", path)
+                    continue
+                self._has_state = True
+                results = {n: self._evaluate(d, eval_steps, n) for n, d in eval_sets.items()}
+                done = checkpoints.step_of(path)
+                _write_json(progress_path, {"step": done})
+        return results
 
     def export(self, input_fn: InputFn, export_dir: str | None = None) -> str:
         """Writes a SavedModel whose ``serving_default`` maps PREDICT features to predictions.
@@ -445,6 +508,15 @@ class Estimator:
                 f"{type(self.model_fn).__name__} has no trainable variables: "
                 "create its Keras layers as attributes in __init__"
             )
+        # Non-trainable state (BN statistics, dropout RNG) is saved as an explicit list.
+        lost = checkpoints.unreachable(self.model_fn, variables)
+        if lost:
+            raise UserError(
+                f"{name} holds variables a checkpoint cannot reach "
+                f"({', '.join(v.path for v in lost[:4])}): Keras layers kept in a list inside "
+                "a Keras layer are invisible to tf.train.Checkpoint; assign each one as an "
+                "attribute (or hold the list in the ModelFn itself)"
+            )
         self.optimizer.build(variables)
         if self.ema_decay:
             self.ema = WeightAverage(variables, self.ema_decay)
@@ -556,6 +628,19 @@ class _Progress:
 
 def _format(metrics: Mapping[str, float]) -> str:
     return "  ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+
+
+def _read_json(path: str) -> dict:
+    if not tf.io.gfile.exists(path):
+        return {}
+    with tf.io.gfile.GFile(path) as f:
+        return json.load(f)
+
+
+def _write_json(path: str, value: dict) -> None:
+    with tf.io.gfile.GFile(path + ".tmp", "w") as f:
+        json.dump(value, f)
+    tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
 
 
 def _first_line(error: Exception) -> str:
