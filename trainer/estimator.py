@@ -57,6 +57,10 @@ class Estimator:
         run (TrainingDiverged) leaving the last checkpoint untouched; ``'rollback'``
         restores the last checkpoint and skips the offending batch.
       max_rollbacks: rollbacks allowed in one run before giving up.
+      write_graph: write the compiled training step's graph to TensorBoard (once).
+      histogram_every_steps: write a histogram of every weight this often (None: off).
+      image_every_steps: write eval images labelled with predicted and true class this
+        often (classifiers with an ``image`` feature; None: off).
       export_best_metric: in train_and_evaluate, export a SavedModel whenever this
         metric of the first eval set ranks among the best ``export_best_keep`` so far,
         to ``model_dir/export/best/<step>`` (the ranking survives restarts).
@@ -87,6 +91,9 @@ class Estimator:
         ema_decay: float | None = None,
         nonfinite_loss: str = "stop",
         max_rollbacks: int = 3,
+        write_graph: bool = True,
+        histogram_every_steps: int | None = None,
+        image_every_steps: int | None = None,
         export_best_metric: str | None = None,
         export_best_keep: int = 1,
         export_best_higher: bool = True,
@@ -125,6 +132,9 @@ class Estimator:
         self.ema: WeightAverage | None = None
         self.nonfinite_loss = nonfinite_loss
         self.max_rollbacks = max_rollbacks
+        self.write_graph = write_graph
+        self.histogram_every_steps = histogram_every_steps
+        self.image_every_steps = image_every_steps
         self.best_exporter = (
             export.BestExporter(
                 os.path.join(model_dir, "export", "best"),
@@ -141,6 +151,7 @@ class Estimator:
         self.writers = Writers(model_dir)
         self._steps: Steps | None = None  # built on first use, from the data's shapes
         self._has_state = False  # True once the model holds trained or restored weights
+        self._graph_written = False
 
     # ---------------------------------------------------------------- public API
 
@@ -375,6 +386,13 @@ class Estimator:
         actions = [
             hooks.Periodic(self.log_every_steps, log),
             hooks.Periodic(self.save_checkpoints_steps, checkpointer.save),
+            hooks.Periodic(
+                self.histogram_every_steps,
+                lambda step: self.writers.histograms(
+                    "train", step, self.model_fn.trainable_variables
+                ),
+            ),
+            hooks.Periodic(self.image_every_steps, self._image_writer(input_fn, steps)),
             *extra,
         ]
         skip_at: set[int] = set()  # steps whose batch is dropped after a rollback
@@ -391,7 +409,10 @@ class Estimator:
                     + [s - 1 - step for s in skip_at if s - 1 > step]
                 )
                 n = hooks.steps_until_due(step, actions, limit)
-                self._run_block(steps, iterator, n)
+                if self.write_graph and not self._graph_written:
+                    self._run_block_tracing_graph(steps, iterator, n)
+                else:
+                    self._run_block(steps, iterator, n)
                 step = self.step
                 if steps.nonfinite.numpy():
                     rollbacks += 1
@@ -415,6 +436,32 @@ class Estimator:
             log(step)
         checkpointer.save(step)
         return step
+
+    def _run_block_tracing_graph(self, steps: Steps, iterator, n: int) -> None:
+        """The first block of a process: its tracing also writes the graph to TensorBoard."""
+        tf.summary.trace_on(graph=True)
+        try:
+            self._run_block(steps, iterator, n)
+        finally:
+            with self.writers.get("train").as_default(step=self.step):
+                tf.summary.trace_export("train_step", step=self.step)
+            self._graph_written = True
+
+    def _image_writer(self, input_fn: InputFn, steps: Steps):
+        """The image action: one eval batch, labelled with predicted and true classes."""
+        if not self.image_every_steps:
+            return lambda step: None
+        features, labels = split_element(next(iter(self._dataset(input_fn, Mode.EVAL))), Mode.EVAL)
+
+        def write(step: int) -> None:
+            predicted = steps.predict(features).get("classes")
+            if predicted is None or "image" not in features or features["image"].shape.rank != 4:
+                return
+            self.writers.labelled_images(
+                "train", step, features["image"].numpy(), predicted.numpy(), labels["label"].numpy()
+            )
+
+        return write
 
     def _run_block(self, steps: Steps, iterator, n: int) -> None:
         """Runs one compiled block of ``n`` steps; input and runtime errors become one line."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+import numpy as np
 import tensorflow as tf
 
 
@@ -37,8 +38,43 @@ class Writers:
             tf.summary.text(tag, block)
         writer.flush()
 
+    def histograms(self, name: str, step: int, variables) -> None:
+        """One histogram per variable, named by its Keras path (``dense/dense_0/kernel``)."""
+        writer = self.get(name)
+        with writer.as_default(step=step):
+            for v in variables:
+                tf.summary.histogram(getattr(v, "path", v.name), v)
+        writer.flush()
+
+    def labelled_images(self, name: str, step: int, images, predicted, actual, max_images=8):
+        """Input images with "predicted/true" written on them, red where they differ."""
+        rendered = [
+            _annotate(image, int(p), int(a))
+            for image, p, a in list(zip(images, predicted, actual, strict=True))[:max_images]
+        ]
+        writer = self.get(name)
+        with writer.as_default(step=step):
+            tf.summary.image("labelled_inputs", np.stack(rendered), max_outputs=max_images)
+        writer.flush()
+
     def close(self) -> None:
         """Flushes and closes every writer."""
         for writer in self._writers.values():
             writer.close()
         self._writers.clear()
+
+
+def _annotate(image, predicted: int, actual: int, size: int = 96) -> np.ndarray:
+    """An image scaled up to ``size`` pixels with "p:<predicted> t:<true>" drawn on it."""
+    from PIL import Image, ImageDraw  # Pillow comes with tensorboard
+
+    pixels = np.asarray(image, dtype=np.float32)
+    if pixels.max() > 1.0 or pixels.min() < 0.0:  # standardised: stretch to [0, 1]
+        pixels = (pixels - pixels.min()) / max(float(pixels.max() - pixels.min()), 1e-6)
+    pixels = np.repeat(pixels, 3, axis=-1) if pixels.shape[-1] == 1 else pixels[..., :3]
+    picture = Image.fromarray((pixels * 255).astype(np.uint8)).resize((size, size), Image.NEAREST)
+    draw = ImageDraw.Draw(picture)
+    colour = (0, 200, 0) if predicted == actual else (230, 0, 0)
+    draw.rectangle([0, 0, size, 12], fill=(0, 0, 0))
+    draw.text((2, 0), f"p:{predicted} t:{actual}", fill=colour)
+    return np.asarray(picture, dtype=np.float32) / 255.0

@@ -1,0 +1,62 @@
+"""TensorBoard as the tutorials use it: graph, scalars, histograms, labelled images."""
+
+import functools
+import os
+
+import keras
+import numpy as np
+import tensorflow as tf
+from tensorboard.backend.event_processing import event_accumulator
+from tensorflow.core.protobuf import config_pb2
+
+from datasets import digits
+from models.mlp import MLP
+from trainer import Estimator
+
+
+def test_event_files_hold_graph_scalars_histograms_and_images(tmp_path, data_dir):
+    keras.utils.set_random_seed(0)
+    estimator = Estimator(
+        MLP(hidden_units=[16]),
+        str(tmp_path),
+        global_batch_size=32,
+        steps_per_loop=5,
+        log_every_steps=10,
+        histogram_every_steps=10,
+        image_every_steps=20,
+        config_text_fn=lambda: "MLP.hidden_units = [16]",
+    )
+    input_fn = functools.partial(digits.input_fn, data_dir=data_dir)
+    estimator.train_and_evaluate(input_fn, input_fn, max_steps=20)
+
+    acc = event_accumulator.EventAccumulator(
+        os.path.join(tmp_path, "train"), size_guidance={"tensors": 0, "images": 0}
+    )
+    acc.Reload()
+    # TF2's trace_export stores the step's graph as RunMetadata under this plugin, which
+    # TensorBoard's Graphs tab reads.
+    assert "train_step" in acc.PluginTagToContent("graph_run_metadata_graph")
+    run_metadata = config_pb2.RunMetadata.FromString(
+        tf.make_ndarray(acc.Tensors("train_step")[0].tensor_proto).item()
+    )
+    # The step runs inside the loop's body function: its ops are scoped per layer.
+    nodes = [
+        node.name
+        for graph in run_metadata.function_graphs
+        for function in graph.pre_optimization_graph.library.function
+        for node in function.node_def
+    ]
+    assert any("/dense_0" in name and name.endswith("/MatMul") for name in nodes)
+    assert any("/logits" in name and name.endswith("/MatMul") for name in nodes)
+    histograms = set(acc.PluginTagToContent("histograms"))
+    assert {"dense/dense_0/kernel", "dense/dense_0/bias", "logits/kernel"} <= histograms
+    images = acc.PluginTagToContent("images")
+    assert "labelled_inputs" in images
+    image_events = acc.Tensors("labelled_inputs")
+    assert [e.step for e in image_events] == [20]
+    encoded = tf.make_ndarray(image_events[0].tensor_proto)  # [width, height, png...]
+    picture = tf.io.decode_png(encoded[2]).numpy()
+    assert picture.shape == (96, 96, 3) and np.any(picture[:12, :, 1] > 150)  # green text
+    scalars = set(acc.PluginTagToContent("scalars"))
+    assert {"loss", "accuracy", "learning_rate", "gradient_norm", "examples_per_sec"} <= scalars
+    assert "operative_config" in acc.PluginTagToContent("text")
