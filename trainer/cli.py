@@ -15,6 +15,7 @@ import json
 import os
 import re
 import sys
+import time
 import tokenize
 import uuid
 
@@ -39,7 +40,8 @@ flags.DEFINE_string(
     "model_dir",
     None,
     "Where checkpoints, event files and the operative config go. Rerunning with the same "
-    "model_dir resumes. Default: output/<name of the first --gin_file>.",
+    "model_dir resumes; '{timestamp}' in it becomes the start time, for a new run "
+    "directory each time. Default: output/<name of the first --gin_file>.",
 )
 flags.DEFINE_enum("schedule", "train_and_evaluate", SCHEDULES, "What to run.")
 flags.DEFINE_string(
@@ -47,6 +49,9 @@ flags.DEFINE_string(
     None,
     "Write results here: JSON with global_step and the final metrics of each eval set; "
     "for --schedule=predict, one JSON line of predictions per example.",
+)
+flags.DEFINE_bool(
+    "run_eagerly", False, "Run the steps eagerly, op by op, so pdb and print work inside them."
 )
 flags.DEFINE_bool(
     "overwrite_config",
@@ -71,6 +76,12 @@ RESUMABLE_BINDINGS = {
     "Estimator.nonfinite_loss",
     "Estimator.max_rollbacks",
     "Estimator.export_best_metric",
+    "Estimator.early_stopping_metric",
+    "Estimator.early_stopping_patience",
+    "Estimator.early_stopping_higher",
+    "Estimator.write_graph",
+    "Estimator.histogram_every_steps",
+    "Estimator.image_every_steps",
     "Estimator.export_best_keep",
     "Estimator.export_best_higher",
 }
@@ -191,7 +202,9 @@ def _run() -> tuple[str, int, str] | None:
     """Runs the command; returns (message, exit code, prefix) if it failed cleanly."""
     try:
         _parse_gin(FLAGS.gin_file, FLAGS.gin_param)
-        model_dir = FLAGS.model_dir or _default_model_dir(FLAGS.gin_file)
+        model_dir = (FLAGS.model_dir or _default_model_dir(FLAGS.gin_file)).replace(
+            "{timestamp}", time.strftime("%Y%m%d-%H%M%S")
+        )
         _check_writable(model_dir, "--model_dir")
         if FLAGS.schedule == "predict" and not FLAGS.results:
             raise UserError("--schedule=predict needs --results=PATH.jsonl to write to")
@@ -200,6 +213,8 @@ def _run() -> tuple[str, int, str] | None:
         seed = _query("experiment.seed", 0)
         if seed is not None:
             keras.utils.set_random_seed(seed)
+        if FLAGS.run_eagerly:
+            tf.config.run_functions_eagerly(True)
         if _query("experiment.deterministic", False):
             tf.config.experimental.enable_op_determinism()
         tf.get_logger().setLevel("WARNING")  # TF's per-save INFO lines are noise here

@@ -61,6 +61,15 @@ class Estimator:
       histogram_every_steps: write a histogram of every weight this often (None: off).
       image_every_steps: write eval images labelled with predicted and true class this
         often (classifiers with an ``image`` feature; None: off).
+      early_stopping_metric: in train_and_evaluate, stop (with a checkpoint) once this
+        metric of the first eval set has not improved for ``early_stopping_patience``
+        evaluations in a row.
+      early_stopping_patience: evaluations without improvement before stopping.
+      early_stopping_higher: True when a higher metric is better.
+      warm_start_from: a checkpoint (or a model_dir) to take initial weights from when
+        ``model_dir`` has no checkpoint of its own; the optimizer starts fresh.
+      warm_start_pattern: regular expression; only weights whose Keras path matches
+        it (``re.search``) are taken, e.g. ``'^conv'`` for the convolutions.
       export_best_metric: in train_and_evaluate, export a SavedModel whenever this
         metric of the first eval set ranks among the best ``export_best_keep`` so far,
         to ``model_dir/export/best/<step>`` (the ranking survives restarts).
@@ -94,6 +103,11 @@ class Estimator:
         write_graph: bool = True,
         histogram_every_steps: int | None = None,
         image_every_steps: int | None = None,
+        early_stopping_metric: str | None = None,
+        early_stopping_patience: int = 3,
+        early_stopping_higher: bool = True,
+        warm_start_from: str | None = None,
+        warm_start_pattern: str = ".*",
         export_best_metric: str | None = None,
         export_best_keep: int = 1,
         export_best_higher: bool = True,
@@ -132,6 +146,13 @@ class Estimator:
         self.ema: WeightAverage | None = None
         self.nonfinite_loss = nonfinite_loss
         self.max_rollbacks = max_rollbacks
+        self.early_stopping = (
+            hooks.Patience(early_stopping_metric, early_stopping_patience, early_stopping_higher)
+            if early_stopping_metric
+            else None
+        )
+        self.warm_start_from = warm_start_from
+        self.warm_start_pattern = warm_start_pattern
         self.write_graph = write_graph
         self.histogram_every_steps = histogram_every_steps
         self.image_every_steps = image_every_steps
@@ -318,12 +339,20 @@ class Estimator:
                 self.best_exporter.maybe_export(
                     step, results[first], lambda path: self._save_model(features_spec, path)
                 )
+            if self.early_stopping is not None and self.early_stopping.should_stop(results[first]):
+                raise hooks.StopTraining(
+                    f"early stopping at step {step}: {self.early_stopping.metric} has not "
+                    f"improved for {self.early_stopping.patience} evaluations"
+                )
 
         self._train(
             train_input_fn, max_steps, extra=[hooks.Periodic(eval_every_steps, evaluate_all)]
         )
         if self.step not in evaluated_at:
-            evaluate_all(self.step)
+            try:
+                evaluate_all(self.step)
+            except hooks.StopTraining:  # training is over anyway
+                pass
         return results
 
     @property
@@ -355,6 +384,8 @@ class Estimator:
         if checkpointer.latest is not None:
             self._check_config()
         restored = checkpointer.restore_latest()
+        if restored is None and self.warm_start_from:
+            self._warm_start()
         self._has_state = True
         start = self.step
         if start >= max_steps:
@@ -421,9 +452,13 @@ class Estimator:
                     skip_at.add(bad_step)
                     steps.train_metrics.reset()
                     continue
-                for action in actions:
-                    if action.is_due(step):
-                        action.fn(step)
+                try:
+                    for action in actions:
+                        if action.is_due(step):
+                            action.fn(step)
+                except hooks.StopTraining as stop:
+                    logging.info("%s", stop)
+                    break
                 if signals:
                     path = checkpointer.save(step)
                     raise Preempted(
@@ -436,6 +471,27 @@ class Estimator:
             log(step)
         checkpointer.save(step)
         return step
+
+    def _warm_start(self) -> None:
+        """Takes the weights matching ``warm_start_pattern`` from ``warm_start_from``."""
+        source = self.warm_start_from
+        if tf.io.gfile.isdir(source):
+            source = checkpoints.latest_checkpoint(source) or source
+        keep = [
+            v
+            for v in self.model_fn.trainable_variables + self.model_fn.non_trainable_variables
+            if not re.search(self.warm_start_pattern, v.path)
+        ]
+        kept = [tf.identity(v.value) for v in keep]
+        try:
+            tf.train.Checkpoint(model=self.model_fn).restore(source).expect_partial()
+        except (tf.errors.OpError, ValueError) as error:
+            raise UserError(
+                f"cannot warm-start from {self.warm_start_from}: {_first_line(error)}"
+            ) from None
+        for v, value in zip(keep, kept, strict=True):
+            v.assign(value)
+        logging.info("Warm-started from %s (weights matching %r)", source, self.warm_start_pattern)
 
     def _run_block_tracing_graph(self, steps: Steps, iterator, n: int) -> None:
         """The first block of a process: its tracing also writes the graph to TensorBoard."""

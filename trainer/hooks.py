@@ -33,3 +33,28 @@ def steps_until_due(step: int, actions: Iterable[Periodic], limit: int) -> int:
         if action.every_steps:
             steps = min(steps, action.every_steps - step % action.every_steps)
     return max(steps, 1)
+
+
+class StopTraining(Exception):
+    """Raised by an action to end training early (with a final checkpoint)."""
+
+
+class Patience:
+    """Says when a metric has not improved for ``patience`` evaluations in a row."""
+
+    def __init__(self, metric: str, patience: int, higher_is_better: bool = True):
+        self.metric, self.patience, self.higher_is_better = metric, patience, higher_is_better
+        self.best: float | None = None
+        self.waited = 0
+
+    def should_stop(self, metrics: dict) -> bool:
+        """Records one evaluation; True once ``patience`` have passed without a new best."""
+        value = metrics[self.metric]
+        better = self.best is None or (
+            value > self.best if self.higher_is_better else value < self.best
+        )
+        if better:
+            self.best, self.waited = value, 0
+        else:
+            self.waited += 1
+        return self.waited >= self.patience
