@@ -60,3 +60,24 @@ def test_event_files_hold_graph_scalars_histograms_and_images(tmp_path, data_dir
     scalars = set(acc.PluginTagToContent("scalars"))
     assert {"loss", "accuracy", "learning_rate", "gradient_norm", "examples_per_sec"} <= scalars
     assert "operative_config" in acc.PluginTagToContent("text")
+
+
+def test_profiler_trace_covers_the_requested_steps(tmp_path, data_dir):
+    estimator = Estimator(
+        MLP(hidden_units=[16]),
+        str(tmp_path),
+        global_batch_size=32,
+        steps_per_loop=7,
+        log_every_steps=50,
+        profile_steps=(10, 15),
+    )
+    calls = []
+    estimator.train(
+        functools.partial(digits.input_fn, data_dir=data_dir),
+        20,
+        hooks_=[lambda step, logs: calls.append(step)],
+    )
+    traces = tf.io.gfile.glob(
+        os.path.join(tmp_path, "train", "plugins", "profile", "*", "*.xplane.pb")
+    )
+    assert len(traces) == 1 and os.path.getsize(traces[0]) > 0

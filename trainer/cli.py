@@ -50,6 +50,11 @@ flags.DEFINE_string(
     "Write results here: JSON with global_step and the final metrics of each eval set; "
     "for --schedule=predict, one JSON line of predictions per example.",
 )
+flags.DEFINE_list(
+    "profile_steps",
+    None,
+    "START,STOP: record a profiler trace of these global steps (TensorBoard Profile tab).",
+)
 flags.DEFINE_bool(
     "run_eagerly", False, "Run the steps eagerly, op by op, so pdb and print work inside them."
 )
@@ -114,11 +119,14 @@ for _cls in [
     gin.external_configurable(_cls, module="schedules")
 
 
-@gin.configurable("experiment", denylist=["model_dir", "schedule", "overwrite_config"])
+@gin.configurable(
+    "experiment", denylist=["model_dir", "schedule", "overwrite_config", "profile_steps"]
+)
 def experiment(
     model_dir: str,
     schedule: str,
     overwrite_config: bool = False,
+    profile_steps: tuple[int, int] | None = None,
     model_fn=gin.REQUIRED,
     input_fn=gin.REQUIRED,
     eval_input_fns=None,
@@ -134,6 +142,7 @@ def experiment(
       model_dir: from ``--model_dir``.
       schedule: from ``--schedule``.
       overwrite_config: from ``--overwrite_config``: resume under a changed config.
+      profile_steps: from ``--profile_steps``.
       model_fn: the model, e.g. ``@MLP()``.
       input_fn: ``input_fn(mode, params)`` for training (and eval, unless
         ``eval_input_fns`` is given), e.g. ``@digits.input_fn``.
@@ -156,6 +165,7 @@ def experiment(
         seed=seed,
         config_text_fn=gin.operative_config_str,
         config_guard=None if overwrite_config else _config_guard,
+        **({"profile_steps": profile_steps} if profile_steps else {}),
     )
     eval_input_fns = eval_input_fns or {"eval": input_fn}
     metrics = {}
@@ -219,8 +229,12 @@ def _run() -> tuple[str, int, str] | None:
             tf.config.experimental.enable_op_determinism()
         tf.get_logger().setLevel("WARNING")  # TF's per-save INFO lines are noise here
         logging.info("model_dir: %s", model_dir)
+        profile = _profile_steps(FLAGS.profile_steps)
         result = experiment(
-            model_dir=model_dir, schedule=FLAGS.schedule, overwrite_config=FLAGS.overwrite_config
+            model_dir=model_dir,
+            schedule=FLAGS.schedule,
+            overwrite_config=FLAGS.overwrite_config,
+            profile_steps=profile,
         )
         _report(result, FLAGS.schedule, FLAGS.results)
     except Preempted as error:
@@ -338,6 +352,22 @@ def _closest_name_hint(message: str) -> str:
 def _parameters(fn) -> list[str]:
     target = fn.__init__ if isinstance(fn, type) else fn
     return [p for p in inspect.signature(target).parameters if p not in ("self", "args", "kwargs")]
+
+
+def _profile_steps(values: list[str] | None) -> tuple[int, int] | None:
+    """``--profile_steps=100,110`` as ``(100, 110)``."""
+    if not values:
+        return None
+    try:
+        start, stop = (int(v) for v in values)
+    except ValueError:
+        start = stop = -1
+    if not 0 <= start < stop:
+        raise UserError(
+            f"--profile_steps={','.join(values)}: give START,STOP global steps "
+            "with START < STOP, e.g. 100,110"
+        )
+    return start, stop
 
 
 def _config_guard(saved: str, new: str) -> None:

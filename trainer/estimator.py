@@ -57,6 +57,8 @@ class Estimator:
         run (TrainingDiverged) leaving the last checkpoint untouched; ``'rollback'``
         restores the last checkpoint and skips the offending batch.
       max_rollbacks: rollbacks allowed in one run before giving up.
+      profile_steps: ``(start, stop)``: record a TensorFlow profiler trace of the steps
+        between these global steps into ``model_dir/train`` (TensorBoard's Profile tab).
       write_graph: write the compiled training step's graph to TensorBoard (once).
       histogram_every_steps: write a histogram of every weight this often (None: off).
       image_every_steps: write eval images labelled with predicted and true class this
@@ -100,6 +102,7 @@ class Estimator:
         ema_decay: float | None = None,
         nonfinite_loss: str = "stop",
         max_rollbacks: int = 3,
+        profile_steps: tuple[int, int] | None = None,
         write_graph: bool = True,
         histogram_every_steps: int | None = None,
         image_every_steps: int | None = None,
@@ -153,6 +156,9 @@ class Estimator:
         )
         self.warm_start_from = warm_start_from
         self.warm_start_pattern = warm_start_pattern
+        if profile_steps is not None and not 0 <= profile_steps[0] < profile_steps[1]:
+            raise UserError(f"profile steps must be start < stop, got {profile_steps}")
+        self.profile_steps = tuple(profile_steps) if profile_steps else None
         self.write_graph = write_graph
         self.histogram_every_steps = histogram_every_steps
         self.image_every_steps = image_every_steps
@@ -424,6 +430,7 @@ class Estimator:
                 ),
             ),
             hooks.Periodic(self.image_every_steps, self._image_writer(input_fn, steps)),
+            *self._profiler_actions(),
             *extra,
         ]
         skip_at: set[int] = set()  # steps whose batch is dropped after a rollback
@@ -471,6 +478,17 @@ class Estimator:
             log(step)
         checkpointer.save(step)
         return step
+
+    def _profiler_actions(self) -> list[hooks.At]:
+        """Start and stop the profiler at the two ``profile_steps`` (block boundaries)."""
+        if not self.profile_steps:
+            return []
+        start, stop = self.profile_steps
+        logdir = os.path.join(self.model_dir, "train")
+        return [
+            hooks.At((start,), lambda step: tf.profiler.experimental.start(logdir)),
+            hooks.At((stop,), lambda step: tf.profiler.experimental.stop()),
+        ]
 
     def _warm_start(self) -> None:
         """Takes the weights matching ``warm_start_pattern`` from ``warm_start_from``."""

@@ -25,14 +25,32 @@ class Periodic:
         """True when ``step`` is a multiple of ``every_steps``."""
         return bool(self.every_steps) and step % self.every_steps == 0
 
+    def steps_to_next(self, step: int) -> int | None:
+        """Steps from ``step`` to the next time this is due (None: never)."""
+        return self.every_steps - step % self.every_steps if self.every_steps else None
 
-def steps_until_due(step: int, actions: Iterable[Periodic], limit: int) -> int:
+
+@dataclasses.dataclass
+class At:
+    """Calls ``fn(step)`` once at each of the given steps."""
+
+    steps: tuple[int, ...]
+    fn: Callable[[int], Any]
+
+    def is_due(self, step: int) -> bool:
+        """True when ``step`` is one of ``steps``."""
+        return step in self.steps
+
+    def steps_to_next(self, step: int) -> int | None:
+        """Steps from ``step`` to the next of ``steps`` (None: all passed)."""
+        later = [s - step for s in self.steps if s > step]
+        return min(later) if later else None
+
+
+def steps_until_due(step: int, actions: Iterable[Periodic | At], limit: int) -> int:
     """How many steps to run from ``step`` before the next action is due (at most ``limit``)."""
-    steps = limit
-    for action in actions:
-        if action.every_steps:
-            steps = min(steps, action.every_steps - step % action.every_steps)
-    return max(steps, 1)
+    steps = [limit] + [n for a in actions if (n := a.steps_to_next(step)) is not None]
+    return max(min(steps), 1)
 
 
 class StopTraining(Exception):
