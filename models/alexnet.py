@@ -83,4 +83,11 @@ class AlexNet(ModelFn):
             image = tf.image.resize(image, self.resize_to)
         x = self.flatten(self.convs(image, training=training))
         x = self.dense(x, training=training)
-        return heads.classification(self.logits(x), labels, self.label_key)
+        logits = self.logits(x)
+        spec = heads.classification(logits, labels, self.label_key)
+        spec.activations = {
+            **self.convs.outputs_by_block,
+            **self.dense.outputs_by_block,
+            "logits": logits,
+        }
+        return spec

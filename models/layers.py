@@ -51,13 +51,15 @@ class _Stack(keras.layers.Layer):
         return [[getattr(self, name) for name in names] for names in self._block_names]
 
     def call(self, x, training=False):
-        """Applies each layer in order."""
+        """Applies each layer in order; ``self.outputs_by_block`` keeps each block's output."""
+        self.outputs_by_block = {}
         for block in self.blocks:
             for layer in block:
                 if isinstance(layer, keras.layers.Dropout | keras.layers.BatchNormalization):
                     x = layer(x, training=training)
                 else:
                     x = layer(x)
+            self.outputs_by_block[block[0].name] = x
         return x
 
 

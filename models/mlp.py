@@ -55,4 +55,7 @@ class MLP(ModelFn):
     def __call__(self, features, labels, mode):
         """Logits from the image; see ``heads.classification`` for the Spec."""
         x = self.hidden(self.flatten(features[self.image_key]), training=mode == Mode.TRAIN)
-        return heads.classification(self.logits(x), labels, self.label_key)
+        logits = self.logits(x)
+        spec = heads.classification(logits, labels, self.label_key)
+        spec.activations = {**self.hidden.outputs_by_block, "logits": logits}
+        return spec

@@ -50,6 +50,7 @@ def test_event_files_hold_graph_scalars_histograms_and_images(tmp_path, data_dir
     assert any("/logits" in name and name.endswith("/MatMul") for name in nodes)
     histograms = set(acc.PluginTagToContent("histograms"))
     assert {"dense/dense_0/kernel", "dense/dense_0/bias", "logits/kernel"} <= histograms
+    assert {"activations/dense_0", "activations/logits"} <= histograms
     images = acc.PluginTagToContent("images")
     assert "labelled_inputs" in images
     image_events = acc.Tensors("labelled_inputs")

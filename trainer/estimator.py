@@ -423,12 +423,7 @@ class Estimator:
         actions = [
             hooks.Periodic(self.log_every_steps, log),
             hooks.Periodic(self.save_checkpoints_steps, checkpointer.save),
-            hooks.Periodic(
-                self.histogram_every_steps,
-                lambda step: self.writers.histograms(
-                    "train", step, self.model_fn.trainable_variables
-                ),
-            ),
+            hooks.Periodic(self.histogram_every_steps, self._histogram_writer(input_fn)),
             hooks.Periodic(self.image_every_steps, self._image_writer(input_fn, steps)),
             *self._profiler_actions(),
             *extra,
@@ -520,6 +515,22 @@ class Estimator:
             with self.writers.get("train").as_default(step=self.step):
                 tf.summary.trace_export("train_step", step=self.step)
             self._graph_written = True
+
+    def _histogram_writer(self, input_fn: InputFn):
+        """Weights, and the activations a Spec reports on one eval batch, as histograms."""
+        if not self.histogram_every_steps:
+            return lambda step: None
+        features, _ = split_element(next(iter(self._dataset(input_fn, Mode.EVAL))), Mode.EVAL)
+        activations = tf.function(lambda f: dict(self.model_fn(f, None, Mode.PREDICT).activations))
+
+        def write(step: int) -> None:
+            self.writers.histograms("train", step, self.model_fn.trainable_variables)
+            outputs = activations(features)
+            self.writers.histograms(
+                "train", step, [_Named(f"activations/{k}", v) for k, v in outputs.items()]
+            )
+
+        return write
 
     def _image_writer(self, input_fn: InputFn, steps: Steps):
         """The image action: one eval batch, labelled with predicted and true classes."""
@@ -718,6 +729,13 @@ class Estimator:
             f.write(text)
         tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
         self.writers.text("train", "operative_config", text, step)
+
+
+class _Named:
+    """A tensor with a ``path``, so that activations and weights share one writer."""
+
+    def __init__(self, path: str, value: tf.Tensor):
+        self.path, self.value = path, value
 
 
 class _Progress:

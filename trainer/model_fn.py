@@ -60,11 +60,14 @@ class Spec:
       metrics: dict of per-example values, each of shape ``[batch]``. The framework
         streams their mean over the whole eval set (and over all devices), so
         accuracy is ``tf.cast(tf.equal(predicted, label), tf.float32)``.
+      activations: optional intermediate outputs by layer name, written as
+        TensorBoard histograms when ``Estimator.histogram_every_steps`` is set.
     """
 
     predictions: Mapping[str, tf.Tensor]
     loss: tf.Tensor | None = None
     metrics: Mapping[str, tf.Tensor] = dataclasses.field(default_factory=dict)
+    activations: Mapping[str, tf.Tensor] = dataclasses.field(default_factory=dict)
 
 
 class ModelFn(tf.Module):

@@ -43,7 +43,7 @@ class Writers:
         writer = self.get(name)
         with writer.as_default(step=step):
             for v in variables:
-                tf.summary.histogram(getattr(v, "path", v.name), v)
+                tf.summary.histogram(getattr(v, "path", None) or v.name, getattr(v, "value", v))
         writer.flush()
 
     def labelled_images(self, name: str, step: int, images, predicted, actual, max_images=8):
