@@ -32,6 +32,25 @@ def _regularizer(l2: float):
     return keras.regularizers.L2(l2) if l2 else None
 
 
+def _block(
+    main: keras.layers.Layer,
+    batch_norm: bool,
+    activation,
+    dropout: float,
+    pool: keras.layers.Layer | None = None,
+) -> list[keras.layers.Layer]:
+    """``main``, then batch norm (optional), activation, pooling (optional), dropout (if > 0)."""
+    block = [main]
+    if batch_norm:
+        block.append(keras.layers.BatchNormalization(name=f"{main.name}_bn"))
+    block.append(keras.layers.Activation(activation, name=f"{main.name}_act"))
+    if pool is not None:
+        block.append(pool)
+    if dropout:
+        block.append(keras.layers.Dropout(dropout, name=f"{main.name}_dropout"))
+    return block
+
+
 class _Stack(keras.layers.Layer):
     """Runs its blocks of layers in order, passing ``training`` where used.
 
@@ -92,20 +111,13 @@ class DenseStack(_Stack):
         norms = per_layer(batch_norm, count, f"{name} batch_norm")
         blocks = []
         for i in range(count):
-            block = [
-                keras.layers.Dense(
-                    units[i],
-                    use_bias=not norms[i],
-                    kernel_regularizer=_regularizer(l2),
-                    name=f"{name}_{i}",
-                )
-            ]
-            if norms[i]:
-                block.append(keras.layers.BatchNormalization(name=f"{name}_{i}_bn"))
-            block.append(keras.layers.Activation(activations[i], name=f"{name}_{i}_act"))
-            if dropouts[i]:
-                block.append(keras.layers.Dropout(dropouts[i], name=f"{name}_{i}_dropout"))
-            blocks.append(block)
+            dense = keras.layers.Dense(
+                units[i],
+                use_bias=not norms[i],
+                kernel_regularizer=_regularizer(l2),
+                name=f"{name}_{i}",
+            )
+            blocks.append(_block(dense, norms[i], activations[i], dropouts[i]))
         self._set_blocks(blocks)
 
 
@@ -154,30 +166,19 @@ class ConvStack(_Stack):
         norms = per_layer(batch_norm, count, f"{name} batch_norm")
         blocks = []
         for i in range(count):
-            block = [
-                keras.layers.Conv2D(
-                    filters[i],
-                    kernels[i],
-                    strides=conv_strides[i],
-                    padding=padding,
-                    use_bias=not norms[i],
-                    kernel_regularizer=_regularizer(l2),
-                    name=f"{name}_{i}",
-                )
-            ]
-            if norms[i]:
-                block.append(keras.layers.BatchNormalization(name=f"{name}_{i}_bn"))
-            block.append(keras.layers.Activation(activations[i], name=f"{name}_{i}_act"))
+            conv = keras.layers.Conv2D(
+                filters[i],
+                kernels[i],
+                strides=conv_strides[i],
+                padding=padding,
+                use_bias=not norms[i],
+                kernel_regularizer=_regularizer(l2),
+                name=f"{name}_{i}",
+            )
+            pool = None
             if pools[i] and pools[i] > 1:
-                block.append(
-                    keras.layers.MaxPooling2D(
-                        pools[i],
-                        strides=pool_steps[i],
-                        padding=pool_padding,
-                        name=f"{name}_{i}_pool",
-                    )
+                pool = keras.layers.MaxPooling2D(
+                    pools[i], strides=pool_steps[i], padding=pool_padding, name=f"{name}_{i}_pool"
                 )
-            if dropouts[i]:
-                block.append(keras.layers.Dropout(dropouts[i], name=f"{name}_{i}_dropout"))
-            blocks.append(block)
+            blocks.append(_block(conv, norms[i], activations[i], dropouts[i], pool))
         self._set_blocks(blocks)
