@@ -51,6 +51,8 @@ class Estimator:
         resumed run continues from the exact next batch instead of restarting the
         data. Needs a pipeline without ``py_function``.
       clip_gradient_norm: clip the gradients to this global norm before applying them.
+      jit_compile: compile the training step with XLA (faster for small dense models on
+        CPU; measure with benchmarks/throughput.py).
       ema_decay: keep an exponential moving average of the weights with this decay
         and evaluate and predict with it (e.g. 0.999); None for no average.
       nonfinite_loss: what a NaN or infinite training loss does: ``'stop'`` ends the
@@ -100,6 +102,7 @@ class Estimator:
         checkpoint_input: bool = True,
         clip_gradient_norm: float | None = None,
         ema_decay: float | None = None,
+        jit_compile: bool = False,
         nonfinite_loss: str = "stop",
         max_rollbacks: int = 3,
         profile_steps: tuple[int, int] | None = None,
@@ -146,6 +149,7 @@ class Estimator:
         self.checkpoint_input = checkpoint_input
         self.clip_gradient_norm = clip_gradient_norm
         self.ema_decay = ema_decay
+        self.jit_compile = jit_compile
         self.ema: WeightAverage | None = None
         self.nonfinite_loss = nonfinite_loss
         self.max_rollbacks = max_rollbacks
@@ -659,6 +663,7 @@ class Estimator:
             found.get("metrics", []),
             clip_gradient_norm=self.clip_gradient_norm,
             ema=self.ema,
+            jit_compile=self.jit_compile,
         )
         return self._steps
 

@@ -80,6 +80,8 @@ class Steps:
       metric_names: the per-example metrics the model's Spec returns.
       clip_gradient_norm: clip gradients to this global norm (None: no clipping).
       ema: a WeightAverage to update after each step, or None.
+      jit_compile: compile the step with XLA (the loop around it stays a TF loop, since
+        iterator ops cannot be compiled).
     """
 
     def __init__(
@@ -90,6 +92,7 @@ class Steps:
         metric_names: Sequence[str],
         clip_gradient_norm: float | None = None,
         ema: WeightAverage | None = None,
+        jit_compile: bool = False,
     ):
         self.model_fn = model_fn
         self.optimizer = optimizer
@@ -105,6 +108,8 @@ class Steps:
         self.eval_metrics = MetricSums(metric_names)
         with tf.init_scope():
             self.nonfinite = tf.Variable(False, trainable=False, name="nonfinite")
+        if jit_compile:
+            self._train_step = tf.function(self._train_step, jit_compile=True)
         self.train_loop = tf.function(self._train_loop)
         self.evaluate = tf.function(self._evaluate)
         self.predict = tf.function(self._predict)
