@@ -1,8 +1,14 @@
 """Exceptions that end a run with a one-line message, and their exit codes.
 
-The command line prints the message as one line, with no traceback, and exits with
+TensorFlow's runtime errors (corrupt or missing data, failed checks) are mapped to
+them here too. The command line prints the message as one line, with no traceback, and exits with
 the class's ``exit_code``; library callers can catch them like any exception.
 """
+
+import contextlib
+import re
+
+import tensorflow as tf
 
 EXIT_USER_ERROR = 2
 EXIT_DIVERGED = 3
@@ -25,3 +31,50 @@ class Preempted(Exception):
     """SIGTERM or SIGINT arrived; a checkpoint was saved and the run stopped early."""
 
     exit_code = EXIT_PREEMPTED
+
+
+def first_line(error: Exception) -> str:
+    """The first line of an error's message."""
+    return str(error).strip().splitlines()[0]
+
+
+def op_error_text(error: tf.errors.OpError) -> str:
+    """The line of a TF runtime error that says what happened (not where it was traced)."""
+    skip = ("Graph execution error", "Detected at node", "File ", "In call to configurable")
+    lines = [line.strip() for line in error.message.splitlines()]
+    useful = [line for line in lines if line and not line.startswith(skip + ("[[",))]
+    text = useful[-1] if useful else first_line(error)
+    # tf.debugging asserts read "assertion failed: [message] [values]" (assert_less
+    # puts "[Condition ...] [x = ]" in between).
+    failed = re.match(
+        r"assertion failed: \[(.*?)\] (?:\[Condition.*?\] \[x .*?\] )?\[(.*?)\]", text
+    )
+    return f"{failed.group(1)} (got {failed.group(2)})" if failed else text
+
+
+@contextlib.contextmanager
+def runtime_errors(what: str):
+    """Turns corrupt or missing data and failed checks at run time into one UserError."""
+    try:
+        yield
+    except tf.errors.DataLossError as error:
+        raise UserError(
+            f"{what}: input data is corrupt ({op_error_text(error)}); rebuild or re-copy "
+            "the data files"
+        ) from None
+    except tf.errors.NotFoundError as error:
+        raise UserError(f"{what}: input data is missing ({op_error_text(error)})") from None
+    except tf.errors.InvalidArgumentError as error:
+        raise UserError(f"{what} failed: {op_error_text(error)}") from None
+
+
+def guarded(dataset: tf.data.Dataset, what: str):
+    """Iterates ``dataset`` eagerly, with ``_runtime_errors`` around each element."""
+    iterator = iter(dataset)
+    while True:
+        with runtime_errors(what):
+            try:
+                element = next(iterator)
+            except StopIteration:
+                return
+        yield element

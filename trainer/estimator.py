@@ -20,7 +20,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from trainer import checkpoints, export, hooks, preemption
+from trainer import checkpoints, errors, export, hooks, preemption
 from trainer.errors import Preempted, TrainingDiverged, UserError
 from trainer.model_fn import InputParams, Mode, ModelFn, check_spec
 from trainer.optimization import WeightAverage
@@ -218,9 +218,9 @@ class Estimator:
         dataset = self._dataset(input_fn, Mode.PREDICT)
         steps = self._prepare(dataset.element_spec, Mode.PREDICT)
         self._restore_for_inference()
-        for element in _guarded(dataset, "predict input"):
+        for element in errors.guarded(dataset, "predict input"):
             features, _ = split_element(element, Mode.PREDICT)
-            with _runtime_errors("predict"), self._averaged_weights():
+            with errors.runtime_errors("predict"), self._averaged_weights():
                 batch = {k: v.numpy() for k, v in steps.predict(features).items()}
             for i in range(len(next(iter(batch.values())))):
                 yield {k: v[i] for k, v in batch.items()}
@@ -504,7 +504,7 @@ class Estimator:
             tf.train.Checkpoint(model=self.model_fn).restore(source).expect_partial()
         except (tf.errors.OpError, ValueError) as error:
             raise UserError(
-                f"cannot warm-start from {self.warm_start_from}: {_first_line(error)}"
+                f"cannot warm-start from {self.warm_start_from}: {errors.first_line(error)}"
             ) from None
         for v, value in zip(keep, kept, strict=True):
             v.assign(value)
@@ -555,7 +555,7 @@ class Estimator:
     def _run_block(self, steps: Steps, iterator, n: int) -> None:
         """Runs one compiled block of ``n`` steps; input and runtime errors become one line."""
         try:
-            with _runtime_errors(f"training step {self.step + 1}"):
+            with errors.runtime_errors(f"training step {self.step + 1}"):
                 steps.train_loop(iterator, tf.constant(n, tf.int64))
         except tf.errors.OutOfRangeError:
             raise UserError(
@@ -625,8 +625,9 @@ class Estimator:
                 spec = self.model_fn(features, labels, mode)
             except (ValueError, TypeError) as error:
                 shapes = tf.nest.map_structure(lambda t: t.shape.as_list(), features_spec)
+                reason = errors.first_line(error)
                 raise UserError(
-                    f"{name} cannot take the input_fn's features {shapes}: {_first_line(error)}"
+                    f"{name} cannot take the input_fn's features {shapes}: {reason}"
                 ) from None
             try:
                 check_spec(spec, mode, name)
@@ -700,7 +701,7 @@ class Estimator:
             dataset = dataset.take(steps)
         compiled.eval_metrics.reset()
         start = time.perf_counter()
-        with _runtime_errors(f"eval set {name!r}"), self._averaged_weights():
+        with errors.runtime_errors(f"eval set {name!r}"), self._averaged_weights():
             compiled.evaluate(dataset)
         metrics = compiled.eval_metrics.result()
         if not metrics:
@@ -785,52 +786,6 @@ def _write_json(path: str, value: dict) -> None:
     with tf.io.gfile.GFile(path + ".tmp", "w") as f:
         json.dump(value, f)
     tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
-
-
-def _first_line(error: Exception) -> str:
-    return str(error).strip().splitlines()[0]
-
-
-def _op_error_text(error: tf.errors.OpError) -> str:
-    """The line of a TF runtime error that says what happened (not where it was traced)."""
-    skip = ("Graph execution error", "Detected at node", "File ", "In call to configurable")
-    lines = [line.strip() for line in error.message.splitlines()]
-    useful = [line for line in lines if line and not line.startswith(skip + ("[[",))]
-    text = useful[-1] if useful else _first_line(error)
-    # tf.debugging asserts read "assertion failed: [message] [values]" (assert_less
-    # puts "[Condition ...] [x = ]" in between).
-    failed = re.match(
-        r"assertion failed: \[(.*?)\] (?:\[Condition.*?\] \[x .*?\] )?\[(.*?)\]", text
-    )
-    return f"{failed.group(1)} (got {failed.group(2)})" if failed else text
-
-
-@contextlib.contextmanager
-def _runtime_errors(what: str):
-    """Turns corrupt or missing data and failed checks at run time into one UserError."""
-    try:
-        yield
-    except tf.errors.DataLossError as error:
-        raise UserError(
-            f"{what}: input data is corrupt ({_op_error_text(error)}); rebuild or re-copy "
-            "the data files"
-        ) from None
-    except tf.errors.NotFoundError as error:
-        raise UserError(f"{what}: input data is missing ({_op_error_text(error)})") from None
-    except tf.errors.InvalidArgumentError as error:
-        raise UserError(f"{what} failed: {_op_error_text(error)}") from None
-
-
-def _guarded(dataset: tf.data.Dataset, what: str):
-    """Iterates ``dataset`` eagerly, with ``_runtime_errors`` around each element."""
-    iterator = iter(dataset)
-    while True:
-        with _runtime_errors(what):
-            try:
-                element = next(iterator)
-            except StopIteration:
-                return
-        yield element
 
 
 def _name(fn) -> str:
