@@ -15,7 +15,6 @@ one vectorised ``tf.io.parse_example``.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable
 
@@ -25,7 +24,7 @@ import tensorflow as tf
 from absl import logging
 
 from datasets import pipeline
-from trainer import InputParams, Mode, UserError
+from trainer import InputParams, Mode, UserError, files
 from trainer.model_fn import check_class_ids
 
 METADATA = "dataset.json"
@@ -97,25 +96,19 @@ def write(
         num_classes=num_classes,
     )
     metadata.setdefault("splits", {})[split] = entry
-    with tf.io.gfile.GFile(os.path.join(out_dir, METADATA + ".tmp"), "w") as f:
-        json.dump(metadata, f, indent=2)
-    tf.io.gfile.rename(
-        os.path.join(out_dir, METADATA + ".tmp"), os.path.join(out_dir, METADATA), overwrite=True
-    )
+    files.write_json(os.path.join(out_dir, METADATA), metadata)
     return entry
 
 
 def _read_metadata(data_dir: str, missing_ok: bool = False) -> dict | None:
     path = os.path.join(data_dir, METADATA)
-    if not tf.io.gfile.exists(path):
-        if missing_ok:
-            return None
+    metadata = files.read_json(path)
+    if metadata is None and not missing_ok:
         raise UserError(
             f"{path} not found: prepare the data with "
             f"`python -m datasets.prepare --out {data_dir} ...`"
         )
-    with tf.io.gfile.GFile(path) as f:
-        return json.load(f)
+    return metadata
 
 
 def check_shards(data_dir: str, split: str) -> tuple[dict, list[str]]:

@@ -26,7 +26,7 @@ import tensorflow as tf
 from absl import app, flags, logging
 from gin import config_parser
 
-from trainer import optimization
+from trainer import files, optimization
 from trainer.errors import Preempted, TrainingDiverged, UserError
 from trainer.estimator import Estimator
 
@@ -309,7 +309,10 @@ def _gin_error(error: Exception, source: str) -> str:
 
 def _unclosed_bracket_line(source: str) -> int | None:
     """The line of the first bracket a gin file (or binding) opens and never closes."""
-    text = open(source).read() if os.path.isfile(source) else ""
+    if not os.path.isfile(source):
+        return None
+    with open(source) as f:
+        text = f.read()
     opened: list[int] = []
     quote = None
     for number, line in enumerate(text.splitlines(), 1):
@@ -439,7 +442,7 @@ def _check_writable(directory: str, flag: str) -> None:
 
 def _report(result: dict, schedule: str, results_path: str | None) -> None:
     if schedule == "predict":
-        count = _write_atomically(
+        count = files.write_atomically(
             results_path,
             (
                 json.dumps({k: _jsonable(v) for k, v in example.items()}) + "\n"
@@ -460,24 +463,8 @@ def _report(result: dict, schedule: str, results_path: str | None) -> None:
         + f"\nmodel_dir {result['model_dir']} (tensorboard --logdir {result['model_dir']})"
     )
     if results_path:
-        _write_atomically(results_path, [json.dumps(result, indent=2) + "\n"])
+        files.write_json(results_path, result)
         print(f"results {results_path}")
-
-
-def _write_atomically(path: str, chunks) -> int:
-    """Writes chunks to ``path`` via a temporary file, so a failure leaves no half file."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    count = 0
-    try:
-        with open(tmp, "w") as f:
-            for chunk in chunks:
-                f.write(chunk)
-                count += 1
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return count
 
 
 def _jsonable(value):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import json
 import os
 import re
 import time
@@ -20,7 +19,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from trainer import checkpoints, errors, export, hooks, preemption
+from trainer import checkpoints, errors, export, files, hooks, preemption
 from trainer.errors import Preempted, TrainingDiverged, UserError
 from trainer.model_fn import InputParams, Mode, ModelFn, check_spec
 from trainer.optimization import WeightAverage
@@ -256,7 +255,7 @@ class Estimator:
         self._prepare(next(iter(eval_sets.values())).element_spec, Mode.EVAL)
         checkpointer = checkpoints.Checkpointer(self.model_dir, **self._state(optimizer=False))
         progress_path = os.path.join(self.model_dir, "continuous_eval.json")
-        done = _read_json(progress_path).get("step", -1)
+        done = files.read_json(progress_path, {}).get("step", -1)
         results: dict[str, dict[str, float]] = {}
         waited = 0.0
         while done < max_steps:
@@ -284,7 +283,7 @@ class Estimator:
                 self._has_state = True
                 results = {n: self._evaluate(d, eval_steps, n) for n, d in eval_sets.items()}
                 done = checkpoints.step_of(path)
-                _write_json(progress_path, {"step": done})
+                files.write_json(progress_path, {"step": done})
         return results
 
     def export(self, input_fn: InputFn, export_dir: str | None = None) -> str:
@@ -730,10 +729,7 @@ class Estimator:
         if self.config_text_fn is None:
             return
         text = self.config_text_fn()
-        path = os.path.join(self.model_dir, OPERATIVE_CONFIG)
-        with tf.io.gfile.GFile(path + ".tmp", "w") as f:
-            f.write(text)
-        tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+        files.write_atomically(os.path.join(self.model_dir, OPERATIVE_CONFIG), text)
         self.writers.text("train", "operative_config", text, step)
 
 
@@ -773,19 +769,6 @@ class _Progress:
 
 def _format(metrics: Mapping[str, float]) -> str:
     return "  ".join(f"{k} {v:.4g}" for k, v in metrics.items())
-
-
-def _read_json(path: str) -> dict:
-    if not tf.io.gfile.exists(path):
-        return {}
-    with tf.io.gfile.GFile(path) as f:
-        return json.load(f)
-
-
-def _write_json(path: str, value: dict) -> None:
-    with tf.io.gfile.GFile(path + ".tmp", "w") as f:
-        json.dump(value, f)
-    tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
 
 
 def _name(fn) -> str:

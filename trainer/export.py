@@ -8,13 +8,13 @@ complete, so a reader never sees half an export.
 
 from __future__ import annotations
 
-import json
 import os
 import uuid
 
 import tensorflow as tf
 from absl import logging
 
+from trainer import files
 from trainer.model_fn import Mode, ModelFn
 
 BEST_STATE = "best.json"
@@ -63,11 +63,7 @@ class BestExporter:
         self.metric = metric
         self.keep = keep
         self.higher_is_better = higher_is_better
-        path = os.path.join(directory, BEST_STATE)
-        self.kept: list[dict] = []
-        if tf.io.gfile.exists(path):
-            with tf.io.gfile.GFile(path) as f:
-                self.kept = json.load(f)
+        self.kept: list[dict] = files.read_json(os.path.join(directory, BEST_STATE), [])
 
     def maybe_export(self, step: int, metrics: dict, export) -> str | None:
         """Exports (via ``export(dir)``) when ``metrics`` ranks among the best; returns the dir."""
@@ -89,8 +85,5 @@ class BestExporter:
             if tf.io.gfile.exists(stale):
                 tf.io.gfile.rmtree(stale)
         self.kept = ranked[: self.keep]
-        tmp = os.path.join(self.directory, BEST_STATE + ".tmp")
-        with tf.io.gfile.GFile(tmp, "w") as f:
-            json.dump(self.kept, f, indent=2)
-        tf.io.gfile.rename(tmp, os.path.join(self.directory, BEST_STATE), overwrite=True)
+        files.write_json(os.path.join(self.directory, BEST_STATE), self.kept)
         return export_dir

@@ -1,0 +1,43 @@
+"""Small files written whole or not at all: configs, results, rankings, metadata.
+
+Each write goes to a temporary name beside the target and is renamed over it when
+complete, so a reader (or a rerun after a crash) never sees half a file. Paths go
+through ``tf.io.gfile``, so the same code writes to local disks and cloud buckets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+
+import tensorflow as tf
+
+
+def write_atomically(path: str, chunks: str | Iterable[str]) -> int:
+    """Writes ``chunks`` (one string, or many) to ``path``; returns how many were written."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    count = 0
+    try:
+        with tf.io.gfile.GFile(tmp, "w") as f:
+            for chunk in [chunks] if isinstance(chunks, str) else chunks:
+                f.write(chunk)
+                count += 1
+        tf.io.gfile.rename(tmp, path, overwrite=True)
+    finally:
+        if tf.io.gfile.exists(tmp):
+            tf.io.gfile.remove(tmp)
+    return count
+
+
+def write_json(path: str, value) -> None:
+    """``value`` as indented JSON at ``path``, atomically."""
+    write_atomically(path, json.dumps(value, indent=2) + "\n")
+
+
+def read_json(path: str, default=None):
+    """The JSON value at ``path``, or ``default`` when there is no such file."""
+    if not tf.io.gfile.exists(path):
+        return default
+    with tf.io.gfile.GFile(path) as f:
+        return json.load(f)
