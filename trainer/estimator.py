@@ -19,7 +19,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from trainer import checkpoints, errors, export, files, hooks, preemption
+from trainer import checkpoints, errors, export, files, hooks, parallel, preemption
 from trainer.errors import Preempted, TrainingDiverged, UserError
 from trainer.model_fn import InputParams, Mode, ModelFn, check_spec
 from trainer.optimization import WeightAverage
@@ -38,7 +38,7 @@ class Estimator:
       model_dir: directory for checkpoints, event files and the operative config.
         Rerunning with the same ``model_dir`` resumes from its newest checkpoint.
       optimizer: a Keras optimizer; its learning rate may be a schedule. Default Adam.
-      global_batch_size: examples per training step over all devices.
+      global_batch_size: examples per training step over all devices and workers.
       eval_batch_size: examples per eval/predict batch; defaults to ``global_batch_size``.
       steps_per_loop: most steps run per compiled call; blocks are cut short so that
         logging, checkpoints and evaluation still happen at the steps asked for.
@@ -83,6 +83,18 @@ class Estimator:
         ``model_dir/operative_config.gin`` and to TensorBoard once training starts.
       config_guard: ``guard(saved_text, new_text)`` called before resuming from a
         checkpoint; raises UserError when the change is not safe to resume with.
+      distribution: how several devices share a step. ``'towers'`` splits each batch
+        over the devices (shards may differ by one example), each computing its
+        gradients on its own device, and averages them weighted by shard size.
+        ``'mirrored'`` uses tf.distribute.MirroredStrategy; ``'multi_worker'``
+        MultiWorkerMirroredStrategy over the machines named in ``TF_CONFIG`` (each
+        machine's GPUs, or its CPU), with checkpoints and summaries written by the
+        chief and each other worker keeping its own copy in ``model_dir/worker_<i>``.
+        Under both strategies ``global_batch_size`` must divide evenly over the
+        replicas, evaluation runs on each worker's first device, and the input is
+        resumed by skipping the batches already trained on (TF cannot checkpoint a
+        distributed iterator).
+      num_devices: ``'auto'`` (every GPU, else one CPU) or how many devices to use.
     """
 
     def __init__(
@@ -118,6 +130,8 @@ class Estimator:
         export_best_higher: bool = True,
         config_text_fn: Callable[[], str] | None = None,
         config_guard: Callable[[str, str], None] | None = None,
+        distribution: str = "towers",
+        num_devices: int | str = "auto",
     ):
         if nonfinite_loss not in ("stop", "rollback"):
             raise UserError(
@@ -136,8 +150,19 @@ class Estimator:
             if value < 1:
                 raise UserError(f"Estimator.{name} must be >= 1, got {value}")
         self.model_fn = model_fn
-        self.model_dir = model_dir
+        self.strategy, self.devices = _distribution(distribution, num_devices)
+        self.num_replicas = (
+            self.strategy.num_replicas_in_sync if self.strategy else len(self.devices)
+        )
+        _check_devices(
+            distribution, self.num_replicas, global_batch_size, clip_gradient_norm, jit_compile
+        )
+        worker = parallel.worker_name(self.strategy)
+        # Every worker saves (a save may need them all); the chief's copy is the run's.
+        self.model_dir = os.path.join(model_dir, worker) if worker else model_dir
         self.optimizer = optimizer if optimizer is not None else keras.optimizers.Adam()
+        if self.strategy is not None:
+            self.optimizer = _rebuilt_in_scope(self.optimizer, self.strategy)
         self.global_batch_size = global_batch_size
         self.eval_batch_size = eval_batch_size or global_batch_size
         self.steps_per_loop = steps_per_loop
@@ -167,7 +192,7 @@ class Estimator:
         self.image_every_steps = image_every_steps
         self.best_exporter = (
             export.BestExporter(
-                os.path.join(model_dir, "export", "best"),
+                os.path.join(self.model_dir, "export", "best"),
                 export_best_metric,
                 export_best_keep,
                 export_best_higher,
@@ -177,8 +202,9 @@ class Estimator:
         )
         self.config_text_fn = config_text_fn
         self.config_guard = config_guard
-        self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-        self.writers = Writers(model_dir)
+        with self._scope():
+            self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        self.writers = Writers(self.model_dir)
         self._steps: Steps | None = None  # built on first use, from the data's shapes
         self._has_state = False  # True once the model holds trained or restored weights
         self._graph_written = False
@@ -380,14 +406,14 @@ class Estimator:
     ) -> int:
         # Data, model and optimizer.
         dataset = self._dataset(input_fn, Mode.TRAIN)
-        iterator = iter(dataset)
+        iterator = iter(dataset) if self.strategy is None else None
         steps = self._prepare(dataset.element_spec, Mode.TRAIN)
 
         # Restore: rerunning the same command continues where it stopped, from the
         # exact next batch, unless the configuration changed under the checkpoint.
         tf.io.gfile.makedirs(self.model_dir)
         state = self._state(optimizer=True)
-        if self.checkpoint_input:
+        if self.checkpoint_input and iterator is not None:
             state["input"] = iterator
         checkpointer = checkpoints.Checkpointer(self.model_dir, self.keep_checkpoint_max, **state)
         if checkpointer.latest is not None:
@@ -400,6 +426,8 @@ class Estimator:
         if start >= max_steps:
             logging.info("global_step %d >= max_steps %d: nothing to train.", start, max_steps)
             return start
+        if iterator is None:
+            iterator = iter(self._distributed_input(input_fn, skip_steps=start))
         self._write_config(start)
         logging.info(
             "Training %s from step %d to %d in %s",
@@ -417,7 +445,7 @@ class Estimator:
             logs = steps.train_metrics.result()
             steps.train_metrics.reset()
             logs.update(progress.rates(step))
-            logs["learning_rate"] = float(self.optimizer.learning_rate)
+            logs["learning_rate"] = float(tf.convert_to_tensor(self.optimizer.learning_rate))
             self.writers.scalars("train", step, logs)
             logging.info("%s", progress.line(step, logs))
             for hook in hooks_:
@@ -588,9 +616,15 @@ class Estimator:
 
     # ---------------------------------------------------------------- helpers
 
-    def _dataset(self, input_fn: InputFn, mode: Mode) -> tf.data.Dataset:
-        batch = self.global_batch_size if mode == Mode.TRAIN else self.eval_batch_size
-        params = InputParams(batch_size=batch, global_batch_size=batch, seed=self.seed)
+    def _dataset(
+        self, input_fn: InputFn, mode: Mode, params: InputParams | None = None
+    ) -> tf.data.Dataset:
+        """The input_fn's dataset for ``mode``, checked; one pipeline unless ``params``."""
+        if params is None:
+            batch = self.global_batch_size if mode == Mode.TRAIN else self.eval_batch_size
+            if mode == Mode.TRAIN and self.strategy is not None:  # only to read the shapes
+                batch //= self.num_replicas
+            params = InputParams(batch_size=batch, global_batch_size=batch, seed=self.seed)
         dataset = input_fn(mode, params)
         if not isinstance(dataset, tf.data.Dataset):
             raise UserError(
@@ -605,6 +639,34 @@ class Estimator:
                 "TRAIN and EVAL need (features, labels) pairs"
             )
         return dataset
+
+    def _distributed_input(self, input_fn: InputFn, skip_steps: int):
+        """The training input of a strategy: one pipeline per worker, a batch per replica.
+
+        Each pipeline is told its id to shard by; resuming skips the batches the
+        ``skip_steps`` steps already trained on (the input must be seeded to continue
+        exactly).
+        """
+
+        def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+            params = InputParams(
+                batch_size=context.get_per_replica_batch_size(self.global_batch_size),
+                global_batch_size=self.global_batch_size,
+                seed=self.seed,
+                num_input_pipelines=context.num_input_pipelines,
+                input_pipeline_id=context.input_pipeline_id,
+            )
+            dataset = self._dataset(input_fn, Mode.TRAIN, params)
+            per_step = context.num_replicas_in_sync // context.num_input_pipelines
+            return dataset.skip(skip_steps * per_step) if skip_steps else dataset
+
+        if skip_steps:
+            logging.info("Skipping the input of the %d steps already trained", skip_steps)
+        return self.strategy.distribute_datasets_from_function(dataset_fn)
+
+    def _scope(self):
+        """The strategy's scope, where variables must be created; or no scope."""
+        return self.strategy.scope() if self.strategy else contextlib.nullcontext()
 
     def _prepare(self, element_spec, mode: Mode) -> Steps:
         """Creates the model's and optimizer's variables once, by tracing the model.
@@ -637,7 +699,11 @@ class Estimator:
 
         args = (features_spec, labels_spec) if labels_spec is not None else (features_spec,)
         fn = trace if labels_spec is not None else (lambda f: trace(f, None))
-        tf.function(fn).get_concrete_function(*args)
+        with self._scope():
+            if self.strategy is not None:
+                # Mirrored variables cannot be created inside a traced function.
+                _build_eagerly(self.model_fn, features_spec)
+            tf.function(fn).get_concrete_function(*args)
         variables = self.model_fn.trainable_variables
         if not variables:
             raise UserError(
@@ -653,18 +719,21 @@ class Estimator:
                 "a Keras layer are invisible to tf.train.Checkpoint; assign each one as an "
                 "attribute (or hold the list in the ModelFn itself)"
             )
-        self.optimizer.build(variables)
-        if self.ema_decay:
-            self.ema = WeightAverage(variables, self.ema_decay)
-        self._steps = Steps(
-            self.model_fn,
-            self.optimizer,
-            self.global_step,
-            found.get("metrics", []),
-            clip_gradient_norm=self.clip_gradient_norm,
-            ema=self.ema,
-            jit_compile=self.jit_compile,
-        )
+        with self._scope():
+            self.optimizer.build(variables)
+            if self.ema_decay:
+                self.ema = WeightAverage(variables, self.ema_decay)
+            self._steps = Steps(
+                self.model_fn,
+                self.optimizer,
+                self.global_step,
+                found.get("metrics", []),
+                clip_gradient_norm=self.clip_gradient_norm,
+                ema=self.ema,
+                jit_compile=self.jit_compile,
+                devices=self.devices,
+                strategy=self.strategy,
+            )
         return self._steps
 
     def _averaged_weights(self):
@@ -773,3 +842,84 @@ def _format(metrics: Mapping[str, float]) -> str:
 
 def _name(fn) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+
+
+def _build_eagerly(model_fn: ModelFn, features_spec) -> None:
+    """Creates the model's variables with one PREDICT call on a batch of one blank example."""
+
+    def blank(spec: tf.TensorSpec) -> tf.Tensor:
+        shape = [1 if d is None else d for d in spec.shape]
+        return tf.fill(shape, "") if spec.dtype == tf.string else tf.zeros(shape, spec.dtype)
+
+    model_fn(tf.nest.map_structure(blank, features_spec), None, Mode.PREDICT)
+
+
+def _distribution(
+    distribution: str, num_devices: int | str
+) -> tuple[tf.distribute.Strategy | None, list[str]]:
+    """The strategy (None for towers) and the devices of this worker."""
+    if distribution == "multi_worker":
+        if num_devices != "auto":
+            raise UserError(
+                "distribution 'multi_worker' uses every GPU of each machine (or its CPU); "
+                "leave num_devices 'auto' and limit GPUs with CUDA_VISIBLE_DEVICES"
+            )
+        # Created before anything else touches TensorFlow's runtime, as it must be.
+        strategy = parallel.make_strategy(distribution, [])
+        return strategy, list(strategy.extended.worker_devices)
+    if distribution not in parallel.DISTRIBUTIONS:
+        raise UserError(
+            f"Estimator.distribution must be one of {', '.join(parallel.DISTRIBUTIONS)}, "
+            f"got {distribution!r}"
+        )
+    devices = parallel.choose_devices(num_devices)
+    if distribution == "towers":
+        return None, devices
+    return parallel.make_strategy(distribution, devices), devices
+
+
+def _check_devices(
+    distribution: str,
+    replicas: int,
+    global_batch_size: int,
+    clip_gradient_norm: float | None,
+    jit_compile: bool,
+) -> None:
+    """Refuses settings the chosen devices cannot run, before anything is built."""
+    if global_batch_size < replicas:
+        raise UserError(
+            f"Estimator.global_batch_size {global_batch_size} is smaller than the "
+            f"{replicas} devices it is split over: raise it or use fewer devices"
+        )
+    if jit_compile and (replicas > 1 or distribution != "towers"):
+        raise UserError(
+            "Estimator.jit_compile compiles the step for a single device: turn it off "
+            f"for {distribution!r} on {replicas} device(s)"
+        )
+    if distribution == "towers":
+        return
+    if global_batch_size % replicas:
+        raise UserError(
+            f"Estimator.global_batch_size {global_batch_size} does not divide over the "
+            f"{replicas} replicas of {distribution!r}: use a multiple of {replicas}, or "
+            "distribution 'towers', which splits batches unevenly"
+        )
+    if clip_gradient_norm:
+        raise UserError(
+            f"Estimator.clip_gradient_norm needs the summed gradient, which {distribution!r} "
+            "forms inside the optimizer: use distribution 'towers' to clip"
+        )
+
+
+def _rebuilt_in_scope(
+    optimizer: keras.optimizers.Optimizer, strategy: tf.distribute.Strategy
+) -> keras.optimizers.Optimizer:
+    """The same optimizer made inside the strategy's scope, where its variables must live."""
+    try:
+        with strategy.scope():
+            return type(optimizer).from_config(optimizer.get_config())
+    except (TypeError, ValueError) as error:
+        raise UserError(
+            f"cannot rebuild the optimizer {type(optimizer).__name__} for a tf.distribute "
+            f"strategy from its get_config(): {errors.first_line(error)}"
+        ) from None

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from trainer.model_fn import Mode, ModelFn
 from trainer.optimization import WeightAverage
+from trainer.parallel import Towers, make_parallel
 
 
 def batch_size_of(features) -> tf.Tensor:
@@ -36,18 +37,33 @@ class MetricSums:
 
     Per-batch values (the loss, the gradient norm) are weighted by batch size, so
     with a short last batch every example still counts once. Sums are float64
-    variables; ``result`` reads them, ``reset`` zeroes them.
+    variables; ``result`` reads them, ``reset`` zeroes them. With ``per_replica``
+    (updated inside ``strategy.run``) each replica keeps its own sums and reading
+    adds them up over all replicas and workers.
     """
 
-    def __init__(self, per_example: Sequence[str], per_batch: Sequence[str] = ("loss",)):
+    def __init__(
+        self,
+        per_example: Sequence[str],
+        per_batch: Sequence[str] = ("loss",),
+        per_replica: bool = False,
+    ):
         self.per_example = list(per_example)
         self.per_batch = list(per_batch)
+        sync = (
+            dict(
+                synchronization=tf.VariableSynchronization.ON_READ,
+                aggregation=tf.VariableAggregation.SUM,
+            )
+            if per_replica
+            else {}
+        )
         with tf.init_scope():
             self.sums = {
-                n: tf.Variable(0.0, dtype=tf.float64, trainable=False, name=f"sum_{n}")
+                n: tf.Variable(0.0, dtype=tf.float64, trainable=False, name=f"sum_{n}", **sync)
                 for n in self.per_batch + self.per_example
             }
-            self.count = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="count")
+            self.count = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="count", **sync)
 
     def update(self, per_example, per_batch, batch_size: tf.Tensor) -> None:
         """Adds one batch: dicts of ``[batch]`` values and of scalars."""
@@ -82,6 +98,11 @@ class Steps:
       ema: a WeightAverage to update after each step, or None.
       jit_compile: compile the step with XLA (the loop around it stays a TF loop, since
         iterator ops cannot be compiled).
+      devices: with several, each batch is split into towers, one per device
+        (``parallel.Towers``); None or one device: no split.
+      strategy: a tf.distribute strategy whose scope holds the variables; the train
+        loop then takes a distributed iterator and runs the step in every replica.
+        Evaluation and prediction run on each worker's first device.
     """
 
     def __init__(
@@ -93,6 +114,8 @@ class Steps:
         clip_gradient_norm: float | None = None,
         ema: WeightAverage | None = None,
         jit_compile: bool = False,
+        devices: Sequence[str] | None = None,
+        strategy: tf.distribute.Strategy | None = None,
     ):
         self.model_fn = model_fn
         self.optimizer = optimizer
@@ -101,18 +124,50 @@ class Steps:
         self.ema = ema
         self.variables = model_fn.trainable_variables
         self.has_regularization = bool(model_fn.regularization_losses)
-        train_scalars = ["loss", "gradient_norm"]
+        self.towers = (
+            Towers(devices, model_fn.non_trainable_variables)
+            if devices and len(devices) > 1
+            else None
+        )
+        self.strategy = strategy
+        # Under a strategy each replica holds a part of the gradient until the
+        # optimizer sums them, so their global norm is not known to the step.
+        train_scalars = ["loss"] if strategy else ["loss", "gradient_norm"]
         if self.has_regularization:
             train_scalars.append("regularization_loss")
-        self.train_metrics = MetricSums(metric_names, train_scalars)
+        self.train_metrics = MetricSums(metric_names, train_scalars, per_replica=bool(strategy))
         self.eval_metrics = MetricSums(metric_names)
         with tf.init_scope():
             self.nonfinite = tf.Variable(False, trainable=False, name="nonfinite")
         if jit_compile:
             self._train_step = tf.function(self._train_step, jit_compile=True)
-        self.train_loop = tf.function(self._train_loop)
+        self.train_loop = tf.function(
+            self._distributed_train_loop if strategy else self._train_loop
+        )
         self.evaluate = tf.function(self._evaluate)
         self.predict = tf.function(self._predict)
+
+    def _forward(self, features, labels, share=1.0, replicas: int = 1):
+        """``(objective, scalars, per-example metrics)`` of one batch, shard or replica.
+
+        The objective is the loss weighted by this replica's ``share`` of the global
+        batch, plus this replica's part of the regularization loss.
+        """
+        spec = self.model_fn(features, labels, Mode.TRAIN)
+        scalars = {"loss": spec.loss}
+        objective = spec.loss * share
+        if self.has_regularization:
+            scalars["regularization_loss"] = tf.add_n(self.model_fn.regularization_losses)
+            objective += scalars["regularization_loss"] / replicas
+        return objective, scalars, spec.metrics
+
+    def _gradients(self, features, labels):
+        """``(objective, scalars, per-example metrics, gradients)`` of one batch."""
+        if self.towers is not None:
+            return self.towers.run(self._forward, features, labels, self.variables)
+        with tf.GradientTape() as tape:
+            objective, scalars, metrics = self._forward(features, labels)
+        return objective, scalars, metrics, tape.gradient(objective, self.variables)
 
     def _train_step(self, features, labels) -> tf.Tensor:
         """One step; returns False, and changes nothing, if loss or gradients are not finite.
@@ -120,21 +175,11 @@ class Steps:
         The gradients are checked too: a NaN input can leave the loss finite (ReLU maps
         NaN to 0 on some kernels) while the gradients that reach the weights are NaN.
         """
-        with tf.GradientTape() as tape:
-            spec = self.model_fn(features, labels, Mode.TRAIN)
-            scalars = {"loss": spec.loss}
-            total = spec.loss
-            if self.has_regularization:
-                scalars["regularization_loss"] = tf.add_n(self.model_fn.regularization_losses)
-                total = total + scalars["regularization_loss"]
-        pairs = [
-            (g, v)
-            for g, v in zip(tape.gradient(total, self.variables), self.variables, strict=True)
-            if g is not None
-        ]
+        objective, scalars, metrics, gradients = self._gradients(features, labels)
+        pairs = [(g, v) for g, v in zip(gradients, self.variables, strict=True) if g is not None]
         gradients = [g for g, _ in pairs]
         scalars["gradient_norm"] = tf.linalg.global_norm(gradients)
-        finite = tf.math.is_finite(total) & tf.math.is_finite(scalars["gradient_norm"])
+        finite = tf.math.is_finite(objective) & tf.math.is_finite(scalars["gradient_norm"])
         if finite:
             if self.clip_gradient_norm:
                 gradients, _ = tf.clip_by_global_norm(
@@ -143,7 +188,7 @@ class Steps:
             self.optimizer.apply_gradients(zip(gradients, [v for _, v in pairs], strict=True))
             if self.ema is not None:
                 self.ema.update()
-            self.train_metrics.update(spec.metrics, scalars, batch_size_of(features))
+            self.train_metrics.update(metrics, scalars, batch_size_of(features))
             self.global_step.assign_add(1)
         return finite
 
@@ -156,11 +201,68 @@ class Steps:
                 self.nonfinite.assign(True)
                 break
 
+    def _replica_step(self, features, labels) -> tf.Tensor:
+        """One replica's part of a step under a strategy; True if all replicas were finite.
+
+        The loss is weighted by this replica's share of the examples of the global
+        batch, so the optimizer's sum over replicas is the global batch mean. A branch
+        around the update cannot hold the optimizer's cross-replica sum, so a
+        non-finite step is applied; the loop then stops before anything is saved, and
+        the Estimator stops or rolls back as it does for one device.
+        """
+        context = tf.distribute.get_replica_context()
+        examples = batch_size_of(features)
+        share = tf.cast(examples / context.all_reduce("sum", examples), tf.float32)
+        with tf.GradientTape() as tape:
+            objective, scalars, metrics = self._forward(
+                features, labels, share, context.num_replicas_in_sync
+            )
+        gradients = tape.gradient(objective, self.variables)
+        pairs = [(g, v) for g, v in zip(gradients, self.variables, strict=True) if g is not None]
+        finite = tf.math.is_finite(objective) & tf.math.is_finite(
+            tf.linalg.global_norm([g for g, _ in pairs])
+        )
+        self.optimizer.apply_gradients(pairs)
+        self.train_metrics.update(metrics, scalars, examples)
+        bad_replicas = context.all_reduce("sum", 1 - tf.cast(finite, tf.int32))
+        return bad_replicas == 0
+
+    def _distributed_train_loop(self, iterator, num_steps: tf.Tensor) -> None:
+        """``_train_loop`` under a strategy: each step runs in every replica."""
+        self.nonfinite.assign(False)
+        for _ in tf.range(num_steps):
+            features, labels = split_element(next(iterator), Mode.TRAIN)
+            finite = self.strategy.run(self._replica_step, args=(features, labels))
+            if not self.strategy.experimental_local_results(finite)[0]:
+                self.nonfinite.assign(True)
+                break
+            if self.ema is not None:
+                self.ema.update()
+            self.global_step.assign_add(1)
+
+    def _eval_batch(self, features, labels):
+        """``(loss, per-example metrics)`` of one eval batch, over towers if there are."""
+
+        def forward(features, labels):
+            spec = self.model_fn(features, labels, Mode.EVAL)
+            return spec.loss, {}, spec.metrics
+
+        if self.towers is not None:
+            loss, _, metrics, _ = self.towers.run(forward, features, labels)
+            return loss, metrics
+        loss, _, metrics = forward(features, labels)
+        return loss, metrics
+
     def _evaluate(self, dataset: tf.data.Dataset) -> None:
         for element in dataset:
             features, labels = split_element(element, Mode.EVAL)
-            spec = self.model_fn(features, labels, Mode.EVAL)
-            self.eval_metrics.update(spec.metrics, {"loss": spec.loss}, batch_size_of(features))
+            loss, metrics = self._eval_batch(features, labels)
+            self.eval_metrics.update(metrics, {"loss": loss}, batch_size_of(features))
 
     def _predict(self, features):
-        return dict(self.model_fn(features, None, Mode.PREDICT).predictions)
+        def predictions(features):
+            return dict(self.model_fn(features, None, Mode.PREDICT).predictions)
+
+        if self.towers is not None:
+            return make_parallel(predictions, self.towers.devices, features=features)
+        return predictions(features)

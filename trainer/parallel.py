@@ -1,0 +1,204 @@
+"""Training on several devices: towers (``make_parallel``) and tf.distribute strategies.
+
+Towers are the Effective TensorFlow recipe brought to TF2: each batch is split along
+its first dimension into one shard per device, the model runs forward *and* backward
+on each device (the gradient is taken inside the tower's ``tf.device`` scope, the TF2
+form of ``colocate_gradients_with_ops=True``), and the gradients are averaged with
+weights proportional to the shard sizes, so the update equals the single-device one.
+Variables are shared by construction: every tower calls the same Keras layers.
+
+For scale-out the Estimator uses tf.distribute instead (``mirrored``,
+``multi_worker``); this module picks the devices and builds the strategy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+
+import tensorflow as tf
+
+from trainer.errors import UserError
+
+DISTRIBUTIONS = ("towers", "mirrored", "multi_worker")
+
+
+def split_cpu(num_devices: int) -> None:
+    """Splits the CPU into ``num_devices`` logical devices ``/CPU:0..N-1``.
+
+    For trying multi-device code on a machine without GPUs (tests, CI). Must run
+    before TensorFlow initialises its devices, i.e. before the first op.
+    """
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices
+    )
+
+
+def choose_devices(num_devices: int | str = "auto") -> list[str]:
+    """The device names to train on.
+
+    ``'auto'`` takes every GPU when there is one, otherwise one CPU. A number takes
+    that many GPUs, or logical CPUs when there is no GPU (see ``split_cpu``).
+    """
+    gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
+    cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
+    if num_devices == "auto":
+        return gpus or cpus[:1]
+    if isinstance(num_devices, str):
+        if not num_devices.isdigit():
+            raise UserError(f"num_devices must be 'auto' or a number, got {num_devices!r}")
+        num_devices = int(num_devices)
+    pool = gpus or cpus
+    if num_devices < 1:
+        raise UserError(f"num_devices must be >= 1, got {num_devices}")
+    if num_devices > len(pool):
+        kind = "GPU" if gpus else "CPU (no GPU found)"
+        raise UserError(
+            f"num_devices={num_devices} but this machine has {len(pool)} {kind} device(s): "
+            f"{', '.join(pool)}; ask for at most {len(pool)} or use 'auto'"
+        )
+    return pool[:num_devices]
+
+
+def shard_sizes(batch_size: tf.Tensor, num_shards: int) -> tf.Tensor:
+    """Sizes of ``num_shards`` near-equal shards of a batch: they differ by at most one."""
+    batch_size = tf.cast(batch_size, tf.int32)
+    base, extra = batch_size // num_shards, batch_size % num_shards
+    return base + tf.cast(tf.range(num_shards) < extra, tf.int32)
+
+
+def split(structure, num_shards: int) -> tuple[list, tf.Tensor]:
+    """Splits every tensor of a nested structure along its first dimension.
+
+    Returns:
+      ``num_shards`` structures like ``structure``, and the shard sizes (int32 [n]).
+      A batch that does not divide evenly gives shards one example apart; a batch
+      smaller than ``num_shards`` gives some empty shards.
+    """
+    flat = tf.nest.flatten(structure)
+    sizes = shard_sizes(tf.shape(flat[0])[0], num_shards)
+    pieces = [tf.split(t, sizes, num=num_shards) for t in flat]
+    shards = [
+        tf.nest.pack_sequence_as(structure, [p[i] for p in pieces]) for i in range(num_shards)
+    ]
+    return shards, sizes
+
+
+def make_parallel(fn: Callable, devices: Sequence[str], **kwargs):
+    """Runs ``fn(**shard)`` on each device on its shard of ``kwargs``; concatenates outputs.
+
+    Every keyword argument (a tensor or nested structure of tensors) is split along
+    the batch; ``fn`` must return a tensor or a nested structure of tensors whose
+    first dimension is the shard's batch. Variables ``fn`` uses are shared.
+    """
+    shards, _ = split(kwargs, len(devices))
+    outputs = []
+    for i, (device, shard) in enumerate(zip(devices, shards, strict=True)):
+        with tf.device(device), tf.name_scope(f"tower_{i}"):
+            outputs.append(fn(**shard))
+    return tf.nest.map_structure(lambda *parts: tf.concat(parts, axis=0), *outputs)
+
+
+class Towers:
+    """Forward (and backward) passes of one batch spread over ``devices``.
+
+    Args:
+      devices: one tower per device.
+      state: non-trainable variables a training pass updates. Float ones (batch-norm
+        moving statistics) are updated by each tower from the same starting value and
+        the results averaged weighted by shard size, so the statistics cover the whole
+        batch rather than one tower's shard; integer ones (dropout RNG seeds) simply
+        advance through the towers in turn.
+    """
+
+    def __init__(self, devices: Sequence[str], state: Sequence = ()):
+        self.devices = list(devices)
+        self.state = [v for v in state if tf.as_dtype(v.dtype).is_floating]
+
+    def run(self, fn: Callable, features, labels, variables: Sequence | None = None):
+        """Runs ``fn(features, labels) -> (loss, scalars, per_example)`` as towers.
+
+        ``loss`` is a shard's mean loss. With ``variables``, each tower also takes the
+        gradients of its loss, on its own device. Returns the batch's ``(loss, scalars,
+        per_example, gradients)``: loss, scalars and gradients averaged weighted by
+        shard size (an empty shard counts zero, not NaN), per-example values
+        concatenated in batch order; gradients are None without ``variables``.
+        """
+        shards, sizes = split((features, labels), len(self.devices))
+        weights = tf.cast(sizes, tf.float32) / tf.cast(tf.reduce_sum(sizes), tf.float32)
+        start = [tf.identity(v.value) for v in self.state]
+        towers = []
+        for i, (device, (shard_features, shard_labels)) in enumerate(
+            zip(self.devices, shards, strict=True)
+        ):
+            with tf.device(device), tf.name_scope(f"tower_{i}"):
+                with tf.GradientTape() as tape:
+                    loss, scalars, per_example = fn(shard_features, shard_labels)
+                grads = tape.gradient(loss, variables) if variables is not None else []
+                grads = [_weighted(g, weights[i]) for g in grads]
+                ended = [tf.identity(v.value) for v in self.state]
+            for v, value in zip(self.state, start, strict=True):
+                v.assign(value)  # the next tower starts from the same statistics
+            towers.append((loss, scalars, per_example, grads, ended))
+        losses, scalars, per_example, grads, ended = zip(*towers, strict=True)
+        for v, values in zip(self.state, zip(*ended, strict=True), strict=True):
+            v.assign(_weighted_sum(values, weights))
+        average = lambda *values: _weighted_sum(values, weights)  # noqa: E731
+        return (
+            average(*losses),
+            tf.nest.map_structure(average, *scalars),
+            tf.nest.map_structure(lambda *parts: tf.concat(parts, axis=0), *per_example),
+            None
+            if variables is None
+            else [None if g[0] is None else tf.add_n(list(g)) for g in zip(*grads, strict=True)],
+        )
+
+
+def _weighted(value: tf.Tensor | None, weight: tf.Tensor) -> tf.Tensor | None:
+    """``value * weight``, where a zero weight gives zero even for a NaN value."""
+    if value is None:
+        return None
+    return tf.math.multiply_no_nan(value, tf.cast(weight, value.dtype))
+
+
+def _weighted_sum(values: Sequence[tf.Tensor], weights: tf.Tensor) -> tf.Tensor:
+    return tf.add_n([_weighted(v, weights[i]) for i, v in enumerate(values)])
+
+
+# ---------------------------------------------------------------- tf.distribute
+
+
+def make_strategy(distribution: str, devices: Sequence[str]) -> tf.distribute.Strategy:
+    """MirroredStrategy over ``devices``, or MultiWorkerMirroredStrategy from TF_CONFIG."""
+    if distribution == "mirrored":
+        return tf.distribute.MirroredStrategy(list(devices))
+    if distribution == "multi_worker":
+        if not os.environ.get("TF_CONFIG"):
+            raise UserError(
+                "distribution 'multi_worker' needs the TF_CONFIG environment variable "
+                "naming the cluster and this worker (see README, 'Several machines')"
+            )
+        try:
+            json.loads(os.environ["TF_CONFIG"])
+        except json.JSONDecodeError as error:
+            raise UserError(f"TF_CONFIG is not valid JSON: {error}") from None
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    raise UserError(f"distribution must be one of {', '.join(DISTRIBUTIONS)}, got {distribution!r}")
+
+
+def worker_name(strategy: tf.distribute.Strategy | None) -> str | None:
+    """None for the chief (or a single process), else this worker's name (``worker_1``).
+
+    The chief is the task of type ``chief``, or worker 0 when the cluster has none.
+    """
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.task_type:
+        return None
+    task_type, task_id = resolver.task_type, resolver.task_id or 0
+    if task_type == "chief":
+        return None
+    if task_type == "worker" and task_id == 0 and "chief" not in resolver.cluster_spec().jobs:
+        return None
+    return f"{task_type}_{task_id}"
