@@ -3,11 +3,11 @@
 Run by tests/test_parallel.py as a subprocess, because logical CPU devices must be
 configured before TensorFlow starts:
 
-    python tests/parallel_runs.py OUT_DIR DATA_DIR BATCH RUN [RUN ...]
+    python tests/parallel_runs.py OUT_DIR DATA_DIR RUN [RUN ...]
 
-RUN is ``single``, ``towers:N`` or ``mirrored:N``. Each run trains 50 steps from the
-same seed; the JSON maps each run to its train-loss curve (logged every 10 steps),
-final weights and eval metrics.
+RUN is ``DISTRIBUTION:DEVICES@GLOBAL_BATCH``, e.g. ``towers:4@30``; ``towers:1`` is the
+single-device reference. Every run trains 50 steps from the same seed; the JSON maps
+each RUN to its train-loss curve (every 10 steps), final weights and eval metrics.
 """
 
 import json
@@ -27,33 +27,36 @@ from models.mlp import MLP  # noqa: E402
 from trainer import Estimator  # noqa: E402
 
 
-def train(out_dir: str, data_dir: str, batch: int, run: str) -> dict:
-    distribution, _, devices = run.partition(":")
+def train(out_dir: str, data_dir: str, run: str) -> dict:
+    setup, _, batch = run.partition("@")
+    distribution, _, devices = setup.partition(":")
     keras.utils.set_random_seed(0)
-    losses = []
     estimator = Estimator(
         MLP(num_classes=10, hidden_units=[64, 64], dropout_rate=0.0),
-        os.path.join(out_dir, run.replace(":", "_")),
+        os.path.join(out_dir, run.replace(":", "_").replace("@", "_")),
         optimizer=keras.optimizers.Adam(1e-3),
-        global_batch_size=batch,
+        global_batch_size=int(batch),
         steps_per_loop=10,
         log_every_steps=10,
         seed=0,
         write_graph=False,
-        **({} if distribution == "single" else {"distribution": distribution}),
-        num_devices=int(devices or 1),
+        distribution=distribution,
+        num_devices=int(devices),
     )
 
     def input_fn(mode, params):
         return datasets.digits.input_fn(mode, params, data_dir=data_dir)
 
+    losses = []
     estimator.train(input_fn, 50, hooks_=[lambda step, logs: losses.append(logs["loss"])])
-    metrics = estimator.evaluate(input_fn)
-    weights = [np.asarray(v.numpy()).tolist() for v in estimator.model_fn.trainable_variables]
-    return {"metrics": metrics, "weights": weights, "losses": losses}
+    return {
+        "losses": losses,
+        "weights": [np.asarray(v.numpy()).tolist() for v in estimator.model_fn.trainable_variables],
+        "metrics": estimator.evaluate(input_fn),
+    }
 
 
 if __name__ == "__main__":
     logging.set_verbosity(logging.WARNING)
-    out, data, batch, *runs = sys.argv[1:]
-    print(json.dumps({run: train(out, data, int(batch), run) for run in runs}))
+    out, data, *runs = sys.argv[1:]
+    print(json.dumps({run: train(out, data, run) for run in runs}))

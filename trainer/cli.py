@@ -26,7 +26,7 @@ import tensorflow as tf
 from absl import app, flags, logging
 from gin import config_parser
 
-from trainer import files, optimization
+from trainer import files, optimization, parallel
 from trainer.errors import Preempted, TrainingDiverged, UserError
 from trainer.estimator import Estimator
 
@@ -64,6 +64,12 @@ flags.DEFINE_bool(
     "Resume even though the model, data or optimizer config differs from the one the "
     "checkpoints in --model_dir were trained with.",
 )
+flags.DEFINE_string(
+    "num_devices",
+    None,
+    "'auto' (every GPU, else one CPU) or how many devices to train on; sets "
+    "Estimator.num_devices. How they share a step is Estimator.distribution.",
+)
 FLAGS = flags.FLAGS
 
 # Bindings that may change between runs of one model_dir: how long and how often,
@@ -89,6 +95,8 @@ RESUMABLE_BINDINGS = {
     "Estimator.image_every_steps",
     "Estimator.export_best_keep",
     "Estimator.export_best_higher",
+    "Estimator.distribution",
+    "Estimator.num_devices",
 }
 RESUMABLE_PARAMETERS = {"data_dir"}
 
@@ -220,6 +228,11 @@ def _run() -> tuple[str, int, str] | None:
             raise UserError("--schedule=predict needs --results=PATH.jsonl to write to")
         if FLAGS.results:
             _check_writable(os.path.dirname(os.path.abspath(FLAGS.results)), "--results")
+        if FLAGS.num_devices:
+            value = FLAGS.num_devices
+            gin.bind_parameter("Estimator.num_devices", int(value) if value.isdigit() else value)
+        if _query("Estimator.distribution", "towers") == "multi_worker":
+            parallel.make_strategy("multi_worker", [])  # before any op runs
         seed = _query("experiment.seed", 0)
         if seed is not None:
             keras.utils.set_random_seed(seed)

@@ -54,10 +54,10 @@ def choose_devices(num_devices: int | str = "auto") -> list[str]:
     if num_devices < 1:
         raise UserError(f"num_devices must be >= 1, got {num_devices}")
     if num_devices > len(pool):
-        kind = "GPU" if gpus else "CPU (no GPU found)"
+        kind = f"{len(pool)} GPU(s)" if gpus else f"{len(pool)} CPU device and no GPU"
         raise UserError(
-            f"num_devices={num_devices} but this machine has {len(pool)} {kind} device(s): "
-            f"{', '.join(pool)}; ask for at most {len(pool)} or use 'auto'"
+            f"num_devices={num_devices} but this machine has {kind}: {', '.join(pool)}; "
+            f"ask for at most {len(pool)} or use 'auto'"
         )
     return pool[:num_devices]
 
@@ -77,9 +77,12 @@ def split(structure, num_shards: int) -> tuple[list, tf.Tensor]:
       A batch that does not divide evenly gives shards one example apart; a batch
       smaller than ``num_shards`` gives some empty shards.
     """
-    flat = tf.nest.flatten(structure)
-    sizes = shard_sizes(tf.shape(flat[0])[0], num_shards)
-    pieces = [tf.split(t, sizes, num=num_shards) for t in flat]
+    flat = tf.nest.flatten(structure)  # None (no labels) is a leaf, and stays None
+    first = next(t for t in flat if t is not None)
+    sizes = shard_sizes(tf.shape(first)[0], num_shards)
+    pieces = [
+        [None] * num_shards if t is None else tf.split(t, sizes, num=num_shards) for t in flat
+    ]
     shards = [
         tf.nest.pack_sequence_as(structure, [p[i] for p in pieces]) for i in range(num_shards)
     ]
@@ -170,22 +173,58 @@ def _weighted_sum(values: Sequence[tf.Tensor], weights: tf.Tensor) -> tf.Tensor:
 # ---------------------------------------------------------------- tf.distribute
 
 
+_multi_worker: tf.distribute.Strategy | None = None
+
+
 def make_strategy(distribution: str, devices: Sequence[str]) -> tf.distribute.Strategy:
-    """MirroredStrategy over ``devices``, or MultiWorkerMirroredStrategy from TF_CONFIG."""
+    """MirroredStrategy over ``devices``, or MultiWorkerMirroredStrategy from TF_CONFIG.
+
+    The multi-worker strategy must exist before TensorFlow runs its first op (it
+    configures the runtime's collectives); it is made once per process and reused.
+    The CLI makes it first thing; a program of your own should call
+    ``make_strategy('multi_worker', [])`` at its start.
+    """
+    global _multi_worker
     if distribution == "mirrored":
         return tf.distribute.MirroredStrategy(list(devices))
-    if distribution == "multi_worker":
-        if not os.environ.get("TF_CONFIG"):
-            raise UserError(
-                "distribution 'multi_worker' needs the TF_CONFIG environment variable "
-                "naming the cluster and this worker (see README, 'Several machines')"
-            )
+    if distribution != "multi_worker":
+        raise UserError(
+            f"distribution must be one of {', '.join(DISTRIBUTIONS)}, got {distribution!r}"
+        )
+    if _multi_worker is None:
+        _check_tf_config()
         try:
-            json.loads(os.environ["TF_CONFIG"])
-        except json.JSONDecodeError as error:
-            raise UserError(f"TF_CONFIG is not valid JSON: {error}") from None
-        return tf.distribute.MultiWorkerMirroredStrategy()
-    raise UserError(f"distribution must be one of {', '.join(DISTRIBUTIONS)}, got {distribution!r}")
+            _multi_worker = tf.distribute.MultiWorkerMirroredStrategy()
+        except RuntimeError as error:
+            if "program startup" not in str(error):
+                raise
+            raise UserError(
+                "the 'multi_worker' strategy must be made before TensorFlow runs any op: "
+                "call trainer.parallel.make_strategy('multi_worker', []) at the start of "
+                "the program (python -m trainer does)"
+            ) from None
+    return _multi_worker
+
+
+def _check_tf_config() -> None:
+    """One line for a missing or malformed TF_CONFIG, instead of a hang or a traceback."""
+    text = os.environ.get("TF_CONFIG")
+    if not text:
+        raise UserError(
+            "distribution 'multi_worker' needs the TF_CONFIG environment variable naming "
+            "the cluster and this worker (see README, 'Several machines')"
+        )
+    try:
+        config = json.loads(text)
+        workers = config["cluster"]["worker"]
+        index = config["task"]["index"]
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise UserError(
+            f'TF_CONFIG must be JSON like {{"cluster": {{"worker": ["host:port", ...]}}, '
+            f'"task": {{"type": "worker", "index": 0}}}}; reading it failed at {error}'
+        ) from None
+    if config["task"].get("type", "worker") == "worker" and not 0 <= index < len(workers):
+        raise UserError(f"TF_CONFIG task index {index} is outside its {len(workers)} workers")
 
 
 def worker_name(strategy: tf.distribute.Strategy | None) -> str | None:

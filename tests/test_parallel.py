@@ -1,0 +1,243 @@
+"""Several devices: make_parallel and towers, tf.distribute strategies, two workers.
+
+Logical CPU devices must be made before TensorFlow starts, so the device runs happen
+in subprocesses (tests/parallel_runs.py, and the CLI for multi-worker).
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import datasets.digits
+from models.mlp import MLP
+from tests.conftest import REPO, run_cli
+from trainer import Estimator, UserError, parallel
+from trainer.estimator import _check_devices
+
+DEVICES = ["/CPU:0"] * 3  # the shard logic does not care that they are one device
+
+
+def test_split_gives_shards_one_apart_in_batch_order():
+    batch = {"x": tf.reshape(tf.range(20), [10, 2]), "y": tf.range(10)}
+    shards, sizes = parallel.split(batch, 4)
+    assert sizes.numpy().tolist() == [3, 3, 2, 2]
+    assert [s["y"].numpy().tolist() for s in shards] == [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9]]
+    assert shards[3]["x"].numpy().tolist() == [[16, 17], [18, 19]]
+    _, sizes = parallel.split(tf.zeros([2, 5]), 4)
+    assert sizes.numpy().tolist() == [1, 1, 0, 0]
+
+
+def test_make_parallel_concatenates_tower_outputs_in_order():
+    layer = keras.layers.Dense(3, kernel_initializer="ones")
+    x = tf.reshape(tf.range(14, dtype=tf.float32), [7, 2])
+    out = parallel.make_parallel(lambda x: {"y": layer(x), "x": x}, DEVICES, x=x)
+    np.testing.assert_allclose(out["y"].numpy(), layer(x).numpy())
+    np.testing.assert_array_equal(out["x"].numpy(), x.numpy())
+    assert len(layer.weights) == 2  # one set of variables, shared by the towers
+
+
+def test_towers_give_the_full_batch_loss_gradient_and_metrics():
+    keras.utils.set_random_seed(1)
+    dense = keras.layers.Dense(4)
+    x, y = tf.random.normal([11, 3]), tf.random.normal([11, 4])
+
+    def forward(features, labels):
+        per_example = tf.reduce_mean((dense(features) - labels) ** 2, axis=1)
+        return tf.reduce_mean(per_example), {"first": per_example[0]}, {"error": per_example}
+
+    with tf.GradientTape() as tape:
+        loss, _, per_example = forward(x, y)
+    expected = tape.gradient(loss, dense.trainable_variables)
+    tower_loss, _, tower_per_example, grads = parallel.Towers(DEVICES).run(
+        forward, x, y, dense.trainable_variables
+    )
+    np.testing.assert_allclose(tower_loss.numpy(), loss.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(tower_per_example["error"].numpy(), per_example["error"].numpy())
+    for g, e in zip(grads, expected, strict=True):
+        np.testing.assert_allclose(g.numpy(), e.numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_towers_update_batch_norm_statistics_from_the_whole_batch():
+    keras.utils.set_random_seed(1)
+    dense, norm = keras.layers.Dense(4), keras.layers.BatchNormalization(momentum=0.5)
+    x = tf.random.normal([11, 3])
+
+    def forward(features, labels):
+        outputs = norm(dense(features), training=True)
+        return tf.reduce_mean(outputs), {}, {}
+
+    forward(x, None)
+    start = norm.moving_mean.numpy()
+    forward(x, None)
+    whole_batch = norm.moving_mean.numpy()
+    norm.moving_mean.assign(start)
+    parallel.Towers(DEVICES, norm.non_trainable_variables).run(forward, x, None)
+    # The mean of the shard means, weighted by shard size, is the batch mean; the
+    # TF1 recipe took the statistics of the first tower's shard only.
+    np.testing.assert_allclose(norm.moving_mean.numpy(), whole_batch, rtol=1e-5, atol=1e-6)
+
+
+def device_runs(tmp_path, data_dir, *runs):
+    proc = subprocess.run(
+        [sys.executable, os.path.join(REPO, "tests", "parallel_runs.py"), str(tmp_path), data_dir]
+        + list(runs),
+        cwd=REPO,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def assert_same_training(run, reference):
+    np.testing.assert_allclose(run["losses"], reference["losses"], rtol=1e-5)
+    for w, r in zip(run["weights"], reference["weights"], strict=True):
+        np.testing.assert_allclose(w, r, rtol=1e-5, atol=1e-6)
+    assert run["metrics"]["accuracy"] == pytest.approx(reference["metrics"]["accuracy"])
+
+
+def test_one_two_and_four_devices_train_alike(tmp_path, data_dir):
+    """50 steps at one global batch: same loss curve and weights on 1, 2 and 4 devices."""
+    runs = device_runs(
+        tmp_path / "a",
+        data_dir,
+        *["towers:1@128", "towers:2@128", "towers:4@128", "mirrored:2@128"],
+        *["towers:1@30", "towers:4@30"],  # 30 examples on 4 towers: shards of 8, 8, 7, 7
+    )
+    # Two MirroredStrategies of different sizes cannot share a process's collectives.
+    runs.update(device_runs(tmp_path / "b", data_dir, "mirrored:4@128"))
+    reference = runs["towers:1@128"]
+    assert reference["losses"][-1] < reference["losses"][0] - 0.5  # it did learn
+    for run in ["towers:2@128", "towers:4@128", "mirrored:2@128", "mirrored:4@128"]:
+        assert_same_training(runs[run], reference)
+    assert_same_training(runs["towers:4@30"], runs["towers:1@30"])
+
+
+def test_device_settings_that_cannot_run_are_refused():
+    with pytest.raises(UserError, match="has 1 CPU device and no GPU: .*CPU:0; ask for at most 1"):
+        parallel.choose_devices(3)
+    with pytest.raises(UserError, match="global_batch_size 3 is smaller than the 4 devices"):
+        _check_devices("towers", 4, 3, None, False)
+    with pytest.raises(UserError, match="30 does not divide over the 4 replicas.*'towers'"):
+        _check_devices("mirrored", 4, 30, None, False)
+    with pytest.raises(UserError, match="jit_compile"):
+        _check_devices("towers", 2, 32, None, True)
+    with pytest.raises(UserError, match="distribution must be one of towers, mirrored"):
+        Estimator(MLP(num_classes=10), "/tmp/unused", distribution="mirror")
+
+
+def free_ports(count):
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def train_locally(data_dir, model_dir, max_steps):
+    """The same MLP and global batch as the workers' run, in this process."""
+    keras.utils.set_random_seed(0)
+    estimator = Estimator(
+        MLP(num_classes=10, hidden_units=[256, 256], dropout_rate=0.0),
+        str(model_dir),
+        global_batch_size=64,
+        seed=0,
+        write_graph=False,
+    )
+    input_fn = lambda mode, params: datasets.digits.input_fn(mode, params, data_dir=data_dir)  # noqa: E731
+    if max_steps:
+        estimator.train(input_fn, max_steps)
+    return estimator.evaluate(input_fn)
+
+
+def test_two_workers_train_one_model_that_restores_on_one_device(tmp_path, data_dir):
+    model_dir = tmp_path / "run"
+    ports = free_ports(2)
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    common = [
+        "--gin_file",
+        "experiments/digits_mlp.gin",
+        "--model_dir",
+        str(model_dir),
+        "--schedule",
+        "train",
+        "--gin_param",
+        f"digits.input_fn.data_dir = '{data_dir}'",
+        "--gin_param",
+        "Estimator.distribution = 'multi_worker'",
+        "--gin_param",
+        "Estimator.global_batch_size = 64",
+        "--gin_param",
+        "experiment.max_steps = 60",
+        "--gin_param",
+        "Estimator.save_checkpoints_steps = 30",
+        "--gin_param",
+        "MLP.dropout_rate = 0.0",
+    ]
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-m", "trainer", *common],
+            cwd=REPO,
+            env=dict(
+                os.environ,
+                TF_CPP_MIN_LOG_LEVEL="2",
+                TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}),
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    try:
+        outputs = [w.communicate(timeout=240) for w in workers]
+    finally:
+        for w in workers:
+            w.kill()
+    for w, (_, err) in zip(workers, outputs, strict=True):
+        assert w.returncode == 0, err[-3000:]
+
+    # The chief wrote the run; worker 1 kept its own, identical copy.
+    chief, other = (
+        tf.train.latest_checkpoint(model_dir),
+        tf.train.latest_checkpoint(model_dir / "worker_1"),
+    )
+    assert chief.endswith("ckpt-60") and other.endswith("ckpt-60")
+    assert (model_dir / "operative_config.gin").exists() and (model_dir / "train").is_dir()
+    chief_reader, other_reader = tf.train.load_checkpoint(chief), tf.train.load_checkpoint(other)
+    for name in chief_reader.get_variable_to_shape_map():
+        np.testing.assert_array_equal(chief_reader.get_tensor(name), other_reader.get_tensor(name))
+
+    # The chief's checkpoint restores into a one-device evaluate, and the two-worker
+    # run (each worker reads its half of the data) learned as much as one process.
+    distributed = train_locally(data_dir, model_dir, max_steps=0)
+    single = train_locally(data_dir, tmp_path / "single", max_steps=60)
+    assert distributed["accuracy"] == pytest.approx(single["accuracy"], abs=0.05)
+    assert distributed["loss"] == pytest.approx(single["loss"], rel=0.2)
+    assert distributed["accuracy"] > 0.8
+
+
+def test_multi_worker_without_tf_config_is_one_line(tmp_path):
+    proc = run_cli(
+        "--gin_file",
+        "experiments/digits_mlp.gin",
+        "--model_dir",
+        str(tmp_path / "run"),
+        "--gin_param",
+        "Estimator.distribution = 'multi_worker'",
+        env={"TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1:1"]}}'},
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: TF_CONFIG must be JSON like")
+    assert not list((tmp_path / "run").glob("ckpt-*"))
