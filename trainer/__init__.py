@@ -6,7 +6,7 @@ experiment described by gin files.
 """
 
 from trainer.errors import UserError
-from trainer.estimator import Estimator
+from trainer.estimator import Estimator, set_precision
 from trainer.model_fn import InputParams, Mode, ModelFn, Spec
 
-__all__ = ["Estimator", "InputParams", "Mode", "ModelFn", "Spec", "UserError"]
+__all__ = ["Estimator", "InputParams", "Mode", "ModelFn", "Spec", "UserError", "set_precision"]

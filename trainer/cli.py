@@ -28,7 +28,7 @@ from gin import config_parser
 
 from trainer import files, optimization, parallel
 from trainer.errors import Preempted, TrainingDiverged, UserError
-from trainer.estimator import Estimator
+from trainer.estimator import Estimator, set_precision
 
 SCHEDULES = ["train", "evaluate", "train_and_evaluate", "continuous_eval", "predict", "export"]
 
@@ -231,6 +231,7 @@ def _run() -> tuple[str, int, str] | None:
         if FLAGS.num_devices:
             value = FLAGS.num_devices
             gin.bind_parameter("Estimator.num_devices", int(value) if value.isdigit() else value)
+        set_precision(_query("Estimator.mixed_precision", None))  # before the model is made
         if _query("Estimator.distribution", "towers") == "multi_worker":
             parallel.make_strategy("multi_worker", [])  # before any op runs
         seed = _query("experiment.seed", 0)

@@ -95,6 +95,11 @@ class Estimator:
         resumed by skipping the batches already trained on (TF cannot checkpoint a
         distributed iterator).
       num_devices: ``'auto'`` (every GPU, else one CPU) or how many devices to use.
+      mixed_precision: ``'mixed_bfloat16'`` (CPUs with AVX-512 BF16, TPUs, recent
+        GPUs) or ``'mixed_float16'`` (GPUs; the optimizer is wrapped in a Keras
+        LossScaleOptimizer) to compute in 16 bits while keeping float32 weights,
+        logits and loss; None for float32. The Keras dtype policy must be set before
+        the model is built (``python -m trainer`` does; see ``set_precision``).
     """
 
     def __init__(
@@ -132,6 +137,7 @@ class Estimator:
         config_guard: Callable[[str, str], None] | None = None,
         distribution: str = "towers",
         num_devices: int | str = "auto",
+        mixed_precision: str | None = None,
     ):
         if nonfinite_loss not in ("stop", "rollback"):
             raise UserError(
@@ -161,6 +167,11 @@ class Estimator:
         # Every worker saves (a save may need them all); the chief's copy is the run's.
         self.model_dir = os.path.join(model_dir, worker) if worker else model_dir
         self.optimizer = optimizer if optimizer is not None else keras.optimizers.Adam()
+        _check_precision(model_fn, mixed_precision)
+        if mixed_precision == "mixed_float16" and not isinstance(
+            self.optimizer, keras.optimizers.LossScaleOptimizer
+        ):
+            self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
         if self.strategy is not None:
             self.optimizer = _rebuilt_in_scope(self.optimizer, self.strategy)
         self.global_batch_size = global_batch_size
@@ -439,12 +450,14 @@ class Estimator:
 
         # Loop: compiled blocks of steps; actions fire at the steps they are due.
         progress = _Progress(start, max_steps, self.global_batch_size)
+        input_wait = _InputWait(steps)
         steps.train_metrics.reset()
 
         def log(step: int) -> None:
             logs = steps.train_metrics.result()
             steps.train_metrics.reset()
             logs.update(progress.rates(step))
+            logs.update(input_wait.since_last_log())
             logs["learning_rate"] = float(tf.convert_to_tensor(self.optimizer.learning_rate))
             self.writers.scalars("train", step, logs)
             logging.info("%s", progress.line(step, logs))
@@ -473,10 +486,11 @@ class Estimator:
                     + [s - 1 - step for s in skip_at if s - 1 > step]
                 )
                 n = hooks.steps_until_due(step, actions, limit)
-                if self.write_graph and not self._graph_written:
-                    self._run_block_tracing_graph(steps, iterator, n)
-                else:
-                    self._run_block(steps, iterator, n)
+                with input_wait.timing():
+                    if self.write_graph and not self._graph_written:
+                        self._run_block_tracing_graph(steps, iterator, n)
+                    else:
+                        self._run_block(steps, iterator, n)
                 step = self.step
                 if steps.nonfinite.numpy():
                     rollbacks += 1
@@ -503,6 +517,7 @@ class Estimator:
         if not actions[0].is_due(step):
             log(step)
         checkpointer.save(step)
+        input_wait.report()
         return step
 
     def _profiler_actions(self) -> list[hooks.At]:
@@ -809,6 +824,55 @@ class _Named:
         self.path, self.value = path, value
 
 
+class _InputWait:
+    """How much of the training time the steps spent waiting for their input.
+
+    The compiled loop adds up the seconds each ``next(iterator)`` blocked
+    (``Steps.input_seconds``); this divides them by the wall time of the blocks.
+    Blocks that traced the step are left out: tracing is not training.
+    """
+
+    INPUT_BOUND = 0.2  # the share of time above which a run is called input-bound
+
+    def __init__(self, steps: Steps):
+        self.steps = steps
+        self.wait = self.time = 0.0
+        self._at_last_log = (0.0, 0.0)
+
+    @contextlib.contextmanager
+    def timing(self):
+        """Times one block of steps run inside the context."""
+        traces = self.steps.train_loop.experimental_get_tracing_count()
+        started = time.perf_counter()
+        yield
+        seconds = time.perf_counter() - started
+        wait = float(self.steps.input_seconds.numpy())
+        self.steps.input_seconds.assign(0.0)
+        if self.steps.train_loop.experimental_get_tracing_count() == traces:
+            self.wait, self.time = self.wait + wait, self.time + seconds
+
+    def since_last_log(self) -> dict[str, float]:
+        """``{'input_wait_share': share}`` since the previous call (empty if unknown)."""
+        wait, seconds = self.wait - self._at_last_log[0], self.time - self._at_last_log[1]
+        self._at_last_log = (self.wait, self.time)
+        return {"input_wait_share": min(wait / seconds, 1.0)} if seconds > 0 else {}
+
+    def report(self) -> None:
+        """One line at the end of training; a warning, naming the knobs, if input-bound."""
+        if self.time <= 0:
+            return
+        share = min(self.wait / self.time, 1.0)
+        if share < self.INPUT_BOUND:
+            logging.info("Input: the steps waited for data %.0f%% of the time", 100 * share)
+            return
+        logging.warning(
+            "Training is input-bound: the steps waited for data %.0f%% of the time; cache "
+            "the decoded examples (pipeline.cache), map with num_parallel_calls="
+            "tf.data.AUTOTUNE, prefetch, or prepare TFRecords of preprocessed examples",
+            100 * share,
+        )
+
+
 class _Progress:
     """Turns wall time between log steps into steps/sec, examples/sec and an ETA."""
 
@@ -842,6 +906,35 @@ def _format(metrics: Mapping[str, float]) -> str:
 
 def _name(fn) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+
+
+PRECISIONS = ("mixed_bfloat16", "mixed_float16")
+
+
+def set_precision(mixed_precision: str | None) -> None:
+    """Sets Keras's global dtype policy; call it before the model's layers are made."""
+    _check_precision(None, mixed_precision)
+    keras.mixed_precision.set_dtype_policy(mixed_precision or "float32")
+
+
+def _check_precision(model_fn: ModelFn | None, mixed_precision: str | None) -> None:
+    if mixed_precision is not None and mixed_precision not in PRECISIONS:
+        raise UserError(
+            f"Estimator.mixed_precision must be None, {' or '.join(map(repr, PRECISIONS))}; "
+            f"got {mixed_precision!r}"
+        )
+    if mixed_precision is None or model_fn is None:
+        return
+    layers = model_fn.layers
+    # A layer kept in float32 on purpose (a final softmax) is fine; none in the policy
+    # means the model was made before the policy was set.
+    if layers and not any(layer.dtype_policy.name == mixed_precision for layer in layers):
+        raise UserError(
+            f"Estimator.mixed_precision is {mixed_precision!r} but {type(model_fn).__name__}'s "
+            f"layers compute in {layers[0].dtype_policy.name!r}: call "
+            f"trainer.set_precision({mixed_precision!r}) before making the model "
+            "(python -m trainer does)"
+        )
 
 
 def _build_eagerly(model_fn: ModelFn, features_spec) -> None:

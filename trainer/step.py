@@ -137,8 +137,12 @@ class Steps:
             train_scalars.append("regularization_loss")
         self.train_metrics = MetricSums(metric_names, train_scalars, per_replica=bool(strategy))
         self.eval_metrics = MetricSums(metric_names)
+        self.loss_scaling = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
         with tf.init_scope():
             self.nonfinite = tf.Variable(False, trainable=False, name="nonfinite")
+            self.input_seconds = tf.Variable(
+                0.0, dtype=tf.float64, trainable=False, name="input_wait"
+            )
         if jit_compile:
             self._train_step = tf.function(self._train_step, jit_compile=True)
         self.train_loop = tf.function(
@@ -159,7 +163,8 @@ class Steps:
         if self.has_regularization:
             scalars["regularization_loss"] = tf.add_n(self.model_fn.regularization_losses)
             objective += scalars["regularization_loss"] / replicas
-        return objective, scalars, spec.metrics
+        # Mixed float16: scaled up so that small gradients survive (identity otherwise).
+        return self.optimizer.scale_loss(objective), scalars, spec.metrics
 
     def _gradients(self, features, labels):
         """``(objective, scalars, per-example metrics, gradients)`` of one batch."""
@@ -174,16 +179,22 @@ class Steps:
 
         The gradients are checked too: a NaN input can leave the loss finite (ReLU maps
         NaN to 0 on some kernels) while the gradients that reach the weights are NaN.
+        Under loss scaling, overflowing gradients are the loss-scale optimizer's to
+        handle (it skips the update and lowers the scale); only the loss is checked.
         """
         objective, scalars, metrics, gradients = self._gradients(features, labels)
         pairs = [(g, v) for g, v in zip(gradients, self.variables, strict=True) if g is not None]
         gradients = [g for g, _ in pairs]
-        scalars["gradient_norm"] = tf.linalg.global_norm(gradients)
-        finite = tf.math.is_finite(objective) & tf.math.is_finite(scalars["gradient_norm"])
+        scale = self.optimizer.scale_loss(tf.constant(1.0))
+        norm = tf.linalg.global_norm(gradients)
+        scalars["gradient_norm"] = norm / scale
+        finite = tf.math.is_finite(objective)
+        if not self.loss_scaling:
+            finite &= tf.math.is_finite(norm)
         if finite:
             if self.clip_gradient_norm:
                 gradients, _ = tf.clip_by_global_norm(
-                    gradients, self.clip_gradient_norm, use_norm=scalars["gradient_norm"]
+                    gradients, self.clip_gradient_norm * scale, use_norm=norm
                 )
             self.optimizer.apply_gradients(zip(gradients, [v for _, v in pairs], strict=True))
             if self.ema is not None:
@@ -196,10 +207,24 @@ class Steps:
         """Runs up to ``num_steps`` steps; stops early, setting ``nonfinite``, on a bad step."""
         self.nonfinite.assign(False)
         for _ in tf.range(num_steps):
-            features, labels = split_element(next(iterator), Mode.TRAIN)
+            features, labels = split_element(self._next(iterator), Mode.TRAIN)
             if not self._train_step(features, labels):
                 self.nonfinite.assign(True)
                 break
+
+    def _next(self, iterator):
+        """The next training element; the time spent waiting for it goes to ``input_seconds``.
+
+        With a fast pipeline the element is already prefetched and the wait is
+        microseconds; a slow one makes the step wait here, which is what the
+        Estimator reports as the input-bound share of the step time.
+        """
+        start = tf.timestamp()
+        with tf.control_dependencies([start]):
+            element = next(iterator)
+        with tf.control_dependencies(tf.nest.flatten(element, expand_composites=True)):
+            self.input_seconds.assign_add(tf.timestamp() - start)
+        return element
 
     def _replica_step(self, features, labels) -> tf.Tensor:
         """One replica's part of a step under a strategy; True if all replicas were finite.
@@ -219,9 +244,9 @@ class Steps:
             )
         gradients = tape.gradient(objective, self.variables)
         pairs = [(g, v) for g, v in zip(gradients, self.variables, strict=True) if g is not None]
-        finite = tf.math.is_finite(objective) & tf.math.is_finite(
-            tf.linalg.global_norm([g for g, _ in pairs])
-        )
+        finite = tf.math.is_finite(objective)
+        if not self.loss_scaling:
+            finite &= tf.math.is_finite(tf.linalg.global_norm([g for g, _ in pairs]))
         self.optimizer.apply_gradients(pairs)
         self.train_metrics.update(metrics, scalars, examples)
         bad_replicas = context.all_reduce("sum", 1 - tf.cast(finite, tf.int32))
@@ -231,7 +256,7 @@ class Steps:
         """``_train_loop`` under a strategy: each step runs in every replica."""
         self.nonfinite.assign(False)
         for _ in tf.range(num_steps):
-            features, labels = split_element(next(iterator), Mode.TRAIN)
+            features, labels = split_element(self._next(iterator), Mode.TRAIN)
             finite = self.strategy.run(self._replica_step, args=(features, labels))
             if not self.strategy.experimental_local_results(finite)[0]:
                 self.nonfinite.assign(True)

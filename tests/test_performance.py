@@ -1,0 +1,118 @@
+"""Speed features that change what a run does: the input-bound report, mixed precision.
+
+Speed itself is measured in benchmarks/, never asserted here.
+"""
+
+import functools
+import logging
+import os
+import time
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from datasets import digits
+from models.mlp import MLP
+from tests.helpers import scalar_series
+from trainer import Estimator, UserError, set_precision
+
+
+def estimator(model_dir, **kwargs):
+    keras.utils.set_random_seed(0)
+    options = dict(
+        global_batch_size=64,
+        steps_per_loop=10,
+        log_every_steps=10,
+        save_checkpoints_steps=None,
+        seed=0,
+        write_graph=False,
+    )
+    options.update(kwargs)
+    model = options.pop("model", None) or MLP(hidden_units=[64], dropout_rate=0.0)
+    return Estimator(model, str(model_dir), **options)
+
+
+def in_memory(mode, params, delay=0.0):
+    images = tf.random.stateless_uniform([params.batch_size, 8, 8, 1], seed=[1, 2])
+    labels = tf.random.stateless_uniform([params.batch_size], [3, 4], maxval=10, dtype=tf.int64)
+    dataset = tf.data.Dataset.from_tensors(({"image": images}, {"label": labels})).repeat()
+    if delay:  # a pipeline that takes `delay` seconds per batch
+
+        def slowly(features, labels):
+            zero = tf.numpy_function(lambda: time.sleep(delay) or np.int64(0), [], tf.int64)
+            return features, {"label": labels["label"] + tf.ensure_shape(zero, [])}
+
+        dataset = dataset.map(slowly)
+    return dataset
+
+
+def test_input_bound_run_is_reported_with_the_knobs_to_turn(tmp_path, caplog):
+    slow = estimator(tmp_path / "slow", checkpoint_input=False)
+    with caplog.at_level(logging.INFO, logger="absl"):
+        slow.train(functools.partial(in_memory, delay=0.02), max_steps=30)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(
+        m.startswith("Training is input-bound") and "pipeline.cache" in m for m in warnings
+    ), warnings
+    shares = [v for _, v in scalar_series(str(tmp_path / "slow" / "train"), "input_wait_share")]
+    assert shares and shares[-1] > 0.5  # the first block traces, and is not counted
+
+    caplog.clear()
+    # Compute a step can wait behind: with a toy model the iterator's own per-call
+    # cost (tens of microseconds) is a real share of the step.
+    fast = estimator(tmp_path / "fast", model=MLP(hidden_units=[1024, 1024]))
+    with caplog.at_level(logging.INFO, logger="absl"):
+        fast.train(in_memory, max_steps=30)
+    messages = [r.getMessage() for r in caplog.records]
+    assert not any("input-bound" in m for m in messages)
+    assert any(m.startswith("Input: the steps waited for data") for m in messages)
+    shares = [v for _, v in scalar_series(str(tmp_path / "fast" / "train"), "input_wait_share")]
+    assert shares[-1] < 0.2
+
+
+@pytest.fixture
+def policy():
+    """Mixed-precision tests set Keras's global policy; put float32 back after each."""
+    yield set_precision
+    set_precision(None)
+
+
+def test_bfloat16_trains_digits_as_well_as_float32(tmp_path, data_dir, policy):
+    input_fn = functools.partial(digits.input_fn, data_dir=data_dir)
+    results = {}
+    for precision in [None, "mixed_bfloat16"]:
+        policy(precision)
+        model = MLP(hidden_units=[128], dropout_rate=0.0)
+        run = estimator(tmp_path / str(precision), model=model, mixed_precision=precision)
+        run.train(input_fn, max_steps=300)
+        results[precision] = run.evaluate(input_fn)
+        if precision:
+            assert model.layers[0].compute_dtype == "bfloat16"
+            assert all(v.dtype == "float32" for v in model.trainable_variables)
+    assert results["mixed_bfloat16"]["accuracy"] > 0.9
+    assert results["mixed_bfloat16"]["accuracy"] == pytest.approx(
+        results[None]["accuracy"], abs=0.02
+    )
+
+
+def test_float16_wraps_the_optimizer_in_loss_scaling(tmp_path, policy):
+    policy("mixed_float16")
+    run = estimator(tmp_path, mixed_precision="mixed_float16")
+    assert isinstance(run.optimizer, keras.optimizers.LossScaleOptimizer)
+    run.train(in_memory, max_steps=20)
+    assert run.step == 20
+    scale = float(run.optimizer.dynamic_scale.numpy())
+    assert 0 < scale <= 2.0**15
+    reader = tf.train.load_checkpoint(str(tmp_path))
+    assert any("dynamic_scale" in name for name in reader.get_variable_to_shape_map())
+
+
+def test_precision_set_after_the_model_was_made_is_refused(tmp_path):
+    model = MLP(hidden_units=[8])  # made under float32
+    with pytest.raises(UserError, match=r"call trainer.set_precision\('mixed_bfloat16'\) before"):
+        Estimator(model, str(tmp_path), mixed_precision="mixed_bfloat16")
+    with pytest.raises(UserError, match="mixed_precision must be None, 'mixed_bfloat16' or"):
+        Estimator(model, str(tmp_path), mixed_precision="bf16")
+    assert not os.listdir(tmp_path)
