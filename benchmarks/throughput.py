@@ -1,13 +1,16 @@
 """Training throughput of the framework against Keras fit and a plain tf.function loop.
 
-    python benchmarks/throughput.py [--seconds 3] [--json out.json]
+    python benchmarks/throughput.py [--seconds 3] [--models mlp,alexnet] [--json out.json]
 
-One process, one run, the same model (the seed's MLP, 784-512-512-10, Adam), the same
-in-memory synthetic batch of 128, so the input side is not what is measured. Reports
-examples/s of: the framework's Estimator.train (steps_per_loop=100, with and without
-XLA for the step), Keras Model.fit (steps_per_execution 1 and 50, jit_compile off and
-on), a plain tf.function step called once per step; and the machine's fp32 matmul
-peak, with the fraction of it each reaches (6 x parameters FLOPs per example).
+One process, one run. For each model -- the seed's MLP (784-512-512-10) and the
+CIFAR-shaped AlexNet (32x32x3, convolutions 64-128-256, Dense 512), Adam, batch 128 --
+on the same in-memory synthetic batch (so the input side is not what is measured), it
+reports examples/s of: the framework's Estimator.train (steps_per_loop=100, with and
+without XLA for the step), Keras Model.fit (steps_per_execution 1 and 50, jit_compile
+off and on), and a plain tf.function step called once per step. For the MLP also the
+same under the mixed_bfloat16 policy (framework and Keras fit's best), and the
+machine's fp32 matmul peak with the fraction of it each reaches (6 x parameters FLOPs
+per example).
 """
 
 from __future__ import annotations
@@ -24,51 +27,15 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from absl import logging  # noqa: E402
 
+from models.alexnet import AlexNet  # noqa: E402
 from models.mlp import MLP  # noqa: E402
-from trainer import Estimator  # noqa: E402
+from trainer import Estimator, set_precision  # noqa: E402
 
-BATCH, UNITS = 128, [512, 512]
-PARAMS = 784 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10
-
-
-def data():
-    images = tf.random.stateless_uniform([BATCH, 28, 28, 1], seed=[1, 2])
-    labels = tf.random.stateless_uniform([BATCH], seed=[3, 4], maxval=10, dtype=tf.int64)
-    return images, labels
+BATCH = 128
+MLP_PARAMS = 784 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10
 
 
-def timed(run_steps, seconds: float) -> float:
-    """Examples/s of ``run_steps(n)`` over about ``seconds``, after one warm-up call."""
-    run_steps(100)
-    steps, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        run_steps(200)
-        steps += 200
-    return steps * BATCH / (time.perf_counter() - start)
-
-
-def framework(seconds: float, jit: bool) -> float:
-    images, labels = data()
-
-    def input_fn(mode, params):
-        return tf.data.Dataset.from_tensors(({"image": images}, {"label": labels})).repeat()
-
-    with tempfile.TemporaryDirectory() as model_dir:
-        estimator = Estimator(
-            MLP(hidden_units=UNITS),
-            model_dir,
-            global_batch_size=BATCH,
-            steps_per_loop=100,
-            log_every_steps=10**9,
-            save_checkpoints_steps=None,
-            write_graph=False,
-            checkpoint_input=False,
-            jit_compile=jit,
-        )
-        return timed(lambda n: estimator.train(input_fn, estimator.step + n), seconds)
-
-
-def keras_model():
+def mlp_keras():
     return keras.Sequential(
         [
             keras.Input((28, 28, 1)),
@@ -80,42 +47,116 @@ def keras_model():
     )
 
 
-def keras_fit(seconds: float, steps_per_execution: int, jit: bool) -> float:
-    images, labels = data()
-    model = keras_model()
-    model.compile(
+def alexnet_keras():
+    conv = [
+        layer
+        for filters in (64, 128, 256)
+        for layer in (
+            keras.layers.Conv2D(filters, 3, padding="same", activation="relu"),
+            keras.layers.MaxPooling2D(2),
+        )
+    ]
+    return keras.Sequential(
+        [
+            keras.Input((32, 32, 3)),
+            *conv,
+            keras.layers.Flatten(),
+            keras.layers.Dense(512, activation="relu"),
+            keras.layers.Dropout(0.5),
+            keras.layers.Dense(10),
+        ]
+    )
+
+
+# name: (image shape, the framework's model, the same model in Keras)
+MODELS = {
+    "mlp": ((28, 28, 1), lambda: MLP(hidden_units=[512, 512], dropout_rate=0.0), mlp_keras),
+    "alexnet": ((32, 32, 3), lambda: AlexNet(num_classes=10), alexnet_keras),
+}
+
+
+def data(shape):
+    images = tf.random.stateless_uniform([BATCH, *shape], seed=[1, 2])
+    labels = tf.random.stateless_uniform([BATCH], seed=[3, 4], maxval=10, dtype=tf.int64)
+    return images, labels
+
+
+def timed(run_steps, seconds: float, chunk: int) -> float:
+    """Examples/s of ``run_steps(n)`` over about ``seconds``, after one warm-up call."""
+    run_steps(chunk)
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        run_steps(chunk)
+        steps += chunk
+    return steps * BATCH / (time.perf_counter() - start)
+
+
+def framework(model: str, seconds: float, chunk: int, jit: bool, precision=None) -> float:
+    shape, make_model, _ = MODELS[model]
+    images, labels = data(shape)
+
+    def input_fn(mode, params):
+        return tf.data.Dataset.from_tensors(({"image": images}, {"label": labels})).repeat()
+
+    set_precision(precision)
+    try:
+        with tempfile.TemporaryDirectory() as model_dir:
+            estimator = Estimator(
+                make_model(),
+                model_dir,
+                global_batch_size=BATCH,
+                steps_per_loop=100,
+                log_every_steps=10**9,
+                save_checkpoints_steps=None,
+                write_graph=False,
+                checkpoint_input=False,
+                jit_compile=jit,
+                mixed_precision=precision,
+            )
+            return timed(lambda n: estimator.train(input_fn, estimator.step + n), seconds, chunk)
+    finally:
+        set_precision(None)
+
+
+def keras_fit(
+    model: str, seconds: float, chunk: int, steps_per_execution: int, jit: bool, precision=None
+) -> float:
+    shape, _, make_keras = MODELS[model]
+    images, labels = data(shape)
+    set_precision(precision)
+    try:
+        net = make_keras()
+    finally:
+        set_precision(None)
+    net.compile(
         optimizer=keras.optimizers.Adam(),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         steps_per_execution=steps_per_execution,
         jit_compile=jit,
     )
     dataset = tf.data.Dataset.from_tensors((images, labels)).repeat()
-    return timed(lambda n: model.fit(dataset, steps_per_epoch=n, epochs=1, verbose=0), seconds)
+    return timed(lambda n: net.fit(dataset, steps_per_epoch=n, epochs=1, verbose=0), seconds, chunk)
 
 
-def plain_loop(seconds: float) -> float:
-    images, labels = data()
-    model = keras_model()
+def plain_loop(model: str, seconds: float, chunk: int) -> float:
+    shape, _, make_keras = MODELS[model]
+    images, labels = data(shape)
+    net = make_keras()
     optimizer = keras.optimizers.Adam()
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     @tf.function
     def step(x, y):
         with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        optimizer.apply_gradients(
-            zip(
-                tape.gradient(loss, model.trainable_variables),
-                model.trainable_variables,
-                strict=True,
-            )
-        )
+            loss = loss_fn(y, net(x, training=True))
+        gradients = tape.gradient(loss, net.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, net.trainable_variables, strict=True))
 
     def run(n):
         for _ in range(n):
             step(images, labels)
 
-    return timed(run, seconds)
+    return timed(run, seconds, chunk)
 
 
 def matmul_peak(seconds: float) -> float:
@@ -130,34 +171,59 @@ def matmul_peak(seconds: float) -> float:
     return count * 2 * 2048**3 / (time.perf_counter() - start) / 1e9
 
 
+def measure(model: str, seconds: float) -> dict[str, float]:
+    chunk = 200 if model == "mlp" else 10  # steps per timed call
+    results = {
+        "framework": framework(model, seconds, chunk, jit=False),
+        "framework_xla": framework(model, seconds, chunk, jit=True),
+        "keras_fit_spe1": keras_fit(model, seconds, chunk, 1, jit=False),
+        "keras_fit_spe50": keras_fit(model, seconds, chunk, 50, jit=False),
+        "keras_fit_spe50_xla": keras_fit(model, seconds, chunk, 50, jit=True),
+        "plain_tf_function": plain_loop(model, seconds, chunk),
+    }
+    if model == "mlp":
+        bf16 = "mixed_bfloat16"
+        results["framework_bf16"] = framework(model, seconds, chunk, False, bf16)
+        results["keras_fit_spe50_bf16"] = keras_fit(model, seconds, chunk, 50, False, bf16)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--json", default=None)
+    parser.add_argument("--seconds", type=float, default=3.0, help="timed seconds per row")
+    parser.add_argument("--models", default="mlp,alexnet", help="comma-separated: mlp,alexnet")
+    parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args()
     logging.set_verbosity(logging.WARNING)
-    results = {
-        "framework": framework(args.seconds, jit=False),
-        "framework_xla": framework(args.seconds, jit=True),
-        "keras_fit_spe1": keras_fit(args.seconds, 1, jit=False),
-        "keras_fit_spe50": keras_fit(args.seconds, 50, jit=False),
-        "keras_fit_spe50_xla": keras_fit(args.seconds, 50, jit=True),
-        "plain_tf_function": plain_loop(args.seconds),
-    }
     peak = matmul_peak(args.seconds)
-    best_keras = max(v for k, v in results.items() if k.startswith("keras"))
-    print(f"{'MLP 784-512-512-10, batch 128':<32}{'examples/s':>12}{'% fp32 peak':>13}")
-    for name, rate in results.items():
-        print(f"{name:<32}{rate:>12.0f}{100 * rate * 6 * PARAMS / 1e9 / peak:>12.1f}%")
-    print(f"matmul peak {peak:.0f} GFLOP/s")
-    best = max(results["framework"], results["framework_xla"])
-    print(
-        f"framework best / Keras fit best {best / best_keras:.2f}x; "
-        f"/ plain loop {best / results['plain_tf_function']:.2f}x"
-    )
+    report = {"matmul_gflops": peak}
+    for model in args.models.split(","):
+        results = measure(model, args.seconds)
+        float32 = {k: v for k, v in results.items() if not k.endswith("bf16")}
+        best = max(results["framework"], results["framework_xla"])
+        best_keras = max(v for k, v in float32.items() if k.startswith("keras"))
+        print(
+            f"\n{model}, batch {BATCH}{'examples/s':>24}"
+            + ("  % fp32 peak" if model == "mlp" else "")
+        )
+        for name, rate in results.items():
+            share = f"{100 * rate * 6 * MLP_PARAMS / 1e9 / peak:>11.1f}%" if model == "mlp" else ""
+            print(f"  {name:<30}{rate:>12.0f}{share}")
+        ratios = {
+            "framework_best_over_keras_best": best / best_keras,
+            "framework_best_over_plain": best / results["plain_tf_function"],
+        }
+        if model == "mlp":
+            ratios["bf16_over_float32"] = results["framework_bf16"] / results["framework"]
+            ratios["bf16_over_keras_bf16"] = (
+                results["framework_bf16"] / results["keras_fit_spe50_bf16"]
+            )
+        print("  " + "; ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
+        report[model] = {**results, **ratios}
+    print(f"\nmatmul peak {peak:.0f} GFLOP/s (float32, 2048^3)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({**results, "matmul_gflops": peak}, f, indent=2)
+            json.dump(report, f, indent=2)
 
 
 if __name__ == "__main__":
