@@ -29,7 +29,7 @@ from absl import logging  # noqa: E402
 
 from models.alexnet import AlexNet  # noqa: E402
 from models.mlp import MLP  # noqa: E402
-from trainer import Estimator, set_precision  # noqa: E402
+from trainer import Estimator, hooks, set_precision  # noqa: E402
 
 BATCH = 128
 MLP_PARAMS = 784 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10
@@ -82,7 +82,7 @@ def data(shape):
 
 
 def timed(run_steps, seconds: float, chunk: int) -> float:
-    """Examples/s of ``run_steps(n)`` over about ``seconds``, after one warm-up call."""
+    """Examples/s of ``run_steps(chunk)`` called repeatedly for ``seconds``, after a warm-up."""
     run_steps(chunk)
     steps, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
@@ -91,12 +91,37 @@ def timed(run_steps, seconds: float, chunk: int) -> float:
     return steps * BATCH / (time.perf_counter() - start)
 
 
+class Marks:
+    """(step, time) marks taken while one long run trains; the rate between first and last.
+
+    The first mark comes after tracing and the first block, so it is the warm-up.
+    """
+
+    def __init__(self, seconds: float):
+        self.seconds, self.marks = seconds, []
+
+    def add(self, step: int) -> bool:
+        """Records a mark; True once ``seconds`` have passed since the first."""
+        self.marks.append((step, time.perf_counter()))
+        return self.marks[-1][1] - self.marks[0][1] >= self.seconds
+
+    def rate(self) -> float:
+        (s0, t0), (s1, t1) = self.marks[0], self.marks[-1]
+        return (s1 - s0) * BATCH / (t1 - t0)
+
+
 def framework(model: str, seconds: float, chunk: int, jit: bool, precision=None) -> float:
+    """One Estimator.train call, as a user runs it; timed between its log steps."""
     shape, make_model, _ = MODELS[model]
     images, labels = data(shape)
+    marks = Marks(seconds)
 
     def input_fn(mode, params):
         return tf.data.Dataset.from_tensors(({"image": images}, {"label": labels})).repeat()
+
+    def timer(step, logs):
+        if marks.add(step):
+            raise hooks.StopTraining("timed")
 
     set_precision(precision)
     try:
@@ -106,23 +131,26 @@ def framework(model: str, seconds: float, chunk: int, jit: bool, precision=None)
                 model_dir,
                 global_batch_size=BATCH,
                 steps_per_loop=100,
-                log_every_steps=10**9,
+                log_every_steps=chunk,
                 save_checkpoints_steps=None,
                 write_graph=False,
                 checkpoint_input=False,
                 jit_compile=jit,
                 mixed_precision=precision,
             )
-            return timed(lambda n: estimator.train(input_fn, estimator.step + n), seconds, chunk)
+            estimator.train(input_fn, 10**9, hooks_=[timer])
     finally:
         set_precision(None)
+    return marks.rate()
 
 
 def keras_fit(
     model: str, seconds: float, chunk: int, steps_per_execution: int, jit: bool, precision=None
 ) -> float:
+    """One Model.fit call; timed between its batch-end callbacks."""
     shape, _, make_keras = MODELS[model]
     images, labels = data(shape)
+    marks = Marks(seconds)
     set_precision(precision)
     try:
         net = make_keras()
@@ -134,8 +162,15 @@ def keras_fit(
         steps_per_execution=steps_per_execution,
         jit_compile=jit,
     )
+
+    class Timer(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch + 1 >= chunk and marks.add(batch + 1):
+                self.model.stop_training = True
+
     dataset = tf.data.Dataset.from_tensors((images, labels)).repeat()
-    return timed(lambda n: net.fit(dataset, steps_per_epoch=n, epochs=1, verbose=0), seconds, chunk)
+    net.fit(dataset, steps_per_epoch=10**7, epochs=1, verbose=0, callbacks=[Timer()])
+    return marks.rate()
 
 
 def plain_loop(model: str, seconds: float, chunk: int) -> float:
@@ -172,7 +207,7 @@ def matmul_peak(seconds: float) -> float:
 
 
 def measure(model: str, seconds: float) -> dict[str, float]:
-    chunk = 200 if model == "mlp" else 10  # steps per timed call
+    chunk = 200 if model == "mlp" else 20  # steps between marks (and per plain-loop call)
     results = {
         "framework": framework(model, seconds, chunk, jit=False),
         "framework_xla": framework(model, seconds, chunk, jit=True),
