@@ -50,8 +50,10 @@ class Estimator:
         resumed run continues from the exact next batch instead of restarting the
         data. Needs a pipeline without ``py_function``.
       clip_gradient_norm: clip the gradients to this global norm before applying them.
-      jit_compile: compile the training step with XLA (faster for small dense models on
-        CPU; measure with benchmarks/throughput.py).
+      jit_compile: compile each block of training steps with XLA as one computation
+        (its batches are read first and stacked, at most ``STACKED_BYTES`` of them).
+        Faster for dense models on CPU, slower for convolutions there; measure with
+        benchmarks/throughput.py. Needs training batches of one fixed shape.
       ema_decay: keep an exponential moving average of the weights with this decay
         and evaluate and predict with it (e.g. 0.999); None for no average.
       nonfinite_loss: what a NaN or infinite training loss does: ``'stop'`` ends the
@@ -219,6 +221,7 @@ class Estimator:
         self._steps: Steps | None = None  # built on first use, from the data's shapes
         self._has_state = False  # True once the model holds trained or restored weights
         self._graph_written = False
+        self._block_cap = steps_per_loop  # lowered for jit_compile by the batch size
 
     # ---------------------------------------------------------------- public API
 
@@ -482,7 +485,7 @@ class Estimator:
                     next(iterator)
                     logging.warning("Skipping the batch of step %d (non-finite loss)", step + 1)
                 limit = min(
-                    [self.steps_per_loop, max_steps - step]
+                    [self.steps_per_loop, self._block_cap, max_steps - step]
                     + [s - 1 - step for s in skip_at if s - 1 > step]
                 )
                 n = hooks.steps_until_due(step, actions, limit)
@@ -734,6 +737,8 @@ class Estimator:
                 "a Keras layer are invisible to tf.train.Checkpoint; assign each one as an "
                 "attribute (or hold the list in the ModelFn itself)"
             )
+        if self.jit_compile and mode == Mode.TRAIN:
+            self._block_cap = _stackable_steps(element_spec)
         with self._scope():
             self.optimizer.build(variables)
             if self.ema_decay:
@@ -909,6 +914,20 @@ def _name(fn) -> str:
 
 
 PRECISIONS = ("mixed_bfloat16", "mixed_float16")
+STACKED_BYTES = 256 * 2**20  # most memory one jit_compile block's stacked batches take
+
+
+def _stackable_steps(element_spec) -> int:
+    """How many training batches of this shape fit in ``STACKED_BYTES`` (at least one)."""
+    specs = tf.nest.flatten(element_spec)
+    if not all(s.shape.is_fully_defined() for s in specs):
+        shapes = [s.shape.as_list() for s in specs]
+        raise UserError(
+            f"Estimator.jit_compile needs training batches of one fixed shape, got {shapes}: "
+            "batch with drop_remainder=True (the pipelines in datasets/ do)"
+        )
+    size = sum(s.shape.num_elements() * s.dtype.size for s in specs)
+    return max(1, STACKED_BYTES // max(size, 1))
 
 
 def set_precision(mixed_precision: str | None) -> None:

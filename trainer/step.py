@@ -96,8 +96,8 @@ class Steps:
       metric_names: the per-example metrics the model's Spec returns.
       clip_gradient_norm: clip gradients to this global norm (None: no clipping).
       ema: a WeightAverage to update after each step, or None.
-      jit_compile: compile the step with XLA (the loop around it stays a TF loop, since
-        iterator ops cannot be compiled).
+      jit_compile: compile each block of steps with XLA as one computation, fed by
+        the block's batches stacked (``_stacked_train_loop``).
       devices: with several, each batch is split into towers, one per device
         (``parallel.Towers``); None or one device: no split.
       strategy: a tf.distribute strategy whose scope holds the variables; the train
@@ -143,11 +143,12 @@ class Steps:
             self.input_seconds = tf.Variable(
                 0.0, dtype=tf.float64, trainable=False, name="input_wait"
             )
-        if jit_compile:
-            self._train_step = tf.function(self._train_step, jit_compile=True)
-        self.train_loop = tf.function(
-            self._distributed_train_loop if strategy else self._train_loop
-        )
+        self._compiled_block = tf.function(self._train_stacked, jit_compile=True)
+        if strategy:
+            loop = self._distributed_train_loop
+        else:
+            loop = self._stacked_train_loop if jit_compile else self._train_loop
+        self.train_loop = tf.function(loop)
         self.evaluate = tf.function(self._evaluate)
         self.predict = tf.function(self._predict)
 
@@ -209,6 +210,33 @@ class Steps:
         for _ in tf.range(num_steps):
             features, labels = split_element(self._next(iterator), Mode.TRAIN)
             if not self._train_step(features, labels):
+                self.nonfinite.assign(True)
+                break
+
+    def _stacked_train_loop(self, iterator, num_steps: tf.Tensor) -> None:
+        """``_train_loop`` with the whole block of steps compiled by XLA as one cluster.
+
+        Iterator ops cannot be compiled, so the block's batches are read first and
+        stacked into ``[num_steps, batch, ...]`` tensors; one XLA computation then runs
+        every step of the block, with no executor overhead between steps.
+        """
+        num_steps = tf.cast(num_steps, tf.int32)
+        arrays = tf.nest.map_structure(
+            lambda spec: tf.TensorArray(spec.dtype, size=num_steps, element_shape=spec.shape),
+            iterator.element_spec,
+        )
+        for i in tf.range(num_steps):
+            element = self._next(iterator)
+            arrays = tf.nest.map_structure(lambda array, t, i=i: array.write(i, t), arrays, element)
+        stacked = tf.nest.map_structure(lambda array: array.stack(), arrays)
+        self._compiled_block(*split_element(stacked, Mode.TRAIN))
+
+    def _train_stacked(self, features, labels) -> None:
+        """Trains on each ``[batch, ...]`` slice of stacked batches in turn (XLA-compiled)."""
+        self.nonfinite.assign(False)
+        for i in tf.range(tf.shape(tf.nest.flatten(features)[0])[0]):
+            batch = tf.nest.map_structure(lambda t, i=i: t[i], (features, labels))
+            if not self._train_step(*batch):
                 self.nonfinite.assign(True)
                 break
 
