@@ -6,7 +6,7 @@ One process, one run. For each model -- the seed's MLP (784-512-512-10) and the
 CIFAR-shaped AlexNet (32x32x3, convolutions 64-128-256, Dense 512), Adam, batch 128 --
 on the same in-memory synthetic batch (so the input side is not what is measured), it
 reports examples/s of: the framework's Estimator.train (steps_per_loop=100, with and
-without XLA for the step), Keras Model.fit (steps_per_execution 1 and 50, jit_compile
+without XLA over each block of steps), Keras Model.fit (steps_per_execution 1 and 50, jit_compile
 off and on), and a plain tf.function step called once per step; each row runs
 ``--repeats`` times, rows taking turns, and the median is reported. For the MLP also
 the framework and Keras fit under the mixed_bfloat16 policy, and the

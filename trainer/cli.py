@@ -26,6 +26,7 @@ import tensorflow as tf
 from absl import app, flags, logging
 from gin import config_parser
 
+import trainer
 from trainer import files, optimization, parallel
 from trainer.errors import Preempted, TrainingDiverged, UserError
 from trainer.estimator import Estimator, set_precision
@@ -71,6 +72,7 @@ flags.DEFINE_string(
     "Estimator.num_devices. How they share a step is Estimator.distribution.",
 )
 FLAGS = flags.FLAGS
+_CLOCK: dict[str, float] = {}  # seconds spent importing and parsing the config
 
 # Bindings that may change between runs of one model_dir: how long and how often,
 # not what is trained. Anything else changed under a checkpoint is refused.
@@ -199,7 +201,12 @@ def experiment(
             "export_dir": path,
             "metrics": {},
         }
-    return {"global_step": estimator.step, "model_dir": model_dir, "metrics": metrics}
+    return {
+        "global_step": estimator.step,
+        "model_dir": model_dir,
+        "metrics": metrics,
+        "seconds": dict(estimator.seconds),
+    }
 
 
 # ---------------------------------------------------------------- main
@@ -207,6 +214,7 @@ def experiment(
 
 def main(argv: list[str]) -> None:
     """Parses gin, runs the experiment, writes results; one line and exit code on failure."""
+    _CLOCK["imports"] = time.perf_counter() - trainer.STARTED
     if len(argv) > 1:
         _fail(f"unexpected arguments {argv[1:]}: every option is a --flag (see --help)")
     failure = _run()
@@ -219,7 +227,9 @@ def main(argv: list[str]) -> None:
 def _run() -> tuple[str, int, str] | None:
     """Runs the command; returns (message, exit code, prefix) if it failed cleanly."""
     try:
-        _parse_gin(FLAGS.gin_file, FLAGS.gin_param)
+        started = time.perf_counter()
+        _parse_gin(FLAGS.gin_file, FLAGS.gin_param)  # imports the experiment's modules
+        _CLOCK["config"] = time.perf_counter() - started
         model_dir = (FLAGS.model_dir or _default_model_dir(FLAGS.gin_file)).replace(
             "{timestamp}", time.strftime("%Y%m%d-%H%M%S")
         )
@@ -476,9 +486,19 @@ def _report(result: dict, schedule: str, results_path: str | None) -> None:
         + (f"; {summary}" if summary else "")
         + f"\nmodel_dir {result['model_dir']} (tensorboard --logdir {result['model_dir']})"
     )
+    if "seconds" in result:
+        result["seconds"] = _time_breakdown(result["seconds"])
+        print("time " + ", ".join(f"{k} {v:.1f}s" for k, v in result["seconds"].items()))
     if results_path:
         files.write_json(results_path, result)
         print(f"results {results_path}")
+
+
+def _time_breakdown(estimator_seconds: dict[str, float]) -> dict[str, float]:
+    """Wall time from process start, split into imports, config, the Estimator's parts."""
+    wall = time.perf_counter() - trainer.STARTED
+    parts = {**_CLOCK, **estimator_seconds}
+    return {"wall": wall, **parts, "other": max(wall - sum(parts.values()), 0.0)}
 
 
 def _jsonable(value):

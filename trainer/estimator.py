@@ -7,6 +7,7 @@ of steps, and one step function touches the model.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import datetime
 import os
@@ -221,6 +222,10 @@ class Estimator:
         self._steps: Steps | None = None  # built on first use, from the data's shapes
         self._has_state = False  # True once the model holds trained or restored weights
         self._graph_written = False
+        # Where the time went: building (tracing the model to make its variables),
+        # tracing_block (the first block, which also traces and compiles the step),
+        # training (every other block) and evaluation.
+        self.seconds: collections.Counter = collections.Counter()
         self._block_cap = steps_per_loop  # lowered for jit_compile by the batch size
 
     # ---------------------------------------------------------------- public API
@@ -453,7 +458,7 @@ class Estimator:
 
         # Loop: compiled blocks of steps; actions fire at the steps they are due.
         progress = _Progress(start, max_steps, self.global_batch_size)
-        input_wait = _InputWait(steps)
+        input_wait = _InputWait(steps, self.seconds)
         steps.train_metrics.reset()
 
         def log(step: int) -> None:
@@ -489,7 +494,7 @@ class Estimator:
                     + [s - 1 - step for s in skip_at if s - 1 > step]
                 )
                 n = hooks.steps_until_due(step, actions, limit)
-                with input_wait.timing():
+                with input_wait.timing(n):
                     if self.write_graph and not self._graph_written:
                         self._run_block_tracing_graph(steps, iterator, n)
                     else:
@@ -717,11 +722,13 @@ class Estimator:
 
         args = (features_spec, labels_spec) if labels_spec is not None else (features_spec,)
         fn = trace if labels_spec is not None else (lambda f: trace(f, None))
+        started = time.perf_counter()
         with self._scope():
             if self.strategy is not None:
                 # Mirrored variables cannot be created inside a traced function.
                 _build_eagerly(self.model_fn, features_spec)
             tf.function(fn).get_concrete_function(*args)
+        self.seconds["building"] += time.perf_counter() - started
         variables = self.model_fn.trainable_variables
         if not variables:
             raise UserError(
@@ -791,6 +798,7 @@ class Estimator:
         start = time.perf_counter()
         with errors.runtime_errors(f"eval set {name!r}"), self._averaged_weights():
             compiled.evaluate(dataset)
+        self.seconds["evaluation"] += time.perf_counter() - start
         metrics = compiled.eval_metrics.result()
         if not metrics:
             raise UserError(f"eval set {name!r} is empty: its input_fn yielded no batches")
@@ -837,16 +845,22 @@ class _InputWait:
     Blocks that traced the step are left out: tracing is not training.
     """
 
-    INPUT_BOUND = 0.2  # the share of time above which a run is called input-bound
+    # A run is input-bound when its steps wait this share of the time, and longer
+    # than an iterator call costs anyway (tens of microseconds, a real share of a
+    # toy model's step, but nothing a pipeline change could remove).
+    INPUT_BOUND = 0.2
+    MIN_WAIT_PER_STEP = 5e-4
 
-    def __init__(self, steps: Steps):
+    def __init__(self, steps: Steps, seconds: collections.Counter):
         self.steps = steps
+        self.seconds = seconds  # the Estimator's: where its time went
         self.wait = self.time = 0.0
+        self.steps_timed = 0
         self._at_last_log = (0.0, 0.0)
 
     @contextlib.contextmanager
-    def timing(self):
-        """Times one block of steps run inside the context."""
+    def timing(self, num_steps: int):
+        """Times one block of ``num_steps`` steps run inside the context."""
         traces = self.steps.train_loop.experimental_get_tracing_count()
         started = time.perf_counter()
         yield
@@ -855,6 +869,10 @@ class _InputWait:
         self.steps.input_seconds.assign(0.0)
         if self.steps.train_loop.experimental_get_tracing_count() == traces:
             self.wait, self.time = self.wait + wait, self.time + seconds
+            self.steps_timed += num_steps
+            self.seconds["training"] += seconds
+        else:
+            self.seconds["tracing_block"] += seconds
 
     def since_last_log(self) -> dict[str, float]:
         """``{'input_wait_share': share}`` since the previous call (empty if unknown)."""
@@ -867,7 +885,7 @@ class _InputWait:
         if self.time <= 0:
             return
         share = min(self.wait / self.time, 1.0)
-        if share < self.INPUT_BOUND:
+        if share < self.INPUT_BOUND or self.wait < self.MIN_WAIT_PER_STEP * self.steps_timed:
             logging.info("Input: the steps waited for data %.0f%% of the time", 100 * share)
             return
         logging.warning(
