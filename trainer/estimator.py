@@ -878,10 +878,15 @@ class _InputWait:
         """``{'input_wait_share': share}`` since the previous call (empty if unknown)."""
         wait, seconds = self.wait - self._at_last_log[0], self.time - self._at_last_log[1]
         self._at_last_log = (self.wait, self.time)
-        return {"input_wait_share": min(wait / seconds, 1.0)} if seconds > 0 else {}
+        if seconds <= 0 or not self.steps.times_input:
+            return {}
+        return {"input_wait_share": min(wait / seconds, 1.0)}
 
     def report(self) -> None:
         """One line at the end of training; a warning, naming the knobs, if input-bound."""
+        if not self.steps.times_input:
+            logging.info("Input wait is not measured under op determinism (no tf.timestamp)")
+            return
         if self.time <= 0:
             return
         share = min(self.wait / self.time, 1.0)

@@ -138,6 +138,7 @@ class Steps:
         self.train_metrics = MetricSums(metric_names, train_scalars, per_replica=bool(strategy))
         self.eval_metrics = MetricSums(metric_names)
         self.loss_scaling = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+        self.times_input = not _op_determinism()  # tf.timestamp is refused under it
         with tf.init_scope():
             self.nonfinite = tf.Variable(False, trainable=False, name="nonfinite")
             self.input_seconds = tf.Variable(
@@ -247,6 +248,8 @@ class Steps:
         microseconds; a slow one makes the step wait here, which is what the
         Estimator reports as the input-bound share of the step time.
         """
+        if not self.times_input:
+            return next(iterator)
         start = tf.timestamp()
         with tf.control_dependencies([start]):
             element = next(iterator)
@@ -319,3 +322,13 @@ class Steps:
         if self.towers is not None:
             return make_parallel(predictions, self.towers.devices, features=features)
         return predictions(features)
+
+
+def _op_determinism() -> bool:
+    """Whether tf.config.experimental.enable_op_determinism() is on (no public getter)."""
+    try:
+        from tensorflow.python.framework import config
+
+        return bool(config.is_op_determinism_enabled())
+    except (ImportError, AttributeError):
+        return False
