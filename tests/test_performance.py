@@ -116,3 +116,13 @@ def test_precision_set_after_the_model_was_made_is_refused(tmp_path):
     with pytest.raises(UserError, match="mixed_precision must be None, 'mixed_bfloat16' or"):
         Estimator(model, str(tmp_path), mixed_precision="bf16")
     assert not os.listdir(tmp_path)
+
+
+def test_jit_compile_stacks_at_most_256_mb_of_fixed_shape_batches():
+    from trainer.estimator import _stackable_steps
+
+    batch = (tf.TensorSpec([128, 28, 28, 1], tf.float32), tf.TensorSpec([128], tf.int64))
+    assert _stackable_steps(batch) == 256 * 2**20 // (128 * 784 * 4 + 128 * 8)
+    assert _stackable_steps(tf.TensorSpec([512, 224, 224, 3], tf.float32)) == 1
+    with pytest.raises(UserError, match="fixed shape.*drop_remainder=True"):
+        _stackable_steps(tf.TensorSpec([None, 4]))

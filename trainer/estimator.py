@@ -427,6 +427,8 @@ class Estimator:
         dataset = self._dataset(input_fn, Mode.TRAIN)
         iterator = iter(dataset) if self.strategy is None else None
         steps = self._prepare(dataset.element_spec, Mode.TRAIN)
+        if self.jit_compile:
+            self._block_cap = _stackable_steps(dataset.element_spec)
 
         # Restore: rerunning the same command continues where it stopped, from the
         # exact next batch, unless the configuration changed under the checkpoint.
@@ -744,8 +746,6 @@ class Estimator:
                 "a Keras layer are invisible to tf.train.Checkpoint; assign each one as an "
                 "attribute (or hold the list in the ModelFn itself)"
             )
-        if self.jit_compile and mode == Mode.TRAIN:
-            self._block_cap = _stackable_steps(element_spec)
         with self._scope():
             self.optimizer.build(variables)
             if self.ema_decay:
