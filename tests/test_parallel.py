@@ -83,6 +83,17 @@ def test_towers_update_batch_norm_statistics_from_the_whole_batch():
     # TF1 recipe took the statistics of the first tower's shard only.
     np.testing.assert_allclose(norm.moving_mean.numpy(), whole_batch, rtol=1e-5, atol=1e-6)
 
+    # Evaluation leaves the statistics exactly as they were (shard sizes 4, 4, 3).
+    before = norm.moving_mean.numpy()
+    towers = parallel.Towers(DEVICES, norm.non_trainable_variables)
+    towers.run(
+        lambda features, _: (tf.reduce_mean(norm(features, training=False)), {}, {}),
+        dense(x),
+        None,
+        training=False,
+    )
+    np.testing.assert_array_equal(norm.moving_mean.numpy(), before)
+
 
 def device_runs(tmp_path, data_dir, *groups):
     """Runs each group of RUNs in its own process, the processes side by side."""

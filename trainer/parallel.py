@@ -120,7 +120,14 @@ class Towers:
         self.devices = list(devices)
         self.state = [v for v in state if tf.as_dtype(v.dtype).is_floating]
 
-    def run(self, fn: Callable, features, labels, variables: Sequence | None = None):
+    def run(
+        self,
+        fn: Callable,
+        features,
+        labels,
+        variables: Sequence | None = None,
+        training: bool = True,
+    ):
         """Runs ``fn(features, labels) -> (loss, scalars, per_example)`` as towers.
 
         ``loss`` is a shard's mean loss. With ``variables``, each tower also takes the
@@ -128,10 +135,12 @@ class Towers:
         per_example, gradients)``: loss, scalars and gradients averaged weighted by
         shard size (an empty shard counts zero, not NaN), per-example values
         concatenated in batch order; gradients are None without ``variables``.
+        ``training=False`` (evaluation) leaves ``state`` alone.
         """
         shards, sizes = split((features, labels), len(self.devices))
         weights = tf.cast(sizes, tf.float32) / tf.cast(tf.reduce_sum(sizes), tf.float32)
-        start = [tf.identity(v.value) for v in self.state]
+        state = self.state if training else []
+        start = [tf.identity(v.value) for v in state]
         towers = []
         for i, (device, (shard_features, shard_labels)) in enumerate(
             zip(self.devices, shards, strict=True)
@@ -141,12 +150,12 @@ class Towers:
                     loss, scalars, per_example = fn(shard_features, shard_labels)
                 grads = tape.gradient(loss, variables) if variables is not None else []
                 grads = [_weighted(g, weights[i]) for g in grads]
-                ended = [tf.identity(v.value) for v in self.state]
-            for v, value in zip(self.state, start, strict=True):
+                ended = [tf.identity(v.value) for v in state]
+            for v, value in zip(state, start, strict=True):
                 v.assign(value)  # the next tower starts from the same statistics
             towers.append((loss, scalars, per_example, grads, ended))
         losses, scalars, per_example, grads, ended = zip(*towers, strict=True)
-        for v, values in zip(self.state, zip(*ended, strict=True), strict=True):
+        for v, values in zip(state, zip(*ended, strict=True), strict=True):
             v.assign(_weighted_sum(values, weights))
         average = lambda *values: _weighted_sum(values, weights)  # noqa: E731
         return (

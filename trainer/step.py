@@ -304,7 +304,7 @@ class Steps:
             return spec.loss, {}, spec.metrics
 
         if self.towers is not None:
-            loss, _, metrics, _ = self.towers.run(forward, features, labels)
+            loss, _, metrics, _ = self.towers.run(forward, features, labels, training=False)
             return loss, metrics
         loss, _, metrics = forward(features, labels)
         return loss, metrics
