@@ -40,3 +40,16 @@ def run_cli(*args, cwd=REPO, env=None, timeout=300):
         text=True,
         timeout=timeout,
     )
+
+
+def digits_args(data_dir, model_dir, *extra):
+    """CLI arguments running the default digits experiment on this session's data."""
+    return [
+        "--gin_file",
+        "experiments/digits_mlp.gin",
+        "--model_dir",
+        str(model_dir),
+        "--gin_param",
+        f"digits.input_fn.data_dir = '{data_dir}'",
+        *extra,
+    ]

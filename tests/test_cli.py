@@ -10,22 +10,10 @@ import time
 import pytest
 import tensorflow as tf
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, digits_args, run_cli
 from tests.helpers import checkpoint_steps, event_tags
 
 DIGITS = "experiments/digits_mlp.gin"
-
-
-def digits_args(data_dir, model_dir, *extra):
-    return [
-        "--gin_file",
-        DIGITS,
-        "--model_dir",
-        str(model_dir),
-        "--gin_param",
-        f"digits.input_fn.data_dir = '{data_dir}'",
-        *extra,
-    ]
 
 
 def assert_ok(proc):

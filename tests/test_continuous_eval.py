@@ -6,27 +6,23 @@ import subprocess
 import sys
 
 from datasets import digits
-from tests.conftest import REPO
+from tests.conftest import REPO, digits_args, run_cli
 from tests.helpers import scalar_series
 
 
 def test_continuous_eval_beside_training_evaluates_each_checkpoint_once(tmp_path, data_dir):
     digits.load("train", data_dir)  # prepared data, as in a real setup (no build race)
     model_dir = tmp_path / "run"
-    common = [
-        "--gin_file",
-        "experiments/digits_mlp.gin",
-        "--model_dir",
-        str(model_dir),
-        "--gin_param",
-        f"digits.input_fn.data_dir = '{data_dir}'",
+    common = digits_args(
+        data_dir,
+        model_dir,
         "--gin_param",
         "experiment.max_steps = 1200",
         "--gin_param",
         "Estimator.save_checkpoints_steps = 200",
         "--gin_param",
         "Estimator.keep_checkpoint_max = 10",
-    ]
+    )
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     results, log_path = tmp_path / "eval.json", tmp_path / "evaluator.log"
     with open(log_path, "w") as log:  # a file: a full pipe could block the child
@@ -46,14 +42,7 @@ def test_continuous_eval_beside_training_evaluates_each_checkpoint_once(tmp_path
             stdout=log,
             stderr=log,
         )
-        trainer = subprocess.run(
-            [sys.executable, "-m", "trainer", *common, "--schedule", "train"],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        trainer = run_cli(*common, "--schedule", "train")
         try:
             evaluator.wait(timeout=180)
         finally:
@@ -65,13 +54,6 @@ def test_continuous_eval_beside_training_evaluates_each_checkpoint_once(tmp_path
     assert json.loads(results.read_text())["metrics"]["eval"]["accuracy"] >= 0.95
     assert json.loads((model_dir / "continuous_eval.json").read_text()) == {"step": 1200}
 
-    again = subprocess.run(
-        [sys.executable, "-m", "trainer", *common, "--schedule", "continuous_eval"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    again = run_cli(*common, "--schedule", "continuous_eval", timeout=120)
     assert again.returncode == 0  # nothing left: exits at once, evaluating nothing twice
     assert [s for s, _ in scalar_series(model_dir / "eval_eval", "accuracy")] == steps

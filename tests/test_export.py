@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, digits_args, run_cli
 from trainer import cli
 
 LOAD_AND_PREDICT = """
@@ -26,16 +26,7 @@ print(json.dumps({k: v.numpy().tolist() for k, v in out.items()}))
 
 
 def test_saved_model_in_a_fresh_process_predicts_like_the_framework(tmp_path, data_dir):
-    common = [
-        "--gin_file",
-        "experiments/digits_mlp.gin",
-        "--model_dir",
-        str(tmp_path / "run"),
-        "--gin_param",
-        f"digits.input_fn.data_dir = '{data_dir}'",
-        "--gin_param",
-        "experiment.max_steps = 50",
-    ]
+    common = digits_args(data_dir, tmp_path / "run", "--gin_param", "experiment.max_steps = 50")
     assert run_cli(*common, "--schedule", "train").returncode == 0
     predictions = tmp_path / "p.jsonl"
     assert run_cli(*common, "--schedule", "predict", "--results", str(predictions)).returncode == 0
@@ -86,13 +77,9 @@ def test_signature_matches_the_data(tmp_path, data_dir, experiment, shape):
 
 def test_best_exporter_keeps_the_top_k_across_restarts(tmp_path, data_dir):
     model_dir = tmp_path / "run"
-    args = [
-        "--gin_file",
-        "experiments/digits_mlp.gin",
-        "--model_dir",
-        str(model_dir),
-        "--gin_param",
-        f"digits.input_fn.data_dir = '{data_dir}'",
+    args = digits_args(
+        data_dir,
+        model_dir,
         "--gin_param",
         "experiment.eval_every_steps = 50",
         "--gin_param",
@@ -101,7 +88,7 @@ def test_best_exporter_keeps_the_top_k_across_restarts(tmp_path, data_dir):
         "Estimator.export_best_higher = False",
         "--gin_param",
         "Estimator.export_best_keep = 2",
-    ]
+    )
     assert run_cli(*args, "--gin_param", "experiment.max_steps = 100").returncode == 0
     best = model_dir / "export" / "best"
     first = json.loads((best / "best.json").read_text())

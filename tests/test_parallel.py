@@ -17,7 +17,7 @@ import tensorflow as tf
 
 import datasets.digits
 from models.mlp import MLP
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, digits_args, run_cli
 from trainer import Estimator, UserError, parallel
 from trainer.estimator import _check_devices
 
@@ -192,15 +192,11 @@ def test_two_workers_train_one_model_that_restores_on_one_device(tmp_path, data_
     model_dir = tmp_path / "run"
     ports = free_ports(2)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-    common = [
-        "--gin_file",
-        "experiments/digits_mlp.gin",
-        "--model_dir",
-        str(model_dir),
+    common = digits_args(
+        data_dir,
+        model_dir,
         "--schedule",
         "train",
-        "--gin_param",
-        f"digits.input_fn.data_dir = '{data_dir}'",
         "--gin_param",
         "Estimator.distribution = 'multi_worker'",
         "--gin_param",
@@ -211,7 +207,7 @@ def test_two_workers_train_one_model_that_restores_on_one_device(tmp_path, data_
         "Estimator.save_checkpoints_steps = 30",
         "--gin_param",
         "MLP.dropout_rate = 0.0",
-    ]
+    )
     workers = [
         subprocess.Popen(
             [sys.executable, "-m", "trainer", *common],
