@@ -226,7 +226,6 @@ class Estimator:
         # tracing_block (the first block, which also traces and compiles the step),
         # training (every other block) and evaluation.
         self.seconds: collections.Counter = collections.Counter()
-        self._block_cap = steps_per_loop  # lowered for jit_compile by the batch size
 
     # ---------------------------------------------------------------- public API
 
@@ -427,8 +426,10 @@ class Estimator:
         dataset = self._dataset(input_fn, Mode.TRAIN)
         iterator = iter(dataset) if self.strategy is None else None
         steps = self._prepare(dataset.element_spec, Mode.TRAIN)
+        # Under jit_compile a block's batches are stacked: as many as fit in memory.
+        block = self.steps_per_loop
         if self.jit_compile:
-            self._block_cap = _stackable_steps(dataset.element_spec)
+            block = min(block, _stackable_steps(dataset.element_spec))
 
         # Restore: rerunning the same command continues where it stopped, from the
         # exact next batch, unless the configuration changed under the checkpoint.
@@ -492,8 +493,7 @@ class Estimator:
                     next(iterator)
                     logging.warning("Skipping the batch of step %d (non-finite loss)", step + 1)
                 limit = min(
-                    [self.steps_per_loop, self._block_cap, max_steps - step]
-                    + [s - 1 - step for s in skip_at if s - 1 > step]
+                    [block, max_steps - step] + [s - 1 - step for s in skip_at if s - 1 > step]
                 )
                 n = hooks.steps_until_due(step, actions, limit)
                 with input_wait.timing(n):

@@ -181,8 +181,6 @@ class Steps:
 
         The gradients are checked too: a NaN input can leave the loss finite (ReLU maps
         NaN to 0 on some kernels) while the gradients that reach the weights are NaN.
-        Under loss scaling, overflowing gradients are the loss-scale optimizer's to
-        handle (it skips the update and lowers the scale); only the loss is checked.
         """
         objective, scalars, metrics, gradients = self._gradients(features, labels)
         pairs = [(g, v) for g, v in zip(gradients, self.variables, strict=True) if g is not None]
@@ -190,9 +188,7 @@ class Steps:
         scale = self.optimizer.scale_loss(tf.constant(1.0))
         norm = tf.linalg.global_norm(gradients)
         scalars["gradient_norm"] = norm / scale
-        finite = tf.math.is_finite(objective)
-        if not self.loss_scaling:
-            finite &= tf.math.is_finite(norm)
+        finite = self._finite(objective, norm)
         if finite:
             if self.clip_gradient_norm:
                 gradients, _ = tf.clip_by_global_norm(
@@ -203,6 +199,17 @@ class Steps:
                 self.ema.update()
             self.train_metrics.update(metrics, scalars, batch_size_of(features))
             self.global_step.assign_add(1)
+        return finite
+
+    def _finite(self, objective: tf.Tensor, gradient_norm: tf.Tensor) -> tf.Tensor:
+        """Whether a step's loss, and its gradients, are finite.
+
+        Under loss scaling only the loss: overflowing gradients are the loss-scale
+        optimizer's to handle (it skips the update and lowers the scale).
+        """
+        finite = tf.math.is_finite(objective)
+        if not self.loss_scaling:
+            finite &= tf.math.is_finite(gradient_norm)
         return finite
 
     def _train_loop(self, iterator, num_steps: tf.Tensor) -> None:
@@ -275,9 +282,7 @@ class Steps:
             )
         gradients = tape.gradient(objective, self.variables)
         pairs = [(g, v) for g, v in zip(gradients, self.variables, strict=True) if g is not None]
-        finite = tf.math.is_finite(objective)
-        if not self.loss_scaling:
-            finite &= tf.math.is_finite(tf.linalg.global_norm([g for g, _ in pairs]))
+        finite = self._finite(objective, tf.linalg.global_norm([g for g, _ in pairs]))
         self.optimizer.apply_gradients(pairs)
         self.train_metrics.update(metrics, scalars, examples)
         bad_replicas = context.all_reduce("sum", 1 - tf.cast(finite, tf.int32))
