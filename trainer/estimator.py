@@ -628,6 +628,9 @@ class Estimator:
                 else "lower the learning rate, clip gradients, or set "
                 "Estimator.nonfinite_loss = 'rollback' to skip bad batches"
             )
+            # The bad step was applied (see Steps._train_step): evaluate, predict and
+            # export restore the last checkpoint instead of the weights in memory.
+            self._has_state = False
             raise TrainingDiverged(
                 f"loss or gradients NaN or Inf at step {bad_step}; {where}; {hint}"
             )
