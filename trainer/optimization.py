@@ -179,8 +179,11 @@ def _fused(optimizer, kernel, gradients, variables) -> None:
 
 
 def _adam(optimizer, slot, handle, gradient, learning_rate) -> None:
-    """Keras's Adam: m += (g - m)(1 - b1), v += (g^2 - v)(1 - b2),
-    w -= lr sqrt(1 - b2^t) / (1 - b1^t) m / (sqrt(v) + epsilon), t = iterations + 1."""
+    """Keras's Adam, one pass.
+
+    m += (g - m)(1 - b1); v += (g^2 - v)(1 - b2);
+    w -= lr sqrt(1 - b2^t) / (1 - b1^t) m / (sqrt(v) + epsilon), t = iterations + 1.
+    """
 
     def cast(x):
         return tf.cast(x, gradient.dtype)
@@ -201,8 +204,11 @@ def _adam(optimizer, slot, handle, gradient, learning_rate) -> None:
 
 
 def _sgd(optimizer, slot, handle, gradient, learning_rate) -> None:
-    """Keras's SGD: w -= lr g; with momentum m = momentum m - lr g, then w += m
-    (Nesterov: w += momentum m - lr g)."""
+    """Keras's SGD, one pass.
+
+    w -= lr g; with momentum: m = momentum m - lr g, then w += m (Nesterov:
+    w += momentum m - lr g).
+    """
     learning_rate = tf.cast(learning_rate, gradient.dtype)
     if optimizer.momentum == 0:
         tf.raw_ops.ResourceApplyGradientDescent(var=handle, alpha=learning_rate, delta=gradient)
