@@ -6,8 +6,10 @@ configured before TensorFlow starts:
     python tests/parallel_runs.py OUT_DIR DATA_DIR RUN [RUN ...]
 
 RUN is ``DISTRIBUTION:DEVICES@GLOBAL_BATCH``, e.g. ``towers:4@30``; ``towers:1`` is the
-single-device reference. Every run trains 50 steps from the same seed; the JSON maps
-each RUN to its train-loss curve (every 10 steps), final weights and eval metrics.
+single-device reference. A ``/keras`` suffix trains with Keras's own Adam update
+instead of the fused kernel the framework uses where it can (strategies use Keras's).
+Every run trains 50 steps from the same seed; the JSON maps each RUN to its train-loss
+curve (every 10 steps), final weights and eval metrics.
 """
 
 import json
@@ -27,14 +29,19 @@ from models.mlp import MLP  # noqa: E402
 from trainer import Estimator  # noqa: E402
 
 
+class KerasAdam(keras.optimizers.Adam):
+    """Adam with Keras's update: ``optimization.fused_update`` fuses Adam itself only."""
+
+
 def train(out_dir: str, data_dir: str, run: str) -> dict:
     setup, _, batch = run.partition("@")
+    batch, _, update = batch.partition("/")
     distribution, _, devices = setup.partition(":")
     keras.utils.set_random_seed(0)
     estimator = Estimator(
         MLP(num_classes=10, hidden_units=[64, 64], dropout_rate=0.0),
-        os.path.join(out_dir, run.replace(":", "_").replace("@", "_")),
-        optimizer=keras.optimizers.Adam(1e-3),
+        os.path.join(out_dir, run.replace(":", "_").replace("@", "_").replace("/", "_")),
+        optimizer=(KerasAdam if update == "keras" else keras.optimizers.Adam)(1e-3),
         global_batch_size=int(batch),
         steps_per_loop=10,
         log_every_steps=10,

@@ -15,12 +15,15 @@ import subprocess
 import sys
 import time
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from tests.conftest import REPO, run_cli
 from tests.helpers import checkpoint_steps
+from trainer import Estimator, ModelFn, Spec, UserError
+from trainer.errors import TrainingDiverged
 
 USER_PROJECT = os.path.join(REPO, "tests", "user_project")
 ENV = {"PYTHONPATH": USER_PROJECT}
@@ -318,6 +321,78 @@ def test_rollback_skips_the_bad_batch_and_finishes(tmp_path, faulty_gin):
     for key in reader.get_variable_to_shape_map():
         if key.startswith("model/"):
             assert np.all(np.isfinite(reader.get_tensor(key))), key
+
+
+class SilentNaN(ModelFn):
+    """loss = mean(|w x|) written as sqrt((w x)^2): at x = 0 the loss is 0 but the
+    gradient is NaN (0 * Inf), so only the weights show the fault, a step later."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")
+
+    def __call__(self, features, labels, mode):
+        y = self.dense(features["x"])[:, 0]
+        return Spec({"y": y}, loss=None if labels is None else tf.reduce_mean(tf.sqrt(y * y)))
+
+
+def zero_at(index):
+    """Batches of x = 1, except x = 0 in batch ``index`` (step index + 1)."""
+
+    def input_fn(mode, params):
+        def batch(i):
+            x = tf.fill([params.batch_size, 1], tf.cast(i != index, tf.float32))
+            return {"x": x}, {"y": tf.zeros([params.batch_size])}
+
+        return tf.data.Dataset.range(10**9).map(batch)
+
+    return input_fn
+
+
+def silent_nan_estimator(model_dir, jit, **kwargs):
+    return Estimator(
+        SilentNaN(),
+        str(model_dir),
+        optimizer=keras.optimizers.SGD(0.001),
+        global_batch_size=4,
+        steps_per_loop=10,
+        save_checkpoints_steps=10,
+        jit_compile=jit,
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_a_nan_gradient_under_a_finite_loss_is_found_and_skipped(tmp_path, jit, caplog):
+    """Step 15's gradient is NaN, its loss 0: the block 11-20 is rerun one step at a
+    time from ckpt-10, step 15 is found, rolled back and its batch skipped."""
+    estimator = silent_nan_estimator(tmp_path, jit, nonfinite_loss="rollback")
+    with caplog.at_level("WARNING"):
+        assert estimator.train(zero_at(14), max_steps=30) == 30
+    messages = caplog.text
+    assert f"in steps 11-16: rerunning them one at a time from {tmp_path}/ckpt-10" in messages
+    assert f"NaN or Inf at step 15: rolled back to {tmp_path}/ckpt-10" in messages
+    assert "Skipping the batch of step 15" in messages
+    # Every step but the skipped batch moved w by -lr (the gradient of |w x| is 1).
+    kernel = float(estimator.model_fn.dense.kernel.numpy()[0, 0])
+    assert kernel == pytest.approx(1.0 - 30 * 0.001, abs=1e-6)
+    assert checkpoint_steps(tmp_path) == [10, 20, 30]
+
+
+def test_a_nan_gradient_stops_at_its_step_or_names_the_block(tmp_path):
+    estimator = silent_nan_estimator(tmp_path / "ckpt", jit=False)
+    with pytest.raises(
+        TrainingDiverged, match=r"at step 15; the last good checkpoint, .*ckpt-10, is"
+    ):
+        estimator.train(zero_at(14), max_steps=30)
+    assert checkpoint_steps(tmp_path / "ckpt") == [10]
+    # Without a checkpoint to rerun from, only the block is known.
+    estimator = silent_nan_estimator(tmp_path / "none", jit=False)
+    with pytest.raises(TrainingDiverged, match="NaN or Inf in steps 1-6; no checkpoint yet"):
+        estimator.train(zero_at(4), max_steps=30)
+    # The weights in memory are NaN: inference restores the checkpoint, and there is none.
+    with pytest.raises(UserError, match="no checkpoint in"):
+        estimator.evaluate(zero_at(-1), steps=1)
 
 
 # ---------------------------------------------------------------- kills and signals

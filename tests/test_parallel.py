@@ -125,10 +125,10 @@ def device_runs(tmp_path, data_dir, *groups):
     return results
 
 
-def assert_same_training(run, reference):
-    np.testing.assert_allclose(run["losses"], reference["losses"], rtol=1e-5)
+def assert_same_training(run, reference, rtol=1e-5):
+    np.testing.assert_allclose(run["losses"], reference["losses"], rtol=rtol)
     for w, r in zip(run["weights"], reference["weights"], strict=True):
-        np.testing.assert_allclose(w, r, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(w, r, rtol=rtol, atol=rtol / 10)
     assert run["metrics"]["accuracy"] == pytest.approx(reference["metrics"]["accuracy"])
 
 
@@ -138,15 +138,21 @@ def test_one_two_and_four_devices_train_alike(tmp_path, data_dir):
         tmp_path,
         data_dir,
         ["towers:1@128", "towers:2@128", "towers:4@128", "mirrored:2@128"]
-        + ["towers:1@30", "towers:4@30"],  # 30 examples on 4 towers: shards of 8, 8, 7, 7
+        + ["towers:1@30", "towers:4@30"]  # 30 examples on 4 towers: shards of 8, 8, 7, 7
+        + ["towers:1@128/keras"],
         # Two MirroredStrategies of different sizes cannot share a process's collectives.
         ["mirrored:4@128"],
     )
     reference = runs["towers:1@128"]
     assert reference["losses"][-1] < reference["losses"][0] - 0.5  # it did learn
-    for run in ["towers:2@128", "towers:4@128", "mirrored:2@128", "mirrored:4@128"]:
+    for run in ["towers:2@128", "towers:4@128"]:
         assert_same_training(runs[run], reference)
     assert_same_training(runs["towers:4@30"], runs["towers:1@30"])
+    # Strategies run Keras's Adam update, one device and towers the fused kernel: the
+    # same arithmetic, rounded otherwise, which Adam's division by sqrt(v) amplifies
+    # (1e-4 relative in some weights after 50 steps). So they compare with Keras's.
+    for run in ["mirrored:2@128", "mirrored:4@128"]:
+        assert_same_training(runs[run], runs["towers:1@128/keras"])
 
 
 def test_device_settings_that_cannot_run_are_refused():

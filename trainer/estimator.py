@@ -467,6 +467,8 @@ class Estimator:
         def log(step: int) -> None:
             logs = steps.train_metrics.result()
             steps.train_metrics.reset()
+            if self.strategy is None:
+                logs["gradient_norm"] = float(steps.gradient_norm.numpy())
             logs.update(progress.rates(step))
             logs.update(input_wait.since_last_log())
             logs["learning_rate"] = float(tf.convert_to_tensor(self.optimizer.learning_rate))
@@ -485,28 +487,42 @@ class Estimator:
         ]
         skip_at: set[int] = set()  # steps whose batch is dropped after a rollback
         rollbacks = 0
+        replay_until = 0  # steps up to this one run one per block, to find a bad step
+        replays = 0
         step = start
         with preemption.watch_signals() as signals:
             while step < max_steps:
                 if step + 1 in skip_at:
                     skip_at.discard(step + 1)
                     next(iterator)
-                    logging.warning("Skipping the batch of step %d (non-finite loss)", step + 1)
+                    logging.warning("Skipping the batch of step %d (NaN or Inf)", step + 1)
                 limit = min(
-                    [block, max_steps - step] + [s - 1 - step for s in skip_at if s - 1 > step]
+                    [block, max_steps - step]
+                    + [s - 1 - step for s in skip_at if s - 1 > step]
+                    + ([1] if step < replay_until else [])
                 )
                 n = hooks.steps_until_due(step, actions, limit)
+                first = step + 1
                 with input_wait.timing(n):
                     if self.write_graph and not self._graph_written:
                         self._run_block_tracing_graph(steps, iterator, n)
                     else:
                         self._run_block(steps, iterator, n)
                 step = self.step
-                if steps.nonfinite.numpy():
+                bad_loss = bool(steps.nonfinite.numpy())  # the block ended before its step
+                bad_weights = bool(steps.nonfinite_weights.numpy())
+                if (bad_loss or bad_weights) and n > 1 and checkpointer.latest is not None:
+                    replay_until, replays = step + 1, replays + 1
+                    step = self._replay(checkpointer, first, replay_until, replays)
+                    steps.train_metrics.reset()
+                    continue
+                if bad_loss or bad_weights:
                     rollbacks += 1
-                    bad_step = step + 1
-                    step = self._recover_from_nonfinite(checkpointer, bad_step, rollbacks)
+                    bad_step = step + 1 if bad_loss else step
+                    where = f"at step {bad_step}" if n == 1 else f"in steps {first}-{bad_step}"
+                    step = self._recover_from_nonfinite(checkpointer, bad_step, where, rollbacks)
                     skip_at.add(bad_step)
+                    replay_until = 0
                     steps.train_metrics.reset()
                     continue
                 try:
@@ -615,12 +631,39 @@ class Estimator:
                 "repeat its data in TRAIN mode (dataset.repeat())"
             ) from None
 
-    def _recover_from_nonfinite(
-        self, checkpointer: checkpoints.Checkpointer, bad_step: int, rollbacks: int
+    def _replay(
+        self, checkpointer: checkpoints.Checkpointer, first: int, last: int, replays: int
     ) -> int:
-        """Stops, or rolls back to the last checkpoint and marks the bad batch to be skipped."""
+        """Restores the last checkpoint so that steps up to ``last`` rerun one per block.
+
+        A loss or weights went NaN or Inf in steps ``first``-``last``, but which step
+        did it is not sure: a NaN gradient with a finite loss poisons the weights
+        without a sign, and a later step's loss shows it. Rerun one at a time from the
+        checkpoint, which holds the input's position so they see the same batches, the
+        bad step is found, then stopped on or rolled back and skipped.
+        """
+        found = f"loss or weights NaN or Inf in steps {first}-{last}"
+        if replays > self.max_rollbacks:
+            self._has_state = False
+            raise TrainingDiverged(
+                f"{found}; gave up after {replays - 1} reruns; lower the learning rate or "
+                "clip gradients"
+            )
+        latest = checkpointer.latest
+        checkpointer.restore(latest)
+        logging.warning("%s: rerunning them one at a time from %s to find which", found, latest)
+        return self.step
+
+    def _recover_from_nonfinite(
+        self, checkpointer: checkpoints.Checkpointer, bad_step: int, where: str, rollbacks: int
+    ) -> int:
+        """Stops, or rolls back to the last checkpoint and marks the bad batch to be skipped.
+
+        ``where`` says which step went bad: ``at step N``, or a range of steps when
+        there was no checkpoint to rerun them from.
+        """
         last = checkpointer.latest
-        where = f"the last good checkpoint, {last}, is untouched" if last else "no checkpoint yet"
+        kept = f"the last good checkpoint, {last}, is untouched" if last else "no checkpoint yet"
         if self.nonfinite_loss != "rollback" or last is None or rollbacks > self.max_rollbacks:
             hint = (
                 f"gave up after {self.max_rollbacks} rollbacks"
@@ -631,9 +674,7 @@ class Estimator:
             # The bad step was applied (see Steps._train_step): evaluate, predict and
             # export restore the last checkpoint instead of the weights in memory.
             self._has_state = False
-            raise TrainingDiverged(
-                f"loss or gradients NaN or Inf at step {bad_step}; {where}; {hint}"
-            )
+            raise TrainingDiverged(f"loss or gradients NaN or Inf {where}; {kept}; {hint}")
         checkpointer.restore(last)
         logging.warning(
             "Loss or gradients NaN or Inf at step %d: rolled back to %s; its batch is skipped",
@@ -922,12 +963,13 @@ class _Progress:
         }
 
     def line(self, step: int, logs: Mapping[str, float]) -> str:
-        eta = (self.max_steps - step) / max(logs["steps_per_sec"], 1e-9)
+        rate = logs["steps_per_sec"]
+        # No progress since the last line (a rollback to it) has no ETA.
+        eta = datetime.timedelta(seconds=round((self.max_steps - step) / rate)) if rate > 0 else "-"
         shown = {k: v for k, v in logs.items() if k not in ("steps_per_sec", "examples_per_sec")}
         return (
             f"step {step}/{self.max_steps}  {_format(shown)}  "
-            f"{logs['examples_per_sec']:.0f} examples/s  "
-            f"ETA {datetime.timedelta(seconds=round(eta))}"
+            f"{logs['examples_per_sec']:.0f} examples/s  ETA {eta}"
         )
 
 

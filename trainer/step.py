@@ -123,6 +123,11 @@ class Steps:
         self.clip_gradient_norm = clip_gradient_norm
         self.ema = ema
         self.variables = model_fn.trainable_variables
+        self.weights = [
+            v
+            for v in model_fn.trainable_variables + model_fn.non_trainable_variables
+            if tf.as_dtype(v.dtype).is_floating
+        ]
         self.has_regularization = bool(model_fn.regularization_losses)
         self.towers = (
             Towers(devices, model_fn.non_trainable_variables)
@@ -131,17 +136,21 @@ class Steps:
         )
         self.strategy = strategy
         self.update = fused_update(optimizer)
-        # Under a strategy each replica holds a part of the gradient until the
-        # optimizer sums them, so their global norm is not known to the step.
-        train_scalars = ["loss"] if strategy else ["loss", "gradient_norm"]
+        train_scalars = ["loss"]
         if self.has_regularization:
             train_scalars.append("regularization_loss")
         self.train_metrics = MetricSums(metric_names, train_scalars, per_replica=bool(strategy))
         self.eval_metrics = MetricSums(metric_names)
-        self.loss_scaling = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
         self.times_input = not _op_determinism()  # tf.timestamp is refused under it
         with tf.init_scope():
+            # A step's loss was NaN or Inf: the block ended there, the step not counted.
             self.nonfinite = tf.Variable(False, trainable=False, name="nonfinite")
+            # After the block some weight is NaN or Inf (its step is not known).
+            self.nonfinite_weights = tf.Variable(False, trainable=False, name="nonfinite_weights")
+            # The global norm of the gradients of each block's last step. Under a
+            # strategy each replica holds a part of the gradient until the optimizer
+            # sums them, so it is not known to the step and stays NaN.
+            self.gradient_norm = tf.Variable(float("nan"), trainable=False, name="gradient_norm")
             self.input_seconds = tf.Variable(
                 0.0, dtype=tf.float64, trainable=False, name="input_wait"
             )
@@ -177,53 +186,52 @@ class Steps:
             objective, scalars, metrics = self._forward(features, labels)
         return objective, scalars, metrics, tape.gradient(objective, self.variables)
 
-    def _train_step(self, features, labels) -> tf.Tensor:
-        """One step; returns whether its loss and gradients were finite.
+    def _train_step(self, features, labels, last_of_block: tf.Tensor) -> tf.Tensor:
+        """One step; returns whether its loss was finite.
 
         The update is applied either way: a branch around it keeps XLA from fusing
-        the update into the step and costs a small model ~15% of its speed. The loops
-        end the block at a non-finite step, before anything is saved, the global step
-        does not count it, and the Estimator then stops or rolls back to the last
-        checkpoint. The gradients are checked too: a NaN input can leave the loss
-        finite (ReLU maps NaN to 0 on some kernels) while the gradients are NaN.
+        it into the step and costs a small model ~15% of its speed. The loops end the
+        block at a non-finite loss, before anything is saved, and the global step does
+        not count that step. The gradients are not checked each step (a pass over all
+        of them costs the MLP another ~15% under XLA on CPU): a NaN or Inf gradient
+        leaves NaN or Inf weights for good, and the loops check the weights once per
+        block (``_check_weights``). For the same reason the gradient norm is measured
+        at the block's last step (at every step when clipping needs it).
         """
         objective, scalars, metrics, gradients = self._gradients(features, labels)
         pairs = [(g, v) for g, v in zip(gradients, self.variables, strict=True) if g is not None]
         gradients = [g for g, _ in pairs]
-        scale = self.optimizer.scale_loss(tf.constant(1.0))
-        norm = tf.linalg.global_norm(gradients)
-        scalars["gradient_norm"] = norm / scale
+        scale = self.optimizer.scale_loss(tf.constant(1.0))  # mixed float16's loss scale
         if self.clip_gradient_norm:
+            norm = tf.linalg.global_norm(gradients)
             gradients, _ = tf.clip_by_global_norm(
                 gradients, self.clip_gradient_norm * scale, use_norm=norm
             )
+            self.gradient_norm.assign(norm / scale)
+        elif last_of_block:
+            self.gradient_norm.assign(tf.linalg.global_norm(gradients) / scale)
         self.update(gradients, [v for _, v in pairs])
         if self.ema is not None:
             self.ema.update()
         self.train_metrics.update(metrics, scalars, batch_size_of(features))
-        finite = self._finite(objective, norm)
+        finite = tf.math.is_finite(objective)
         self.global_step.assign_add(tf.cast(finite, tf.int64))
         return finite
 
-    def _finite(self, objective: tf.Tensor, gradient_norm: tf.Tensor) -> tf.Tensor:
-        """Whether a step's loss, and its gradients, are finite.
-
-        Under loss scaling only the loss: overflowing gradients are the loss-scale
-        optimizer's to handle (it skips the update and lowers the scale).
-        """
-        finite = tf.math.is_finite(objective)
-        if not self.loss_scaling:
-            finite &= tf.math.is_finite(gradient_norm)
-        return finite
+    def _check_weights(self) -> None:
+        """Sets ``nonfinite_weights`` if, after a block, any model weight is NaN or Inf."""
+        finite = [tf.reduce_all(tf.math.is_finite(v)) for v in self.weights]
+        self.nonfinite_weights.assign(tf.logical_not(tf.reduce_all(tf.stack(finite))))
 
     def _train_loop(self, iterator, num_steps: tf.Tensor) -> None:
         """Runs up to ``num_steps`` steps; stops early, setting ``nonfinite``, on a bad step."""
         self.nonfinite.assign(False)
-        for _ in tf.range(num_steps):
+        for i in tf.range(num_steps):
             features, labels = split_element(self._next(iterator), Mode.TRAIN)
-            if not self._train_step(features, labels):
+            if not self._train_step(features, labels, i == num_steps - 1):
                 self.nonfinite.assign(True)
                 break
+        self._check_weights()
 
     def _stacked_train_loop(self, iterator, num_steps: tf.Tensor) -> None:
         """``_train_loop`` with the whole block of steps compiled by XLA as one cluster.
@@ -242,13 +250,15 @@ class Steps:
             arrays = tf.nest.map_structure(lambda array, t, i=i: array.write(i, t), arrays, element)
         stacked = tf.nest.map_structure(lambda array: array.stack(), arrays)
         self._compiled_block(*split_element(stacked, Mode.TRAIN))
+        self._check_weights()  # here rather than in XLA, which reduces on one thread
 
     def _train_stacked(self, features, labels) -> None:
         """Trains on each ``[batch, ...]`` slice of stacked batches in turn (XLA-compiled)."""
         self.nonfinite.assign(False)
-        for i in tf.range(tf.shape(tf.nest.flatten(features)[0])[0]):
+        num_steps = tf.shape(tf.nest.flatten(features)[0])[0]
+        for i in tf.range(num_steps):
             batch = tf.nest.map_structure(lambda t, i=i: t[i], (features, labels))
-            if not self._train_step(*batch):
+            if not self._train_step(*batch, i == num_steps - 1):
                 self.nonfinite.assign(True)
                 break
 
@@ -269,13 +279,12 @@ class Steps:
         return element
 
     def _replica_step(self, features, labels) -> tf.Tensor:
-        """One replica's part of a step under a strategy; True if all replicas were finite.
+        """One replica's part of a step under a strategy; True if all losses were finite.
 
         The loss is weighted by this replica's share of the examples of the global
-        batch, so the optimizer's sum over replicas is the global batch mean. A branch
-        around the update cannot hold the optimizer's cross-replica sum, so a
-        non-finite step is applied; the loop then stops before anything is saved, and
-        the Estimator stops or rolls back as it does for one device.
+        batch, so the optimizer's sum over replicas is the global batch mean. As on
+        one device the update is applied either way and the weights are checked once
+        per block (see ``_train_step``).
         """
         context = tf.distribute.get_replica_context()
         examples = batch_size_of(features)
@@ -286,7 +295,7 @@ class Steps:
             )
         gradients = tape.gradient(objective, self.variables)
         pairs = [(g, v) for g, v in zip(gradients, self.variables, strict=True) if g is not None]
-        finite = self._finite(objective, tf.linalg.global_norm([g for g, _ in pairs]))
+        finite = tf.math.is_finite(objective)
         self.optimizer.apply_gradients(pairs)
         self.train_metrics.update(metrics, scalars, examples)
         bad_replicas = context.all_reduce("sum", 1 - tf.cast(finite, tf.int32))
@@ -304,6 +313,7 @@ class Steps:
             if self.ema is not None:
                 self.ema.update()
             self.global_step.assign_add(1)
+        self._check_weights()
 
     def _eval_batch(self, features, labels):
         """``(loss, per-example metrics)`` of one eval batch, over towers if there are."""
