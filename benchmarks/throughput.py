@@ -9,7 +9,7 @@ reports examples/s of: the framework's Estimator.train (steps_per_loop=100; for 
 MLP also with XLA over each block of steps), Keras Model.fit (steps_per_execution 1
 and 50, jit_compile off and on), and a plain tf.function step called once per step;
 each row runs ``--repeats`` times, rows taking turns, and the median is reported.
-For the MLP also the framework and Keras fit under the mixed_bfloat16 policy. Each
+Then the framework and Keras fit under the mixed_bfloat16 policy. Each
 rate is also given as a share of the machine's measured fp32 matmul peak: 6 x
 parameters FLOPs per example for the MLP, 6 per multiply-add of the convolutions and
 Dense layers for AlexNet.
@@ -240,10 +240,11 @@ def measure(model: str, seconds: float, repeats: int) -> dict[str, float]:
         "keras_fit_spe50_xla": lambda: keras_fit(model, seconds, chunk, 50, jit=True),
         "plain_tf_function": lambda: plain_loop(model, seconds, chunk),
     }
+    rows["framework_bf16"] = lambda: framework(model, seconds, chunk, False, bf16)
     if model == "mlp":
-        rows["framework_bf16"] = lambda: framework(model, seconds, chunk, False, bf16)
         rows["framework_xla_bf16"] = lambda: framework(model, seconds, chunk, True, bf16)
-        rows["keras_fit_spe50_bf16"] = lambda: keras_fit(model, seconds, chunk, 50, False, bf16)
+    rows["keras_fit_spe50_bf16"] = lambda: keras_fit(model, seconds, chunk, 50, False, bf16)
+    if model == "mlp":
         rows["keras_fit_spe50_xla_bf16"] = lambda: keras_fit(model, seconds, chunk, 50, True, bf16)
     runs = {name: [] for name in rows}
     for _ in range(repeats):
@@ -275,12 +276,13 @@ def main() -> None:
             "framework_best_over_keras_best": best / best_keras,
             "framework_best_over_plain": best / results["plain_tf_function"],
         }
-        if model == "mlp":
-            best_bf16 = max(results["framework_bf16"], results["framework_xla_bf16"])
-            keras_bf16 = max(results["keras_fit_spe50_bf16"], results["keras_fit_spe50_xla_bf16"])
-            ratios["bf16_best_over_float32_best"] = best_bf16 / best
-            ratios["bf16_best_over_keras_bf16_best"] = best_bf16 / keras_bf16
-        print("  " + "; ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
+        best_bf16 = max(v for k, v in results.items() if k.startswith("framework") and "bf16" in k)
+        keras_bf16 = max(v for k, v in results.items() if k.startswith("keras") and "bf16" in k)
+        ratios["bf16_best_over_float32_best"] = best_bf16 / best
+        ratios["bf16_best_over_keras_bf16_best"] = best_bf16 / keras_bf16
+        ratios["bf16_best_over_keras_float32_best"] = best_bf16 / best_keras
+        for name, ratio in ratios.items():
+            print(f"  {name:<42}{ratio:.2f}x")
         report[model] = {**results, **ratios}
     print(f"\nmatmul peak {peak:.0f} GFLOP/s (float32, 2048^3)")
     if args.json:
