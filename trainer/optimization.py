@@ -170,6 +170,9 @@ def fused_update(optimizer: keras.optimizers.Optimizer):
 
 def _fused(optimizer, kernel, gradients, variables) -> None:
     """Runs ``kernel`` on each variable at the current learning rate; counts the step."""
+    if any(getattr(v, "overwrite_with_gradient", False) for v in variables):  # float8 scales
+        optimizer.apply_gradients(zip(gradients, variables, strict=True))
+        return
     learning_rate = tf.convert_to_tensor(optimizer.learning_rate)  # the schedule's, now
     for gradient, variable in zip(gradients, variables, strict=True):
         slot = optimizer._get_variable_index(variable)  # noqa: SLF001 (Keras's slot order)
