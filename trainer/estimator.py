@@ -485,46 +485,24 @@ class Estimator:
             *self._profiler_actions(),
             *extra,
         ]
-        skip_at: set[int] = set()  # steps whose batch is dropped after a rollback
-        rollbacks = 0
-        replay_until = 0  # steps up to this one run one per block, to find a bad step
-        replays = 0
+        divergence = _Divergence(self, checkpointer)
         step = start
         with preemption.watch_signals() as signals:
             while step < max_steps:
-                if step + 1 in skip_at:
-                    skip_at.discard(step + 1)
-                    next(iterator)
-                    logging.warning("Skipping the batch of step %d (NaN or Inf)", step + 1)
-                limit = min(
-                    [block, max_steps - step]
-                    + [s - 1 - step for s in skip_at if s - 1 > step]
-                    + ([1] if step < replay_until else [])
-                )
+                divergence.skip_bad_batch(step, iterator)
+                limit = min([block, max_steps - step, *divergence.limits(step)])
                 n = hooks.steps_until_due(step, actions, limit)
-                first = step + 1
                 with input_wait.timing(n):
                     if self.write_graph and not self._graph_written:
                         self._run_block_tracing_graph(steps, iterator, n)
                     else:
                         self._run_block(steps, iterator, n)
+                resume_at = divergence.check(steps, step + 1, n)
+                if resume_at is not None:  # rolled back, or back to find the bad step
+                    step = resume_at
+                    steps.train_metrics.reset()
+                    continue
                 step = self.step
-                bad_loss = bool(steps.nonfinite.numpy())  # the block ended before its step
-                bad_weights = bool(steps.nonfinite_weights.numpy())
-                if (bad_loss or bad_weights) and n > 1 and checkpointer.latest is not None:
-                    replay_until, replays = step + 1, replays + 1
-                    step = self._replay(checkpointer, first, replay_until, replays)
-                    steps.train_metrics.reset()
-                    continue
-                if bad_loss or bad_weights:
-                    rollbacks += 1
-                    bad_step = step + 1 if bad_loss else step
-                    where = f"at step {bad_step}" if n == 1 else f"in steps {first}-{bad_step}"
-                    step = self._recover_from_nonfinite(checkpointer, bad_step, where, rollbacks)
-                    skip_at.add(bad_step)
-                    replay_until = 0
-                    steps.train_metrics.reset()
-                    continue
                 try:
                     for action in actions:
                         if action.is_due(step):
@@ -630,58 +608,6 @@ class Estimator:
                 f"the training input ran out of data at step {self.step}: an input_fn must "
                 "repeat its data in TRAIN mode (dataset.repeat())"
             ) from None
-
-    def _replay(
-        self, checkpointer: checkpoints.Checkpointer, first: int, last: int, replays: int
-    ) -> int:
-        """Restores the last checkpoint so that steps up to ``last`` rerun one per block.
-
-        A loss or weights went NaN or Inf in steps ``first``-``last``, but which step
-        did it is not sure: a NaN gradient with a finite loss poisons the weights
-        without a sign, and a later step's loss shows it. Rerun one at a time from the
-        checkpoint, which holds the input's position so they see the same batches, the
-        bad step is found, then stopped on or rolled back and skipped.
-        """
-        found = f"loss or weights NaN or Inf in steps {first}-{last}"
-        if replays > self.max_rollbacks:
-            self._has_state = False
-            raise TrainingDiverged(
-                f"{found}; gave up after {replays - 1} reruns; lower the learning rate or "
-                "clip gradients"
-            )
-        latest = checkpointer.latest
-        checkpointer.restore(latest)
-        logging.warning("%s: rerunning them one at a time from %s to find which", found, latest)
-        return self.step
-
-    def _recover_from_nonfinite(
-        self, checkpointer: checkpoints.Checkpointer, bad_step: int, where: str, rollbacks: int
-    ) -> int:
-        """Stops, or rolls back to the last checkpoint and marks the bad batch to be skipped.
-
-        ``where`` says which step went bad: ``at step N``, or a range of steps when
-        there was no checkpoint to rerun them from.
-        """
-        last = checkpointer.latest
-        kept = f"the last good checkpoint, {last}, is untouched" if last else "no checkpoint yet"
-        if self.nonfinite_loss != "rollback" or last is None or rollbacks > self.max_rollbacks:
-            hint = (
-                f"gave up after {self.max_rollbacks} rollbacks"
-                if rollbacks > self.max_rollbacks
-                else "lower the learning rate, clip gradients, or set "
-                "Estimator.nonfinite_loss = 'rollback' to skip bad batches"
-            )
-            # The bad step was applied (see Steps._train_step): evaluate, predict and
-            # export restore the last checkpoint instead of the weights in memory.
-            self._has_state = False
-            raise TrainingDiverged(f"loss or gradients NaN or Inf {where}; {kept}; {hint}")
-        checkpointer.restore(last)
-        logging.warning(
-            "Loss or gradients NaN or Inf at step %d: rolled back to %s; its batch is skipped",
-            bad_step,
-            last,
-        )
-        return self.step
 
     # ---------------------------------------------------------------- helpers
 
@@ -879,6 +805,99 @@ class _Named:
 
     def __init__(self, path: str, value: tf.Tensor):
         self.path, self.value = path, value
+
+
+class _Divergence:
+    """What a NaN or Inf in training does: stop, or roll back and skip the bad batch.
+
+    ``Steps`` checks each step's loss, and the weights after each block. A bad block
+    of several steps is first rerun one step per block from the last checkpoint,
+    which holds the input's position so the same batches come again: a NaN gradient
+    can leave its own loss finite and show in a later step's loss, and only a rerun
+    names the step that did it. Then ``Estimator.nonfinite_loss`` decides: ``'stop'``
+    raises TrainingDiverged, ``'rollback'`` restores the checkpoint and drops the bad
+    step's batch, at most ``max_rollbacks`` times.
+    """
+
+    def __init__(self, estimator: Estimator, checkpointer: checkpoints.Checkpointer):
+        self.estimator = estimator
+        self.checkpointer = checkpointer
+        self.skip_at: set[int] = set()  # steps whose batch is dropped
+        self.rerun_until = 0  # steps up to this one run one per block
+        self.rollbacks = self.reruns = 0
+
+    def skip_bad_batch(self, step: int, iterator) -> None:
+        """Drops the next batch if it is one that went bad before a rollback."""
+        if step + 1 in self.skip_at:
+            self.skip_at.discard(step + 1)
+            next(iterator)
+            logging.warning("Skipping the batch of step %d (NaN or Inf)", step + 1)
+
+    def limits(self, step: int) -> list[int]:
+        """Caps on the next block's length: end before a batch to skip; one step in reruns."""
+        caps = [s - 1 - step for s in self.skip_at if s - 1 > step]
+        return caps + ([1] if step < self.rerun_until else [])
+
+    def check(self, steps: Steps, first: int, n: int) -> int | None:
+        """None if the block of ``n`` steps from ``first`` stayed finite.
+
+        Otherwise the step training goes on from: the checkpoint's, to rerun the block
+        or after a rollback; or TrainingDiverged.
+        """
+        bad_loss = bool(steps.nonfinite.numpy())  # the block ended before counting it
+        if not bad_loss and not steps.nonfinite_weights.numpy():
+            return None
+        last = self.estimator.step + 1 if bad_loss else self.estimator.step
+        latest = self.checkpointer.latest
+        if n > 1 and latest is not None:
+            return self._rerun(first, last, latest)
+        self.rollbacks += 1
+        where = f"at step {last}" if n == 1 else f"in steps {first}-{last}"
+        kept = (
+            f"the last good checkpoint, {latest}, is untouched" if latest else "no checkpoint yet"
+        )
+        allowed = self.estimator.max_rollbacks
+        if (
+            self.estimator.nonfinite_loss != "rollback"
+            or latest is None
+            or self.rollbacks > allowed
+        ):
+            hint = (
+                f"gave up after {allowed} rollbacks"
+                if self.rollbacks > allowed
+                else "lower the learning rate, clip gradients, or set "
+                "Estimator.nonfinite_loss = 'rollback' to skip bad batches"
+            )
+            self._diverged(f"loss or gradients NaN or Inf {where}; {kept}; {hint}")
+        self.checkpointer.restore(latest)
+        logging.warning(
+            "Loss or gradients NaN or Inf at step %d: rolled back to %s; its batch is skipped",
+            last,
+            latest,
+        )
+        self.skip_at.add(last)
+        self.rerun_until = 0
+        return self.estimator.step
+
+    def _rerun(self, first: int, last: int, latest: str) -> int:
+        """Restores ``latest`` so that steps up to ``last`` run again, one per block."""
+        found = f"loss or weights NaN or Inf in steps {first}-{last}"
+        self.reruns += 1
+        if self.reruns > self.estimator.max_rollbacks:
+            self._diverged(
+                f"{found}; gave up after {self.reruns - 1} reruns; lower the learning rate "
+                "or clip gradients"
+            )
+        self.checkpointer.restore(latest)
+        logging.warning("%s: rerunning them one at a time from %s to find which", found, latest)
+        self.rerun_until = last
+        return self.estimator.step
+
+    def _diverged(self, message: str) -> None:
+        # The bad step was applied (see Steps._train_step): evaluate, predict and
+        # export restore the last checkpoint instead of the weights in memory.
+        self.estimator._has_state = False  # noqa: SLF001
+        raise TrainingDiverged(message)
 
 
 class _InputWait:
