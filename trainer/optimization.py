@@ -157,12 +157,12 @@ def fused_update(optimizer: keras.optimizers.Optimizer):
     variables, learning-rate schedule and iteration count are Keras's either way,
     so checkpoints do not depend on which one ran.
     """
+    kernel, slots = _KERNELS.get(type(optimizer), (None, ()))
     plain = all(getattr(optimizer, k, off) == off for k, off in _UNFUSED_OPTIONS.items())
-    kind = type(optimizer)
-    if plain and kind is keras.optimizers.Adam:
-        return lambda gradients, variables: _fused(optimizer, _adam, gradients, variables)
-    if plain and kind is keras.optimizers.SGD:
-        return lambda gradients, variables: _fused(optimizer, _sgd, gradients, variables)
+    # Keras's slot lists are private: should a release rename them, its own update runs.
+    known = all(hasattr(optimizer, name) for name in ("_get_variable_index", *slots))
+    if kernel is not None and plain and known:
+        return lambda gradients, variables: _fused(optimizer, kernel, gradients, variables)
     return lambda gradients, variables: optimizer.apply_gradients(
         zip(gradients, variables, strict=True)
     )
@@ -224,3 +224,10 @@ def _sgd(optimizer, slot, handle, gradient, learning_rate) -> None:
         momentum=tf.cast(optimizer.momentum, gradient.dtype),
         use_nesterov=optimizer.nesterov,
     )
+
+
+# The fused kernel of each optimizer class, and the slot lists it reads.
+_KERNELS = {
+    keras.optimizers.Adam: (_adam, ("_momentums", "_velocities")),
+    keras.optimizers.SGD: (_sgd, ("momentums",)),
+}
