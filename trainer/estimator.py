@@ -14,7 +14,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import keras
 import tensorflow as tf
@@ -893,7 +893,7 @@ class _Divergence:
         self.rerun_until = last
         return self.estimator.step
 
-    def _diverged(self, message: str) -> None:
+    def _diverged(self, message: str) -> NoReturn:
         # The bad step was applied (see Steps._train_step): evaluate, predict and
         # export restore the last checkpoint instead of the weights in memory.
         self.estimator._has_state = False  # noqa: SLF001

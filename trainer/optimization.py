@@ -163,16 +163,17 @@ def fused_update(optimizer: keras.optimizers.Optimizer):
     known = all(hasattr(optimizer, name) for name in ("_get_variable_index", *slots))
     if kernel is not None and plain and known:
         return lambda gradients, variables: _fused(optimizer, kernel, gradients, variables)
-    return lambda gradients, variables: optimizer.apply_gradients(
-        zip(gradients, variables, strict=True)
-    )
+    return lambda gradients, variables: _keras_update(optimizer, gradients, variables)
+
+
+def _keras_update(optimizer, gradients, variables) -> None:
+    optimizer.apply_gradients(zip(gradients, variables, strict=True))
 
 
 def _fused(optimizer, kernel, gradients, variables) -> None:
     """Runs ``kernel`` on each variable at the current learning rate; counts the step."""
     if any(getattr(v, "overwrite_with_gradient", False) for v in variables):  # float8 scales
-        optimizer.apply_gradients(zip(gradients, variables, strict=True))
-        return
+        return _keras_update(optimizer, gradients, variables)
     learning_rate = tf.convert_to_tensor(optimizer.learning_rate)  # the schedule's, now
     for gradient, variable in zip(gradients, variables, strict=True):
         slot = optimizer._get_variable_index(variable)  # noqa: SLF001 (Keras's slot order)
