@@ -82,6 +82,20 @@ def test_resume_continues_from_the_exact_batch(tmp_path, input_fn):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
+def test_prefetching_to_the_device_resumes_from_the_exact_batch(tmp_path, input_fn):
+    """Reading a batch ahead still reads exactly a block's batches: 10 + 10 steps with
+    prefetching equal 20 steps with it and 20 steps without, bit for bit."""
+    plain = make_estimator(tmp_path / "plain")
+    plain.train(input_fn, max_steps=20)
+    make_estimator(tmp_path / "split", prefetch_to_device=True).train(input_fn, max_steps=10)
+    second = make_estimator(tmp_path / "split", seed=7, prefetch_to_device=True)
+    second.train(input_fn, max_steps=20)
+    for a, b in zip(
+        plain.model_fn.trainable_variables, second.model_fn.trainable_variables, strict=True
+    ):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
 def test_evaluate_covers_the_whole_eval_set(tmp_path, input_fn):
     estimator = make_estimator(tmp_path)
     estimator.train(input_fn, max_steps=20)

@@ -16,7 +16,7 @@ import tensorflow as tf
 from datasets import digits
 from models.mlp import MLP
 from tests.helpers import scalar_series
-from trainer import Estimator, UserError, set_precision
+from trainer import Estimator, Mode, UserError, set_precision
 
 
 def estimator(model_dir, **kwargs):
@@ -70,6 +70,62 @@ def test_input_bound_run_is_reported_with_the_knobs_to_turn(tmp_path, caplog):
     assert any(m.startswith("Input: the steps waited for data") for m in messages)
     shares = [v for _, v in scalar_series(str(tmp_path / "fast" / "train"), "input_wait_share")]
     assert shares[-1] < 0.2
+
+
+class SlowMLP(MLP):
+    """An MLP whose every training step also takes ``delay`` seconds (sleeping)."""
+
+    def __init__(self, delay: float):
+        super().__init__(hidden_units=[16], dropout_rate=0.0)
+        self.delay = delay
+
+    def __call__(self, features, labels, mode):
+        spec = super().__call__(features, labels, mode)
+        if mode == Mode.TRAIN:
+            pause = tf.numpy_function(
+                lambda: time.sleep(self.delay) or np.float32(0), [], tf.float32
+            )
+            spec.loss += tf.ensure_shape(pause, [])
+        return spec
+
+
+def test_prefetch_to_device_reads_the_next_batch_while_the_step_runs(tmp_path):
+    """A 20 ms read behind a 40 ms step: waited for without prefetching, hidden with it
+    (but for the first batch of each block). The read stands for the copy to a GPU,
+    which no tf.data buffer on the host can hide; tf.data's own prefetch is off."""
+
+    def unbuffered(mode, params):
+        options = tf.data.Options()
+        options.experimental_optimization.inject_prefetch = False
+        return in_memory(mode, params, delay=0.02).with_options(options)
+
+    shares, weights = {}, {}
+    for prefetch in [False, True]:
+        keras.utils.set_random_seed(0)  # the same initial weights
+        run = estimator(
+            tmp_path / str(prefetch),
+            model=SlowMLP(0.04),
+            checkpoint_input=False,
+            prefetch_to_device=prefetch,
+        )
+        assert (run.prefetch_device is not None) == prefetch
+        run.train(unbuffered, max_steps=30)
+        series = scalar_series(str(tmp_path / str(prefetch) / "train"), "input_wait_share")
+        shares[prefetch] = series[-1][1]  # steps 21-30 (the first block traces)
+        weights[prefetch] = [v.numpy() for v in run.model_fn.trainable_variables]
+    assert shares[False] > 0.2, shares
+    assert shares[True] < 0.1, shares
+    for a, b in zip(weights[False], weights[True], strict=True):
+        np.testing.assert_array_equal(a, b)  # the same training
+
+
+def test_prefetch_to_device_is_refused_where_it_does_not_apply(tmp_path):
+    model = MLP(hidden_units=[8])
+    with pytest.raises(
+        UserError, match="prefetch_to_device applies to one device .*not jit_compile"
+    ):
+        Estimator(model, str(tmp_path), prefetch_to_device=True, jit_compile=True)
+    assert Estimator(model, str(tmp_path)).prefetch_device is None  # auto: not on a CPU
 
 
 @pytest.fixture

@@ -99,6 +99,7 @@ RESUMABLE_BINDINGS = {
     "Estimator.export_best_higher",
     "Estimator.distribution",
     "Estimator.num_devices",
+    "Estimator.prefetch_to_device",
 }
 RESUMABLE_PARAMETERS = {"data_dir"}
 

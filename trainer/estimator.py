@@ -103,6 +103,11 @@ class Estimator:
         LossScaleOptimizer) to compute in 16 bits while keeping float32 weights,
         logits and loss; None for float32. The Keras dtype policy must be set before
         the model is built (``python -m trainer`` does; see ``set_precision``).
+      prefetch_to_device: read each batch, and copy it to the device, while the step
+        before it runs, so that the copy is off the step's path. None: on when training
+        on one GPU (or other accelerator) without jit_compile. It applies to one device:
+        strategies prefetch to their replicas themselves, towers copy each shard in the
+        step, and jit_compile reads a block's batches before the block.
     """
 
     def __init__(
@@ -141,6 +146,7 @@ class Estimator:
         distribution: str = "towers",
         num_devices: int | str = "auto",
         mixed_precision: str | None = None,
+        prefetch_to_device: bool | None = None,
     ):
         if nonfinite_loss not in ("stop", "rollback"):
             raise UserError(
@@ -188,6 +194,9 @@ class Estimator:
         self.clip_gradient_norm = clip_gradient_norm
         self.ema_decay = ema_decay
         self.jit_compile = jit_compile
+        self.prefetch_device = _prefetch_device(
+            prefetch_to_device, self.devices, distribution, jit_compile
+        )
         self.ema: WeightAverage | None = None
         self.nonfinite_loss = nonfinite_loss
         self.max_rollbacks = max_rollbacks
@@ -730,6 +739,7 @@ class Estimator:
                 jit_compile=self.jit_compile,
                 devices=self.devices,
                 strategy=self.strategy,
+                prefetch_device=self.prefetch_device,
             )
         return self._steps
 
@@ -1108,6 +1118,25 @@ def _check_devices(
             f"Estimator.clip_gradient_norm needs the summed gradient, which {distribution!r} "
             "forms inside the optimizer: use distribution 'towers' to clip"
         )
+
+
+def _prefetch_device(
+    prefetch_to_device: bool | None, devices: Sequence[str], distribution: str, jit_compile: bool
+) -> str | None:
+    """The device each batch is copied to while the step before it runs, or None."""
+    single = distribution == "towers" and len(devices) == 1 and not jit_compile
+    if prefetch_to_device is None:  # on where there is a copy to hide
+        accelerator = tf.DeviceSpec.from_string(devices[0]).device_type != "CPU"
+        return devices[0] if single and accelerator else None
+    if prefetch_to_device and not single:
+        setting = "jit_compile" if jit_compile else f"{distribution!r} on {len(devices)} devices"
+        raise UserError(
+            f"Estimator.prefetch_to_device applies to one device without jit_compile, not "
+            f"{setting}: strategies prefetch to their replicas themselves, towers copy each "
+            "shard in the step, and jit_compile reads a block's batches before the block; "
+            "leave it None"
+        )
+    return devices[0] if prefetch_to_device else None
 
 
 def _rebuilt_in_scope(

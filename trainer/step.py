@@ -103,6 +103,8 @@ class Steps:
       strategy: a tf.distribute strategy whose scope holds the variables; the train
         loop then takes a distributed iterator and runs the step in every replica.
         Evaluation and prediction run on each worker's first device.
+      prefetch_device: read each batch onto this device while the step before it
+        runs (``_prefetching_train_loop``); None: read it when the step needs it.
     """
 
     def __init__(
@@ -116,6 +118,7 @@ class Steps:
         jit_compile: bool = False,
         devices: Sequence[str] | None = None,
         strategy: tf.distribute.Strategy | None = None,
+        prefetch_device: str | None = None,
     ):
         self.model_fn = model_fn
         self.optimizer = optimizer
@@ -135,6 +138,7 @@ class Steps:
             else None
         )
         self.strategy = strategy
+        self.prefetch_device = prefetch_device
         self.update = fused_update(optimizer)
         train_scalars = ["loss"]
         if self.has_regularization:
@@ -157,8 +161,12 @@ class Steps:
         self._compiled_block = tf.function(self._train_stacked, jit_compile=True)
         if strategy:
             loop = self._distributed_train_loop
+        elif jit_compile:
+            loop = self._stacked_train_loop
+        elif prefetch_device:
+            loop = self._prefetching_train_loop
         else:
-            loop = self._stacked_train_loop if jit_compile else self._train_loop
+            loop = self._train_loop
         self.train_loop = tf.function(loop)
         self.evaluate = tf.function(self._evaluate)
         self.predict = tf.function(self._predict)
@@ -233,6 +241,37 @@ class Steps:
                 break
         self._check_weights()
 
+    def _prefetching_train_loop(self, iterator, num_steps: tf.Tensor) -> None:
+        """``_train_loop`` reading each batch onto the device while the step before it runs.
+
+        Reading batch i + 1 (and copying it to ``prefetch_device``) does not depend on
+        step i, so the runtime does both at once and the copy is off the step's path.
+        A block still reads exactly its ``num_steps`` batches, so the checkpointed
+        iterator position stays exact. The wait added to ``input_seconds`` is how long
+        after the previous step ended a batch arrived: what the step really waited.
+        """
+        self.nonfinite.assign(False)
+        ended = self._timestamp()
+        element, ready = self._read_ahead(iterator)
+        for i in tf.range(num_steps):
+            self.input_seconds.assign_add(tf.maximum(ready - ended, 0.0))
+            features, labels = split_element(element, Mode.TRAIN)
+            if i + 1 < num_steps:
+                element, ready = self._read_ahead(iterator)
+            finite = self._train_step(features, labels, i == num_steps - 1)
+            ended = self._timestamp(after=finite)
+            if not finite:
+                self.nonfinite.assign(True)
+                break
+        self._check_weights()
+
+    def _read_ahead(self, iterator):
+        """The next training element, copied to ``prefetch_device``, and when it got there."""
+        element = next(iterator)
+        with tf.device(self.prefetch_device):
+            element = tf.nest.map_structure(tf.identity, element)
+        return element, self._timestamp(after=element)
+
     def _stacked_train_loop(self, iterator, num_steps: tf.Tensor) -> None:
         """``_train_loop`` with the whole block of steps compiled by XLA as one cluster.
 
@@ -269,14 +308,18 @@ class Steps:
         microseconds; a slow one makes the step wait here, which is what the
         Estimator reports as the input-bound share of the step time.
         """
-        if not self.times_input:
-            return next(iterator)
-        start = tf.timestamp()
+        start = self._timestamp()
         with tf.control_dependencies([start]):
             element = next(iterator)
-        with tf.control_dependencies(tf.nest.flatten(element, expand_composites=True)):
-            self.input_seconds.assign_add(tf.timestamp() - start)
+        self.input_seconds.assign_add(self._timestamp(after=element) - start)
         return element
+
+    def _timestamp(self, after=()) -> tf.Tensor:
+        """``tf.timestamp()`` taken once ``after`` is computed; 0 if input is not timed."""
+        if not self.times_input:
+            return tf.constant(0.0, tf.float64)
+        with tf.control_dependencies(tf.nest.flatten(after, expand_composites=True)):
+            return tf.timestamp()
 
     def _replica_step(self, features, labels) -> tf.Tensor:
         """One replica's part of a step under a strategy; True if all losses were finite.
