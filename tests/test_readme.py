@@ -19,7 +19,7 @@ def test_setup_commands_come_first_and_ci_runs_the_test_command():
     first = code_blocks("sh")[0].splitlines()
     assert first == [
         "python3 -m pip install -e . && python3 -m trainer --gin_file experiments/digits_mlp.gin",
-        'python3 -m pip install -e ".[test]" && python3 -m pytest -q',
+        'python3 -m pip install -e ".[test]" && python3 -m pytest -q -n 2',
     ]
     with open(os.path.join(REPO, ".ci", "run")) as f:
         assert "README.md" in f.read()
