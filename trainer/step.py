@@ -247,8 +247,10 @@ class Steps:
         Reading batch i + 1 (and copying it to ``prefetch_device``) does not depend on
         step i, so the runtime does both at once and the copy is off the step's path.
         A block still reads exactly its ``num_steps`` batches, so the checkpointed
-        iterator position stays exact. The wait added to ``input_seconds`` is how long
-        after the previous step ended a batch arrived: what the step really waited.
+        iterator position stays exact (a block that ends at a non-finite loss has read
+        one batch more, but after one the Estimator restores the checkpoint or stops).
+        The wait added to ``input_seconds`` is how long after the previous step ended
+        a batch arrived: what the step really waited.
         """
         self.nonfinite.assign(False)
         ended = self._timestamp()
