@@ -72,27 +72,38 @@ def test_input_bound_run_is_reported_with_the_knobs_to_turn(tmp_path, caplog):
     assert shares[-1] < 0.2
 
 
-class SlowMLP(MLP):
-    """An MLP whose every training step also takes ``delay`` seconds (sleeping)."""
+def pause(seconds: float, after: tf.Tensor) -> tf.Tensor:
+    """A float32 zero computed from ``after`` in ``seconds`` (sleeping). Not stateful,
+    so the runtime orders it by its data alone, as it does real compute."""
+    zero = tf.numpy_function(
+        lambda _: time.sleep(seconds) or np.float32(0), [after], tf.float32, stateful=False
+    )
+    return tf.ensure_shape(zero, [])
 
-    def __init__(self, delay: float):
+
+@tf.custom_gradient
+def slow_gradient(loss):
+    return tf.identity(loss), lambda upstream: upstream + pause(0.03, upstream)
+
+
+class SlowMLP(MLP):
+    """An MLP whose training step takes 10 ms more forward and 30 ms more backward."""
+
+    def __init__(self):
         super().__init__(hidden_units=[16], dropout_rate=0.0)
-        self.delay = delay
 
     def __call__(self, features, labels, mode):
         spec = super().__call__(features, labels, mode)
         if mode == Mode.TRAIN:
-            pause = tf.numpy_function(
-                lambda: time.sleep(self.delay) or np.float32(0), [], tf.float32
-            )
-            spec.loss += tf.ensure_shape(pause, [])
+            spec.loss = slow_gradient(spec.loss + pause(0.01, spec.loss))
         return spec
 
 
 def test_prefetch_to_device_reads_the_next_batch_while_the_step_runs(tmp_path):
-    """A 20 ms read behind a 40 ms step: waited for without prefetching, hidden with it
-    (but for the first batch of each block). The read stands for the copy to a GPU,
-    which no tf.data buffer on the host can hide; tf.data's own prefetch is off."""
+    """A 20 ms read beside a 40 ms step (10 forward, 30 backward): waited for without
+    prefetching, hidden with it but for the first batch of each block. The read stands
+    for the copy to a GPU, which no tf.data buffer on the host hides; tf.data's own
+    prefetch is off."""
 
     def unbuffered(mode, params):
         options = tf.data.Options()
@@ -104,7 +115,7 @@ def test_prefetch_to_device_reads_the_next_batch_while_the_step_runs(tmp_path):
         keras.utils.set_random_seed(0)  # the same initial weights
         run = estimator(
             tmp_path / str(prefetch),
-            model=SlowMLP(0.04),
+            model=SlowMLP(),
             checkpoint_input=False,
             prefetch_to_device=prefetch,
         )

@@ -253,16 +253,19 @@ class Steps:
         a batch arrived: what the step really waited.
         """
         self.nonfinite.assign(False)
-        ended = self._timestamp()
-        element, ready = self._read_ahead(iterator)
+        begun = self._timestamp()
+        with tf.control_dependencies([begun]):
+            element, ready = self._read_ahead(iterator)
+        self.input_seconds.assign_add(ready - begun)  # the block's first batch
         for i in tf.range(num_steps):
-            self.input_seconds.assign_add(tf.maximum(ready - ended, 0.0))
+            # An iteration starts once the previous one's updates are done: the step
+            # could start now, and its batch arrives ``ready - started`` later.
+            started = self._timestamp(after=i)
+            self.input_seconds.assign_add(tf.maximum(ready - started, 0.0))
             features, labels = split_element(element, Mode.TRAIN)
             if i + 1 < num_steps:
                 element, ready = self._read_ahead(iterator)
-            finite = self._train_step(features, labels, i == num_steps - 1)
-            ended = self._timestamp(after=finite)
-            if not finite:
+            if not self._train_step(features, labels, i == num_steps - 1):
                 self.nonfinite.assign(True)
                 break
         self._check_weights()
