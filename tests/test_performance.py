@@ -125,7 +125,7 @@ def test_prefetch_to_device_reads_the_next_batch_while_the_step_runs(tmp_path):
         shares[prefetch] = series[-1][1]  # steps 21-30 (the first block traces)
         weights[prefetch] = [v.numpy() for v in run.model_fn.trainable_variables]
     assert shares[False] > 0.2, shares
-    assert shares[True] < 0.1, shares
+    assert shares[True] < 0.15, shares  # ~0.05: each block's first batch
     for a, b in zip(weights[False], weights[True], strict=True):
         np.testing.assert_array_equal(a, b)  # the same training
 
