@@ -1125,11 +1125,13 @@ def _prefetch_device(
 ) -> str | None:
     """The device each batch is copied to while the step before it runs, or None."""
     single = distribution == "towers" and len(devices) == 1 and not jit_compile
-    if prefetch_to_device is None:  # on where there is a copy to hide
-        accelerator = tf.DeviceSpec.from_string(devices[0]).device_type != "CPU"
-        return devices[0] if single and accelerator else None
+    if prefetch_to_device is None:  # on where there is a copy to hide: not on a CPU
+        if single and tf.DeviceSpec.from_string(devices[0]).device_type != "CPU":
+            return devices[0]
+        return None
     if prefetch_to_device and not single:
-        setting = "jit_compile" if jit_compile else f"{distribution!r} on {len(devices)} devices"
+        count = f"{len(devices)} device" + ("s" if len(devices) > 1 else "")
+        setting = "jit_compile" if jit_compile else f"distribution {distribution!r} on {count}"
         raise UserError(
             f"Estimator.prefetch_to_device applies to one device without jit_compile, not "
             f"{setting}: strategies prefetch to their replicas themselves, towers copy each "
