@@ -313,6 +313,8 @@ class Steps:
         microseconds; a slow one makes the step wait here, which is what the
         Estimator reports as the input-bound share of the step time.
         """
+        if not self.times_input:  # no timestamps to take, nothing to add up
+            return next(iterator)
         start = self._timestamp()
         with tf.control_dependencies([start]):
             element = next(iterator)
