@@ -36,7 +36,7 @@ def input_fn(mode: Mode, params: InputParams, split: str | None = None) -> tf.da
     """Batches of ``({'x': [batch, 10]}, {'y': [batch]})``: 'train' for TRAIN, else 'test'."""
     split = split or ("train" if mode == Mode.TRAIN else "test")
     x, y = arrays(split)
-    source = tf.data.Dataset.from_tensor_slices({"x": x, "y": y})
+    source = pipeline.ArraySource({"x": x, "y": y}, name=f"diabetes {split}")
     return pipeline.build(
         source, mode, params, lambda e: ({"x": e["x"]}, {"y": e["y"]}), name=f"diabetes-{split}"
     )

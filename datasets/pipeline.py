@@ -1,24 +1,47 @@
 """Turns sources of single examples into an input_fn's batched dataset.
 
+Training reads its sources **by index** (``datasets/order.py``): position ``p`` of
+the training stream is a pure function of ``(seed, p)``, each epoch a full
+permutation of the data. Checkpoints then hold no input state but the number of
+examples read, and a resumed run starts at the exact next example, on any number of
+devices or workers, in constant time. A source is read by index when it allows it:
+
+* ``ArraySource``: examples in memory (digits, diabetes, a user's numpy arrays);
+* a ``tf.data.Dataset`` of fixed-shape examples whose decoded size fits
+  ``pipeline.memory_limit_mb``: read once into memory, then by index;
+* ``RecordSource`` (``datasets/tfrecord.py``): serialized records read by index
+  from files, for data larger than memory.
+
+A ``tf.data`` source that is too large or of varying shapes is read sequentially
+with a shuffle buffer instead (the pre-index path): its iterator, buffer included,
+is then what a checkpoint saves, and the log says so.
+
 Two shapes of pipeline share one set of knobs, bound in gin under ``pipeline``:
 
-* ``build``: single examples are mapped through a pure ``preprocess`` function,
-  cached, shuffled and repeated (TRAIN), augmented, batched and prefetched;
-* ``batched``: serialized records are cached, shuffled and batched first, then
-  parsed a whole batch at a time (``tf.io.parse_example`` is vectorised).
+* ``build``: single examples go through a pure ``preprocess`` and, in TRAIN,
+  ``augment``, then are batched;
+* ``batched``: serialized records are batched first and parsed a whole batch at a
+  time (``tf.io.parse_example`` is vectorised).
 
-TRAIN shuffles with ``params.seed``, repeats forever and drops the last partial
-batch; EVAL and PREDICT read the data once and keep every example.
+TRAIN repeats forever and drops a last partial batch; EVAL and PREDICT read the
+data once, in order, and keep every example. Augmentation draws its randomness from
+``(seed, position)``, so it needs no saved RNG state either.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+import os
+from collections.abc import Callable, Mapping, Sequence
 
 import gin
+import numpy as np
 import tensorflow as tf
+from absl import logging
 
+from datasets.order import Order, pipeline_positions
 from trainer import InputParams, Mode, UserError
+from trainer.model_fn import positioned
 
 Preprocess = Callable[[dict], tuple[dict, dict]]
 Augment = Callable[[dict, dict, tf.Tensor], tuple[dict, dict]]
@@ -26,22 +49,111 @@ Augment = Callable[[dict, dict, tf.Tensor], tuple[dict, dict]]
 
 @gin.configurable("pipeline")
 def options(
-    cache: bool | str = True, shuffle_buffer: int = 10_000, deterministic: bool = True
+    cache: bool | str = "auto",
+    memory_limit_mb: float | None = None,
+    shuffle_buffer: int = 10_000,
+    deterministic: bool = True,
 ) -> dict:
-    """The pipeline knobs, as bound in gin (``pipeline.cache = '/tmp/cache/train'``).
+    """The pipeline knobs, as bound in gin (``pipeline.cache = False``).
 
     Args:
-      cache: True keeps preprocessed examples in memory after the first epoch; a path
-        caches them in files there (for data larger than memory); False: no cache.
-      shuffle_buffer: training shuffle buffer, in examples.
+      cache: how a ``tf.data`` source is held. ``'auto'``: in memory (and read by
+        index) when its decoded examples fit ``memory_limit_mb``, else read in
+        sequence; True: in memory whatever its size; False: never in memory; a path:
+        read in sequence, caching the preprocessed examples in files there.
+      memory_limit_mb: the most memory one source may take in memory; default a
+        quarter of this machine's RAM, at most 16 GiB.
+      shuffle_buffer: shuffle buffer, in examples, of a source read in sequence.
       deterministic: keep the element order reproducible; False lets parallel stages
-        deliver out of order, for speed.
+        deliver out of order, for speed (training order then is not exact on resume).
     """
-    return dict(cache=cache, shuffle_buffer=shuffle_buffer, deterministic=deterministic)
+    return dict(
+        cache=cache,
+        memory_limit_mb=memory_limit_mb,
+        shuffle_buffer=shuffle_buffer,
+        deterministic=deterministic,
+    )
+
+
+class ArraySource:
+    """Examples in memory: a (nested) dict of arrays sharing their first dimension.
+
+    Args:
+      arrays: e.g. ``{'image': uint8 [n, 32, 32, 3], 'label': int64 [n]}``.
+      name: names the source in messages.
+    """
+
+    def __init__(self, arrays: Mapping | tuple, name: str = "source"):
+        self.name = name
+        self.arrays = tf.nest.map_structure(np.asarray, arrays)
+        self._preprocessed: dict = {}
+        sizes = {a.shape[0] if a.ndim else None for a in tf.nest.flatten(self.arrays)}
+        if len(sizes) != 1 or None in sizes:
+            shapes = tf.nest.map_structure(lambda a: list(a.shape), self.arrays)
+            raise UserError(
+                f"{name}: arrays must share their first (example) dimension, got {shapes}"
+            )
+        self.size = sizes.pop()
+        self._tensors = None
+
+    def __len__(self) -> int:
+        return self.size
+
+    @property
+    def nbytes(self) -> int:
+        """Memory the arrays take."""
+        return sum(a.nbytes for a in tf.nest.flatten(self.arrays))
+
+    def tensors(self):
+        """The arrays as tensors, made once (a dataset captures them, never copies)."""
+        if self._tensors is None:
+            with tf.init_scope():  # eager even when first asked from inside a map function
+                self._tensors = tf.nest.map_structure(tf.constant, self.arrays)
+        return self._tensors
+
+    def gather(self, rows: tf.Tensor):
+        """The examples at ``rows`` (a scalar gives one example, a vector a batch)."""
+        return tf.nest.map_structure(lambda t: tf.gather(t, rows), self.tensors())
+
+    def preprocessed(self, preprocess: Preprocess, limit: float) -> ArraySource | None:
+        """Every example through ``preprocess``, in memory; None if that exceeds ``limit``.
+
+        ``preprocess`` is pure, so its results are kept (per function) and reused by
+        every epoch and every later pipeline over this source.
+        """
+        key = _function_key(preprocess)
+        if key not in self._preprocessed:
+            one = tf.data.Dataset.from_tensor_slices(self.arrays).map(preprocess)
+            specs = tf.nest.flatten(one.element_spec)
+            fixed = all(s.shape.is_fully_defined() and s.dtype != tf.string for s in specs)
+            size = len(self) * sum(s.shape.num_elements() * s.dtype.size for s in specs) if fixed else None
+            if size is None or size > limit:
+                self._preprocessed[key] = None
+            else:
+                done = one.batch(4096, num_parallel_calls=tf.data.AUTOTUNE)
+                arrays = _read_all(done.prefetch(2), self.name, batched=True)
+                self._preprocessed[key] = ArraySource(arrays, f"{self.name}, preprocessed")
+                logging.info(
+                    "Holding %s preprocessed in memory (%d examples, %.1f MB)",
+                    self.name,
+                    len(self),
+                    size / 2**20,
+                )
+        return self._preprocessed[key]
+
+    @staticmethod
+    def concat(sources: Sequence[ArraySource]) -> ArraySource:
+        """The sources laid end to end, as one."""
+        if len(sources) == 1:
+            return sources[0]
+        arrays = tf.nest.map_structure(
+            lambda *parts: np.concatenate(parts), *[s.arrays for s in sources]
+        )
+        return ArraySource(arrays, "+".join(s.name for s in sources))
 
 
 def build(
-    source: tf.data.Dataset | Sequence[tf.data.Dataset],
+    source: ArraySource | tf.data.Dataset | Sequence[ArraySource | tf.data.Dataset],
     mode: Mode,
     params: InputParams,
     preprocess: Preprocess,
@@ -53,28 +165,221 @@ def build(
     """The batched ``(features, labels)`` dataset for ``mode`` from single examples.
 
     Args:
-      source: single examples, or a list of sources (e.g. several splits).
+      source: an ``ArraySource``, a ``tf.data.Dataset`` of single examples, or a
+        list of them (e.g. several splits).
       mode: the mode the input_fn was called for.
-      params: batch size, seed and this pipeline's shard.
+      params: batch size, seed, this pipeline's shard and, in TRAIN, where to start.
       preprocess: pure function of one example to ``(features, labels)``.
-      augment: ``augment(features, labels, seed)`` applied in TRAIN only, after the
-        cache, so each epoch sees new draws. ``seed`` is a shape-[2] int64 tensor for
-        ``tf.image.stateless_random_*`` ops, drawn from a seeded ``Dataset.random``, so
-        augmentation is reproducible and checkpointed with the input position.
-      weights: with several sources, the probability of drawing from each in TRAIN
+      augment: ``augment(features, labels, seed)`` applied in TRAIN only, to each
+        example of each epoch anew. ``seed`` is a shape-[2] int64 tensor for
+        ``tf.image.stateless_random_*`` ops, derived from (run seed, stream position).
+      weights: with several sources, the share of the training stream each gets
         (default: equal); EVAL and PREDICT read them one after the other.
-      name: names the cache files when ``pipeline.cache`` is a path (e.g. the split).
+      name: names the source in the log, and the cache files when
+        ``pipeline.cache`` is a path.
     """
     knobs = options()
     _check_batch(params)
     sources = list(source) if isinstance(source, list | tuple) else [source]
+    training = mode == Mode.TRAIN
+    if training:
+        Order([1] * len(sources), weights)  # bad weights are refused before any reading
+    held = [_in_memory(s, f"{name}-{i}", knobs) for i, s in enumerate(sources)]
+    if any(h is None for h in held):
+        return _sequential(sources, mode, params, preprocess, augment, weights, name, knobs)
+    data = ArraySource.concat(held)
+    examples = data.preprocessed(preprocess, _memory_limit(knobs) if knobs["cache"] else 0)
+
+    def example(row):  # one preprocessed example
+        return examples.gather(row) if examples is not None else preprocess(data.gather(row))
+
+    if training:
+        order = Order([len(h) for h in held], weights, params.seed)
+        elements = tf.data.Dataset.range(np.iinfo(np.int64).max)
+        if examples is not None and augment is None:  # a whole batch in one gather
+            dataset = elements.batch(params.batch_size, drop_remainder=True).map(
+                lambda e: examples.gather(order.rows(pipeline_positions(e, params))),
+                num_parallel_calls=tf.data.AUTOTUNE,
+            )
+        else:
+
+            def augmented(element):
+                position = pipeline_positions(element, params)
+                features, labels = example(order.rows(position))
+                if augment is None:
+                    return features, labels
+                return augment(features, labels, _stateless_seed(order.seed, position))
+
+            dataset = elements.map(augmented, num_parallel_calls=tf.data.AUTOTUNE)
+            dataset = dataset.batch(params.batch_size, drop_remainder=True)
+        return positioned(_finish(dataset, knobs, symbolic=True))
+    rows = tf.data.Dataset.range(len(data))
+    if params.num_input_pipelines > 1:
+        rows = rows.shard(params.num_input_pipelines, params.input_pipeline_id)
+    if examples is not None:
+        dataset = rows.batch(params.batch_size).map(examples.gather)
+    else:
+        dataset = rows.map(example, num_parallel_calls=tf.data.AUTOTUNE)
+        dataset = dataset.batch(params.batch_size)
+    return _finish(dataset, knobs)
+
+
+def batched(
+    records: tf.data.Dataset | RandomAccess,
+    mode: Mode,
+    params: InputParams,
+    parse: Callable[[tf.Tensor], tuple[dict, dict]],
+    *,
+    augment: Augment | None = None,
+    name: str = "data",
+) -> tf.data.Dataset:
+    """The batched ``(features, labels)`` dataset from serialized records.
+
+    In TRAIN a ``RandomAccess`` source is read by index, a batch of records per
+    read; a ``tf.data.Dataset`` of records is read in sequence (cached and shuffled
+    serialized). Each batch is parsed with one call of ``parse`` (vectorised);
+    ``augment(features, labels, seed)`` then acts on whole batches in TRAIN.
+    """
+    knobs = options()
+    _check_batch(params)
+    training = mode == Mode.TRAIN
+    if training and isinstance(records, RandomAccess):
+        order = Order([len(records)], seed=params.seed)
+
+        def batch(elements):
+            positions = pipeline_positions(elements, params)
+            features, labels = parse(records.read(order.rows(positions)))
+            if augment is not None:
+                seed = _stateless_seed(order.seed, positions[0])
+                features, labels = augment(features, labels, seed)
+            return features, labels
+
+        elements = tf.data.Dataset.range(np.iinfo(np.int64).max)
+        dataset = elements.batch(params.batch_size, drop_remainder=True)
+        dataset = dataset.map(batch, num_parallel_calls=tf.data.AUTOTUNE)
+        return positioned(_finish(dataset, knobs, symbolic=True))
+    if isinstance(records, RandomAccess):
+        records = records.in_order(params)
+    dataset = _cache(records, knobs["cache"], name)
+    if training:
+        _log_sequential(name, "its records are read in sequence")
+        dataset = dataset.shuffle(knobs["shuffle_buffer"], seed=params.seed).repeat()
+    dataset = dataset.batch(params.batch_size, drop_remainder=training)
+    dataset = dataset.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+    if training and augment is not None:
+        dataset = _with_seeds(dataset, params.seed).map(
+            lambda element, seed: augment(*element, seed), num_parallel_calls=tf.data.AUTOTUNE
+        )
+    return _finish(dataset, knobs)
+
+
+class RandomAccess:
+    """Serialized records readable by index; ``datasets.tfrecord.RecordSource`` is one."""
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def read(self, rows: tf.Tensor) -> tf.Tensor:
+        """The serialized records at ``rows`` (a vector), as a string tensor."""
+        raise NotImplementedError
+
+    def in_order(self, params: InputParams) -> tf.data.Dataset:
+        """Every record once, in order (this pipeline's share of them), for eval."""
+        raise NotImplementedError
+
+
+def _stateless_seed(seed: int, position: tf.Tensor) -> tf.Tensor:
+    """A shape-[2] seed for stateless random ops, unique to (run seed, stream position)."""
+    return tf.stack([tf.constant(seed, tf.int64), tf.cast(position, tf.int64)])
+
+
+def _in_memory(source, name: str, knobs: dict) -> ArraySource | None:
+    """The source as an ``ArraySource``, or None when it is read in sequence instead."""
+    if isinstance(source, ArraySource):
+        return source
+    if not isinstance(source, tf.data.Dataset):
+        raise UserError(
+            f"{name}: a source must be a datasets.pipeline.ArraySource or a tf.data.Dataset, "
+            f"got {type(source).__name__}"
+        )
+    cache = knobs["cache"]
+    if cache is False or (isinstance(cache, str) and cache != "auto"):
+        return None
+    size, why = _decoded_bytes(source)
+    limit = _memory_limit(knobs)
+    if size is None or (cache == "auto" and size > limit):
+        reason = why or f"its {size / 2**20:.0f} MB exceed pipeline.memory_limit_mb {limit / 2**20:.0f}"
+        _log_sequential(name, reason)
+        return None
+    arrays = _read_all(source, name)
+    logging.info(
+        "Holding %s in memory (%d examples, %.1f MB); training reads it by index",
+        name,
+        len(tf.nest.flatten(arrays)[0]),
+        size / 2**20,
+    )
+    return ArraySource(arrays, name)
+
+
+def _decoded_bytes(dataset: tf.data.Dataset) -> tuple[int | None, str]:
+    """``(bytes its examples take decoded, '')``, or ``(None, why it is not known)``."""
+    count = int(dataset.cardinality())
+    if count < 0:
+        return None, "its length is not known (cardinality)"
+    specs = tf.nest.flatten(dataset.element_spec)
+    if not all(isinstance(s, tf.TensorSpec) and s.shape.is_fully_defined() for s in specs):
+        return None, "its examples vary in shape"
+    if any(s.dtype == tf.string for s in specs):
+        return None, "it holds strings of unknown size"
+    return count * sum(s.shape.num_elements() * s.dtype.size for s in specs), ""
+
+
+def _memory_limit(knobs: dict) -> float:
+    if knobs["memory_limit_mb"] is not None:
+        return float(knobs["memory_limit_mb"]) * 2**20
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        ram = 16 * 2**30
+    return min(ram / 4, 16 * 2**30)
+
+
+def _read_all(dataset: tf.data.Dataset, name: str, batched: bool = False):
+    """Every example of ``dataset`` as numpy arrays, read once in large batches."""
+    batches = dataset if batched else dataset.batch(4096).prefetch(2)
+    parts = [tf.nest.map_structure(lambda t: t.numpy(), batch) for batch in batches]
+    if not parts:
+        raise UserError(f"{name} is empty: it has no examples to read")
+    return tf.nest.map_structure(lambda *p: np.concatenate(p), *parts)
+
+
+def _function_key(fn) -> tuple:
+    """Identifies a function, seeing through ``functools.partial`` (made anew per call)."""
+    if isinstance(fn, functools.partial):
+        return (_function_key(fn.func), fn.args, tuple(sorted(fn.keywords.items())))
+    return (fn,)
+
+
+def _log_sequential(name: str, reason: str) -> None:
+    logging.warning(
+        "Training reads %s in sequence with a shuffle buffer (%s): each checkpoint then "
+        "saves the buffer, and resuming under a tf.distribute strategy replays the input. "
+        "Read it by index: an ArraySource, pipeline.memory_limit_mb, or TFRecord shards",
+        name,
+        reason,
+    )
+
+
+def _sequential(sources, mode, params, preprocess, augment, weights, name, knobs):
+    """The pre-index pipeline: map, cache, shuffle buffer, repeat; for sources read in order."""
     training = mode == Mode.TRAIN
 
     def prepare(dataset, index):
         if params.num_input_pipelines > 1:
             dataset = dataset.shard(params.num_input_pipelines, params.input_pipeline_id)
         dataset = dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
-        dataset = _cache(dataset, knobs["cache"], f"{name}-{index}")
+        cache = knobs["cache"]
+        dataset = _cache(dataset, cache if isinstance(cache, str) else False, f"{name}-{index}")
         if training:
             dataset = dataset.shuffle(knobs["shuffle_buffer"], seed=params.seed)
             dataset = dataset.repeat()
@@ -84,8 +389,6 @@ def build(
     if len(prepared) == 1:
         dataset = prepared[0]
     elif training:
-        if weights is not None and len(weights) != len(prepared):
-            raise UserError(f"{len(weights)} mixing weights for {len(prepared)} sources")
         dataset = tf.data.Dataset.sample_from_datasets(prepared, weights=weights, seed=params.seed)
     else:
         dataset = prepared[0]
@@ -99,36 +402,6 @@ def build(
     return _finish(dataset, knobs)
 
 
-def batched(
-    records: tf.data.Dataset,
-    mode: Mode,
-    params: InputParams,
-    parse: Callable[[tf.Tensor], tuple[dict, dict]],
-    *,
-    augment: Augment | None = None,
-    name: str = "data",
-) -> tf.data.Dataset:
-    """The batched ``(features, labels)`` dataset from serialized records.
-
-    Records are cached and shuffled serialized; each batch is parsed with one call of
-    ``parse`` (vectorised); ``augment(features, labels, seed)`` then acts on whole
-    batches in TRAIN. ``name`` names the cache files when ``pipeline.cache`` is a path.
-    """
-    knobs = options()
-    _check_batch(params)
-    training = mode == Mode.TRAIN
-    dataset = _cache(records, knobs["cache"], name)
-    if training:
-        dataset = dataset.shuffle(knobs["shuffle_buffer"], seed=params.seed).repeat()
-    dataset = dataset.batch(params.batch_size, drop_remainder=training)
-    dataset = dataset.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
-    if training and augment is not None:
-        dataset = _with_seeds(dataset, params.seed).map(
-            lambda element, seed: augment(*element, seed), num_parallel_calls=tf.data.AUTOTUNE
-        )
-    return _finish(dataset, knobs)
-
-
 def _check_batch(params: InputParams) -> None:
     if params.batch_size < 1:
         raise UserError(f"batch size must be >= 1, got {params.batch_size}")
@@ -137,7 +410,7 @@ def _check_batch(params: InputParams) -> None:
 def _cache(dataset: tf.data.Dataset, cache: bool | str, name: str) -> tf.data.Dataset:
     if cache is True:
         return dataset.cache()
-    if isinstance(cache, str) and cache:
+    if isinstance(cache, str) and cache and cache != "auto":
         tf.io.gfile.makedirs(cache)
         return dataset.cache(f"{cache.rstrip('/')}/{name.replace('/', '_')}")
     return dataset
@@ -148,7 +421,10 @@ def _with_seeds(dataset: tf.data.Dataset, seed: int | None) -> tf.data.Dataset:
     return tf.data.Dataset.zip((dataset, tf.data.Dataset.random(seed=seed).batch(2)))
 
 
-def _finish(dataset: tf.data.Dataset, knobs: dict) -> tf.data.Dataset:
+def _finish(dataset: tf.data.Dataset, knobs: dict, symbolic: bool = False) -> tf.data.Dataset:
     dataset_options = tf.data.Options()
     dataset_options.deterministic = knobs["deterministic"]
+    # An index-based pipeline's iterator, if anyone saves it (the Estimator needs not),
+    # is a few positions, not the prefetched batches.
+    dataset_options.experimental_symbolic_checkpoint = symbolic
     return dataset.with_options(dataset_options).prefetch(tf.data.AUTOTUNE)

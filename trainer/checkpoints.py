@@ -45,6 +45,15 @@ def all_checkpoints(model_dir: str) -> list[str]:
     return sorted(paths, key=step_of)
 
 
+def saved_int(path: str | None, name: str, default: int = 0) -> int:
+    """The integer variable ``name`` saved in checkpoint ``path`` (``default`` if none)."""
+    if path is None:
+        return default
+    key = f"{name}/.ATTRIBUTES/VARIABLE_VALUE"
+    reader = tf.train.load_checkpoint(path)
+    return int(reader.get_tensor(key)) if reader.has_tensor(key) else default
+
+
 def step_of(path: str) -> int:
     """The global step a checkpoint path was saved at (``.../ckpt-1200`` -> 1200)."""
     return int(path.rsplit("-", 1)[1])

@@ -11,6 +11,7 @@ import collections
 import contextlib
 import datetime
 import os
+import random
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -22,7 +23,7 @@ from absl import logging
 
 from trainer import checkpoints, errors, export, files, hooks, parallel, preemption
 from trainer.errors import Preempted, TrainingDiverged, UserError
-from trainer.model_fn import InputParams, Mode, ModelFn, check_spec
+from trainer.model_fn import InputParams, Mode, ModelFn, check_spec, is_positioned
 from trainer.optimization import WeightAverage
 from trainer.step import Steps, split_element
 from trainer.summaries import Writers
@@ -47,9 +48,12 @@ class Estimator:
       save_checkpoints_steps: how often to checkpoint (also always at the end).
       keep_checkpoint_max: how many recent checkpoints to keep.
       seed: seed given to input_fns (shuffling); None for nondeterministic input.
-      checkpoint_input: also checkpoint the training input iterator, so that a
-        resumed run continues from the exact next batch instead of restarting the
-        data. Needs a pipeline without ``py_function``.
+      checkpoint_input: resume the training input at the exact next batch instead of
+        restarting the data. A positioned dataset (``trainer.model_fn.positioned``:
+        the index-based pipelines of ``datasets/``) is resumed by arithmetic and
+        checkpoints hold only how many examples were read; any other dataset's
+        iterator is saved in each checkpoint (it needs a pipeline without
+        ``py_function``, and its shuffle buffer and cache are saved with it).
       clip_gradient_norm: clip the gradients to this global norm before applying them.
       jit_compile: compile each block of training steps with XLA as one computation
         (its batches are read first and stacked, at most ``STACKED_BYTES`` of them).
@@ -94,8 +98,9 @@ class Estimator:
         machine's GPUs, or its CPU), with checkpoints and summaries written by the
         chief and each other worker keeping its own copy in ``model_dir/worker_<i>``.
         Under both strategies ``global_batch_size`` must divide evenly over the
-        replicas, evaluation runs on each worker's first device, and the input is
-        resumed by skipping the batches already trained on (TF cannot checkpoint a
+        replicas and evaluation runs on each worker's first device. A positioned
+        input resumes at its position on any number of devices; any other is resumed
+        by skipping the batches already trained on (TF cannot checkpoint a
         distributed iterator).
       num_devices: ``'auto'`` (every GPU, else one CPU) or how many devices to use.
       mixed_precision: ``'mixed_bfloat16'`` (CPUs with AVX-512 BF16, TPUs, recent
@@ -227,6 +232,14 @@ class Estimator:
         self.config_guard = config_guard
         with self._scope():
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+            # Examples of the training stream read so far (skipped batches included):
+            # where a positioned training input resumes, whatever the device count.
+            self.input_position = tf.Variable(
+                0, dtype=tf.int64, trainable=False, name="input_position"
+            )
+            # The seed of the training order, kept from the first start (drawn then if
+            # ``seed`` is None), so that a resumed run reads on in the same order.
+            self.input_seed = tf.Variable(-1, dtype=tf.int64, trainable=False, name="input_seed")
         self.writers = Writers(self.model_dir)
         self._steps: Steps | None = None  # built on first use, from the data's shapes
         self._has_state = False  # True once the model holds trained or restored weights
@@ -431,8 +444,15 @@ class Estimator:
         extra: list[hooks.Periodic],
         hooks_: Sequence[hooks.Hook] = (),
     ) -> int:
-        # Data, model and optimizer.
-        dataset = self._dataset(input_fn, Mode.TRAIN)
+        # Data, model and optimizer. A positioned dataset starts at the input position
+        # of the newest checkpoint (read before restoring: the dataset is built once).
+        tf.io.gfile.makedirs(self.model_dir)
+        latest = checkpoints.latest_checkpoint(self.model_dir)
+        self.input_position.assign(checkpoints.saved_int(latest, "input_position"))
+        self.input_seed.assign(self._training_seed(checkpoints.saved_int(latest, "input_seed", -1)))
+        position = int(self.input_position.numpy())
+        dataset = self._dataset(input_fn, Mode.TRAIN, start_example=position)
+        positioned = is_positioned(dataset)
         iterator = iter(dataset) if self.strategy is None else None
         steps = self._prepare(dataset.element_spec, Mode.TRAIN)
         # Under jit_compile a block's batches are stacked: as many as fit in memory.
@@ -442,9 +462,10 @@ class Estimator:
 
         # Restore: rerunning the same command continues where it stopped, from the
         # exact next batch, unless the configuration changed under the checkpoint.
-        tf.io.gfile.makedirs(self.model_dir)
         state = self._state(optimizer=True)
-        if self.checkpoint_input and iterator is not None:
+        state["input_position"] = self.input_position
+        state["input_seed"] = self.input_seed
+        if self.checkpoint_input and iterator is not None and not positioned:
             state["input"] = iterator
         checkpointer = checkpoints.Checkpointer(self.model_dir, self.keep_checkpoint_max, **state)
         if checkpointer.latest is not None:
@@ -458,7 +479,7 @@ class Estimator:
             logging.info("global_step %d >= max_steps %d: nothing to train.", start, max_steps)
             return start
         if iterator is None:
-            iterator = iter(self._distributed_input(input_fn, skip_steps=start))
+            iterator = iter(self._distributed_input(input_fn, start))
         self._write_config(start)
         logging.info(
             "Training %s from step %d to %d in %s",
@@ -498,7 +519,8 @@ class Estimator:
         step = start
         with preemption.watch_signals() as signals:
             while step < max_steps:
-                divergence.skip_bad_batch(step, iterator)
+                if divergence.skip_bad_batch(step, iterator):
+                    self.input_position.assign_add(self.global_batch_size)
                 limit = min([block, max_steps - step, *divergence.limits(step)])
                 n = hooks.steps_until_due(step, actions, limit)
                 with input_wait.timing(n):
@@ -510,7 +532,10 @@ class Estimator:
                 if resume_at is not None:  # rolled back, or back to find the bad step
                     step = resume_at
                     steps.train_metrics.reset()
+                    if positioned:  # the restored position, not the iterator's
+                        iterator = self._train_iterator(input_fn, step)
                     continue
+                self.input_position.assign_add((self.step - step) * self.global_batch_size)
                 step = self.step
                 try:
                     for action in actions:
@@ -621,14 +646,23 @@ class Estimator:
     # ---------------------------------------------------------------- helpers
 
     def _dataset(
-        self, input_fn: InputFn, mode: Mode, params: InputParams | None = None
+        self,
+        input_fn: InputFn,
+        mode: Mode,
+        params: InputParams | None = None,
+        start_example: int = 0,
     ) -> tf.data.Dataset:
         """The input_fn's dataset for ``mode``, checked; one pipeline unless ``params``."""
         if params is None:
             batch = self.global_batch_size if mode == Mode.TRAIN else self.eval_batch_size
             if mode == Mode.TRAIN and self.strategy is not None:  # only to read the shapes
                 batch //= self.num_replicas
-            params = InputParams(batch_size=batch, global_batch_size=batch, seed=self.seed)
+            params = InputParams(
+                batch_size=batch,
+                global_batch_size=batch,
+                seed=self._input_seed(mode),
+                start_example=start_example,
+            )
         dataset = input_fn(mode, params)
         if not isinstance(dataset, tf.data.Dataset):
             raise UserError(
@@ -644,29 +678,64 @@ class Estimator:
             )
         return dataset
 
-    def _distributed_input(self, input_fn: InputFn, skip_steps: int):
+    def _training_seed(self, saved: int) -> int:
+        """The training input's seed: the checkpoint's, else ``seed``, else a new one."""
+        if saved >= 0:
+            if self.seed is not None and self.seed != saved:
+                logging.warning(
+                    "The training input keeps the seed its checkpoints were trained with "
+                    "(%d), not seed %d, so that it reads on in the same order",
+                    saved,
+                    self.seed,
+                )
+            return saved
+        if self.seed is not None:
+            return self.seed
+        return random.SystemRandom().randrange(2**31)
+
+    def _input_seed(self, mode: Mode) -> int | None:
+        """The seed an input_fn is given: training's is kept in the checkpoints."""
+        if mode == Mode.TRAIN and int(self.input_seed.numpy()) >= 0:
+            return int(self.input_seed.numpy())
+        return self.seed
+
+    def _train_iterator(self, input_fn: InputFn, step: int):
+        """A new iterator over the training input, starting at ``input_position``."""
+        if self.strategy is not None:
+            return iter(self._distributed_input(input_fn, step))
+        position = int(self.input_position.numpy())
+        return iter(self._dataset(input_fn, Mode.TRAIN, start_example=position))
+
+    def _distributed_input(self, input_fn: InputFn, step: int):
         """The training input of a strategy: one pipeline per worker, a batch per replica.
 
-        Each pipeline is told its id to shard by; resuming skips the batches the
-        ``skip_steps`` steps already trained on (the input must be seeded to continue
-        exactly).
+        Each pipeline is told its id to shard by and where the stream stands; a
+        positioned dataset starts there, any other skips the batches of the ``step``
+        steps already trained on (the input must be seeded to continue exactly).
         """
+        position = int(self.input_position.numpy())
+        skipping = []
 
         def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
             params = InputParams(
                 batch_size=context.get_per_replica_batch_size(self.global_batch_size),
                 global_batch_size=self.global_batch_size,
-                seed=self.seed,
+                seed=self._input_seed(Mode.TRAIN),
                 num_input_pipelines=context.num_input_pipelines,
                 input_pipeline_id=context.input_pipeline_id,
+                start_example=position,
             )
             dataset = self._dataset(input_fn, Mode.TRAIN, params)
+            if is_positioned(dataset) or not step:
+                return dataset
+            skipping.append(step)
             per_step = context.num_replicas_in_sync // context.num_input_pipelines
-            return dataset.skip(skip_steps * per_step) if skip_steps else dataset
+            return dataset.skip(step * per_step)
 
-        if skip_steps:
-            logging.info("Skipping the input of the %d steps already trained", skip_steps)
-        return self.strategy.distribute_datasets_from_function(dataset_fn)
+        distributed = self.strategy.distribute_datasets_from_function(dataset_fn)
+        if skipping:
+            logging.info("Skipping the input of the %d steps already trained", step)
+        return distributed
 
     def _scope(self):
         """The strategy's scope, where variables must be created; or no scope."""
@@ -836,12 +905,14 @@ class _Divergence:
         self.rerun_until = 0  # steps up to this one run one per block
         self.rollbacks = self.reruns = 0
 
-    def skip_bad_batch(self, step: int, iterator) -> None:
+    def skip_bad_batch(self, step: int, iterator) -> bool:
         """Drops the next batch if it is one that went bad before a rollback."""
-        if step + 1 in self.skip_at:
-            self.skip_at.discard(step + 1)
-            next(iterator)
-            logging.warning("Skipping the batch of step %d (NaN or Inf)", step + 1)
+        if step + 1 not in self.skip_at:
+            return False
+        self.skip_at.discard(step + 1)
+        next(iterator)
+        logging.warning("Skipping the batch of step %d (NaN or Inf)", step + 1)
+        return True
 
     def limits(self, step: int) -> list[int]:
         """Caps on the next block's length: end before a batch to skip; one step in reruns."""

@@ -41,6 +41,9 @@ class InputParams:
       seed: seed for shuffling and augmentation; None means nondeterministic.
       num_input_pipelines: how many pipelines feed the step (one per worker).
       input_pipeline_id: which of them this one is, for sharding the files.
+      start_example: in TRAIN, how many examples of the training stream earlier
+        steps have read: where a positioned dataset (see ``positioned``) starts.
+        Other datasets ignore it and are resumed by the Estimator instead.
     """
 
     batch_size: int
@@ -48,6 +51,27 @@ class InputParams:
     seed: int | None = None
     num_input_pipelines: int = 1
     input_pipeline_id: int = 0
+    start_example: int = 0
+
+
+_POSITIONED = "_trainer_positioned"
+
+
+def positioned(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """Marks a training dataset that starts where ``params.start_example`` says.
+
+    Its order must be a function of the stream position alone (as the index-based
+    pipelines in ``datasets/`` are), so that the Estimator resumes it by arithmetic:
+    it neither saves the iterator in checkpoints nor replays batches, and a run may
+    resume on another number of devices or workers.
+    """
+    setattr(dataset, _POSITIONED, True)
+    return dataset
+
+
+def is_positioned(dataset: tf.data.Dataset) -> bool:
+    """Whether ``positioned`` marked ``dataset``."""
+    return bool(getattr(dataset, _POSITIONED, False))
 
 
 @dataclasses.dataclass

@@ -1,0 +1,151 @@
+"""The training order as arithmetic: which example sits at each position of the stream.
+
+Training reads one endless stream of examples. Step ``t`` of a run with global batch
+``G`` trains on the stream's positions ``[t * G, (t + 1) * G)``, whatever the number of
+devices or workers; the Estimator keeps how far the stream has been read (one integer
+in each checkpoint) and tells each input_fn where to start (``params.start_example``).
+Nothing is replayed and no buffer is saved: every position is a pure function of
+``(seed, position)``, as in Grain's index sampler.
+
+* **Mixing** several sources (splits) with weights: the stream is cut into blocks of
+  ``MIX_BLOCK`` positions; in each block, source ``s`` owns ``round(weight_s *
+  MIX_BLOCK)`` of them, scattered by a stateless permutation keyed by (seed, block).
+  The weights hold exactly in every block, and the k-th slot a source owns overall is
+  its ``k``-th example, so each source is still read as one stream of its own.
+* **Epochs**: a source of ``n`` examples reads its stream position ``k`` from epoch
+  ``k // n``, whose order is a full permutation of ``[0, n)`` keyed by (seed, source,
+  epoch): ``tf.random.experimental.index_shuffle``. Each epoch visits every example
+  once, in an order that differs between epochs and seeds.
+* **Sharding**: pipeline ``i`` of ``P`` (one per worker) serves ``L = R / P`` of the
+  ``R`` replicas, each with ``b = G / R`` examples per step. Its ``k``-th batch is
+  replica ``i * L + k % L``'s share of step ``k // L``: see ``pipeline_positions``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from trainer import InputParams, UserError
+
+MIX_BLOCK = 1000  # positions per mixing block: weights hold to 1/MIX_BLOCK
+_SEED_SALT = 0x5EED_0F_DA7A  # keeps the order's seeds apart from other users of the seed
+
+
+class Order:
+    """Maps stream positions to ``(source, example index)`` with TF ops (graph-safe).
+
+    Args:
+      sizes: how many examples each source holds.
+      weights: the share of the stream each source gets (default: equal).
+      seed: the run's seed; None draws one (the order is then not reproducible).
+    """
+
+    def __init__(
+        self, sizes: Sequence[int], weights: Sequence[float] | None = None, seed: int | None = None
+    ):
+        sizes = [int(n) for n in sizes]
+        for i, n in enumerate(sizes):
+            if n < 1:
+                raise UserError(
+                    f"training source {i} is empty: it has no examples to read; check its "
+                    "split or slice (e.g. 'train[:0%]' selects nothing)"
+                )
+        self.sizes = sizes
+        self.slots = _slots(weights, len(sizes))
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        if seed is None:
+            seed = random.SystemRandom().randrange(2**31)
+        self.seed = int(seed)
+
+    def rows(self, positions: tf.Tensor) -> tf.Tensor:
+        """The row of each stream position in the sources laid end to end (int64)."""
+        positions = tf.cast(positions, tf.int64)
+        if len(self.sizes) == 1:
+            return self._example(0, positions)
+        source, k = self._mix(positions)
+        rows = tf.zeros_like(positions)
+        for s in range(len(self.sizes)):  # a few sources: a select per source
+            rows = tf.where(source == s, self.offsets[s] + self._example(s, k), rows)
+        return rows
+
+    def source_of(self, positions: tf.Tensor) -> tf.Tensor:
+        """Which source each stream position draws from (int64)."""
+        if len(self.sizes) == 1:
+            return tf.zeros_like(tf.cast(positions, tf.int64))
+        return self._mix(tf.cast(positions, tf.int64))[0]
+
+    def _mix(self, positions: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """``(source, position in that source's own stream)`` of each stream position."""
+        block, within = positions // MIX_BLOCK, positions % MIX_BLOCK
+        slot = _shuffle(within, self._seed(-1, block), MIX_BLOCK)
+        bounds = tf.constant(np.cumsum(self.slots), tf.int64)  # slot < bounds[s]: source <= s
+        source = tf.reduce_sum(tf.cast(slot[..., None] >= bounds, tf.int64), axis=-1)
+        starts = tf.constant(np.concatenate([[0], np.cumsum(self.slots)[:-1]]), tf.int64)
+        owned = tf.gather(tf.constant(self.slots, tf.int64), source)
+        return source, block * owned + slot - tf.gather(starts, source)
+
+    def _example(self, source: int, k: tf.Tensor) -> tf.Tensor:
+        """The example at position ``k`` of ``source``'s own stream: epoch, then permutation."""
+        n = self.sizes[source]
+        return _shuffle(k % n, self._seed(source, k // n), n)
+
+    def _seed(self, source: int, epoch: tf.Tensor) -> tf.Tensor:
+        """The permutation's key: (run seed, source, epoch); source -1 is the mixing."""
+
+        def fill(value: int) -> tf.Tensor:
+            return tf.fill(tf.shape(epoch), tf.constant(value, tf.int64))
+
+        return tf.stack([fill(self.seed ^ _SEED_SALT), fill(source + 1), epoch], axis=-1)
+
+
+def _shuffle(index: tf.Tensor, seed: tf.Tensor, n: int) -> tf.Tensor:
+    """Position ``index`` of a permutation of ``[0, n)`` chosen by ``seed`` ([..., 3])."""
+    if n == 1:
+        return tf.zeros_like(index)
+    max_index = tf.fill(tf.shape(index), tf.constant(n - 1, tf.int64))
+    # The raw op of tf.random.experimental.index_shuffle, whose wrapper pads a batch
+    # of seeds along the wrong axis.
+    return tf.raw_ops.RandomIndexShuffle(index=index, seed=seed, max_index=max_index, rounds=4)
+
+
+def _slots(weights: Sequence[float] | None, count: int) -> list[int]:
+    """Each source's share of a mixing block, in whole positions summing to MIX_BLOCK."""
+    if weights is None:
+        weights = [1.0] * count
+    weights = [float(w) for w in weights]
+    if len(weights) != count:
+        raise UserError(f"{len(weights)} mixing weights for {count} sources: give one each")
+    if any(w < 0 for w in weights) or sum(weights) <= 0:
+        raise UserError(f"mixing weights must be >= 0 with a positive sum, got {weights}")
+    exact = [MIX_BLOCK * w / sum(weights) for w in weights]
+    slots = [int(x) for x in exact]
+    by_remainder = sorted(range(count), key=lambda s: slots[s] - exact[s])
+    for s in by_remainder[: MIX_BLOCK - sum(slots)]:  # largest remainders round up
+        slots[s] += 1
+    starved = [w for w, n in zip(weights, slots, strict=True) if w > 0 and n == 0]
+    if starved:
+        raise UserError(
+            f"mixing weights {weights}: a weight below 1/{MIX_BLOCK} of their sum is never "
+            "drawn; raise it or drop that source"
+        )
+    return slots
+
+
+def pipeline_positions(elements: tf.Tensor, params: InputParams) -> tf.Tensor:
+    """The stream position of element ``e`` of this pipeline (its k-th batch's o-th example).
+
+    With ``R`` replicas of ``b`` examples over ``P`` pipelines, each pipeline serves
+    ``L = R / P`` replicas: its batch ``k`` is replica ``i * L + k % L``'s share of
+    step ``k // L``. Positions count from ``params.start_example``.
+    """
+    b = params.batch_size
+    global_batch = params.global_batch_size
+    replicas = max(global_batch // b, 1)
+    local = max(replicas // params.num_input_pipelines, 1)
+    k, o = elements // b, elements % b
+    replica = params.input_pipeline_id * local + k % local
+    return params.start_example + (k // local) * global_batch + replica * b + o
