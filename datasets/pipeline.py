@@ -124,9 +124,7 @@ class ArraySource:
         key = _function_key(preprocess)
         if key not in self._preprocessed:
             one = tf.data.Dataset.from_tensor_slices(self.arrays).map(preprocess)
-            specs = tf.nest.flatten(one.element_spec)
-            fixed = all(s.shape.is_fully_defined() and s.dtype != tf.string for s in specs)
-            size = len(self) * sum(s.shape.num_elements() * s.dtype.size for s in specs) if fixed else None
+            size, _ = _decoded_bytes(one)
             if size is None or size > limit:
                 self._preprocessed[key] = None
             else:
@@ -308,7 +306,9 @@ def _in_memory(source, name: str, knobs: dict) -> ArraySource | None:
     size, why = _decoded_bytes(source)
     limit = _memory_limit(knobs)
     if size is None or (cache == "auto" and size > limit):
-        reason = why or f"its {size / 2**20:.0f} MB exceed pipeline.memory_limit_mb {limit / 2**20:.0f}"
+        reason = why or (
+            f"its {size / 2**20:.0f} MB exceed pipeline.memory_limit_mb {limit / 2**20:.0f}"
+        )
         _log_sequential(name, reason)
         return None
     arrays = _read_all(source, name)
