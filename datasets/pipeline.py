@@ -102,7 +102,7 @@ class ArraySource:
     @property
     def nbytes(self) -> int:
         """Memory the arrays take."""
-        return sum(a.nbytes for a in tf.nest.flatten(self.arrays))
+        return sum(_nbytes(a) for a in tf.nest.flatten(self.arrays))
 
     def tensors(self):
         """The arrays as tensors, made once (a dataset captures them, never copies)."""
@@ -183,7 +183,10 @@ def build(
     if training:
         Order([1] * len(sources), weights)  # bad weights are refused before any reading
     held = [_in_memory(s, f"{name}-{i}", knobs) for i, s in enumerate(sources)]
-    if any(h is None for h in held):
+    reasons = [h for h in held if isinstance(h, str)]
+    if reasons:
+        if training:
+            _log_sequential(name, reasons[0])
         return _sequential(sources, mode, params, preprocess, augment, weights, name, knobs)
     data = ArraySource.concat(held)
     examples = data.preprocessed(preprocess, _memory_limit(knobs) if knobs["cache"] else 0)
@@ -234,9 +237,10 @@ def batched(
     """The batched ``(features, labels)`` dataset from serialized records.
 
     In TRAIN a ``RandomAccess`` source is read by index, a batch of records per
-    read; a ``tf.data.Dataset`` of records is read in sequence (cached and shuffled
-    serialized). Each batch is parsed with one call of ``parse`` (vectorised);
-    ``augment(features, labels, seed)`` then acts on whole batches in TRAIN.
+    read; a ``tf.data.Dataset`` of records (in EVAL and PREDICT, always one) is read
+    in sequence (in TRAIN cached and shuffled serialized). Each batch is parsed with
+    one call of ``parse`` (vectorised); ``augment(features, labels, seed)`` then acts
+    on whole batches in TRAIN.
     """
     knobs = options()
     _check_batch(params)
@@ -256,8 +260,6 @@ def batched(
         dataset = elements.batch(params.batch_size, drop_remainder=True)
         dataset = dataset.map(batch, num_parallel_calls=tf.data.AUTOTUNE)
         return positioned(_finish(dataset, knobs, symbolic=True))
-    if isinstance(records, RandomAccess):
-        records = records.in_order(params)
     dataset = _cache(records, knobs["cache"], name)
     if training:
         _log_sequential(name, "its records are read in sequence")
@@ -281,18 +283,14 @@ class RandomAccess:
         """The serialized records at ``rows`` (a vector), as a string tensor."""
         raise NotImplementedError
 
-    def in_order(self, params: InputParams) -> tf.data.Dataset:
-        """Every record once, in order (this pipeline's share of them), for eval."""
-        raise NotImplementedError
-
 
 def _stateless_seed(seed: int, position: tf.Tensor) -> tf.Tensor:
     """A shape-[2] seed for stateless random ops, unique to (run seed, stream position)."""
     return tf.stack([tf.constant(seed, tf.int64), tf.cast(position, tf.int64)])
 
 
-def _in_memory(source, name: str, knobs: dict) -> ArraySource | None:
-    """The source as an ``ArraySource``, or None when it is read in sequence instead."""
+def _in_memory(source, name: str, knobs: dict) -> ArraySource | str:
+    """The source as an ``ArraySource``, or why it is read in sequence instead."""
     if isinstance(source, ArraySource):
         return source
     if not isinstance(source, tf.data.Dataset):
@@ -302,23 +300,25 @@ def _in_memory(source, name: str, knobs: dict) -> ArraySource | None:
         )
     cache = knobs["cache"]
     if cache is False or (isinstance(cache, str) and cache != "auto"):
-        return None
+        return f"pipeline.cache is {cache!r}"
     size, why = _decoded_bytes(source)
-    limit = _memory_limit(knobs)
-    if size is None or (cache == "auto" and size > limit):
-        reason = why or (
-            f"its {size / 2**20:.0f} MB exceed pipeline.memory_limit_mb {limit / 2**20:.0f}"
-        )
-        _log_sequential(name, reason)
-        return None
-    arrays = _read_all(source, name)
+    limit = _memory_limit(knobs) if cache == "auto" else float("inf")
+    over = f"its examples exceed pipeline.memory_limit_mb {limit / 2**20:.0f}"
+    if why and size is None and "vary" in why:
+        return why
+    if size is not None and size > limit:
+        return over
+    arrays = _read_all(source, name, limit=limit)  # of unknown length: while it fits
+    if arrays is None:
+        return over
+    held = ArraySource(arrays, name)
     logging.info(
         "Holding %s in memory (%d examples, %.1f MB); training reads it by index",
         name,
-        len(tf.nest.flatten(arrays)[0]),
-        size / 2**20,
+        len(held),
+        held.nbytes / 2**20,
     )
-    return ArraySource(arrays, name)
+    return held
 
 
 def _decoded_bytes(dataset: tf.data.Dataset) -> tuple[int | None, str]:
@@ -344,10 +344,20 @@ def _memory_limit(knobs: dict) -> float:
     return min(ram / 4, 16 * 2**30)
 
 
-def _read_all(dataset: tf.data.Dataset, name: str, batched: bool = False):
-    """Every example of ``dataset`` as numpy arrays, read once in large batches."""
+def _read_all(
+    dataset: tf.data.Dataset, name: str, batched: bool = False, limit: float = float("inf")
+):
+    """Every example of ``dataset`` as numpy arrays, read once in large batches.
+
+    None if they take more than ``limit`` bytes (reading stops there).
+    """
     batches = dataset if batched else dataset.batch(4096).prefetch(2)
-    parts = [tf.nest.map_structure(lambda t: t.numpy(), batch) for batch in batches]
+    parts, size = [], 0
+    for batch in batches:
+        parts.append(tf.nest.map_structure(lambda t: t.numpy(), batch))
+        size += sum(_nbytes(a) for a in tf.nest.flatten(parts[-1]))
+        if size > limit:
+            return None
     if not parts:
         raise UserError(f"{name} is empty: it has no examples to read")
     return tf.nest.map_structure(lambda *p: np.concatenate(p), *parts)
@@ -358,6 +368,13 @@ def _function_key(fn) -> tuple:
     if isinstance(fn, functools.partial):
         return (_function_key(fn.func), fn.args, tuple(sorted(fn.keywords.items())))
     return (fn,)
+
+
+def _nbytes(array: np.ndarray) -> int:
+    """Memory an array takes, the bytes of its strings included."""
+    if array.dtype == object:
+        return array.nbytes + sum(len(x) for x in array.ravel())
+    return array.nbytes
 
 
 def _log_sequential(name: str, reason: str) -> None:

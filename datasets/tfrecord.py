@@ -6,28 +6,44 @@ Layout of a prepared directory::
     DIR/train-00000-of-00004.tfrecord    (".tfrecord.gz" with GZIP)
     DIR/test-00000-of-00001.tfrecord
 
+    DIR/train-00000-of-00004.tfrecord.index   each record's byte offset (int64 .npy)
+
 Each record holds ``image`` (PNG-encoded, or raw uint8 bytes) and ``label`` (int64).
 Examples keep their order: shard k holds the k-th contiguous block. Reading checks
 every shard against ``dataset.json`` first (a missing or truncated file is named at
-once), interleaves the shards, batches serialized records and parses each batch with
-one vectorised ``tf.io.parse_example``.
+once), reads a batch of serialized records at a time and parses it with one
+vectorised ``tf.io.parse_example``.
+
+Training reads records **by index** (``RecordSource``): the record offsets of each
+shard let one ``pread`` fetch any record, and its CRC is checked, so the training
+order is a global permutation per epoch and a checkpoint holds no input state (see
+``datasets/order.py``). ``write`` saves the offsets beside each shard; a directory
+prepared without them (or by other tools) is indexed once, by one checked pass over
+its records. GZIP shards cannot be read by offset: they are read in sequence with a
+shuffle buffer. Evaluation reads every record once, in order.
 """
 
 from __future__ import annotations
 
+import io
 import os
-from collections.abc import Iterable
+import struct
+import threading
+from collections.abc import Iterable, Sequence
 
 import gin
+import google_crc32c
 import numpy as np
 import tensorflow as tf
 from absl import logging
 
 from datasets import pipeline
-from trainer import InputParams, Mode, UserError, files
+from trainer import InputParams, Mode, UserError, errors, files
 from trainer.model_fn import check_class_ids
 
 METADATA = "dataset.json"
+INDEX_SUFFIX = ".index"  # beside each shard: its records' byte offsets, as a .npy array
+_HEADER = 12  # a record: uint64 length, uint32 masked CRC of it, data, uint32 masked CRC
 FORMATS = ("png", "raw")
 
 
@@ -76,6 +92,7 @@ def write(
     for index, block in enumerate(blocks):
         name = shard_name(split, index, num_shards, compression)
         path = os.path.join(out_dir, name)
+        offsets, offset = [], 0
         with tf.io.TFRecordWriter(path + ".tmp", options) as writer:
             for i in block:
                 image, label = examples[i]
@@ -84,8 +101,13 @@ def write(
                         f"example {i} of {split!r} has shape {image.shape}, "
                         f"the first had {shape}: images must share one shape"
                     )
-                writer.write(_example(image, label, image_format))
+                record = _example(image, label, image_format)
+                writer.write(record)
+                offsets.append(offset)
+                offset += _HEADER + len(record) + 4
         tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+        if not compression:
+            _write_index(path, np.asarray(offsets, np.int64))
         shards.append({"file": name, "count": len(block), "bytes": tf.io.gfile.stat(path).length})
     entry = {"shards": shards, "count": len(examples)}
     metadata = _read_metadata(out_dir, missing_ok=True) or {}
@@ -154,6 +176,129 @@ def verify(data_dir: str, split: str) -> list[str]:
         if not clean or count != shard["count"]:
             problems.append(f"{path}: {count} of {shard['count']} records readable")
     return problems
+
+
+def _write_index(path: str, offsets: np.ndarray) -> None:
+    buffer = io.BytesIO()
+    np.save(buffer, offsets)
+    tmp = f"{path}{INDEX_SUFFIX}.tmp-{os.getpid()}"
+    with tf.io.gfile.GFile(tmp, "wb") as f:
+        f.write(buffer.getvalue())
+    tf.io.gfile.rename(tmp, path + INDEX_SUFFIX, overwrite=True)
+
+
+def record_offsets(path: str, expected: int, skip_corrupt: bool = False) -> np.ndarray:
+    """The byte offset of each record of an uncompressed shard, from its index file.
+
+    A shard without one is indexed by one pass that checks every record; the index
+    is saved beside it when the directory is writable. With ``skip_corrupt`` that
+    pass is always made, and records from a corrupt one on are left out (and counted
+    in the log); otherwise a corrupt record is refused here, or when it is read.
+    """
+    index = path + INDEX_SUFFIX
+    if tf.io.gfile.exists(index) and not skip_corrupt:
+        with tf.io.gfile.GFile(index, "rb") as f:
+            offsets = np.load(io.BytesIO(f.read()))
+        if len(offsets) == expected:
+            return offsets
+    logging.info("Indexing the records of %s (once)", path)
+    offsets, offset = [], 0
+    try:
+        for record in tf.data.TFRecordDataset(path):
+            offsets.append(offset)
+            offset += _HEADER + len(record.numpy()) + 4
+    except tf.errors.DataLossError as error:
+        if not skip_corrupt:
+            raise UserError(
+                f"{path}: input data is corrupt ({errors.op_error_text(error)}) after "
+                f"{len(offsets)} records; re-copy it, prepare the data again, or set "
+                "tfrecord.input_fn.skip_corrupt = True"
+            ) from None
+        logging.warning(
+            "Skipping %d unreadable records of %d in %s", expected - len(offsets), expected, path
+        )
+        return np.asarray(offsets, np.int64)  # not saved: the file may be repaired
+    offsets = np.asarray(offsets, np.int64)
+    try:
+        _write_index(path, offsets)
+    except (OSError, tf.errors.OpError):
+        logging.info("Could not save the index of %s; it is rebuilt at each start", path)
+    return offsets
+
+
+class RecordSource(pipeline.RandomAccess):
+    """The records of one split's uncompressed shards, read by index.
+
+    Args:
+      paths: the shards, in order.
+      offsets: each shard's record offsets (``record_offsets``).
+    """
+
+    def __init__(self, paths: Sequence[str], offsets: Sequence[np.ndarray]):
+        self.paths = list(paths)
+        self.offsets = [np.asarray(o, np.int64) for o in offsets]
+        self.starts = np.concatenate([[0], np.cumsum([len(o) for o in self.offsets])])
+        self._files: dict[int, object] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def read(self, rows: tf.Tensor) -> tf.Tensor:
+        """The serialized records at ``rows``; a corrupt one fails with its file and offset."""
+        records, problem = tf.numpy_function(
+            self._read, [rows], (tf.string, tf.string), stateful=False
+        )
+        check = tf.debugging.Assert(tf.equal(problem, ""), ["input data is corrupt", problem])
+        with tf.control_dependencies([check]):
+            records = tf.identity(records)
+        records.set_shape(rows.shape)
+        return records
+
+    def _read(self, rows: np.ndarray) -> tuple[np.ndarray, bytes]:
+        shards = np.searchsorted(self.starts, rows, side="right") - 1
+        records = []
+        for row, shard in zip(rows.tolist(), shards.tolist(), strict=True):
+            offset = int(self.offsets[shard][row - self.starts[shard]])
+            header = self._pread(shard, _HEADER, offset)
+            (length,) = struct.unpack("<Q", header[:8]) if len(header) == _HEADER else (-1,)
+            body = self._pread(shard, length + 4, offset + _HEADER) if length >= 0 else b""
+            data, crc = body[:-4], body[-4:]
+            if (
+                length < 0
+                or len(body) != length + 4
+                or _masked_crc(header[:8]) != struct.unpack("<I", header[8:])[0]
+                or _masked_crc(data) != struct.unpack("<I", crc)[0]
+            ):
+                where = f"corrupted record at {offset} in {self.paths[shard]}"
+                return np.asarray(records + [b""] * (len(rows) - len(records)), object), where
+            records.append(data)
+        return np.asarray(records, object), b""
+
+    def _pread(self, shard: int, size: int, offset: int) -> bytes:
+        handle = self._files.get(shard)
+        if handle is None:
+            with self._lock:
+                handle = self._files.get(shard) or _open(self.paths[shard])
+                self._files[shard] = handle
+        if isinstance(handle, int):  # a local file: positional reads need no lock
+            return os.pread(handle, size, offset)
+        with self._lock:
+            handle.seek(offset)
+            return handle.read(size)
+
+
+def _open(path: str):
+    """A file descriptor for local paths, else a tf.io.gfile handle (cloud storage)."""
+    if "://" not in path:
+        return os.open(path, os.O_RDONLY)
+    return tf.io.gfile.GFile(path, "rb")
+
+
+def _masked_crc(data: bytes) -> int:
+    """TFRecord's masked CRC-32C of ``data``."""
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
 def parse_batch(records: tf.Tensor, metadata: dict) -> tuple[dict, dict]:
@@ -232,6 +377,20 @@ def read(
     """
     metadata, paths = check_shards(data_dir, split)
     compression = metadata["compression"] or ""
+    training = mode == Mode.TRAIN
+    parse = lambda batch: scale_batch(*parse_batch(batch, metadata))  # noqa: E731
+    augment_fn = crop_flip_batch if augment and training else None
+    counts = [shard["count"] for shard in metadata["splits"][split]["shards"]]
+    if training and not compression:
+        offsets = [record_offsets(p, n, skip_corrupt) for p, n in zip(paths, counts, strict=True)]
+        return pipeline.batched(
+            RecordSource(paths, offsets),
+            mode,
+            params,
+            parse=parse,
+            augment=augment_fn,
+            name=f"tfrecord-{split}",
+        )
     if skip_corrupt:
         for path, shard in zip(paths, metadata["splits"][split]["shards"], strict=True):
             count, clean = count_readable(path, compression)
@@ -242,7 +401,6 @@ def read(
                     shard["count"],
                     path,
                 )
-    training = mode == Mode.TRAIN
     files = tf.data.Dataset.from_tensor_slices(paths)
     if params.num_input_pipelines > 1:
         files = files.shard(params.num_input_pipelines, params.input_pipeline_id)
@@ -262,12 +420,7 @@ def read(
         deterministic=True,
     )
     return pipeline.batched(
-        dataset,
-        mode,
-        params,
-        parse=lambda batch: scale_batch(*parse_batch(batch, metadata)),
-        augment=crop_flip_batch if augment and training else None,
-        name=f"tfrecord-{split}",
+        dataset, mode, params, parse=parse, augment=augment_fn, name=f"tfrecord-{split}"
     )
 
 

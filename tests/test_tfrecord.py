@@ -49,12 +49,18 @@ def test_round_trip_is_lossless_and_in_order(tmp_path, shards, compression, imag
     )
     assert len(entry["shards"]) == shards and entry["count"] == 50
     suffix = ".tfrecord.gz" if compression else ".tfrecord"
-    assert sorted(os.listdir(tmp_path)) == sorted(
-        ["dataset.json"] + [f"train-{i:05d}-of-{shards:05d}{suffix}" for i in range(shards)]
-    )
+    names = [f"train-{i:05d}-of-{shards:05d}{suffix}" for i in range(shards)]
+    indexes = [] if compression else [name + tfrecord.INDEX_SUFFIX for name in names]
+    assert sorted(os.listdir(tmp_path)) == sorted(["dataset.json", *names, *indexes])
     images, labels = read_all(tmp_path)
     np.testing.assert_array_equal(images, np.stack([e["image"] for e in examples]))
     np.testing.assert_array_equal(labels, [e["label"] for e in examples])
+    if not compression:  # the written offsets are the ones a checked pass finds
+        for name, shard in zip(names, entry["shards"], strict=True):
+            path = str(tmp_path / name)
+            written = tfrecord.record_offsets(path, shard["count"])
+            os.remove(path + tfrecord.INDEX_SUFFIX)
+            np.testing.assert_array_equal(written, tfrecord.record_offsets(path, shard["count"]))
 
 
 def first_labels(data_dir, seed):
@@ -139,7 +145,9 @@ def test_garbage_fails_training_clearly_or_is_skipped_and_counted(digits_records
     copy, shard = damaged_copy(digits_records, tmp_path, "garbage")
     fn = functools.partial(tfrecord.input_fn, data_dir=str(copy))
     estimator = Estimator(MLP(hidden_units=[8]), str(tmp_path / "strict"), global_batch_size=32)
-    with pytest.raises(UserError, match=r"input data is corrupt \(corrupted record at \d+\)"):
+    with pytest.raises(
+        UserError, match=rf"input data is corrupt \(corrupted record at \d+ in {shard}\)"
+    ):
         estimator.train(fn, 100)
 
     problems = tfrecord.verify(str(copy), "train")

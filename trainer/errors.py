@@ -46,7 +46,7 @@ def op_error_text(error: tf.errors.OpError) -> str:
     text = useful[-1] if useful else first_line(error)
     # tf.debugging asserts read "assertion failed: [message] [values]" (assert_less
     # puts "[Condition ...] [x = ]" in between).
-    failed = re.match(
+    failed = re.search(
         r"assertion failed: \[(.*?)\] (?:\[Condition.*?\] \[x .*?\] )?\[(.*?)\]", text
     )
     return f"{failed.group(1)} (got {failed.group(2)})" if failed else text
@@ -65,7 +65,14 @@ def runtime_errors(what: str):
     except tf.errors.NotFoundError as error:
         raise UserError(f"{what}: input data is missing ({op_error_text(error)})") from None
     except tf.errors.InvalidArgumentError as error:
-        raise UserError(f"{what} failed: {op_error_text(error)}") from None
+        text = op_error_text(error)
+        corrupt = re.match(r"input data is corrupt \(got (.*)\)$", text)
+        if corrupt:  # a check of the input pipeline's own (datasets.tfrecord.RecordSource)
+            raise UserError(
+                f"{what}: input data is corrupt ({corrupt.group(1)}); rebuild or re-copy "
+                "the data files"
+            ) from None
+        raise UserError(f"{what} failed: {text}") from None
 
 
 def guarded(dataset: tf.data.Dataset, what: str):
