@@ -10,8 +10,9 @@ Nothing is replayed and no buffer is saved: every position is a pure function of
 * **Mixing** several sources (splits) with weights: the stream is cut into blocks of
   ``MIX_BLOCK`` positions; in each block, source ``s`` owns ``round(weight_s *
   MIX_BLOCK)`` of them, scattered by a stateless permutation keyed by (seed, block).
-  The weights hold exactly in every block, and the k-th slot a source owns overall is
-  its ``k``-th example, so each source is still read as one stream of its own.
+  The weights hold exactly in every block, and the slots a source owns in block ``b``
+  are positions ``[b * owned, (b + 1) * owned)`` of its own stream, so each source is
+  still read epoch by epoch (two epochs may interleave within one block).
 * **Epochs**: a source of ``n`` examples reads its stream position ``k`` from epoch
   ``k // n``, whose order is a full permutation of ``[0, n)`` keyed by (seed, source,
   epoch): ``tf.random.experimental.index_shuffle``. Each epoch visits every example

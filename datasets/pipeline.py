@@ -123,6 +123,8 @@ class ArraySource:
         """
         key = _function_key(preprocess)
         if key not in self._preprocessed:
+            if limit <= 0:
+                return None
             one = tf.data.Dataset.from_tensor_slices(self.arrays).map(preprocess)
             size, _ = _decoded_bytes(one)
             if size is None or size > limit:
@@ -188,14 +190,16 @@ def build(
         if training:
             _log_sequential(name, reasons[0])
         return _sequential(sources, mode, params, preprocess, augment, weights, name, knobs)
+    if training:  # an empty source is refused before any work
+        order = Order([len(h) for h in held], weights, params.seed)
     data = ArraySource.concat(held)
-    examples = data.preprocessed(preprocess, _memory_limit(knobs) if knobs["cache"] else 0)
+    limit = _memory_limit(knobs) if knobs["cache"] and len(data) else 0
+    examples = data.preprocessed(preprocess, limit)
 
     def example(row):  # one preprocessed example
         return examples.gather(row) if examples is not None else preprocess(data.gather(row))
 
     if training:
-        order = Order([len(h) for h in held], weights, params.seed)
         elements = tf.data.Dataset.range(np.iinfo(np.int64).max)
         if examples is not None and augment is None:  # a whole batch in one gather
             dataset = elements.batch(params.batch_size, drop_remainder=True).map(

@@ -1,0 +1,82 @@
+"""Trains a model that records which examples each step saw; prints its table as JSON.
+
+Run by tests/test_order.py as a subprocess, because logical CPU devices must be set up
+before TensorFlow starts (and strategies of different sizes cannot share a process):
+
+    python tests/resume_runs.py MODEL_DIR DISTRIBUTION:DEVICES MAX_STEPS
+
+The model holds one weight per example id, its loss is the mean weight of the batch,
+and plain SGD's learning rate at step t is t + 1: each id's final weight is
+``-(sum of (t + 1) over the steps t that read it) / global_batch``, exact in float32,
+so two runs end with equal weights only if every step read the same examples.
+"""
+
+import json
+import sys
+
+from trainer import parallel
+
+parallel.split_cpu(4)
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from absl import logging  # noqa: E402
+
+from datasets import pipeline  # noqa: E402
+from trainer import Estimator, ModelFn, Spec  # noqa: E402
+
+EXAMPLES = 50
+GLOBAL_BATCH = 8
+MAX_STEPS = 40
+
+
+class IdTable(ModelFn):
+    """One weight per example id."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = keras.layers.Embedding(EXAMPLES, 1, embeddings_initializer="zeros")
+
+    def __call__(self, features, labels, mode):
+        value = self.table(features["id"])[:, 0]
+        loss = None if labels is None else tf.reduce_mean(value)
+        return Spec({"value": value}, loss=loss)
+
+
+def input_fn(mode, params):
+    ids = pipeline.ArraySource({"id": np.arange(EXAMPLES)}, "ids")
+    return pipeline.build(ids, mode, params, lambda e: ({"id": e["id"]}, {"id": e["id"]}))
+
+
+def main(model_dir: str, setup: str, max_steps: int) -> None:
+    distribution, _, devices = setup.partition(":")
+    rates = keras.optimizers.schedules.PiecewiseConstantDecay(
+        list(range(MAX_STEPS - 1)), [float(t + 1) for t in range(MAX_STEPS)]
+    )
+    estimator = Estimator(
+        IdTable(),
+        model_dir,
+        optimizer=keras.optimizers.SGD(rates),
+        global_batch_size=GLOBAL_BATCH,
+        steps_per_loop=3,
+        save_checkpoints_steps=5,
+        seed=0,
+        write_graph=False,
+        distribution=distribution,
+        num_devices=int(devices),
+    )
+    estimator.train(input_fn, max_steps)
+    print(
+        json.dumps(
+            {
+                "step": estimator.step,
+                "table": estimator.model_fn.table.embeddings.numpy()[:, 0].tolist(),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    logging.set_verbosity(logging.WARNING)
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))

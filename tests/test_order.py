@@ -1,0 +1,231 @@
+"""Exact resume at scale: the index-based order, what checkpoints hold, resume by arithmetic."""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from datasets import pipeline
+from datasets.order import MIX_BLOCK, Order, pipeline_positions
+from models.mlp import MLP
+from tests.conftest import REPO
+from trainer import Estimator, InputParams, Mode, ModelFn, Spec, UserError
+from trainer.model_fn import is_positioned
+
+
+def rows(order, start, count):
+    return order.rows(tf.range(start, start + count, dtype=tf.int64)).numpy()
+
+
+def test_every_epoch_is_a_permutation_that_differs_by_epoch_and_seed():
+    order = Order([1000], seed=0)
+    epochs = rows(order, 0, 3000).reshape(3, 1000)
+    for epoch in epochs:
+        assert sorted(epoch) == list(range(1000))
+    assert not np.array_equal(epochs[0], epochs[1])
+    assert not np.array_equal(epochs[1], epochs[2])
+    assert not np.array_equal(epochs[0], rows(Order([1000], seed=1), 0, 1000))
+    np.testing.assert_array_equal(epochs[1], rows(Order([1000], seed=0), 1000, 1000))
+    assert not np.array_equal(epochs[0], np.arange(1000))  # shuffled, not in order
+
+
+def test_mixing_weights_hold_and_each_source_is_read_epoch_by_epoch():
+    order = Order([300, 70], weights=[0.8, 0.2], seed=3)
+    positions = tf.range(10_000, dtype=tf.int64)
+    source = order.source_of(positions).numpy()
+    assert abs(np.mean(source == 0) - 0.8) < 0.02
+    # Within every mixing block the shares are exact.
+    blocks = source[: 10 * MIX_BLOCK].reshape(10, MIX_BLOCK)
+    assert set((blocks == 1).sum(axis=1)) == {200}
+    # Each source is read epoch by epoch in its own stream: over 7 blocks source 1
+    # draws 1400 = 20 x 70 times, each of its 70 examples (rows 300..369) 20 times;
+    # over 3 blocks source 0 draws 2400 = 8 x 300 times, each example 8 times.
+    drawn = order.rows(tf.range(7 * MIX_BLOCK, dtype=tf.int64)).numpy()
+    ones = drawn[source[: 7 * MIX_BLOCK] == 1]
+    np.testing.assert_array_equal(np.bincount(ones - 300), [20] * 70)
+    zeros = drawn[: 3 * MIX_BLOCK][source[: 3 * MIX_BLOCK] == 0]
+    np.testing.assert_array_equal(np.bincount(zeros), [8] * 300)
+
+
+@pytest.mark.parametrize(
+    ("replicas", "pipelines"), [(1, 1), (2, 1), (4, 1), (4, 2), (8, 4)], ids=str
+)
+def test_pipelines_and_replicas_share_each_step_exactly(replicas, pipelines):
+    """Whatever the devices and workers, step t reads positions [t*G, (t+1)*G)."""
+    global_batch, steps, start = 24, 5, 48
+    per_replica = global_batch // replicas
+    seen = []
+    for pipeline_id in range(pipelines):
+        params = InputParams(
+            per_replica,
+            global_batch,
+            num_input_pipelines=pipelines,
+            input_pipeline_id=pipeline_id,
+            start_example=start,
+        )
+        count = steps * (replicas // pipelines) * per_replica
+        seen.append(pipeline_positions(tf.range(count, dtype=tf.int64), params).numpy())
+    seen = np.concatenate(seen)
+    assert sorted(seen) == list(range(start, start + steps * global_batch))
+    # And each step of each pipeline stays inside its own global step.
+    local = replicas // pipelines
+    for positions in np.split(seen, pipelines):
+        steps_of = (positions - start) // global_batch
+        np.testing.assert_array_equal(steps_of, np.repeat(np.arange(steps), local * per_replica))
+
+
+def test_bad_sources_and_weights_are_one_line():
+    with pytest.raises(UserError, match="training source 1 is empty"):
+        Order([5, 0])
+    with pytest.raises(UserError, match="3 mixing weights for 2 sources"):
+        Order([5, 5], weights=[1, 1, 1])
+    with pytest.raises(UserError, match="a weight below 1/1000 of their sum is never drawn"):
+        Order([5, 5], weights=[1, 1e-5])
+    with pytest.raises(UserError, match="arrays must share their first .* dimension"):
+        pipeline.ArraySource({"x": np.zeros((3, 2)), "y": np.zeros(4)})
+    params = InputParams(4, 4)
+    empty = pipeline.ArraySource({"x": np.zeros((0, 2), np.float32)})
+    with pytest.raises(UserError, match="training source 0 is empty"):
+        pipeline.build(empty, Mode.TRAIN, params, lambda e: (e, e))
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+class Tiny(ModelFn):
+    """A linear classifier over the mean of each image channel: a model of 40 floats."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(10)
+
+    def __call__(self, features, labels, mode):
+        pooled = tf.reduce_mean(features["image"], axis=[1, 2])
+        logits = self.dense(pooled)
+        if labels is None:
+            return Spec({"logits": logits})
+        loss = tf.reduce_mean(
+            tf.nn.sparse_softmax_cross_entropy_with_logits(labels["label"], logits)
+        )
+        return Spec({"logits": logits}, loss=loss)
+
+
+def cifar_shaped(count):
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (count, 32, 32, 3), np.uint8)
+    return pipeline.ArraySource({"image": images, "label": np.arange(count) % 10}, "cifar")
+
+
+def to_float(example):
+    return {"image": tf.cast(example["image"], tf.float32) / 255.0}, {"label": example["label"]}
+
+
+def input_state_bytes(checkpoint):
+    """Bytes of what a checkpoint holds besides model, optimizer, RNG, step and its counter."""
+    reader = tf.train.load_checkpoint(checkpoint)
+    state = ("model/", "optimizer/", "rng/", "step/", "save_counter/", "_CHECKPOINTABLE_OBJECT")
+    return sum(
+        np.asarray(reader.get_tensor(key)).nbytes
+        for key, _ in tf.train.list_variables(checkpoint)
+        if not key.startswith(state)
+    )
+
+
+def test_input_state_in_a_checkpoint_stays_a_few_integers(tmp_path):
+    """2,000 or 20,000 CIFAR-shaped examples: the same 16 bytes of input state."""
+    sizes = {}
+    for count in (2_000, 20_000):
+        source = cifar_shaped(count)
+        estimator = Estimator(Tiny(), str(tmp_path / str(count)), global_batch_size=32, seed=0)
+        estimator.train(lambda mode, params, s=source: pipeline.build(s, mode, params, to_float), 3)
+        sizes[count] = input_state_bytes(tf.train.latest_checkpoint(tmp_path / str(count)))
+    assert sizes == {2_000: 16, 20_000: 16}  # input_position and input_seed, int64 each
+
+
+def test_a_user_pipeline_with_a_shuffle_buffer_still_resumes_exactly(tmp_path):
+    """An arbitrary tf.data pipeline keeps today's path: its iterator is checkpointed."""
+    images = np.random.default_rng(0).random((200, 8, 8, 1), np.float32)
+
+    def input_fn(mode, params):
+        examples = ({"image": images}, {"label": np.arange(200) % 10})
+        dataset = tf.data.Dataset.from_tensor_slices(examples)
+        if mode == Mode.TRAIN:
+            dataset = dataset.shuffle(150, seed=params.seed).repeat()
+        return dataset.batch(params.batch_size)
+
+    def estimator(model_dir, seed=0):
+        keras.utils.set_random_seed(seed)
+        return Estimator(
+            MLP(hidden_units=[16]),
+            str(model_dir),
+            global_batch_size=16,
+            seed=0,
+            save_checkpoints_steps=5,
+            steps_per_loop=4,
+        )
+
+    assert not is_positioned(input_fn(Mode.TRAIN, InputParams(16, 16, seed=0)))
+    straight = estimator(tmp_path / "straight")
+    straight.train(input_fn, 14)
+    estimator(tmp_path / "split").train(input_fn, 7)
+    # The same global seed: tf.data derives each epoch's reshuffle from it and the op's.
+    resumed = estimator(tmp_path / "split")
+    resumed.train(input_fn, 14)
+    for a, b in zip(
+        straight.model_fn.trainable_variables, resumed.model_fn.trainable_variables, strict=True
+    ):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    keys = [key for key, _ in tf.train.list_variables(str(tmp_path / "split" / "ckpt-14"))]
+    assert any(key.startswith("input/") for key in keys)  # the iterator, buffer and all
+
+
+# ---------------------------------------------------------------- other device counts
+
+
+def resume_run(model_dir, setup, max_steps):
+    return subprocess.Popen(
+        [
+            sys.executable,
+            os.path.join(REPO, "tests", "resume_runs.py"),
+            str(model_dir),
+            setup,
+            str(max_steps),
+        ],
+        cwd=REPO,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(process):
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_resuming_on_other_device_counts_reads_exactly_the_same_examples(tmp_path):
+    """Stopped under mirrored on 2 devices at step 6, resumed on 1, 2 or 4: every step
+    reads the examples an uninterrupted one-device run reads (see resume_runs.py)."""
+    first = [resume_run(tmp_path / name, "mirrored:2", 6) for name in ("to1", "to2")]
+    reference = resume_run(tmp_path / "straight", "towers:1", 12)
+    for process in first:
+        assert finish(process)["step"] == 6
+    second = [
+        resume_run(tmp_path / "to1", "towers:1", 12),
+        resume_run(tmp_path / "to2", "mirrored:2", 12),
+    ]
+    expected = finish(reference)["table"]
+    assert np.std(expected) > 0.1  # the table tells steps and examples apart
+    for process in second:
+        assert finish(process)["table"] == expected
+    os.rename(tmp_path / "to2", tmp_path / "to4")  # from 12 steps on 2 devices to 16 on 4
+    on_four = resume_run(tmp_path / "to4", "mirrored:4", 16)
+    straight = resume_run(tmp_path / "straight", "towers:1", 16)
+    assert finish(on_four)["table"] == finish(straight)["table"]
