@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.conftest import REPO, run_cli
+from datasets import digits, tfrecord
+from tests.conftest import REPO, digits_args, run_cli
 from tests.helpers import checkpoint_steps
 from trainer import Estimator, ModelFn, Spec, UserError
 from trainer.errors import TrainingDiverged
@@ -429,19 +430,35 @@ def saved_state(model_dir):
     }
 
 
-def test_sigkill_at_random_steps_then_resume_is_bitwise_exact(tmp_path, data_dir):
-    """Two kills at random moments (mid-save included); the end equals an unbroken run."""
+@pytest.mark.parametrize("experiment", ["digits_mlp", "digits_mlp_tfrecord"])
+def test_sigkill_at_random_steps_then_resume_is_bitwise_exact(tmp_path, data_dir, experiment):
+    """Two kills at random moments (mid-save included); the end equals an unbroken run.
+
+    Both experiments read their training data by index (in memory, or TFRecord shards
+    by offset): a checkpoint holds only how far the stream was read.
+    """
+    shards = tmp_path / "shards"
+    if experiment == "digits_mlp_tfrecord":
+        for split in ("train", "test"):
+            rows = list(digits.load(split, data_dir).as_numpy_iterator())
+            tfrecord.write(rows, str(shards), split, 4, "png", num_classes=10)
+    max_steps = 3000 if experiment == "digits_mlp" else 1500
     common = [
         "--gin_file",
-        "experiments/digits_mlp.gin",
+        f"experiments/{experiment}.gin",
         "--schedule",
         "train",
         "--gin_param",
         f"digits.input_fn.data_dir = '{data_dir}'",
+        *(
+            ["--gin_param", f"tfrecord.input_fn.data_dir = '{shards}'"]
+            if experiment == "digits_mlp_tfrecord"
+            else []
+        ),
         "--gin_param",
         "experiment.deterministic = True",
         "--gin_param",
-        "experiment.max_steps = 3000",
+        f"experiment.max_steps = {max_steps}",
         "--gin_param",
         "Estimator.save_checkpoints_steps = 100",
         "--gin_param",
@@ -465,13 +482,57 @@ def test_sigkill_at_random_steps_then_resume_is_bitwise_exact(tmp_path, data_dir
         # The pointer always names a complete checkpoint, even after a kill mid-save.
         assert saved_state(killed), f"seed {seed}"
         reached = checkpoint_steps(killed)[-1]
-        assert reached < 3000, f"seed {seed}: the run finished before it was killed"
+        assert reached < max_steps, f"seed {seed}: the run finished before it was killed"
     assert run_cli(*common, "--model_dir", str(killed)).returncode == 0
 
     expected, actual = saved_state(straight), saved_state(killed)
     assert expected.keys() == actual.keys()
     for key, value in expected.items():
         np.testing.assert_array_equal(value, actual[key], err_msg=f"{key} (seed {seed})")
+    assert not any(key.startswith("input/") for key in actual)  # no iterator was saved
+
+
+def test_one_trainer_per_model_dir_and_a_dead_holder_is_taken_over(tmp_path, data_dir):
+    """Two trainers started together: one trains, the other is refused naming it; once
+    the holder is SIGKILLed a rerun takes the lock over and resumes."""
+    model_dir = tmp_path / "run"
+    args = digits_args(
+        data_dir,
+        model_dir,
+        "--schedule",
+        "train",
+        "--gin_param",
+        "experiment.max_steps = 1000000",
+        "--gin_param",
+        "Estimator.save_checkpoints_steps = 200",
+    )
+    first, second = start(args), start(args)
+    try:
+        refused = None
+        deadline = time.time() + 120
+        while refused is None and time.time() < deadline:
+            refused = next((p for p in (first, second) if p.poll() is not None), None)
+            time.sleep(0.05)
+        holder = second if refused is first else first
+        _, stderr = refused.communicate(timeout=10)
+        assert refused.returncode == 2, stderr[-2000:]
+        assert re.fullmatch(
+            rf"error: {model_dir} is being trained by \S+ pid {holder.pid}: one trainer per "
+            r"model_dir; wait for it or stop it, or train in another --model_dir",
+            stderr.strip().splitlines()[-1],
+        ), stderr[-2000:]
+        wait_for_checkpoint_after(model_dir, 0, holder)
+    finally:
+        for proc in (first, second):
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+    reached = checkpoint_steps(model_dir)[-1]
+    args[args.index("experiment.max_steps = 1000000")] = f"experiment.max_steps = {reached + 10}"
+    rerun = run_cli(*args)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert re.search(rf"Took over \S+ from \S+ pid {holder.pid}, which is no longer", rerun.stderr)
+    assert re.search(rf"from step {reached} to {reached + 10}", rerun.stderr)
+    assert (model_dir / ".trainer.lock").read_text() == ""  # released at the end
 
 
 def test_sigterm_saves_at_a_step_boundary_and_exits_75(tmp_path, data_dir):

@@ -27,6 +27,7 @@ from trainer.model_fn import InputParams, Mode, ModelFn, check_spec, is_position
 from trainer.optimization import WeightAverage
 from trainer.step import Steps, split_element
 from trainer.summaries import Writers
+from trainer.writer_lock import WriterLock
 
 InputFn = Callable[[Mode, InputParams], tf.data.Dataset]
 OPERATIVE_CONFIG = "operative_config.gin"
@@ -444,9 +445,19 @@ class Estimator:
         extra: list[hooks.Periodic],
         hooks_: Sequence[hooks.Hook] = (),
     ) -> int:
+        tf.io.gfile.makedirs(self.model_dir)
+        with WriterLock(self.model_dir):  # one trainer per model_dir
+            return self._train_locked(input_fn, max_steps, extra, hooks_)
+
+    def _train_locked(
+        self,
+        input_fn: InputFn,
+        max_steps: int,
+        extra: list[hooks.Periodic],
+        hooks_: Sequence[hooks.Hook],
+    ) -> int:
         # Data, model and optimizer. A positioned dataset starts at the input position
         # of the newest checkpoint (read before restoring: the dataset is built once).
-        tf.io.gfile.makedirs(self.model_dir)
         latest = checkpoints.latest_checkpoint(self.model_dir)
         self.input_position.assign(checkpoints.saved_int(latest, "input_position"))
         self.input_seed.assign(self._training_seed(checkpoints.saved_int(latest, "input_seed", -1)))
