@@ -25,7 +25,7 @@ import tensorflow_datasets as tfds
 from absl import logging
 
 from datasets import pipeline
-from trainer import InputParams, Mode
+from trainer import InputParams, Mode, errors
 
 NUM_EXAMPLES = 1797
 NUM_TRAIN = 1437
@@ -98,7 +98,7 @@ def load(split: str, data_dir: str | None = None) -> tf.data.Dataset:
 @functools.lru_cache(maxsize=16)
 def source(split: str, data_dir: str | None = None) -> pipeline.ArraySource:
     """The examples of ``split`` held in memory (about 100 KB), read once per process."""
-    with _quiet():
+    with _quiet(), errors.runtime_errors(f"reading digits {split!r}"):
         examples = tfds.as_numpy(load(split, data_dir).batch(NUM_EXAMPLES).get_single_element())
     return pipeline.ArraySource(examples, name=f"digits {split}")
 

@@ -40,7 +40,7 @@ import tensorflow as tf
 from absl import logging
 
 from datasets.order import Order, pipeline_positions
-from trainer import InputParams, Mode, UserError
+from trainer import InputParams, Mode, UserError, errors
 from trainer.model_fn import positioned
 
 Preprocess = Callable[[dict], tuple[dict, dict]]
@@ -357,7 +357,7 @@ def _read_all(
     """
     batches = dataset if batched else dataset.batch(4096).prefetch(2)
     parts, size = [], 0
-    for batch in batches:
+    for batch in errors.guarded(batches, f"reading {name}"):
         parts.append(tf.nest.map_structure(lambda t: t.numpy(), batch))
         size += sum(_nbytes(a) for a in tf.nest.flatten(parts[-1]))
         if size > limit:

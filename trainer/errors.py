@@ -44,6 +44,9 @@ def op_error_text(error: tf.errors.OpError) -> str:
     lines = [line.strip() for line in error.message.splitlines()]
     useful = [line for line in lines if line and not line.startswith(skip + ("[[",))]
     text = useful[-1] if useful else first_line(error)
+    # Eager ops wrap it: "{{function_node ...}} what happened [Op:Name] name: ".
+    text = re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", text)
+    text = re.sub(r"\s*\[Op:\w+\]( name:.*)?$", "", text)
     # tf.debugging asserts read "assertion failed: [message] [values]" (assert_less
     # puts "[Condition ...] [x = ]" in between).
     failed = re.search(
