@@ -1,12 +1,20 @@
-"""How fast the TFRecord pipeline delivers CIFAR-shaped batches vs how fast AlexNet eats them.
+"""The input side at CIFAR shape: speed of each path, what a checkpoint holds, resume cost.
 
     python benchmarks/input_pipeline.py [--examples 10000] [--json out.json]
 
-In one process: writes synthetic 32x32x3 images as TFRecord shards (PNG and raw),
-times the training pipeline (interleave, shuffle, batch 128, vectorised parse,
-random crop and flip) alone, then times the framework's AlexNet training step (the
-cifar10_alexnet.gin model) on in-memory batches. The ratio says how much headroom the
-input side has: >= 5 means the step, not the input, sets the pace.
+In one process (the CPU split into 2 logical devices, for the strategy rows):
+
+1. Examples/s of the training pipelines on synthetic 32x32x3 images, batch 128:
+   TFRecord shards (raw and PNG, random crop and flip) read by index (the default)
+   and in sequence with a shuffle buffer (the pre-index path, ``by_index=False``);
+   in-memory arrays read by index and through the pre-index cache + shuffle buffer.
+   Then the framework's AlexNet training step (cifar10_alexnet.gin's model) on
+   in-memory batches: pipeline / step >= 5 means the step, not the input, sets the pace.
+2. Bytes of input state in a checkpoint after 3 steps, default knobs: in-memory arrays
+   of 2,000, 20,000 and 200,000 examples, a TFDS image dataset (mock cifar10), shards.
+3. Seconds to the first batch when resuming at step 0 and at step 20,000, on one
+   device and under MirroredStrategy on 2 devices; and, for contrast, under the strategy
+   with the pre-index path, which replays the skipped batches (at step 2,000 only).
 """
 
 from __future__ import annotations
@@ -19,28 +27,36 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from trainer import parallel  # noqa: E402
+
+parallel.split_cpu(2)
+
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+import tensorflow_datasets as tfds  # noqa: E402
 from absl import logging  # noqa: E402
 
-from datasets import tfrecord  # noqa: E402
+from datasets import pipeline, tfds_images, tfrecord  # noqa: E402
 from models.alexnet import AlexNet  # noqa: E402
-from trainer import Estimator, InputParams, Mode  # noqa: E402
+from trainer import Estimator, InputParams, Mode, ModelFn, Spec  # noqa: E402
 
 BATCH = 128
 
 
-def pipeline_rate(data_dir: str, batches: int) -> float:
-    """Examples/s the augmented training pipeline delivers, after a warm-up."""
-    params = InputParams(batch_size=BATCH, global_batch_size=BATCH, seed=0)
-    iterator = iter(tfrecord.read(data_dir, "train", Mode.TRAIN, params, augment=True))
-    for _ in range(20):  # warm-up: fill the shuffle buffer and the cache
+def rate(dataset: tf.data.Dataset, batches: int) -> float:
+    """Examples/s a training dataset delivers, after a warm-up."""
+    iterator = iter(dataset)
+    for _ in range(20):  # warm-up: fill buffers and caches
         next(iterator)
     start = time.perf_counter()
     for _ in range(batches):
         next(iterator)
     return batches * BATCH / (time.perf_counter() - start)
+
+
+def params(**kwargs) -> InputParams:
+    return InputParams(batch_size=BATCH, global_batch_size=BATCH, seed=0, **kwargs)
 
 
 def training_rate(steps: int) -> float:
@@ -69,6 +85,54 @@ def training_rate(steps: int) -> float:
         return steps * BATCH / (time.perf_counter() - start)
 
 
+class Tiny(ModelFn):
+    """A linear classifier over each image's channel means: 40 weights."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(10)
+
+    def __call__(self, features, labels, mode):
+        logits = self.dense(tf.reduce_mean(features["image"], axis=[1, 2]))
+        if labels is None:
+            return Spec({"logits": logits})
+        loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels["label"], logits)
+        return Spec({"logits": logits}, loss=tf.reduce_mean(loss))
+
+
+def input_state_bytes(input_fn, model_dir: str) -> int:
+    """Bytes of input state in the checkpoint of a 3-step run (all but model and counters)."""
+    Estimator(Tiny(), model_dir, global_batch_size=BATCH, seed=0).train(input_fn, 3)
+    path = tf.train.latest_checkpoint(model_dir)
+    reader = tf.train.load_checkpoint(path)
+    state = ("model/", "optimizer/", "rng/", "step/", "save_counter/", "_CHECKPOINTABLE_OBJECT")
+    return sum(
+        np.asarray(reader.get_tensor(key)).nbytes
+        for key, _ in tf.train.list_variables(path)
+        if not key.startswith(state)
+    )
+
+
+def cifar_arrays(count: int, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    return {
+        "image": rng.integers(0, 256, (count, 32, 32, 3), np.uint8),
+        "label": (np.arange(count) % 10).astype(np.int64),
+    }
+
+
+def first_batch_seconds(estimator: Estimator, input_fn, step: int) -> float:
+    """Seconds from building the training input at ``step`` to its first batch."""
+    estimator.input_position.assign(step * BATCH)
+    start = time.perf_counter()
+    if estimator.strategy is None:
+        iterator = iter(estimator._dataset(input_fn, Mode.TRAIN, start_example=step * BATCH))
+    else:
+        iterator = iter(estimator._distributed_input(input_fn, step))
+    next(iterator)
+    return time.perf_counter() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", type=int, default=10_000)
@@ -76,33 +140,118 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    logging.set_verbosity(logging.WARNING)
-
-    rng = np.random.default_rng(0)
-    examples = [
-        {"image": rng.integers(0, 256, (32, 32, 3), np.uint8), "label": i % 10}
-        for i in range(args.examples)
+    logging.set_verbosity(logging.ERROR)
+    results: dict[str, float] = {}
+    examples = cifar_arrays(args.examples)
+    rows = [
+        {"image": i, "label": int(y)}
+        for i, y in zip(examples["image"], examples["label"], strict=True)
     ]
-    results = {}
     with tempfile.TemporaryDirectory() as root:
+        # 1. Speed of each path.
         for image_format in ("raw", "png"):
             out = os.path.join(root, image_format)
-            tfrecord.write(examples, out, "train", 8, image_format, num_classes=10)
-            results[f"pipeline_{image_format}"] = pipeline_rate(out, args.batches)
-    results["alexnet_train_step"] = training_rate(args.steps)
-    for image_format in ("raw", "png"):
-        results[f"ratio_{image_format}"] = (
-            results[f"pipeline_{image_format}"] / results["alexnet_train_step"]
+            tfrecord.write(rows, out, "train", 8, image_format, num_classes=10)
+            for by_index in (True, False):
+                dataset = tfrecord.read(
+                    out, "train", Mode.TRAIN, params(), augment=True, by_index=by_index
+                )
+                name = f"tfrecord_{image_format}_{'index' if by_index else 'sequential'}"
+                results[name] = rate(dataset, args.batches)
+        source = pipeline.ArraySource(examples, "cifar-shaped")
+        results["memory_index"] = rate(
+            pipeline.build(source, Mode.TRAIN, params(), tfds_images.preprocess), args.batches
+        )
+        old = [tf.data.Dataset.from_tensor_slices(examples)]
+        knobs = dict(cache=True, shuffle_buffer=10_000, deterministic=True)
+        results["memory_sequential"] = rate(
+            pipeline._sequential(  # noqa: SLF001 - the pre-index path, for comparison
+                old, Mode.TRAIN, params(), tfds_images.preprocess, None, None, "old", knobs
+            ),
+            args.batches,
+        )
+        results["alexnet_train_step"] = training_rate(args.steps)
+
+        # 2. Input state in a checkpoint.
+        for count in (2_000, 20_000, 200_000):
+            big = pipeline.ArraySource(cifar_arrays(count), f"{count} examples")
+            results[f"state_memory_{count}"] = input_state_bytes(
+                lambda mode, p, s=big: pipeline.build(s, mode, p, tfds_images.preprocess),
+                os.path.join(root, f"state-{count}"),
+            )
+        with tfds.testing.mock_data(num_examples=2_000):
+            results["state_tfds_cifar10"] = input_state_bytes(
+                lambda mode, p: tfds_images.input_fn(mode, p, name="cifar10", data_dir="unused"),
+                os.path.join(root, "state-tfds"),
+            )
+        results["state_tfrecord"] = input_state_bytes(
+            lambda mode, p: tfrecord.read(os.path.join(root, "raw"), "train", mode, p),
+            os.path.join(root, "state-tfrecord"),
         )
 
-    print(f"{'measurement':<34}{'examples/s':>12}")
-    print(f"{'TFRecord pipeline, raw images':<34}{results['pipeline_raw']:>12.0f}")
-    print(f"{'TFRecord pipeline, PNG images':<34}{results['pipeline_png']:>12.0f}")
-    print(f"{'AlexNet training step (consumer)':<34}{results['alexnet_train_step']:>12.0f}")
-    print(
-        f"pipeline / step: raw {results['ratio_raw']:.1f}x, png {results['ratio_png']:.1f}x "
-        f"(target >= 5x)"
-    )
+        # 3. Resume cost: time to the first batch at step 0 and at step 20,000.
+        def index_fn(mode, p):
+            return pipeline.build(source, mode, p, tfds_images.preprocess)
+
+        def sequential_fn(mode, p):
+            return pipeline._sequential(  # noqa: SLF001
+                [tf.data.Dataset.from_tensor_slices(examples)],
+                mode,
+                p,
+                tfds_images.preprocess,
+                None,
+                None,
+                "old",
+                knobs,
+            )
+
+        for distribution, devices in (("towers", 1), ("mirrored", 2)):
+            estimator = Estimator(
+                Tiny(),
+                os.path.join(root, distribution),
+                global_batch_size=BATCH,
+                distribution=distribution,
+                num_devices=devices,
+                seed=0,
+            )
+            for step in (0, 20_000):
+                first_batch_seconds(estimator, index_fn, step)  # warm-up
+                results[f"resume_{distribution}_{step}"] = min(
+                    first_batch_seconds(estimator, index_fn, step) for _ in range(3)
+                )
+            if distribution == "mirrored":
+                for step in (0, 2_000):
+                    results[f"resume_mirrored_sequential_{step}"] = first_batch_seconds(
+                        estimator, sequential_fn, step
+                    )
+
+    step_rate = results["alexnet_train_step"]
+    print(f"{'pipeline (training, batch 128)':<44}{'examples/s':>12}{'/ step':>9}")
+    for key, label in [
+        ("tfrecord_raw_index", "TFRecord raw, by index"),
+        ("tfrecord_raw_sequential", "TFRecord raw, in sequence (pre-index)"),
+        ("tfrecord_png_index", "TFRecord PNG, by index"),
+        ("tfrecord_png_sequential", "TFRecord PNG, in sequence (pre-index)"),
+        ("memory_index", "in memory, by index"),
+        ("memory_sequential", "in memory, cache + shuffle (pre-index)"),
+        ("alexnet_train_step", "AlexNet training step (the consumer)"),
+    ]:
+        print(f"{label:<44}{results[key]:>12.0f}{results[key] / step_rate:>8.1f}x")
+    for kind in ("tfrecord_raw", "tfrecord_png", "memory"):
+        ratio = results[f"{kind}_index"] / results[f"{kind}_sequential"]
+        results[f"ratio_{kind}_index_vs_sequential"] = ratio
+        print(f"{kind}: by index / pre-index {ratio:.2f}x (target >= 0.9x)")
+    print(f"\n{'input state in a checkpoint':<44}{'bytes':>12}")
+    for key in [k for k in results if k.startswith("state_")]:
+        print(f"{key[len('state_') :]:<44}{results[key]:>12.0f}")
+    print(f"\n{'seconds to the first batch when resuming':<44}{'step 0':>9}{'later':>9}")
+    for name, label, later in [
+        ("resume_towers", "one device, by index", 20_000),
+        ("resume_mirrored", "mirrored on 2, by index", 20_000),
+        ("resume_mirrored_sequential", "mirrored on 2, pre-index (replays)", 2_000),
+    ]:
+        first, then = results[f"{name}_0"], results[f"{name}_{later}"]
+        print(f"{label:<44}{first:>9.3f}{then:>9.3f}  (at step {later}: {then / first:.2f}x)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

@@ -362,6 +362,7 @@ def read(
     *,
     augment: bool = False,
     skip_corrupt: bool = False,
+    by_index: bool = True,
 ) -> tf.data.Dataset:
     """Batches of ``({'image': float32 [b, h, w, c] in [0, 1]}, {'label': [b]})`` from shards.
 
@@ -374,6 +375,9 @@ def read(
       augment: random crop and flip per image in TRAIN.
       skip_corrupt: skip unreadable records instead of failing; how many are skipped
         in which file is counted once up front and logged.
+      by_index: in TRAIN, read records by offset in a global order (uncompressed
+        shards); False reads the shards in sequence with a shuffle buffer, for storage
+        where random reads are slow (its buffer is then saved in each checkpoint).
     """
     metadata, paths = check_shards(data_dir, split)
     compression = metadata["compression"] or ""
@@ -381,7 +385,7 @@ def read(
     parse = lambda batch: scale_batch(*parse_batch(batch, metadata))  # noqa: E731
     augment_fn = crop_flip_batch if augment and training else None
     counts = [shard["count"] for shard in metadata["splits"][split]["shards"]]
-    if training and not compression:
+    if training and by_index and not compression:
         offsets = [record_offsets(p, n, skip_corrupt) for p, n in zip(paths, counts, strict=True)]
         return pipeline.batched(
             RecordSource(paths, offsets),
@@ -433,7 +437,16 @@ def input_fn(
     eval_split: str = "test",
     augment: bool = False,
     skip_corrupt: bool = False,
+    by_index: bool = True,
 ) -> tf.data.Dataset:
     """An input_fn over a prepared TFRecord directory (see ``read``)."""
     split = train_split if mode == Mode.TRAIN else eval_split
-    return read(data_dir, split, mode, params, augment=augment, skip_corrupt=skip_corrupt)
+    return read(
+        data_dir,
+        split,
+        mode,
+        params,
+        augment=augment,
+        skip_corrupt=skip_corrupt,
+        by_index=by_index,
+    )
