@@ -194,30 +194,13 @@ def build(
         order = Order([len(h) for h in held], weights, params.seed)
     data = ArraySource.concat(held)
     limit = _memory_limit(knobs) if knobs["cache"] and len(data) else 0
-    examples = data.preprocessed(preprocess, limit)
+    examples = data.preprocessed(preprocess, limit)  # None: preprocessed per read
 
     def example(row):  # one preprocessed example
         return examples.gather(row) if examples is not None else preprocess(data.gather(row))
 
     if training:
-        elements = tf.data.Dataset.range(np.iinfo(np.int64).max)
-        if examples is not None and augment is None:  # a whole batch in one gather
-            dataset = elements.batch(params.batch_size, drop_remainder=True).map(
-                lambda e: examples.gather(order.rows(pipeline_positions(e, params))),
-                num_parallel_calls=tf.data.AUTOTUNE,
-            )
-        else:
-
-            def augmented(element):
-                position = pipeline_positions(element, params)
-                features, labels = example(order.rows(position))
-                if augment is None:
-                    return features, labels
-                return augment(features, labels, _stateless_seed(order.seed, position))
-
-            dataset = elements.map(augmented, num_parallel_calls=tf.data.AUTOTUNE)
-            dataset = dataset.batch(params.batch_size, drop_remainder=True)
-        return positioned(_finish(dataset, knobs, symbolic=True))
+        return _by_index(order, params, examples, example, augment, knobs)
     rows = tf.data.Dataset.range(len(data))
     if params.num_input_pipelines > 1:
         rows = rows.shard(params.num_input_pipelines, params.input_pipeline_id)
@@ -227,6 +210,35 @@ def build(
         dataset = rows.map(example, num_parallel_calls=tf.data.AUTOTUNE)
         dataset = dataset.batch(params.batch_size)
     return _finish(dataset, knobs)
+
+
+def _by_index(
+    order: Order,
+    params: InputParams,
+    examples: ArraySource | None,
+    example: Callable,
+    augment: Augment | None,
+    knobs: dict,
+) -> tf.data.Dataset:
+    """The endless training stream of this pipeline, from ``params.start_example`` on."""
+    elements = tf.data.Dataset.range(np.iinfo(np.int64).max)
+    if examples is not None and augment is None:  # a whole batch in one gather
+        dataset = elements.batch(params.batch_size, drop_remainder=True).map(
+            lambda e: examples.gather(order.rows(pipeline_positions(e, params))),
+            num_parallel_calls=tf.data.AUTOTUNE,
+        )
+    else:
+
+        def augmented(element):
+            position = pipeline_positions(element, params)
+            features, labels = example(order.rows(position))
+            if augment is None:
+                return features, labels
+            return augment(features, labels, _stateless_seed(order.seed, position))
+
+        dataset = elements.map(augmented, num_parallel_calls=tf.data.AUTOTUNE)
+        dataset = dataset.batch(params.batch_size, drop_remainder=True)
+    return positioned(_finish(dataset, knobs, symbolic=True))
 
 
 def batched(
@@ -309,6 +321,12 @@ def _in_memory(source, name: str, knobs: dict) -> ArraySource | str:
     limit = _memory_limit(knobs) if cache == "auto" else float("inf")
     over = f"its examples exceed pipeline.memory_limit_mb {limit / 2**20:.0f}"
     if why and size is None and "vary" in why:
+        if cache is True:
+            raise UserError(
+                f"{name}: pipeline.cache = True holds examples in memory as arrays, but {why}: "
+                "give them one shape in the source (resize or pad), or set pipeline.cache = "
+                "'auto' to read it in sequence"
+            )
         return why
     if size is not None and size > limit:
         return over

@@ -196,7 +196,10 @@ def record_offsets(path: str, expected: int, skip_corrupt: bool = False) -> np.n
     in the log); otherwise a corrupt record is refused here, or when it is read.
     """
     index = path + INDEX_SUFFIX
-    if tf.io.gfile.exists(index) and not skip_corrupt:
+    fresh = tf.io.gfile.exists(index) and (  # not older than a shard rewritten since
+        tf.io.gfile.stat(index).mtime_nsec >= tf.io.gfile.stat(path).mtime_nsec
+    )
+    if fresh and not skip_corrupt:
         with tf.io.gfile.GFile(index, "rb") as f:
             offsets = np.load(io.BytesIO(f.read()))
         if len(offsets) == expected:

@@ -1,7 +1,9 @@
 """Exact resume at scale: the index-based order, what checkpoints hold, resume by arithmetic."""
 
+import io
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -15,6 +17,7 @@ from datasets.order import MIX_BLOCK, Order, pipeline_positions
 from models.mlp import MLP
 from tests.conftest import REPO
 from trainer import Estimator, InputParams, Mode, ModelFn, Spec, UserError
+from trainer import estimator as estimator_module
 from trainer.model_fn import is_positioned
 
 
@@ -229,3 +232,104 @@ def test_resuming_on_other_device_counts_reads_exactly_the_same_examples(tmp_pat
     on_four = resume_run(tmp_path / "to4", "mirrored:4", 16)
     straight = resume_run(tmp_path / "straight", "towers:1", 16)
     assert finish(on_four)["table"] == finish(straight)["table"]
+
+
+def test_a_large_saved_iterator_is_warned_of_naming_its_stages(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(estimator_module, "INPUT_STATE_WARN_BYTES", 2**20)
+    images = np.random.default_rng(0).random((2000, 16, 16, 3), np.float32)  # 6 MB
+
+    def input_fn(mode, params):
+        examples = ({"image": images}, {"label": np.arange(2000) % 10})
+        dataset = tf.data.Dataset.from_tensor_slices(examples).cache()
+        return dataset.shuffle(1000, seed=0).repeat().batch(params.batch_size)
+
+    estimator = Estimator(Tiny(), str(tmp_path), global_batch_size=100, seed=0)
+    with caplog.at_level("WARNING"):
+        estimator.train(input_fn, 25)  # one epoch: the cache is complete
+    warnings = [r.getMessage() for r in caplog.records if "saved state" in r.getMessage()]
+    assert len(warnings) == 1, warnings  # once per run, not per checkpoint
+    found = re.fullmatch(
+        r"The training input's saved state is (\d+) MB in each checkpoint \(ckpt-25\), held "
+        r"by its cache \(Dataset.cache\) and shuffle buffer \(Dataset.shuffle\): read the "
+        r"data by index .*, or set Estimator.checkpoint_input = False",
+        warnings[0],
+    )
+    assert found and int(found.group(1)) >= 6, warnings[0]  # the 6 MB cache, and the buffer
+
+
+def test_rollback_on_a_positioned_input_skips_one_batch_and_keeps_its_place(tmp_path, caplog):
+    """An Inf example read by step 6: the step is rolled back and its batch
+    skipped; the input position counts the skipped batch, so a resumed run goes on."""
+    count, batch, bad_step = 64, 4, 6
+    x = np.ones((count, 1), np.float32)
+    x[rows(Order([count], seed=0), 0, count)[(bad_step - 1) * batch + 1]] = np.inf
+    source = pipeline.ArraySource({"x": x}, "with an inf")
+
+    def input_fn(mode, params):
+        return pipeline.build(source, mode, params, lambda e: ({"x": e["x"]}, {}))
+
+    class Abs(ModelFn):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")
+
+        def __call__(self, features, labels, mode):
+            y = self.dense(features["x"])[:, 0]
+            return Spec({"y": y}, loss=None if labels is None else tf.reduce_mean(tf.abs(y)))
+
+    def estimator():
+        return Estimator(
+            Abs(),
+            str(tmp_path),
+            optimizer=keras.optimizers.SGD(0.001),
+            global_batch_size=batch,
+            steps_per_loop=1,
+            save_checkpoints_steps=1,
+            nonfinite_loss="rollback",
+            seed=0,
+        )
+
+    with caplog.at_level("WARNING"):
+        assert estimator().train(input_fn, 12) == 12
+    assert f"Skipping the batch of step {bad_step}" in caplog.text
+    reader = tf.train.load_checkpoint(str(tmp_path / "ckpt-12"))
+    assert reader.get_tensor("input_position/.ATTRIBUTES/VARIABLE_VALUE") == 13 * batch
+    resumed = estimator()
+    assert resumed.train(input_fn, 14) == 14  # epoch 0 has no second inf: no rollback
+    # Every applied step moved the kernel by -lr (the gradient of |w x| is 1 for x = 1).
+    assert float(resumed.model_fn.dense.kernel.numpy()[0, 0]) == pytest.approx(1 - 14 * 0.001)
+
+
+def test_sources_that_cannot_be_held_or_indexed_are_one_line(tmp_path):
+    import gin
+
+    from datasets import tfrecord
+
+    ragged = tf.data.Dataset.range(1, 4).map(lambda n: {"x": tf.zeros([n])})
+    gin.parse_config(["pipeline.cache = True"])
+    with pytest.raises(
+        UserError,
+        match=r"pipeline.cache = True holds examples in memory as "
+        r"arrays, but its examples vary in shape: give them one shape",
+    ):
+        pipeline.build(ragged, Mode.TRAIN, InputParams(2, 2), lambda e: (e, e), name="ragged")
+    with pytest.raises(
+        UserError,
+        match="a source must be a datasets.pipeline.ArraySource or a tf.data.Dataset, got list",
+    ):
+        pipeline.build([[1, 2, 3]], Mode.TRAIN, InputParams(2, 2), lambda e: (e, e))
+    # A shard rewritten after its index was written is indexed again, not misread.
+    rng = np.random.default_rng(0)
+    examples = [
+        {"image": rng.integers(0, 256, (4, 4, 1), np.uint8), "label": i % 10} for i in range(20)
+    ]
+    tfrecord.write(examples, str(tmp_path), "train", 1, "raw", num_classes=10)
+    shard = str(tmp_path / tfrecord.shard_name("train", 0, 1, None))
+    index = shard + tfrecord.INDEX_SUFFIX
+    stale = open(index, "rb").read()
+    tfrecord.write(examples[::-1], str(tmp_path), "train", 1, "png", num_classes=10)
+    with open(index, "wb") as f:
+        f.write(stale)
+    os.utime(index, ns=(0, 0))
+    offsets = tfrecord.record_offsets(shard, 20)
+    assert not np.array_equal(offsets, np.load(io.BytesIO(stale)))

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
 import keras
+import numpy as np
 import tensorflow as tf
 from absl import logging
 
@@ -518,9 +519,18 @@ class Estimator:
             for hook in hooks_:
                 hook(step, logs)
 
+        input_unchecked = "input" in state  # a saved iterator's size is checked once
+
+        def save(step: int) -> None:
+            nonlocal input_unchecked
+            path = checkpointer.save(step)
+            if input_unchecked:
+                input_unchecked = False
+                _check_input_state(path, dataset)
+
         actions = [
             hooks.Periodic(self.log_every_steps, log),
-            hooks.Periodic(self.save_checkpoints_steps, checkpointer.save),
+            hooks.Periodic(self.save_checkpoints_steps, save),
             hooks.Periodic(self.histogram_every_steps, self._histogram_writer(input_fn)),
             hooks.Periodic(self.image_every_steps, self._image_writer(input_fn, steps)),
             *self._profiler_actions(),
@@ -565,7 +575,7 @@ class Estimator:
         # The end: log and save unless that just happened.
         if not actions[0].is_due(step):
             log(step)
-        checkpointer.save(step)
+        save(step)
         input_wait.report()
         return step
 
@@ -1082,6 +1092,52 @@ class _Progress:
             f"step {step}/{self.max_steps}  {_format(shown)}  "
             f"{logs['examples_per_sec']:.0f} examples/s  ETA {eta}"
         )
+
+
+INPUT_STATE_WARN_BYTES = 64 * 2**20  # a saved input iterator larger than this is warned of
+
+
+def _check_input_state(path: str, dataset: tf.data.Dataset) -> None:
+    """Warns when a checkpoint's saved input iterator is large, naming what holds it."""
+    reader = tf.train.load_checkpoint(path)
+    shapes = reader.get_variable_to_shape_map()
+    dtypes = reader.get_variable_to_dtype_map()
+    numeric = sum(
+        int(np.prod(shape)) * dtypes[key].size
+        for key, shape in shapes.items()
+        if dtypes[key] != tf.string
+    )
+    stored = sum(tf.io.gfile.stat(f).length for f in tf.io.gfile.glob(path + ".data-*"))
+    size = stored - numeric  # the iterator is the one large string the checkpoint holds
+    if size <= INPUT_STATE_WARN_BYTES:
+        return
+    holders = sorted(_buffering_stages(dataset)) or ["buffers of its transformations"]
+    logging.warning(
+        "The training input's saved state is %.0f MB in each checkpoint (%s), held by its "
+        "%s: read the data by index (datasets.pipeline.build over an ArraySource, or "
+        "TFRecord shards) so that a checkpoint holds only its position, or set "
+        "Estimator.checkpoint_input = False",
+        size / 2**20,
+        os.path.basename(path),
+        " and ".join(holders),
+    )
+
+
+def _buffering_stages(dataset: tf.data.Dataset) -> set[str]:
+    """The stages of a pipeline whose contents a saved iterator holds (shuffle, cache)."""
+    found, stack = set(), [dataset]
+    while stack:
+        stage = stack.pop()
+        kind = type(stage).__name__
+        if "Shuffle" in kind:
+            found.add("shuffle buffer (Dataset.shuffle)")
+        elif "Cache" in kind:
+            found.add("cache (Dataset.cache)")
+        try:
+            stack.extend(stage._inputs())  # noqa: SLF001 - no public view of the stages
+        except (AttributeError, TypeError):
+            continue
+    return found
 
 
 def _format(metrics: Mapping[str, float]) -> str:
