@@ -126,7 +126,7 @@ class ArraySource:
             if limit <= 0:
                 return None
             one = tf.data.Dataset.from_tensor_slices(self.arrays).map(preprocess)
-            size, _ = _decoded_bytes(one)
+            size = _decoded_bytes(one)
             if size is None or size > limit:
                 self._preprocessed[key] = None
             else:
@@ -221,23 +221,33 @@ def _by_index(
     knobs: dict,
 ) -> tf.data.Dataset:
     """The endless training stream of this pipeline, from ``params.start_example`` on."""
-    elements = tf.data.Dataset.range(np.iinfo(np.int64).max)
     if examples is not None and augment is None:  # a whole batch in one gather
-        dataset = elements.batch(params.batch_size, drop_remainder=True).map(
-            lambda e: examples.gather(order.rows(pipeline_positions(e, params))),
-            num_parallel_calls=tf.data.AUTOTUNE,
+        return _batches_by_index(
+            lambda positions: examples.gather(order.rows(positions)), params, knobs
         )
-    else:
 
-        def augmented(element):
-            position = pipeline_positions(element, params)
-            features, labels = example(order.rows(position))
-            if augment is None:
-                return features, labels
-            return augment(features, labels, _stateless_seed(order.seed, position))
+    def augmented(element):
+        position = pipeline_positions(element, params)
+        features, labels = example(order.rows(position))
+        if augment is None:
+            return features, labels
+        return augment(features, labels, _stateless_seed(order.seed, position))
 
-        dataset = elements.map(augmented, num_parallel_calls=tf.data.AUTOTUNE)
-        dataset = dataset.batch(params.batch_size, drop_remainder=True)
+    elements = tf.data.Dataset.range(np.iinfo(np.int64).max)
+    dataset = elements.map(augmented, num_parallel_calls=tf.data.AUTOTUNE)
+    dataset = dataset.batch(params.batch_size, drop_remainder=True)
+    return positioned(_finish(dataset, knobs, symbolic=True))
+
+
+def _batches_by_index(
+    batch: Callable[[tf.Tensor], tuple[dict, dict]], params: InputParams, knobs: dict
+) -> tf.data.Dataset:
+    """This pipeline's endless batches: ``batch(stream positions of its examples)``."""
+    elements = tf.data.Dataset.range(np.iinfo(np.int64).max)
+    dataset = elements.batch(params.batch_size, drop_remainder=True)
+    dataset = dataset.map(
+        lambda e: batch(pipeline_positions(e, params)), num_parallel_calls=tf.data.AUTOTUNE
+    )
     return positioned(_finish(dataset, knobs, symbolic=True))
 
 
@@ -264,18 +274,14 @@ def batched(
     if training and isinstance(records, RandomAccess):
         order = Order([len(records)], seed=params.seed)
 
-        def batch(elements):
-            positions = pipeline_positions(elements, params)
+        def batch(positions):
             features, labels = parse(records.read(order.rows(positions)))
             if augment is not None:
                 seed = _stateless_seed(order.seed, positions[0])
                 features, labels = augment(features, labels, seed)
             return features, labels
 
-        elements = tf.data.Dataset.range(np.iinfo(np.int64).max)
-        dataset = elements.batch(params.batch_size, drop_remainder=True)
-        dataset = dataset.map(batch, num_parallel_calls=tf.data.AUTOTUNE)
-        return positioned(_finish(dataset, knobs, symbolic=True))
+        return _batches_by_index(batch, params, knobs)
     dataset = _cache(records, knobs["cache"], name)
     if training:
         _log_sequential(name, "its records are read in sequence")
@@ -317,17 +323,17 @@ def _in_memory(source, name: str, knobs: dict) -> ArraySource | str:
     cache = knobs["cache"]
     if cache is False or (isinstance(cache, str) and cache != "auto"):
         return f"pipeline.cache is {cache!r}"
-    size, why = _decoded_bytes(source)
-    limit = _memory_limit(knobs) if cache == "auto" else float("inf")
-    over = f"its examples exceed pipeline.memory_limit_mb {limit / 2**20:.0f}"
-    if why and size is None and "vary" in why:
+    if not _fixed_shapes(source.element_spec):
         if cache is True:
             raise UserError(
-                f"{name}: pipeline.cache = True holds examples in memory as arrays, but {why}: "
-                "give them one shape in the source (resize or pad), or set pipeline.cache = "
-                "'auto' to read it in sequence"
+                f"{name}: pipeline.cache = True holds examples in memory as arrays, but its "
+                "examples vary in shape: give them one shape in the source (resize or pad), "
+                "or set pipeline.cache = 'auto' to read it in sequence"
             )
-        return why
+        return "its examples vary in shape"
+    limit = _memory_limit(knobs) if cache == "auto" else float("inf")
+    over = f"its examples exceed pipeline.memory_limit_mb {limit / 2**20:.0f}"
+    size = _decoded_bytes(source)  # None (length or string sizes unknown): read to see
     if size is not None and size > limit:
         return over
     arrays = _read_all(source, name, limit=limit)  # of unknown length: while it fits
@@ -343,17 +349,21 @@ def _in_memory(source, name: str, knobs: dict) -> ArraySource | str:
     return held
 
 
-def _decoded_bytes(dataset: tf.data.Dataset) -> tuple[int | None, str]:
-    """``(bytes its examples take decoded, '')``, or ``(None, why it is not known)``."""
-    count = int(dataset.cardinality())
-    if count < 0:
-        return None, "its length is not known (cardinality)"
+def _fixed_shapes(element_spec) -> bool:
+    """Whether every example has the same shapes (so examples stack into arrays)."""
+    specs = tf.nest.flatten(element_spec)
+    return all(isinstance(s, tf.TensorSpec) and s.shape.is_fully_defined() for s in specs)
+
+
+def _decoded_bytes(dataset: tf.data.Dataset) -> int | None:
+    """Bytes its examples take decoded; None when its length, shapes or strings vary."""
     specs = tf.nest.flatten(dataset.element_spec)
-    if not all(isinstance(s, tf.TensorSpec) and s.shape.is_fully_defined() for s in specs):
-        return None, "its examples vary in shape"
+    count = int(dataset.cardinality())
+    if count < 0 or not _fixed_shapes(dataset.element_spec):
+        return None
     if any(s.dtype == tf.string for s in specs):
-        return None, "it holds strings of unknown size"
-    return count * sum(s.shape.num_elements() * s.dtype.size for s in specs), ""
+        return None
+    return count * sum(s.shape.num_elements() * s.dtype.size for s in specs)
 
 
 def _memory_limit(knobs: dict) -> float:
@@ -417,8 +427,7 @@ def _sequential(sources, mode, params, preprocess, augment, weights, name, knobs
         if params.num_input_pipelines > 1:
             dataset = dataset.shard(params.num_input_pipelines, params.input_pipeline_id)
         dataset = dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
-        cache = knobs["cache"]
-        dataset = _cache(dataset, cache if isinstance(cache, str) else False, f"{name}-{index}")
+        dataset = _cache(dataset, knobs["cache"], f"{name}-{index}")
         if training:
             dataset = dataset.shuffle(knobs["shuffle_buffer"], seed=params.seed)
             dataset = dataset.repeat()

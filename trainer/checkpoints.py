@@ -45,13 +45,16 @@ def all_checkpoints(model_dir: str) -> list[str]:
     return sorted(paths, key=step_of)
 
 
-def saved_int(path: str | None, name: str, default: int = 0) -> int:
-    """The integer variable ``name`` saved in checkpoint ``path`` (``default`` if none)."""
+def saved_ints(path: str | None, **defaults: int) -> dict[str, int]:
+    """Integer variables saved in checkpoint ``path``, by name; a default where absent."""
     if path is None:
-        return default
-    key = f"{name}/.ATTRIBUTES/VARIABLE_VALUE"
+        return dict(defaults)
     reader = tf.train.load_checkpoint(path)
-    return int(reader.get_tensor(key)) if reader.has_tensor(key) else default
+    keys = {name: f"{name}/.ATTRIBUTES/VARIABLE_VALUE" for name in defaults}
+    return {
+        name: int(reader.get_tensor(key)) if reader.has_tensor(key) else defaults[name]
+        for name, key in keys.items()
+    }
 
 
 def step_of(path: str) -> int:

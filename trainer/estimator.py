@@ -459,10 +459,12 @@ class Estimator:
     ) -> int:
         # Data, model and optimizer. A positioned dataset starts at the input position
         # of the newest checkpoint (read before restoring: the dataset is built once).
-        latest = checkpoints.latest_checkpoint(self.model_dir)
-        self.input_position.assign(checkpoints.saved_int(latest, "input_position"))
-        self.input_seed.assign(self._training_seed(checkpoints.saved_int(latest, "input_seed", -1)))
-        position = int(self.input_position.numpy())
+        saved = checkpoints.saved_ints(
+            checkpoints.latest_checkpoint(self.model_dir), input_position=0, input_seed=-1
+        )
+        self.input_position.assign(saved["input_position"])
+        self.input_seed.assign(self._training_seed(saved["input_seed"]))
+        position = saved["input_position"]
         dataset = self._dataset(input_fn, Mode.TRAIN, start_example=position)
         positioned = is_positioned(dataset)
         iterator = iter(dataset) if self.strategy is None else None
@@ -491,7 +493,7 @@ class Estimator:
             logging.info("global_step %d >= max_steps %d: nothing to train.", start, max_steps)
             return start
         if iterator is None:
-            iterator = iter(self._distributed_input(input_fn, start))
+            iterator = self._train_iterator(input_fn, start)
         self._write_config(start)
         logging.info(
             "Training %s from step %d to %d in %s",
