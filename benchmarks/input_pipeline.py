@@ -7,11 +7,14 @@ In one process (the CPU split into 2 logical devices, for the strategy rows):
 1. Examples/s of the training pipelines on synthetic 32x32x3 images, batch 128:
    TFRecord shards (raw and PNG, random crop and flip) read by index (the default)
    and in sequence with a shuffle buffer (the pre-index path, ``by_index=False``);
-   in-memory arrays read by index and through the pre-index cache + shuffle buffer.
+   in-memory arrays read by index and through the pre-index cache + shuffle buffer;
+   a TFDS dataset (PNG images, as TFDS stores them) prepared as ArrayRecord and read
+   by index from its files, and prepared as TFRecord and read in sequence.
    Then the framework's AlexNet training step (cifar10_alexnet.gin's model) on
    in-memory batches: pipeline / step >= 5 means the step, not the input, sets the pace.
 2. Bytes of input state in a checkpoint after 3 steps, default knobs: in-memory arrays
-   of 2,000, 20,000 and 200,000 examples, a TFDS image dataset (mock cifar10), shards.
+   of 2,000, 20,000 and 200,000 examples, a TFDS image dataset (mock cifar10), the
+   ArrayRecord TFDS dataset above read from its files, shards.
 3. Seconds to the first batch when resuming at step 0 and at step 20,000, on one
    device and under MirroredStrategy on 2 devices; and, for contrast, under the strategy
    with the pre-index path, which replays the skipped batches (at step 2,000 only).
@@ -20,6 +23,7 @@ In one process (the CPU split into 2 logical devices, for the strategy rows):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import tempfile
@@ -31,6 +35,7 @@ from trainer import parallel  # noqa: E402
 
 parallel.split_cpu(2)
 
+import gin  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -121,6 +126,51 @@ def cifar_arrays(count: int, seed: int = 0) -> dict:
     }
 
 
+class CifarShaped(tfds.core.GeneratorBasedBuilder):
+    """A TFDS dataset of ``EXAMPLES`` random 32x32x3 images (PNG-encoded, as TFDS stores them)."""
+
+    VERSION = tfds.core.Version("1.0.0")
+    EXAMPLES = 10_000
+
+    def _info(self):
+        return tfds.core.DatasetInfo(
+            builder=self,
+            features=tfds.features.FeaturesDict(
+                {
+                    "image": tfds.features.Image(shape=(32, 32, 3)),
+                    "label": tfds.features.ClassLabel(num_classes=10),
+                }
+            ),
+        )
+
+    def _split_generators(self, dl_manager):
+        return {"train": self._generate_examples()}
+
+    def _generate_examples(self):
+        examples = cifar_arrays(self.EXAMPLES)
+        for i, (image, label) in enumerate(zip(examples["image"], examples["label"])):
+            yield i, {"image": image, "label": int(label)}
+
+
+@contextlib.contextmanager
+def never_in_memory():
+    """pipeline.cache = False while inside: sources are read from their files."""
+    gin.bind_parameter("pipeline.cache", False)
+    try:
+        yield
+    finally:
+        gin.clear_config()
+
+
+def tfds_rate(data_dir: str, batches: int) -> float:
+    """Examples/s of tfds_images.input_fn on cifar_shaped in data_dir, read from files."""
+    with never_in_memory():
+        dataset = tfds_images.input_fn(
+            Mode.TRAIN, params(), name="cifar_shaped", data_dir=data_dir, augment=True
+        )
+        return rate(dataset, batches)
+
+
 def first_batch_seconds(estimator: Estimator, input_fn, step: int) -> float:
     """Seconds from building the training input at ``step`` to its first batch."""
     estimator.input_position.assign(step * BATCH)
@@ -170,6 +220,11 @@ def main() -> None:
             ),
             args.batches,
         )
+        CifarShaped.EXAMPLES = args.examples
+        for file_format in ("array_record", "tfrecord"):
+            data_dir = os.path.join(root, f"tfds-{file_format}")
+            CifarShaped(data_dir=data_dir, file_format=file_format).download_and_prepare()
+            results[f"tfds_{file_format}"] = tfds_rate(data_dir, args.batches)
         results["alexnet_train_step"] = training_rate(args.steps)
 
         # 2. Input state in a checkpoint.
@@ -183,6 +238,13 @@ def main() -> None:
             results["state_tfds_cifar10"] = input_state_bytes(
                 lambda mode, p: tfds_images.input_fn(mode, p, name="cifar10", data_dir="unused"),
                 os.path.join(root, "state-tfds"),
+            )
+        with never_in_memory():
+            results["state_tfds_array_record"] = input_state_bytes(
+                lambda mode, p: tfds_images.input_fn(
+                    mode, p, name="cifar_shaped", data_dir=os.path.join(root, "tfds-array_record")
+                ),
+                os.path.join(root, "state-tfds-array-record"),
             )
         results["state_tfrecord"] = input_state_bytes(
             lambda mode, p: tfrecord.read(os.path.join(root, "raw"), "train", mode, p),
@@ -234,10 +296,14 @@ def main() -> None:
         ("tfrecord_png_sequential", "TFRecord PNG, in sequence (pre-index)"),
         ("memory_index", "in memory, by index"),
         ("memory_sequential", "in memory, cache + shuffle (pre-index)"),
+        ("tfds_array_record", "TFDS ArrayRecord PNG, by index from files"),
+        ("tfds_tfrecord", "TFDS TFRecord PNG, in sequence (pre-index)"),
         ("alexnet_train_step", "AlexNet training step (the consumer)"),
     ]:
         print(f"{label:<44}{results[key]:>12.0f}{results[key] / step_rate:>8.1f}x")
-    for kind in ("tfrecord_raw", "tfrecord_png", "memory"):
+    results["tfds_index"] = results["tfds_array_record"]
+    results["tfds_sequential"] = results["tfds_tfrecord"]
+    for kind in ("tfrecord_raw", "tfrecord_png", "memory", "tfds"):
         ratio = results[f"{kind}_index"] / results[f"{kind}_sequential"]
         results[f"ratio_{kind}_index_vs_sequential"] = ratio
         print(f"{kind}: by index / pre-index {ratio:.2f}x (target >= 0.9x)")

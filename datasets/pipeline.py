@@ -9,8 +9,9 @@ devices or workers, in constant time. A source is read by index when it allows i
 * ``ArraySource``: examples in memory (digits, diabetes, a user's numpy arrays);
 * a ``tf.data.Dataset`` of fixed-shape examples whose decoded size fits
   ``pipeline.memory_limit_mb``: read once into memory, then by index;
-* ``RecordSource`` (``datasets/tfrecord.py``): serialized records read by index
-  from files, for data larger than memory.
+* ``RecordExamples``: serialized records read by index from files, for data
+  larger than memory: TFRecord shards with their index (``datasets/tfrecord.py``),
+  TFDS datasets prepared as ArrayRecord (``datasets/tfds_images.py``).
 
 A ``tf.data`` source that is too large or of varying shapes is read sequentially
 with a shuffle buffer instead (the pre-index path): its iterator, buffer included,
@@ -161,12 +162,13 @@ def build(
     augment: Augment | None = None,
     weights: Sequence[float] | None = None,
     name: str = "data",
+    by_index_fix: str | None = None,
 ) -> tf.data.Dataset:
     """The batched ``(features, labels)`` dataset for ``mode`` from single examples.
 
     Args:
-      source: an ``ArraySource``, a ``tf.data.Dataset`` of single examples, or a
-        list of them (e.g. several splits).
+      source: an ``ArraySource``, a ``RecordExamples``, a ``tf.data.Dataset`` of
+        single examples, or a list of them (e.g. several splits).
       mode: the mode the input_fn was called for.
       params: batch size, seed, this pipeline's shard and, in TRAIN, where to start.
       preprocess: pure function of one example to ``(features, labels)``.
@@ -177,6 +179,8 @@ def build(
         (default: equal); EVAL and PREDICT read them one after the other.
       name: names the source in the log, and the cache files when
         ``pipeline.cache`` is a path.
+      by_index_fix: how this source could be read by index, for the warning when it
+        must be read in sequence.
     """
     knobs = options()
     _check_batch(params)
@@ -188,26 +192,27 @@ def build(
     reasons = [h for h in held if isinstance(h, str)]
     if reasons:
         if training:
-            _log_sequential(name, reasons[0])
+            _log_sequential(name, reasons[0], by_index_fix)
         return _sequential(sources, mode, params, preprocess, augment, weights, name, knobs)
     if training:  # an empty source is refused before any work
         order = Order([len(h) for h in held], weights, params.seed)
-    data = ArraySource.concat(held)
-    limit = _memory_limit(knobs) if knobs["cache"] and len(data) else 0
-    examples = data.preprocessed(preprocess, limit)  # None: preprocessed per read
-
-    def example(row):  # one preprocessed example
-        return examples.gather(row) if examples is not None else preprocess(data.gather(row))
-
+    data = _concat(held, name)
+    examples = None  # preprocessed examples in memory, when they fit
+    if isinstance(data, ArraySource) and knobs["cache"] and len(data):
+        examples = data.preprocessed(preprocess, _memory_limit(knobs))
     if training:
-        return _by_index(order, params, examples, example, augment, knobs)
+        return _by_index(order, params, data, examples, preprocess, augment, knobs)
     rows = tf.data.Dataset.range(len(data))
     if params.num_input_pipelines > 1:
         rows = rows.shard(params.num_input_pipelines, params.input_pipeline_id)
     if examples is not None:
         dataset = rows.batch(params.batch_size).map(examples.gather)
     else:
-        dataset = rows.map(example, num_parallel_calls=tf.data.AUTOTUNE)
+        if isinstance(data, RecordExamples):
+            single = data.examples(rows)
+        else:
+            single = rows.map(data.gather, num_parallel_calls=tf.data.AUTOTUNE)
+        dataset = single.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
         dataset = dataset.batch(params.batch_size)
     return _finish(dataset, knobs)
 
@@ -215,8 +220,9 @@ def build(
 def _by_index(
     order: Order,
     params: InputParams,
+    data: ArraySource | RecordExamples,
     examples: ArraySource | None,
-    example: Callable,
+    preprocess: Preprocess,
     augment: Augment | None,
     knobs: dict,
 ) -> tf.data.Dataset:
@@ -225,16 +231,35 @@ def _by_index(
         return _batches_by_index(
             lambda positions: examples.gather(order.rows(positions)), params, knobs
         )
+    elements = tf.data.Dataset.range(np.iinfo(np.int64).max)
+    if isinstance(data, RecordExamples):  # a batch of records per read, parsed one by one
 
-    def augmented(element):
-        position = pipeline_positions(element, params)
-        features, labels = example(order.rows(position))
+        def records(batch_of_elements):
+            positions = pipeline_positions(batch_of_elements, params)
+            return positions, data.records.read(order.rows(positions))
+
+        stream = elements.batch(params.batch_size, drop_remainder=True)
+        stream = stream.map(records, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
+
+        def example(position, record):
+            return position, preprocess(data.parse(record))
+
+    else:
+        stream = elements.map(lambda element: pipeline_positions(element, params))
+
+        def example(position):
+            row = order.rows(position)
+            if examples is not None:
+                return position, examples.gather(row)
+            return position, preprocess(data.gather(row))
+
+    def augmented(*element):
+        position, (features, labels) = example(*element)
         if augment is None:
             return features, labels
         return augment(features, labels, _stateless_seed(order.seed, position))
 
-    elements = tf.data.Dataset.range(np.iinfo(np.int64).max)
-    dataset = elements.map(augmented, num_parallel_calls=tf.data.AUTOTUNE)
+    dataset = stream.map(augmented, num_parallel_calls=tf.data.AUTOTUNE)
     dataset = dataset.batch(params.batch_size, drop_remainder=True)
     return positioned(_finish(dataset, knobs, symbolic=True))
 
@@ -296,14 +321,58 @@ def batched(
 
 
 class RandomAccess:
-    """Serialized records readable by index; ``datasets.tfrecord.RecordSource`` is one."""
+    """Serialized records readable by index: ``tfrecord.RecordSource``, TFDS's ArrayRecord.
+
+    A subclass gives ``__len__`` and ``_read``; ``read`` runs it inside the graph.
+    """
 
     def __len__(self) -> int:
         raise NotImplementedError
 
-    def read(self, rows: tf.Tensor) -> tf.Tensor:
-        """The serialized records at ``rows`` (a vector), as a string tensor."""
+    def _read(self, rows: np.ndarray) -> tuple[np.ndarray, str]:
+        """The records at ``rows`` (bytes objects), and "" or what is corrupt, where."""
         raise NotImplementedError
+
+    def read(self, rows: tf.Tensor) -> tf.Tensor:
+        """The serialized records at ``rows`` (a vector); corrupt data fails in one line."""
+        records, problem = tf.numpy_function(
+            self._read, [rows], (tf.string, tf.string), stateful=False
+        )
+        check = tf.debugging.Assert(tf.equal(problem, ""), ["input data is corrupt", problem])
+        with tf.control_dependencies([check]):
+            records = tf.identity(records)
+        records.set_shape(rows.shape)
+        return records
+
+
+class RecordExamples:
+    """Examples parsed one by one from records read by index: data larger than memory.
+
+    ``build`` holds them in memory when they fit ``pipeline.memory_limit_mb``, like a
+    ``tf.data`` source; otherwise training reads a batch of records per read, by
+    index, and parses each in parallel.
+
+    Args:
+      records: the serialized examples, a ``RandomAccess``.
+      parse: one record (a scalar string tensor) to one example (a dict of tensors).
+      name: names the source in messages.
+    """
+
+    def __init__(self, records: RandomAccess, parse: Callable[[tf.Tensor], dict], name: str):
+        self.records, self.parse, self.name = records, parse, name
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def examples(self, rows: tf.data.Dataset) -> tf.data.Dataset:
+        """The examples at ``rows`` (a dataset of row numbers), in their order."""
+        records = rows.batch(256).map(self.records.read, num_parallel_calls=tf.data.AUTOTUNE)
+        return records.unbatch().map(self.parse, num_parallel_calls=tf.data.AUTOTUNE)
+
+    def dataset(self) -> tf.data.Dataset:
+        """Every example, in order, of known length."""
+        examples = self.examples(tf.data.Dataset.range(len(self)))
+        return examples.apply(tf.data.experimental.assert_cardinality(len(self)))
 
 
 def _stateless_seed(seed: int, position: tf.Tensor) -> tf.Tensor:
@@ -311,14 +380,25 @@ def _stateless_seed(seed: int, position: tf.Tensor) -> tf.Tensor:
     return tf.stack([tf.constant(seed, tf.int64), tf.cast(position, tf.int64)])
 
 
-def _in_memory(source, name: str, knobs: dict) -> ArraySource | str:
-    """The source as an ``ArraySource``, or why it is read in sequence instead."""
+def _in_memory(source, name: str, knobs: dict) -> ArraySource | RecordExamples | str:
+    """The source in memory, or records read by index, or why it is read in sequence."""
     if isinstance(source, ArraySource):
+        return source
+    if isinstance(source, RecordExamples):  # in memory if it fits, else read by index
+        held = _in_memory(source.dataset(), name, knobs)
+        if not isinstance(held, str):
+            return held
+        logging.info(
+            "Reading %s by index from its records (%d examples; not in memory: %s)",
+            name,
+            len(source),
+            held,
+        )
         return source
     if not isinstance(source, tf.data.Dataset):
         raise UserError(
-            f"{name}: a source must be a datasets.pipeline.ArraySource or a tf.data.Dataset, "
-            f"got {type(source).__name__}"
+            f"{name}: a source must be a datasets.pipeline.ArraySource, RecordExamples "
+            f"or a tf.data.Dataset, got {type(source).__name__}"
         )
     cache = knobs["cache"]
     if cache is False or (isinstance(cache, str) and cache != "auto"):
@@ -332,7 +412,7 @@ def _in_memory(source, name: str, knobs: dict) -> ArraySource | str:
             )
         return "its examples vary in shape"
     limit = _memory_limit(knobs) if cache == "auto" else float("inf")
-    over = f"its examples exceed pipeline.memory_limit_mb {limit / 2**20:.0f}"
+    over = f"its examples exceed pipeline.memory_limit_mb {limit / 2**20:.4g}"
     size = _decoded_bytes(source)  # None (length or string sizes unknown): read to see
     if size is not None and size > limit:
         return over
@@ -347,6 +427,17 @@ def _in_memory(source, name: str, knobs: dict) -> ArraySource | str:
         held.nbytes / 2**20,
     )
     return held
+
+
+def _concat(held: list, name: str) -> ArraySource | RecordExamples:
+    if all(isinstance(h, ArraySource) for h in held):
+        return ArraySource.concat(held)
+    if len(held) == 1:
+        return held[0]
+    raise UserError(
+        f"{name}: several sources too large for memory cannot be mixed by index: give one "
+        "source (e.g. one TFDS split 'train+validation'), or raise pipeline.memory_limit_mb"
+    )
 
 
 def _fixed_shapes(element_spec) -> bool:
@@ -409,13 +500,14 @@ def _nbytes(array: np.ndarray) -> int:
     return array.nbytes
 
 
-def _log_sequential(name: str, reason: str) -> None:
+def _log_sequential(name: str, reason: str, fix: str | None = None) -> None:
     logging.warning(
         "Training reads %s in sequence with a shuffle buffer (%s): each checkpoint then "
         "saves the buffer, and resuming under a tf.distribute strategy replays the input. "
-        "Read it by index: an ArraySource, pipeline.memory_limit_mb, or TFRecord shards",
+        "Read it by index: %s",
         name,
         reason,
+        fix or "an ArraySource, pipeline.memory_limit_mb, or TFRecord shards",
     )
 
 

@@ -5,9 +5,15 @@ downloads it when it is missing and the network is there. When it is missing and
 cannot be downloaded, it says so in one line and how to get it, instead of the
 downloader retrying for minutes. Splits take TFDS slicing, e.g. 'train[:90%]'.
 
-Preprocessing: pixels scaled to [0, 1]; optionally per-image standardisation; in
-training, optionally the CIFAR augmentation (pad by 4 to 40x40 for 32x32 images,
-random crop back, random horizontal flip).
+A dataset prepared as ArrayRecord (``tfds build NAME --file_format=array_record``)
+is read by index from its files when it does not fit in memory, so training on
+data of any size keeps exact, constant-time resume; one prepared as TFRecord (TFDS's
+default) is held in memory when it fits and read in sequence otherwise.
+
+Preprocessing: pixels scaled to [0, 1]; optionally per-image standardisation;
+optionally resized and centre-cropped to one square size; in training, optionally
+the CIFAR augmentation (pad by 4 to 40x40 for 32x32 images, random crop back,
+random horizontal flip).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import functools
 import socket
 
 import gin
+import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
@@ -25,12 +32,28 @@ from trainer import InputParams, Mode, UserError
 DOWNLOAD_HOST = "storage.googleapis.com"  # where TFDS keeps its prepared datasets
 
 
-def preprocess(example: dict, standardize: bool = False) -> tuple[dict, dict]:
-    """Scales ``image`` to [0, 1] (or standardises it); returns ``({'image'}, {'label'})``."""
+def preprocess(
+    example: dict, standardize: bool = False, image_size: int | None = None
+) -> tuple[dict, dict]:
+    """Scales ``image`` to [0, 1] (or standardises it); returns ``({'image'}, {'label'})``.
+
+    With ``image_size``, the image is first resized so that its shorter side is
+    ``image_size``, then cropped to the central ``image_size`` square: images of
+    varying sizes (ImageNet) come out of one shape.
+    """
     image = tf.cast(example["image"], tf.float32) / 255.0
+    if image_size is not None:
+        image = _central_square(image, image_size)
     if standardize:
         image = tf.image.per_image_standardization(image)
     return {"image": image}, {"label": example["label"]}
+
+
+def _central_square(image: tf.Tensor, size: int) -> tf.Tensor:
+    shape = tf.cast(tf.shape(image)[:2], tf.float32)
+    scale = size / tf.reduce_min(shape)
+    resized = tf.image.resize(image, tf.cast(tf.math.ceil(shape * scale), tf.int32))
+    return tf.image.resize_with_crop_or_pad(resized, size, size)
 
 
 def pad_crop_flip(features: dict, labels: dict, seed: tf.Tensor, pad: int = 4):
@@ -45,8 +68,15 @@ def pad_crop_flip(features: dict, labels: dict, seed: tf.Tensor, pad: int = 4):
 
 def load(
     name: str, split: str, data_dir: str | None = None, download: bool = True
-) -> tf.data.Dataset:
-    """The examples of ``split`` of TFDS dataset ``name``; downloads only when it can."""
+) -> tf.data.Dataset | pipeline.RecordExamples:
+    """The examples of ``split`` of TFDS dataset ``name``; downloads only when it can.
+
+    A dataset prepared as ArrayRecord is read by index (``pipeline.RecordExamples``),
+    one prepared as TFRecord (TFDS's default) as a ``tf.data.Dataset``.
+    """
+    records = array_records(name, split, data_dir)
+    if records is not None:
+        return records
     try:
         return tfds.load(name, split=split, data_dir=data_dir, download=False, shuffle_files=False)
     except (AssertionError, FileNotFoundError, tfds.core.registered.DatasetNotFoundError) as e:
@@ -73,6 +103,48 @@ def load(
         ) from None
 
 
+class ArrayRecords(pipeline.RandomAccess):
+    """The serialized examples of a TFDS split prepared as ArrayRecord, read by index."""
+
+    def __init__(self, source, where: str):
+        self.source, self.where = source, where
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def _read(self, rows: np.ndarray) -> tuple[np.ndarray, str]:
+        try:
+            records = self.source.__getitems__(rows.tolist())
+        except Exception as error:  # the reader's errors carry the file and chunk
+            return np.full(len(rows), b"", object), f"{str(error).splitlines()[0]}, {self.where}"
+        return np.asarray(records, object), ""
+
+
+def array_records(name: str, split: str, data_dir: str | None) -> pipeline.RecordExamples | None:
+    """The examples of ``split``, read by index, if it is prepared as ArrayRecord here."""
+    try:
+        builder = tfds.builder(name, data_dir=data_dir)
+    except tfds.core.registered.DatasetNotFoundError:
+        raise UserError(f"TFDS has no dataset named {name!r}: see `tfds.list_builders()`") from None
+    if not builder.is_prepared():
+        return None
+    if tfds.core.FileFormat.ARRAY_RECORD not in builder.info.available_file_formats():
+        return None
+    source = builder.as_data_source(
+        split,
+        deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES,
+        file_format=tfds.core.FileFormat.ARRAY_RECORD,
+    )
+    features = builder.info.features
+
+    def parse(record: tf.Tensor) -> dict:
+        example = features.deserialize_example(record)
+        return {"image": example["image"], "label": example["label"]}
+
+    where = f"in {name} {split} at {builder.data_dir}"
+    return pipeline.RecordExamples(ArrayRecords(source, where), parse, f"{name} {split}")
+
+
 def _online(timeout: float = 3.0) -> bool:
     previous = socket.getdefaulttimeout()
     socket.setdefaulttimeout(timeout)
@@ -96,6 +168,7 @@ def input_fn(
     download: bool = True,
     augment: bool = False,
     standardize: bool = False,
+    image_size: int | None = None,
 ) -> tf.data.Dataset:
     """Batches of ``({'image': [b, h, w, c] in [0, 1]}, {'label': [b]})``.
 
@@ -109,6 +182,8 @@ def input_fn(
       download: allow downloading a missing dataset.
       augment: pad-crop-flip in training (for CIFAR-like natural images).
       standardize: per-image standardisation instead of plain [0, 1] scaling.
+      image_size: resize and centre-crop every image to this square size (for
+        datasets whose images vary in size, like imagenet2012).
 
     Shuffle buffer, caching and determinism are ``pipeline.*`` bindings.
     """
@@ -118,7 +193,8 @@ def input_fn(
         source,
         mode,
         params,
-        functools.partial(preprocess, standardize=standardize),
+        functools.partial(preprocess, standardize=standardize, image_size=image_size),
         augment=pad_crop_flip if augment else None,
         name=f"{name}-{split}",
+        by_index_fix=f"prepare it as ArrayRecord: `tfds build {name} --file_format=array_record`",
     )

@@ -247,18 +247,7 @@ class RecordSource(pipeline.RandomAccess):
     def __len__(self) -> int:
         return int(self.starts[-1])
 
-    def read(self, rows: tf.Tensor) -> tf.Tensor:
-        """The serialized records at ``rows``; a corrupt one fails with its file and offset."""
-        records, problem = tf.numpy_function(
-            self._read, [rows], (tf.string, tf.string), stateful=False
-        )
-        check = tf.debugging.Assert(tf.equal(problem, ""), ["input data is corrupt", problem])
-        with tf.control_dependencies([check]):
-            records = tf.identity(records)
-        records.set_shape(rows.shape)
-        return records
-
-    def _read(self, rows: np.ndarray) -> tuple[np.ndarray, bytes]:
+    def _read(self, rows: np.ndarray) -> tuple[np.ndarray, str]:
         shards = np.searchsorted(self.starts, rows, side="right") - 1
         records = []
         for row, shard in zip(rows.tolist(), shards.tolist(), strict=True):
@@ -276,7 +265,7 @@ class RecordSource(pipeline.RandomAccess):
                 where = f"corrupted record at {offset} in {self.paths[shard]}"
                 return np.asarray(records + [b""] * (len(rows) - len(records)), object), where
             records.append(data)
-        return np.asarray(records, object), b""
+        return np.asarray(records, object), ""
 
     def _pread(self, shard: int, size: int, offset: int) -> bytes:
         handle = self._files.get(shard)

@@ -315,7 +315,8 @@ def test_sources_that_cannot_be_held_or_indexed_are_one_line(tmp_path):
         pipeline.build(ragged, Mode.TRAIN, InputParams(2, 2), lambda e: (e, e), name="ragged")
     with pytest.raises(
         UserError,
-        match="a source must be a datasets.pipeline.ArraySource or a tf.data.Dataset, got list",
+        match="a source must be a datasets.pipeline.ArraySource, RecordExamples or a "
+        "tf.data.Dataset, got list",
     ):
         pipeline.build([[1, 2, 3]], Mode.TRAIN, InputParams(2, 2), lambda e: (e, e))
     # A shard rewritten after its index was written is indexed again, not misread.
