@@ -148,7 +148,7 @@ class CifarShaped(tfds.core.GeneratorBasedBuilder):
 
     def _generate_examples(self):
         examples = cifar_arrays(self.EXAMPLES)
-        for i, (image, label) in enumerate(zip(examples["image"], examples["label"])):
+        for i, (image, label) in enumerate(zip(examples["image"], examples["label"], strict=True)):
             yield i, {"image": image, "label": int(label)}
 
 
@@ -175,10 +175,7 @@ def first_batch_seconds(estimator: Estimator, input_fn, step: int) -> float:
     """Seconds from building the training input at ``step`` to its first batch."""
     estimator.input_position.assign(step * BATCH)
     start = time.perf_counter()
-    if estimator.strategy is None:
-        iterator = iter(estimator._dataset(input_fn, Mode.TRAIN, start_example=step * BATCH))
-    else:
-        iterator = iter(estimator._distributed_input(input_fn, step))
+    iterator = estimator._train_iterator(input_fn, step)  # noqa: SLF001 - resume's first act
     next(iterator)
     return time.perf_counter() - start
 

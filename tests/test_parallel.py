@@ -19,7 +19,7 @@ import datasets.digits
 from models.mlp import MLP
 from tests.conftest import REPO, digits_args, run_cli
 from trainer import Estimator, UserError, parallel
-from trainer.estimator import _check_devices
+from trainer.distribution import check_devices
 
 DEVICES = ["/CPU:0"] * 3  # the shard logic does not care that they are one device
 
@@ -159,11 +159,11 @@ def test_device_settings_that_cannot_run_are_refused():
     with pytest.raises(UserError, match="has 1 CPU device and no GPU: .*CPU:0; ask for at most 1"):
         parallel.choose_devices(3)
     with pytest.raises(UserError, match="global_batch_size 3 is smaller than the 4 devices"):
-        _check_devices("towers", 4, 3, None, False)
+        check_devices("towers", 4, 3, None, False)
     with pytest.raises(UserError, match="30 does not divide over the 4 replicas.*'towers'"):
-        _check_devices("mirrored", 4, 30, None, False)
+        check_devices("mirrored", 4, 30, None, False)
     with pytest.raises(UserError, match="jit_compile"):
-        _check_devices("towers", 2, 32, None, True)
+        check_devices("towers", 2, 32, None, True)
     with pytest.raises(UserError, match="distribution must be one of towers, mirrored"):
         Estimator(MLP(num_classes=10), "/tmp/unused", distribution="mirror")
 

@@ -22,7 +22,8 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from trainer import checkpoints, errors, export, files, hooks, parallel, preemption
+from trainer import checkpoints, errors, export, files, hooks, preemption
+from trainer.distribution import Placement
 from trainer.errors import Preempted, TrainingDiverged, UserError
 from trainer.model_fn import InputParams, Mode, ModelFn, check_spec, is_positioned
 from trainer.optimization import WeightAverage
@@ -172,24 +173,22 @@ class Estimator:
             if value < 1:
                 raise UserError(f"Estimator.{name} must be >= 1, got {value}")
         self.model_fn = model_fn
-        self.strategy, self.devices = _distribution(distribution, num_devices)
-        self.num_replicas = (
-            self.strategy.num_replicas_in_sync if self.strategy else len(self.devices)
+        self.placement = Placement(
+            distribution,
+            num_devices,
+            global_batch_size=global_batch_size,
+            clip_gradient_norm=clip_gradient_norm,
+            jit_compile=jit_compile,
+            prefetch_to_device=prefetch_to_device,
         )
-        _check_devices(
-            distribution, self.num_replicas, global_batch_size, clip_gradient_norm, jit_compile
-        )
-        worker = parallel.worker_name(self.strategy)
-        # Every worker saves (a save may need them all); the chief's copy is the run's.
-        self.model_dir = os.path.join(model_dir, worker) if worker else model_dir
+        self.model_dir = self.placement.worker_dir(model_dir)
         self.optimizer = optimizer if optimizer is not None else keras.optimizers.Adam()
         _check_precision(model_fn, mixed_precision)
         if mixed_precision == "mixed_float16" and not isinstance(
             self.optimizer, keras.optimizers.LossScaleOptimizer
         ):
             self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
-        if self.strategy is not None:
-            self.optimizer = _rebuilt_in_scope(self.optimizer, self.strategy)
+        self.optimizer = self.placement.adopt(self.optimizer)
         self.global_batch_size = global_batch_size
         self.eval_batch_size = eval_batch_size or global_batch_size
         self.steps_per_loop = steps_per_loop
@@ -201,9 +200,6 @@ class Estimator:
         self.clip_gradient_norm = clip_gradient_norm
         self.ema_decay = ema_decay
         self.jit_compile = jit_compile
-        self.prefetch_device = _prefetch_device(
-            prefetch_to_device, self.devices, distribution, jit_compile
-        )
         self.ema: WeightAverage | None = None
         self.nonfinite_loss = nonfinite_loss
         self.max_rollbacks = max_rollbacks
@@ -232,7 +228,7 @@ class Estimator:
         )
         self.config_text_fn = config_text_fn
         self.config_guard = config_guard
-        with self._scope():
+        with self.placement.scope():
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
             # Examples of the training stream read so far (skipped batches included):
             # where a positioned training input resumes, whatever the device count.
@@ -467,7 +463,7 @@ class Estimator:
         position = saved["input_position"]
         dataset = self._dataset(input_fn, Mode.TRAIN, start_example=position)
         positioned = is_positioned(dataset)
-        iterator = iter(dataset) if self.strategy is None else None
+        iterator = self.placement.saved_iterator(dataset)
         steps = self._prepare(dataset.element_spec, Mode.TRAIN)
         # Under jit_compile a block's batches are stacked: as many as fit in memory.
         block = self.steps_per_loop
@@ -511,7 +507,7 @@ class Estimator:
         def log(step: int) -> None:
             logs = steps.train_metrics.result()
             steps.train_metrics.reset()
-            if self.strategy is None:
+            if self.placement.measures_gradient_norm:
                 logs["gradient_norm"] = float(steps.gradient_norm.numpy())
             logs.update(progress.rates(step))
             logs.update(input_wait.since_last_log())
@@ -678,8 +674,7 @@ class Estimator:
         """The input_fn's dataset for ``mode``, checked; one pipeline unless ``params``."""
         if params is None:
             batch = self.global_batch_size if mode == Mode.TRAIN else self.eval_batch_size
-            if mode == Mode.TRAIN and self.strategy is not None:  # only to read the shapes
-                batch //= self.num_replicas
+            batch = self.placement.pipeline_batch(batch, mode)  # to read the shapes
             params = InputParams(
                 batch_size=batch,
                 global_batch_size=batch,
@@ -724,45 +719,15 @@ class Estimator:
 
     def _train_iterator(self, input_fn: InputFn, step: int):
         """A new iterator over the training input, starting at ``input_position``."""
-        if self.strategy is not None:
-            return iter(self._distributed_input(input_fn, step))
-        position = int(self.input_position.numpy())
-        return iter(self._dataset(input_fn, Mode.TRAIN, start_example=position))
-
-    def _distributed_input(self, input_fn: InputFn, step: int):
-        """The training input of a strategy: one pipeline per worker, a batch per replica.
-
-        Each pipeline is told its id to shard by and where the stream stands; a
-        positioned dataset starts there, any other skips the batches of the ``step``
-        steps already trained on (the input must be seeded to continue exactly).
-        """
-        position = int(self.input_position.numpy())
-        skipping = []
-
-        def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
-            params = InputParams(
-                batch_size=context.get_per_replica_batch_size(self.global_batch_size),
-                global_batch_size=self.global_batch_size,
-                seed=self._input_seed(Mode.TRAIN),
-                num_input_pipelines=context.num_input_pipelines,
-                input_pipeline_id=context.input_pipeline_id,
-                start_example=position,
-            )
-            dataset = self._dataset(input_fn, Mode.TRAIN, params)
-            if is_positioned(dataset) or not step:
-                return dataset
-            skipping.append(step)
-            per_step = context.num_replicas_in_sync // context.num_input_pipelines
-            return dataset.skip(step * per_step)
-
-        distributed = self.strategy.distribute_datasets_from_function(dataset_fn)
-        if skipping:
-            logging.info("Skipping the input of the %d steps already trained", step)
-        return distributed
-
-    def _scope(self):
-        """The strategy's scope, where variables must be created; or no scope."""
-        return self.strategy.scope() if self.strategy else contextlib.nullcontext()
+        params = InputParams(
+            batch_size=self.global_batch_size,
+            global_batch_size=self.global_batch_size,
+            seed=self._input_seed(Mode.TRAIN),
+            start_example=int(self.input_position.numpy()),
+        )
+        return self.placement.train_iterator(
+            lambda p: self._dataset(input_fn, Mode.TRAIN, p), params, step
+        )
 
     def _prepare(self, element_spec, mode: Mode) -> Steps:
         """Creates the model's and optimizer's variables once, by tracing the model.
@@ -796,10 +761,8 @@ class Estimator:
         args = (features_spec, labels_spec) if labels_spec is not None else (features_spec,)
         fn = trace if labels_spec is not None else (lambda f: trace(f, None))
         started = time.perf_counter()
-        with self._scope():
-            if self.strategy is not None:
-                # Mirrored variables cannot be created inside a traced function.
-                _build_eagerly(self.model_fn, features_spec)
+        self.placement.create_variables(self.model_fn, features_spec)
+        with self.placement.scope():
             tf.function(fn).get_concrete_function(*args)
         self.seconds["building"] += time.perf_counter() - started
         variables = self.model_fn.trainable_variables
@@ -817,7 +780,7 @@ class Estimator:
                 "a Keras layer are invisible to tf.train.Checkpoint; assign each one as an "
                 "attribute (or hold the list in the ModelFn itself)"
             )
-        with self._scope():
+        with self.placement.scope():
             self.optimizer.build(variables)
             if self.ema_decay:
                 self.ema = WeightAverage(variables, self.ema_decay)
@@ -829,9 +792,9 @@ class Estimator:
                 clip_gradient_norm=self.clip_gradient_norm,
                 ema=self.ema,
                 jit_compile=self.jit_compile,
-                devices=self.devices,
-                strategy=self.strategy,
-                prefetch_device=self.prefetch_device,
+                devices=self.placement.devices,
+                strategy=self.placement.strategy,
+                prefetch_device=self.placement.prefetch_device,
             )
         return self._steps
 
@@ -1191,105 +1154,3 @@ def _check_precision(model_fn: ModelFn | None, mixed_precision: str | None) -> N
             f"trainer.set_precision({mixed_precision!r}) before making the model "
             "(python -m trainer does)"
         )
-
-
-def _build_eagerly(model_fn: ModelFn, features_spec) -> None:
-    """Creates the model's variables with one PREDICT call on a batch of one blank example."""
-
-    def blank(spec: tf.TensorSpec) -> tf.Tensor:
-        shape = [1 if d is None else d for d in spec.shape]
-        return tf.fill(shape, "") if spec.dtype == tf.string else tf.zeros(shape, spec.dtype)
-
-    model_fn(tf.nest.map_structure(blank, features_spec), None, Mode.PREDICT)
-
-
-def _distribution(
-    distribution: str, num_devices: int | str
-) -> tuple[tf.distribute.Strategy | None, list[str]]:
-    """The strategy (None for towers) and the devices of this worker."""
-    if distribution == "multi_worker":
-        if num_devices != "auto":
-            raise UserError(
-                "distribution 'multi_worker' uses every GPU of each machine (or its CPU); "
-                "leave num_devices 'auto' and limit GPUs with CUDA_VISIBLE_DEVICES"
-            )
-        # Created before anything else touches TensorFlow's runtime, as it must be.
-        strategy = parallel.make_strategy(distribution, [])
-        return strategy, list(strategy.extended.worker_devices)
-    if distribution not in parallel.DISTRIBUTIONS:
-        raise UserError(
-            f"Estimator.distribution must be one of {', '.join(parallel.DISTRIBUTIONS)}, "
-            f"got {distribution!r}"
-        )
-    devices = parallel.choose_devices(num_devices)
-    if distribution == "towers":
-        return None, devices
-    return parallel.make_strategy(distribution, devices), devices
-
-
-def _check_devices(
-    distribution: str,
-    replicas: int,
-    global_batch_size: int,
-    clip_gradient_norm: float | None,
-    jit_compile: bool,
-) -> None:
-    """Refuses settings the chosen devices cannot run, before anything is built."""
-    if global_batch_size < replicas:
-        raise UserError(
-            f"Estimator.global_batch_size {global_batch_size} is smaller than the "
-            f"{replicas} devices it is split over: raise it or use fewer devices"
-        )
-    if jit_compile and (replicas > 1 or distribution != "towers"):
-        raise UserError(
-            "Estimator.jit_compile compiles the step for a single device: turn it off "
-            f"for {distribution!r} on {replicas} device(s)"
-        )
-    if distribution == "towers":
-        return
-    if global_batch_size % replicas:
-        raise UserError(
-            f"Estimator.global_batch_size {global_batch_size} does not divide over the "
-            f"{replicas} replicas of {distribution!r}: use a multiple of {replicas}, or "
-            "distribution 'towers', which splits batches unevenly"
-        )
-    if clip_gradient_norm:
-        raise UserError(
-            f"Estimator.clip_gradient_norm needs the summed gradient, which {distribution!r} "
-            "forms inside the optimizer: use distribution 'towers' to clip"
-        )
-
-
-def _prefetch_device(
-    prefetch_to_device: bool | None, devices: Sequence[str], distribution: str, jit_compile: bool
-) -> str | None:
-    """The device each batch is copied to while the step before it runs, or None."""
-    single = distribution == "towers" and len(devices) == 1 and not jit_compile
-    if prefetch_to_device is None:  # on where there is a copy to hide: not on a CPU
-        if single and tf.DeviceSpec.from_string(devices[0]).device_type != "CPU":
-            return devices[0]
-        return None
-    if prefetch_to_device and not single:
-        count = f"{len(devices)} device" + ("s" if len(devices) > 1 else "")
-        setting = "jit_compile" if jit_compile else f"distribution {distribution!r} on {count}"
-        raise UserError(
-            f"Estimator.prefetch_to_device applies to one device without jit_compile, not "
-            f"{setting}: strategies prefetch to their replicas themselves, towers copy each "
-            "shard in the step, and jit_compile reads a block's batches before the block; "
-            "leave it None"
-        )
-    return devices[0] if prefetch_to_device else None
-
-
-def _rebuilt_in_scope(
-    optimizer: keras.optimizers.Optimizer, strategy: tf.distribute.Strategy
-) -> keras.optimizers.Optimizer:
-    """The same optimizer made inside the strategy's scope, where its variables must live."""
-    try:
-        with strategy.scope():
-            return type(optimizer).from_config(optimizer.get_config())
-    except (TypeError, ValueError) as error:
-        raise UserError(
-            f"cannot rebuild the optimizer {type(optimizer).__name__} for a tf.distribute "
-            f"strategy from its get_config(): {errors.first_line(error)}"
-        ) from None

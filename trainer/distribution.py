@@ -1,0 +1,239 @@
+"""Where training runs: the devices of this worker and how they share a step.
+
+``Placement`` is the one object that knows the kind of distribution. The rest of the
+framework asks it: which scope variables are made in, how big a batch one input
+pipeline yields, how the training input is iterated, which directory this worker
+writes. Three kinds (``Estimator.distribution``):
+
+* ``'towers'``: one process splits each batch over its devices (``parallel.Towers``),
+  or runs on its one device;
+* ``'mirrored'``: ``tf.distribute.MirroredStrategy`` over this machine's devices;
+* ``'multi_worker'``: ``MultiWorkerMirroredStrategy`` over the machines in TF_CONFIG.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import Callable, Sequence
+
+import keras
+import tensorflow as tf
+from absl import logging
+
+from trainer import errors, parallel
+from trainer.errors import UserError
+from trainer.model_fn import InputParams, Mode, ModelFn, is_positioned
+
+
+class Placement:
+    """The devices of this worker, the strategy over them (None for towers), and checks.
+
+    Args:
+      distribution: ``'towers'``, ``'mirrored'`` or ``'multi_worker'``.
+      num_devices: ``'auto'`` (every GPU, else one CPU) or how many devices to use.
+      global_batch_size: examples per step over all devices and workers.
+      clip_gradient_norm, jit_compile, prefetch_to_device: the Estimator's settings
+        that only some placements can run; refused here, before anything is built.
+    """
+
+    def __init__(
+        self,
+        distribution: str,
+        num_devices: int | str,
+        *,
+        global_batch_size: int,
+        clip_gradient_norm: float | None = None,
+        jit_compile: bool = False,
+        prefetch_to_device: bool | None = None,
+    ):
+        self.distribution = distribution
+        self.strategy, self.devices = _strategy_and_devices(distribution, num_devices)
+        self.num_replicas = (
+            self.strategy.num_replicas_in_sync if self.strategy else len(self.devices)
+        )
+        check_devices(
+            distribution, self.num_replicas, global_batch_size, clip_gradient_norm, jit_compile
+        )
+        self.global_batch_size = global_batch_size
+        self.prefetch_device = _prefetch_device(
+            prefetch_to_device, self.devices, distribution, jit_compile
+        )
+        # The chief (or a single process) is None; other workers are 'worker_1', ...
+        self.worker = parallel.worker_name(self.strategy)
+
+    @property
+    def measures_gradient_norm(self) -> bool:
+        """Whether the step knows the gradient's norm (under a strategy no replica does)."""
+        return self.strategy is None
+
+    def scope(self):
+        """The strategy's scope, where variables must be created; or no scope."""
+        return self.strategy.scope() if self.strategy else contextlib.nullcontext()
+
+    def worker_dir(self, model_dir: str) -> str:
+        """This worker's directory: ``model_dir`` for the chief, which holds the run.
+
+        Every worker saves (a save may need them all); the others keep their copy in
+        ``model_dir/worker_<i>``.
+        """
+        return os.path.join(model_dir, self.worker) if self.worker else model_dir
+
+    def adopt(self, optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
+        """The optimizer, made again inside the strategy's scope if there is one."""
+        if self.strategy is None:
+            return optimizer
+        try:
+            with self.strategy.scope():
+                return type(optimizer).from_config(optimizer.get_config())
+        except (TypeError, ValueError) as error:
+            raise UserError(
+                f"cannot rebuild the optimizer {type(optimizer).__name__} for a tf.distribute "
+                f"strategy from its get_config(): {errors.first_line(error)}"
+            ) from None
+
+    def create_variables(self, model_fn: ModelFn, features_spec) -> None:
+        """Under a strategy, makes the model's variables eagerly; elsewhere tracing does.
+
+        Mirrored variables cannot be created inside a traced function.
+        """
+        if self.strategy is None:
+            return
+
+        def blank(spec: tf.TensorSpec) -> tf.Tensor:
+            shape = [1 if d is None else d for d in spec.shape]
+            return tf.fill(shape, "") if spec.dtype == tf.string else tf.zeros(shape, spec.dtype)
+
+        with self.scope():
+            model_fn(tf.nest.map_structure(blank, features_spec), None, Mode.PREDICT)
+
+    def pipeline_batch(self, batch_size: int, mode: Mode) -> int:
+        """The batch one input pipeline yields in ``mode``.
+
+        Under a strategy a training pipeline yields a replica's share; towers split
+        whole batches themselves.
+        """
+        if mode == Mode.TRAIN and self.strategy is not None:
+            return batch_size // self.num_replicas
+        return batch_size
+
+    def saved_iterator(self, dataset: tf.data.Dataset):
+        """An iterator a checkpoint can hold, made before restoring.
+
+        None under a strategy: TF cannot checkpoint a distributed iterator, which
+        ``train_iterator`` makes after restoring.
+        """
+        return iter(dataset) if self.strategy is None else None
+
+    def train_iterator(
+        self, build: Callable[[InputParams], tf.data.Dataset], params: InputParams, step: int
+    ):
+        """An iterator over the training input that starts at ``params.start_example``.
+
+        On one device or towers: ``build(params)``. Under a strategy: one pipeline
+        per worker, each told its id and a replica's batch; a positioned dataset
+        starts at its position, any other skips the batches of the ``step`` steps
+        already trained on (the input must be seeded to continue exactly).
+        """
+        if self.strategy is None:
+            return iter(build(params))
+        skipping = []
+
+        def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+            dataset = build(
+                dataclasses.replace(
+                    params,
+                    batch_size=context.get_per_replica_batch_size(params.global_batch_size),
+                    num_input_pipelines=context.num_input_pipelines,
+                    input_pipeline_id=context.input_pipeline_id,
+                )
+            )
+            if is_positioned(dataset) or not step:
+                return dataset
+            skipping.append(step)
+            per_step = context.num_replicas_in_sync // context.num_input_pipelines
+            return dataset.skip(step * per_step)
+
+        distributed = self.strategy.distribute_datasets_from_function(dataset_fn)
+        if skipping:
+            logging.info("Skipping the input of the %d steps already trained", step)
+        return iter(distributed)
+
+
+def _strategy_and_devices(
+    distribution: str, num_devices: int | str
+) -> tuple[tf.distribute.Strategy | None, list[str]]:
+    """The strategy (None for towers) and the devices of this worker."""
+    if distribution == "multi_worker":
+        if num_devices != "auto":
+            raise UserError(
+                "distribution 'multi_worker' uses every GPU of each machine (or its CPU); "
+                "leave num_devices 'auto' and limit GPUs with CUDA_VISIBLE_DEVICES"
+            )
+        # Created before anything else touches TensorFlow's runtime, as it must be.
+        strategy = parallel.make_strategy(distribution, [])
+        return strategy, list(strategy.extended.worker_devices)
+    if distribution not in parallel.DISTRIBUTIONS:
+        raise UserError(
+            f"Estimator.distribution must be one of {', '.join(parallel.DISTRIBUTIONS)}, "
+            f"got {distribution!r}"
+        )
+    devices = parallel.choose_devices(num_devices)
+    if distribution == "towers":
+        return None, devices
+    return parallel.make_strategy(distribution, devices), devices
+
+
+def check_devices(
+    distribution: str,
+    replicas: int,
+    global_batch_size: int,
+    clip_gradient_norm: float | None,
+    jit_compile: bool,
+) -> None:
+    """Refuses settings the chosen devices cannot run, before anything is built."""
+    if global_batch_size < replicas:
+        raise UserError(
+            f"Estimator.global_batch_size {global_batch_size} is smaller than the "
+            f"{replicas} devices it is split over: raise it or use fewer devices"
+        )
+    if jit_compile and (replicas > 1 or distribution != "towers"):
+        raise UserError(
+            "Estimator.jit_compile compiles the step for a single device: turn it off "
+            f"for {distribution!r} on {replicas} device(s)"
+        )
+    if distribution == "towers":
+        return
+    if global_batch_size % replicas:
+        raise UserError(
+            f"Estimator.global_batch_size {global_batch_size} does not divide over the "
+            f"{replicas} replicas of {distribution!r}: use a multiple of {replicas}, or "
+            "distribution 'towers', which splits batches unevenly"
+        )
+    if clip_gradient_norm:
+        raise UserError(
+            f"Estimator.clip_gradient_norm needs the summed gradient, which {distribution!r} "
+            "forms inside the optimizer: use distribution 'towers' to clip"
+        )
+
+
+def _prefetch_device(
+    prefetch_to_device: bool | None, devices: Sequence[str], distribution: str, jit_compile: bool
+) -> str | None:
+    """The device each batch is copied to while the step before it runs, or None."""
+    single = distribution == "towers" and len(devices) == 1 and not jit_compile
+    if prefetch_to_device is None:  # on where there is a copy to hide: not on a CPU
+        if single and tf.DeviceSpec.from_string(devices[0]).device_type != "CPU":
+            return devices[0]
+        return None
+    if prefetch_to_device and not single:
+        count = f"{len(devices)} device" + ("s" if len(devices) > 1 else "")
+        setting = "jit_compile" if jit_compile else f"distribution {distribution!r} on {count}"
+        raise UserError(
+            f"Estimator.prefetch_to_device applies to one device without jit_compile, not "
+            f"{setting}: strategies prefetch to their replicas themselves, towers copy each "
+            "shard in the step, and jit_compile reads a block's batches before the block; "
+            "leave it None"
+        )
+    return devices[0] if prefetch_to_device else None
