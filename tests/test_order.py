@@ -16,8 +16,7 @@ from datasets import pipeline
 from datasets.order import MIX_BLOCK, Order, pipeline_positions
 from models.mlp import MLP
 from tests.conftest import REPO
-from trainer import Estimator, InputParams, Mode, ModelFn, Spec, UserError
-from trainer import estimator as estimator_module
+from trainer import Estimator, InputParams, Mode, ModelFn, Spec, UserError, monitoring
 from trainer.model_fn import is_positioned
 
 
@@ -235,7 +234,7 @@ def test_resuming_on_other_device_counts_reads_exactly_the_same_examples(tmp_pat
 
 
 def test_a_large_saved_iterator_is_warned_of_naming_its_stages(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(estimator_module, "INPUT_STATE_WARN_BYTES", 2**20)
+    monkeypatch.setattr(monitoring, "INPUT_STATE_WARN_BYTES", 2**20)
     images = np.random.default_rng(0).random((2000, 16, 16, 3), np.float32)  # 6 MB
 
     def input_fn(mode, params):

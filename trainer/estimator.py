@@ -9,21 +9,20 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import datetime
 import os
 import random
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 import keras
-import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from trainer import checkpoints, errors, export, files, hooks, preemption
+from trainer import checkpoints, errors, export, files, hooks, monitoring, preemption
 from trainer.distribution import Placement
+from trainer.divergence import Divergence, check_policy
 from trainer.errors import Preempted, TrainingDiverged, UserError
 from trainer.model_fn import InputParams, Mode, ModelFn, check_spec, is_positioned
 from trainer.optimization import WeightAverage
@@ -156,10 +155,7 @@ class Estimator:
         mixed_precision: str | None = None,
         prefetch_to_device: bool | None = None,
     ):
-        if nonfinite_loss not in ("stop", "rollback"):
-            raise UserError(
-                f"Estimator.nonfinite_loss must be 'stop' or 'rollback', got {nonfinite_loss!r}"
-            )
+        check_policy(nonfinite_loss)
         if not isinstance(model_fn, ModelFn):
             raise UserError(
                 f"model_fn must be a trainer.ModelFn instance, got {type(model_fn).__name__} "
@@ -500,8 +496,8 @@ class Estimator:
         )
 
         # Loop: compiled blocks of steps; actions fire at the steps they are due.
-        progress = _Progress(start, max_steps, self.global_batch_size)
-        input_wait = _InputWait(steps, self.seconds)
+        progress = monitoring.Progress(start, max_steps, self.global_batch_size)
+        input_wait = monitoring.InputWait(steps, self.seconds)
         steps.train_metrics.reset()
 
         def log(step: int) -> None:
@@ -524,17 +520,17 @@ class Estimator:
             path = checkpointer.save(step)
             if input_unchecked:
                 input_unchecked = False
-                _check_input_state(path, dataset)
+                monitoring.check_input_state(path, dataset)
 
         actions = [
             hooks.Periodic(self.log_every_steps, log),
             hooks.Periodic(self.save_checkpoints_steps, save),
-            hooks.Periodic(self.histogram_every_steps, self._histogram_writer(input_fn)),
-            hooks.Periodic(self.image_every_steps, self._image_writer(input_fn, steps)),
-            *self._profiler_actions(),
+            *self._tensorboard_actions(input_fn, steps),
             *extra,
         ]
-        divergence = _Divergence(self, checkpointer)
+        divergence = Divergence(
+            self.nonfinite_loss, self.max_rollbacks, checkpointer, self.global_step
+        )
         step = start
         with preemption.watch_signals() as signals:
             while step < max_steps:
@@ -543,11 +539,12 @@ class Estimator:
                 limit = min([block, max_steps - step, *divergence.limits(step)])
                 n = hooks.steps_until_due(step, actions, limit)
                 with input_wait.timing(n):
-                    if self.write_graph and not self._graph_written:
-                        self._run_block_tracing_graph(steps, iterator, n)
-                    else:
-                        self._run_block(steps, iterator, n)
-                resume_at = divergence.check(steps, step + 1, n)
+                    self._run_block(steps, iterator, n)
+                try:
+                    resume_at = divergence.check(steps, step + 1, n)
+                except TrainingDiverged:  # the bad step is in the weights in memory:
+                    self._has_state = False  # evaluate and export restore the checkpoint
+                    raise
                 if resume_at is not None:  # rolled back, or back to find the bad step
                     step = resume_at
                     steps.train_metrics.reset()
@@ -577,17 +574,6 @@ class Estimator:
         input_wait.report()
         return step
 
-    def _profiler_actions(self) -> list[hooks.At]:
-        """Start and stop the profiler at the two ``profile_steps`` (block boundaries)."""
-        if not self.profile_steps:
-            return []
-        start, stop = self.profile_steps
-        logdir = os.path.join(self.model_dir, "train")
-        return [
-            hooks.At((start,), lambda step: tf.profiler.experimental.start(logdir)),
-            hooks.At((stop,), lambda step: tf.profiler.experimental.stop()),
-        ]
-
     def _warm_start(self) -> None:
         """Takes the weights matching ``warm_start_pattern`` from ``warm_start_from``."""
         source = self.warm_start_from
@@ -609,50 +595,34 @@ class Estimator:
             v.assign(value)
         logging.info("Warm-started from %s (weights matching %r)", source, self.warm_start_pattern)
 
-    def _run_block_tracing_graph(self, steps: Steps, iterator, n: int) -> None:
-        """The first block of a process: its tracing also writes the graph to TensorBoard."""
-        tf.summary.trace_on(graph=True)
-        try:
-            self._run_block(steps, iterator, n)
-        finally:
-            with self.writers.get("train").as_default(step=self.step):
-                tf.summary.trace_export("train_step", step=self.step)
-            self._graph_written = True
-
-    def _histogram_writer(self, input_fn: InputFn):
-        """Weights, and the activations a Spec reports on one eval batch, as histograms."""
-        if not self.histogram_every_steps:
-            return lambda step: None
-        features, _ = split_element(next(iter(self._dataset(input_fn, Mode.EVAL))), Mode.EVAL)
-        activations = tf.function(lambda f: dict(self.model_fn(f, None, Mode.PREDICT).activations))
-
-        def write(step: int) -> None:
-            self.writers.histograms("train", step, self.model_fn.trainable_variables)
-            outputs = activations(features)
-            self.writers.histograms(
-                "train", step, [_Named(f"activations/{k}", v) for k, v in outputs.items()]
-            )
-
-        return write
-
-    def _image_writer(self, input_fn: InputFn, steps: Steps):
-        """The image action: one eval batch, labelled with predicted and true classes."""
-        if not self.image_every_steps:
-            return lambda step: None
-        features, labels = split_element(next(iter(self._dataset(input_fn, Mode.EVAL))), Mode.EVAL)
-
-        def write(step: int) -> None:
-            predicted = steps.predict(features).get("classes")
-            if predicted is None or "image" not in features or features["image"].shape.rank != 4:
-                return
-            self.writers.labelled_images(
-                "train", step, features["image"].numpy(), predicted.numpy(), labels["label"].numpy()
-            )
-
-        return write
+    def _tensorboard_actions(self, input_fn: InputFn, steps: Steps) -> list:
+        """Histograms, labelled images and the profiler, at the steps asked for."""
+        actions = monitoring.profiler_actions(
+            self.profile_steps, os.path.join(self.model_dir, "train")
+        )
+        if self.histogram_every_steps or self.image_every_steps:
+            batch = next(iter(self._dataset(input_fn, Mode.EVAL)))
+            features, labels = split_element(batch, Mode.EVAL)
+        if self.histogram_every_steps:
+            write = monitoring.histogram_action(self.writers, self.model_fn, features)
+            actions.append(hooks.Periodic(self.histogram_every_steps, write))
+        if self.image_every_steps:
+            write = monitoring.image_action(self.writers, steps, features, labels)
+            actions.append(hooks.Periodic(self.image_every_steps, write))
+        return actions
 
     def _run_block(self, steps: Steps, iterator, n: int) -> None:
-        """Runs one compiled block of ``n`` steps; input and runtime errors become one line."""
+        """Runs one compiled block of ``n`` steps; input and runtime errors become one line.
+
+        The first block of a process also writes the step's graph to TensorBoard.
+        """
+        if self.write_graph and not self._graph_written:
+            self._graph_written = True
+            with monitoring.graph_written(self.writers.get("train"), self.step):
+                return self._run_steps(steps, iterator, n)
+        return self._run_steps(steps, iterator, n)
+
+    def _run_steps(self, steps: Steps, iterator, n: int) -> None:
         try:
             with errors.runtime_errors(f"training step {self.step + 1}"):
                 steps.train_loop(iterator, tf.constant(n, tf.int64))
@@ -844,7 +814,7 @@ class Estimator:
             self.step,
             compiled.eval_metrics.count.numpy(),
             time.perf_counter() - start,
-            _format(metrics),
+            monitoring.format_metrics(metrics),
         )
         return metrics
 
@@ -863,250 +833,6 @@ class Estimator:
         text = self.config_text_fn()
         files.write_atomically(os.path.join(self.model_dir, OPERATIVE_CONFIG), text)
         self.writers.text("train", "operative_config", text, step)
-
-
-class _Named:
-    """A tensor with a ``path``, so that activations and weights share one writer."""
-
-    def __init__(self, path: str, value: tf.Tensor):
-        self.path, self.value = path, value
-
-
-class _Divergence:
-    """What a NaN or Inf in training does: stop, or roll back and skip the bad batch.
-
-    ``Steps`` checks each step's loss, and the weights after each block. A bad block
-    of several steps is first rerun one step per block from the last checkpoint,
-    which holds the input's position so the same batches come again: a NaN gradient
-    can leave its own loss finite and show in a later step's loss, and only a rerun
-    names the step that did it. Then ``Estimator.nonfinite_loss`` decides: ``'stop'``
-    raises TrainingDiverged, ``'rollback'`` restores the checkpoint and drops the bad
-    step's batch, at most ``max_rollbacks`` times.
-    """
-
-    def __init__(self, estimator: Estimator, checkpointer: checkpoints.Checkpointer):
-        self.estimator = estimator
-        self.checkpointer = checkpointer
-        self.skip_at: set[int] = set()  # steps whose batch is dropped
-        self.rerun_until = 0  # steps up to this one run one per block
-        self.rollbacks = self.reruns = 0
-
-    def skip_bad_batch(self, step: int, iterator) -> bool:
-        """Drops the next batch if it is one that went bad before a rollback."""
-        if step + 1 not in self.skip_at:
-            return False
-        self.skip_at.discard(step + 1)
-        next(iterator)
-        logging.warning("Skipping the batch of step %d (NaN or Inf)", step + 1)
-        return True
-
-    def limits(self, step: int) -> list[int]:
-        """Caps on the next block's length: end before a batch to skip; one step in reruns."""
-        caps = [s - 1 - step for s in self.skip_at if s - 1 > step]
-        return caps + ([1] if step < self.rerun_until else [])
-
-    def check(self, steps: Steps, first: int, n: int) -> int | None:
-        """None if the block of ``n`` steps from ``first`` stayed finite.
-
-        Otherwise the step training goes on from: the checkpoint's, to rerun the block
-        or after a rollback; or TrainingDiverged.
-        """
-        bad_loss = bool(steps.nonfinite.numpy())  # the block ended before counting it
-        if not bad_loss and not steps.nonfinite_weights.numpy():
-            return None
-        last = self.estimator.step + 1 if bad_loss else self.estimator.step
-        latest = self.checkpointer.latest
-        if n > 1 and latest is not None:
-            return self._rerun(first, last, latest)
-        self.rollbacks += 1
-        where = f"at step {last}" if n == 1 else f"in steps {first}-{last}"
-        kept = (
-            f"the last good checkpoint, {latest}, is untouched" if latest else "no checkpoint yet"
-        )
-        allowed = self.estimator.max_rollbacks
-        if (
-            self.estimator.nonfinite_loss != "rollback"
-            or latest is None
-            or self.rollbacks > allowed
-        ):
-            hint = (
-                f"gave up after {allowed} rollbacks"
-                if self.rollbacks > allowed
-                else "lower the learning rate, clip gradients, or set "
-                "Estimator.nonfinite_loss = 'rollback' to skip bad batches"
-            )
-            self._diverged(f"loss or gradients NaN or Inf {where}; {kept}; {hint}")
-        self.checkpointer.restore(latest)
-        logging.warning(
-            "Loss or gradients NaN or Inf at step %d: rolled back to %s; its batch is skipped",
-            last,
-            latest,
-        )
-        self.skip_at.add(last)
-        self.rerun_until = 0
-        return self.estimator.step
-
-    def _rerun(self, first: int, last: int, latest: str) -> int:
-        """Restores ``latest`` so that steps up to ``last`` run again, one per block."""
-        found = f"loss or weights NaN or Inf in steps {first}-{last}"
-        self.reruns += 1
-        if self.reruns > self.estimator.max_rollbacks:
-            self._diverged(
-                f"{found}; gave up after {self.reruns - 1} reruns; lower the learning rate "
-                "or clip gradients"
-            )
-        self.checkpointer.restore(latest)
-        logging.warning("%s: rerunning them one at a time from %s to find which", found, latest)
-        self.rerun_until = last
-        return self.estimator.step
-
-    def _diverged(self, message: str) -> NoReturn:
-        # The bad step was applied (see Steps._train_step): evaluate, predict and
-        # export restore the last checkpoint instead of the weights in memory.
-        self.estimator._has_state = False  # noqa: SLF001
-        raise TrainingDiverged(message)
-
-
-class _InputWait:
-    """How much of the training time the steps spent waiting for their input.
-
-    The compiled loop adds up the seconds each ``next(iterator)`` blocked
-    (``Steps.input_seconds``); this divides them by the wall time of the blocks.
-    Blocks that traced the step are left out: tracing is not training.
-    """
-
-    # A run is input-bound when its steps wait this share of the time, and longer
-    # than an iterator call costs anyway (tens of microseconds, a real share of a
-    # toy model's step, but nothing a pipeline change could remove).
-    INPUT_BOUND = 0.2
-    MIN_WAIT_PER_STEP = 5e-4
-
-    def __init__(self, steps: Steps, seconds: collections.Counter):
-        self.steps = steps
-        self.seconds = seconds  # the Estimator's: where its time went
-        self.wait = self.time = 0.0
-        self.steps_timed = 0
-        self._at_last_log = (0.0, 0.0)
-
-    @contextlib.contextmanager
-    def timing(self, num_steps: int):
-        """Times one block of ``num_steps`` steps run inside the context."""
-        traces = self.steps.train_loop.experimental_get_tracing_count()
-        started = time.perf_counter()
-        yield
-        seconds = time.perf_counter() - started
-        wait = float(self.steps.input_seconds.numpy())
-        self.steps.input_seconds.assign(0.0)
-        if self.steps.train_loop.experimental_get_tracing_count() == traces:
-            self.wait, self.time = self.wait + wait, self.time + seconds
-            self.steps_timed += num_steps
-            self.seconds["training"] += seconds
-        else:
-            self.seconds["tracing_block"] += seconds
-
-    def since_last_log(self) -> dict[str, float]:
-        """``{'input_wait_share': share}`` since the previous call (empty if unknown)."""
-        wait, seconds = self.wait - self._at_last_log[0], self.time - self._at_last_log[1]
-        self._at_last_log = (self.wait, self.time)
-        if seconds <= 0 or not self.steps.times_input:
-            return {}
-        return {"input_wait_share": min(wait / seconds, 1.0)}
-
-    def report(self) -> None:
-        """One line at the end of training; a warning, naming the knobs, if input-bound."""
-        if not self.steps.times_input:
-            logging.info("Input wait is not measured under op determinism (no tf.timestamp)")
-            return
-        if self.time <= 0:
-            return
-        share = min(self.wait / self.time, 1.0)
-        if share < self.INPUT_BOUND or self.wait < self.MIN_WAIT_PER_STEP * self.steps_timed:
-            logging.info("Input: the steps waited for data %.0f%% of the time", 100 * share)
-            return
-        logging.warning(
-            "Training is input-bound: the steps waited for data %.0f%% of the time; cache "
-            "the decoded examples (pipeline.cache), map with num_parallel_calls="
-            "tf.data.AUTOTUNE, prefetch, or prepare TFRecords of preprocessed examples",
-            100 * share,
-        )
-
-
-class _Progress:
-    """Turns wall time between log steps into steps/sec, examples/sec and an ETA."""
-
-    def __init__(self, start: int, max_steps: int, global_batch_size: int):
-        self.max_steps = max_steps
-        self.global_batch_size = global_batch_size
-        self.last_step, self.last_time = start, time.perf_counter()
-
-    def rates(self, step: int) -> dict[str, float]:
-        now = time.perf_counter()
-        steps_per_sec = (step - self.last_step) / max(now - self.last_time, 1e-9)
-        self.last_step, self.last_time = step, now
-        return {
-            "steps_per_sec": steps_per_sec,
-            "examples_per_sec": steps_per_sec * self.global_batch_size,
-        }
-
-    def line(self, step: int, logs: Mapping[str, float]) -> str:
-        rate = logs["steps_per_sec"]
-        # No progress since the last line (a rollback to it) has no ETA.
-        eta = datetime.timedelta(seconds=round((self.max_steps - step) / rate)) if rate > 0 else "-"
-        shown = {k: v for k, v in logs.items() if k not in ("steps_per_sec", "examples_per_sec")}
-        return (
-            f"step {step}/{self.max_steps}  {_format(shown)}  "
-            f"{logs['examples_per_sec']:.0f} examples/s  ETA {eta}"
-        )
-
-
-INPUT_STATE_WARN_BYTES = 64 * 2**20  # a saved input iterator larger than this is warned of
-
-
-def _check_input_state(path: str, dataset: tf.data.Dataset) -> None:
-    """Warns when a checkpoint's saved input iterator is large, naming what holds it."""
-    reader = tf.train.load_checkpoint(path)
-    shapes = reader.get_variable_to_shape_map()
-    dtypes = reader.get_variable_to_dtype_map()
-    numeric = sum(
-        int(np.prod(shape)) * dtypes[key].size
-        for key, shape in shapes.items()
-        if dtypes[key] != tf.string
-    )
-    stored = sum(tf.io.gfile.stat(f).length for f in tf.io.gfile.glob(path + ".data-*"))
-    size = stored - numeric  # the iterator is the one large string the checkpoint holds
-    if size <= INPUT_STATE_WARN_BYTES:
-        return
-    holders = sorted(_buffering_stages(dataset)) or ["buffers of its transformations"]
-    logging.warning(
-        "The training input's saved state is %.0f MB in each checkpoint (%s), held by its "
-        "%s: read the data by index (datasets.pipeline.build over an ArraySource, or "
-        "TFRecord shards) so that a checkpoint holds only its position, or set "
-        "Estimator.checkpoint_input = False",
-        size / 2**20,
-        os.path.basename(path),
-        " and ".join(holders),
-    )
-
-
-def _buffering_stages(dataset: tf.data.Dataset) -> set[str]:
-    """The stages of a pipeline whose contents a saved iterator holds (shuffle, cache)."""
-    found, stack = set(), [dataset]
-    while stack:
-        stage = stack.pop()
-        kind = type(stage).__name__
-        if "Shuffle" in kind:
-            found.add("shuffle buffer (Dataset.shuffle)")
-        elif "Cache" in kind:
-            found.add("cache (Dataset.cache)")
-        try:
-            stack.extend(stage._inputs())  # noqa: SLF001 - no public view of the stages
-        except (AttributeError, TypeError):
-            continue
-    return found
-
-
-def _format(metrics: Mapping[str, float]) -> str:
-    return "  ".join(f"{k} {v:.4g}" for k, v in metrics.items())
 
 
 def _name(fn) -> str:

@@ -1,0 +1,231 @@
+"""Watching a training run: progress and ETA, input wait, and TensorBoard actions.
+
+The training loop owns none of this; it calls these at the steps they are due:
+
+* ``Progress``: steps/s, examples/s and an ETA for each log line;
+* ``InputWait``: the share of the step time spent waiting for input, and a warning
+  naming the knobs when a run is input-bound;
+* ``check_input_state``: a warning when a checkpoint's saved input iterator is large;
+* actions for ``hooks.Periodic``: weight and activation histograms, labelled eval
+  images, the profiler's start and stop, the step's graph written once.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import datetime
+import os
+import time
+from collections.abc import Callable, Mapping
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from trainer import hooks
+from trainer.model_fn import Mode, ModelFn
+from trainer.step import Steps
+from trainer.summaries import Writers
+
+
+def format_metrics(metrics: Mapping[str, float]) -> str:
+    """``'loss 0.1234  accuracy 0.9'``: metrics as a log line shows them."""
+    return "  ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+
+
+class InputWait:
+    """How much of the training time the steps spent waiting for their input.
+
+    The compiled loop adds up the seconds each ``next(iterator)`` blocked
+    (``Steps.input_seconds``); this divides them by the wall time of the blocks.
+    Blocks that traced the step are left out: tracing is not training.
+    """
+
+    # A run is input-bound when its steps wait this share of the time, and longer
+    # than an iterator call costs anyway (tens of microseconds, a real share of a
+    # toy model's step, but nothing a pipeline change could remove).
+    INPUT_BOUND = 0.2
+    MIN_WAIT_PER_STEP = 5e-4
+
+    def __init__(self, steps: Steps, seconds: collections.Counter):
+        self.steps = steps
+        self.seconds = seconds  # the Estimator's: where its time went
+        self.wait = self.time = 0.0
+        self.steps_timed = 0
+        self._at_last_log = (0.0, 0.0)
+
+    @contextlib.contextmanager
+    def timing(self, num_steps: int):
+        """Times one block of ``num_steps`` steps run inside the context."""
+        traces = self.steps.train_loop.experimental_get_tracing_count()
+        started = time.perf_counter()
+        yield
+        seconds = time.perf_counter() - started
+        wait = float(self.steps.input_seconds.numpy())
+        self.steps.input_seconds.assign(0.0)
+        if self.steps.train_loop.experimental_get_tracing_count() == traces:
+            self.wait, self.time = self.wait + wait, self.time + seconds
+            self.steps_timed += num_steps
+            self.seconds["training"] += seconds
+        else:
+            self.seconds["tracing_block"] += seconds
+
+    def since_last_log(self) -> dict[str, float]:
+        """``{'input_wait_share': share}`` since the previous call (empty if unknown)."""
+        wait, seconds = self.wait - self._at_last_log[0], self.time - self._at_last_log[1]
+        self._at_last_log = (self.wait, self.time)
+        if seconds <= 0 or not self.steps.times_input:
+            return {}
+        return {"input_wait_share": min(wait / seconds, 1.0)}
+
+    def report(self) -> None:
+        """One line at the end of training; a warning, naming the knobs, if input-bound."""
+        if not self.steps.times_input:
+            logging.info("Input wait is not measured under op determinism (no tf.timestamp)")
+            return
+        if self.time <= 0:
+            return
+        share = min(self.wait / self.time, 1.0)
+        if share < self.INPUT_BOUND or self.wait < self.MIN_WAIT_PER_STEP * self.steps_timed:
+            logging.info("Input: the steps waited for data %.0f%% of the time", 100 * share)
+            return
+        logging.warning(
+            "Training is input-bound: the steps waited for data %.0f%% of the time; cache "
+            "the decoded examples (pipeline.cache), map with num_parallel_calls="
+            "tf.data.AUTOTUNE, prefetch, or prepare TFRecords of preprocessed examples",
+            100 * share,
+        )
+
+
+class Progress:
+    """Turns wall time between log steps into steps/sec, examples/sec and an ETA."""
+
+    def __init__(self, start: int, max_steps: int, global_batch_size: int):
+        self.max_steps = max_steps
+        self.global_batch_size = global_batch_size
+        self.last_step, self.last_time = start, time.perf_counter()
+
+    def rates(self, step: int) -> dict[str, float]:
+        """Steps/s and examples/s since the previous call."""
+        now = time.perf_counter()
+        steps_per_sec = (step - self.last_step) / max(now - self.last_time, 1e-9)
+        self.last_step, self.last_time = step, now
+        return {
+            "steps_per_sec": steps_per_sec,
+            "examples_per_sec": steps_per_sec * self.global_batch_size,
+        }
+
+    def line(self, step: int, logs: Mapping[str, float]) -> str:
+        """The log line of ``step``: its metrics, examples/s and the ETA."""
+        rate = logs["steps_per_sec"]
+        # No progress since the last line (a rollback to it) has no ETA.
+        eta = datetime.timedelta(seconds=round((self.max_steps - step) / rate)) if rate > 0 else "-"
+        shown = {k: v for k, v in logs.items() if k not in ("steps_per_sec", "examples_per_sec")}
+        return (
+            f"step {step}/{self.max_steps}  {format_metrics(shown)}  "
+            f"{logs['examples_per_sec']:.0f} examples/s  ETA {eta}"
+        )
+
+
+INPUT_STATE_WARN_BYTES = 64 * 2**20  # a saved input iterator larger than this is warned of
+
+
+def check_input_state(path: str, dataset: tf.data.Dataset) -> None:
+    """Warns when a checkpoint's saved input iterator is large, naming what holds it."""
+    reader = tf.train.load_checkpoint(path)
+    shapes = reader.get_variable_to_shape_map()
+    dtypes = reader.get_variable_to_dtype_map()
+    numeric = sum(
+        int(np.prod(shape)) * dtypes[key].size
+        for key, shape in shapes.items()
+        if dtypes[key] != tf.string
+    )
+    stored = sum(tf.io.gfile.stat(f).length for f in tf.io.gfile.glob(path + ".data-*"))
+    size = stored - numeric  # the iterator is the one large string the checkpoint holds
+    if size <= INPUT_STATE_WARN_BYTES:
+        return
+    holders = sorted(buffering_stages(dataset)) or ["buffers of its transformations"]
+    logging.warning(
+        "The training input's saved state is %.0f MB in each checkpoint (%s), held by its "
+        "%s: read the data by index (datasets.pipeline.build over an ArraySource, or "
+        "TFRecord shards) so that a checkpoint holds only its position, or set "
+        "Estimator.checkpoint_input = False",
+        size / 2**20,
+        os.path.basename(path),
+        " and ".join(holders),
+    )
+
+
+def buffering_stages(dataset: tf.data.Dataset) -> set[str]:
+    """The stages of a pipeline whose contents a saved iterator holds (shuffle, cache)."""
+    found, stack = set(), [dataset]
+    while stack:
+        stage = stack.pop()
+        kind = type(stage).__name__
+        if "Shuffle" in kind:
+            found.add("shuffle buffer (Dataset.shuffle)")
+        elif "Cache" in kind:
+            found.add("cache (Dataset.cache)")
+        try:
+            stack.extend(stage._inputs())  # noqa: SLF001 - no public view of the stages
+        except (AttributeError, TypeError):
+            continue
+    return found
+
+
+def profiler_actions(profile_steps: tuple[int, int] | None, logdir: str) -> list[hooks.At]:
+    """Start and stop the profiler at the two ``profile_steps`` (block boundaries)."""
+    if not profile_steps:
+        return []
+    start, stop = profile_steps
+    return [
+        hooks.At((start,), lambda step: tf.profiler.experimental.start(logdir)),
+        hooks.At((stop,), lambda step: tf.profiler.experimental.stop()),
+    ]
+
+
+@contextlib.contextmanager
+def graph_written(writer: tf.summary.SummaryWriter, step: int):
+    """Writes the graph of the functions traced inside the context to TensorBoard."""
+    tf.summary.trace_on(graph=True)
+    try:
+        yield
+    finally:
+        with writer.as_default(step=step):
+            tf.summary.trace_export("train_step", step=step)
+
+
+def histogram_action(writers: Writers, model_fn: ModelFn, features) -> Callable[[int], None]:
+    """Writes every weight, and the activations the Spec reports on ``features``."""
+    activations = tf.function(lambda f: dict(model_fn(f, None, Mode.PREDICT).activations))
+
+    def write(step: int) -> None:
+        writers.histograms("train", step, model_fn.trainable_variables)
+        outputs = activations(features)
+        writers.histograms(
+            "train", step, [_Named(f"activations/{k}", v) for k, v in outputs.items()]
+        )
+
+    return write
+
+
+def image_action(writers: Writers, steps: Steps, features, labels) -> Callable[[int], None]:
+    """Writes the batch's images labelled with predicted and true classes (classifiers)."""
+
+    def write(step: int) -> None:
+        predicted = steps.predict(features).get("classes")
+        if predicted is None or "image" not in features or features["image"].shape.rank != 4:
+            return
+        writers.labelled_images(
+            "train", step, features["image"].numpy(), predicted.numpy(), labels["label"].numpy()
+        )
+
+    return write
+
+
+class _Named:
+    """A tensor with a ``path``, so that activations and weights share one writer."""
+
+    def __init__(self, path: str, value: tf.Tensor):
+        self.path, self.value = path, value
