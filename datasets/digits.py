@@ -116,8 +116,7 @@ def _quiet():
 
 def preprocess(example: dict) -> tuple[dict, dict]:
     """Scales pixels to [0, 1]; returns ``({'image'}, {'label'})``."""
-    image = tf.cast(example["image"], tf.float32) / 255.0
-    return {"image": image}, {"label": example["label"]}
+    return {"image": pipeline.unit_range(example["image"])}, {"label": example["label"]}
 
 
 @gin.configurable

@@ -375,6 +375,11 @@ class RecordExamples:
         return examples.apply(tf.data.experimental.assert_cardinality(len(self)))
 
 
+def unit_range(image: tf.Tensor) -> tf.Tensor:
+    """uint8 pixels (of one image or a batch) as float32 in [0, 1]."""
+    return tf.cast(image, tf.float32) / 255.0
+
+
 def _stateless_seed(seed: int, position: tf.Tensor) -> tf.Tensor:
     """A shape-[2] seed for stateless random ops, unique to (run seed, stream position)."""
     return tf.stack([tf.constant(seed, tf.int64), tf.cast(position, tf.int64)])

@@ -17,7 +17,7 @@ import sys
 import tensorflow_datasets as tfds
 from absl import app, flags
 
-from trainer import UserError
+from trainer import UserError, errors
 
 flags.DEFINE_string("dataset", None, "'digits', or a TFDS image dataset present in --data_dir.")
 flags.DEFINE_string("out", None, "Directory to write the shards and dataset.json to.")
@@ -70,7 +70,7 @@ def main(argv: list[str]) -> None:
             print(f"{split}: {entry['count']} examples in {len(entry['shards'])} shards")
         print(f"wrote {FLAGS.out}")
     except UserError as error:
-        print(f"error: {str(error).splitlines()[0]}", file=sys.stderr)
+        print(f"error: {errors.first_line(error)}", file=sys.stderr)
         sys.exit(2)
 
 

@@ -27,7 +27,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from datasets import pipeline
-from trainer import InputParams, Mode, UserError
+from trainer import InputParams, Mode, UserError, errors
 
 DOWNLOAD_HOST = "storage.googleapis.com"  # where TFDS keeps its prepared datasets
 
@@ -41,7 +41,7 @@ def preprocess(
     ``image_size``, then cropped to the central ``image_size`` square: images of
     varying sizes (ImageNet) come out of one shape.
     """
-    image = tf.cast(example["image"], tf.float32) / 255.0
+    image = pipeline.unit_range(example["image"])
     if image_size is not None:
         image = _central_square(image, image_size)
     if standardize:
@@ -99,7 +99,7 @@ def load(
         return tfds.load(name, split=split, data_dir=data_dir, download=True, shuffle_files=False)
     except Exception as error:  # the downloader's many failure types
         raise UserError(
-            f"downloading dataset {name!r} failed ({str(error).splitlines()[0]}): {how}"
+            f"downloading dataset {name!r} failed ({errors.first_line(error)}): {how}"
         ) from None
 
 
@@ -116,7 +116,7 @@ class ArrayRecords(pipeline.RandomAccess):
         try:
             records = self.source.__getitems__(rows.tolist())
         except Exception as error:  # the reader's errors carry the file and chunk
-            return np.full(len(rows), b"", object), f"{str(error).splitlines()[0]}, {self.where}"
+            return np.full(len(rows), b"", object), f"{errors.first_line(error)}, {self.where}"
         return np.asarray(records, object), ""
 
 

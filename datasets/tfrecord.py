@@ -319,7 +319,7 @@ def parse_batch(records: tf.Tensor, metadata: dict) -> tuple[dict, dict]:
 
 def scale_batch(features: dict, labels: dict) -> tuple[dict, dict]:
     """uint8 images to float32 in [0, 1]."""
-    return {"image": tf.cast(features["image"], tf.float32) / 255.0}, labels
+    return {"image": pipeline.unit_range(features["image"])}, labels
 
 
 def crop_flip_batch(features: dict, labels: dict, seed: tf.Tensor, pad: int = 4):

@@ -119,7 +119,7 @@ def test_prefetch_to_device_reads_the_next_batch_while_the_step_runs(tmp_path):
             checkpoint_input=False,
             prefetch_to_device=prefetch,
         )
-        assert (run.prefetch_device is not None) == prefetch
+        assert (run.placement.prefetch_device is not None) == prefetch
         run.train(unbuffered, max_steps=30)
         series = scalar_series(str(tmp_path / str(prefetch) / "train"), "input_wait_share")
         shares[prefetch] = series[-1][1]  # steps 21-30 (the first block traces)
@@ -136,7 +136,7 @@ def test_prefetch_to_device_is_refused_where_it_does_not_apply(tmp_path):
         UserError, match="prefetch_to_device applies to one device .*not jit_compile"
     ):
         Estimator(model, str(tmp_path), prefetch_to_device=True, jit_compile=True)
-    assert Estimator(model, str(tmp_path)).prefetch_device is None  # auto: not on a CPU
+    assert Estimator(model, str(tmp_path)).placement.prefetch_device is None  # auto: not on a CPU
 
 
 @pytest.fixture
@@ -186,10 +186,10 @@ def test_precision_set_after_the_model_was_made_is_refused(tmp_path):
 
 
 def test_jit_compile_stacks_at_most_256_mb_of_fixed_shape_batches():
-    from trainer.estimator import _stackable_steps
+    from trainer.step import stackable_steps
 
     batch = (tf.TensorSpec([128, 28, 28, 1], tf.float32), tf.TensorSpec([128], tf.int64))
-    assert _stackable_steps(batch) == 256 * 2**20 // (128 * 784 * 4 + 128 * 8)
-    assert _stackable_steps(tf.TensorSpec([512, 224, 224, 3], tf.float32)) == 1
+    assert stackable_steps(batch) == 256 * 2**20 // (128 * 784 * 4 + 128 * 8)
+    assert stackable_steps(tf.TensorSpec([512, 224, 224, 3], tf.float32)) == 1
     with pytest.raises(UserError, match="fixed shape.*drop_remainder=True"):
-        _stackable_steps(tf.TensorSpec([None, 4]))
+        stackable_steps(tf.TensorSpec([None, 4]))

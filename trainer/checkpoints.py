@@ -14,6 +14,7 @@ import re
 import tensorflow as tf
 from absl import logging
 
+from trainer import errors
 from trainer.errors import UserError
 
 CHECKPOINT_NAME = "ckpt"
@@ -134,7 +135,7 @@ class Checkpointer:
             path = self.manager.save(checkpoint_number=step)
         except (tf.errors.OpError, OSError) as error:
             self._remove_partial(step)
-            reason = str(error).strip().splitlines()[0]
+            reason = errors.first_line(error)
             raise UserError(
                 f"could not write checkpoint {CHECKPOINT_NAME}-{step} in {self.model_dir} "
                 f"({reason}); free space or choose another --model_dir. The newest complete "
@@ -177,4 +178,4 @@ def _mismatch(error: Exception, variables: list) -> str:
     if paths:
         shown = ", ".join(paths[:6]) + (f" and {len(paths) - 6} more" if len(paths) > 6 else "")
         return f"no saved value for {shown}"
-    return text.strip().splitlines()[0]
+    return errors.first_line(text)

@@ -27,7 +27,7 @@ from absl import app, flags, logging
 from gin import config_parser
 
 import trainer
-from trainer import files, optimization, parallel
+from trainer import errors, evaluation, files, optimization, parallel
 from trainer.errors import Preempted, TrainingDiverged, UserError
 from trainer.estimator import Estimator, set_precision
 
@@ -178,7 +178,7 @@ def experiment(
         config_guard=None if overwrite_config else _config_guard,
         **({"profile_steps": profile_steps} if profile_steps else {}),
     )
-    eval_input_fns = eval_input_fns or {"eval": input_fn}
+    eval_input_fns = evaluation.eval_sets(eval_input_fns or input_fn)
     metrics = {}
     if schedule == "train":
         estimator.train(input_fn, max_steps)
@@ -263,9 +263,9 @@ def _run() -> tuple[str, int, str] | None:
         )
         _report(result, FLAGS.schedule, FLAGS.results)
     except Preempted as error:
-        return _first_line(error), error.exit_code, "preempted"
+        return errors.first_line(error), error.exit_code, "preempted"
     except (UserError, TrainingDiverged) as error:
-        return _first_line(error), error.exit_code, "error"
+        return errors.first_line(error), error.exit_code, "error"
     except RuntimeError as error:
         missing = re.search(
             r"Required bindings for `([^`]+)` not provided in config: \[(.*)\]", str(error)
@@ -505,10 +505,6 @@ def _time_breakdown(estimator_seconds: dict[str, float]) -> dict[str, float]:
 def _jsonable(value):
     value = np.asarray(value)
     return value.item() if value.ndim == 0 else value.tolist()
-
-
-def _first_line(error: Exception) -> str:
-    return str(error).strip().splitlines()[0]
 
 
 def _fail(message: str, exit_code: int = UserError.exit_code, prefix: str = "error") -> None:

@@ -33,9 +33,10 @@ class Preempted(Exception):
     exit_code = EXIT_PREEMPTED
 
 
-def first_line(error: Exception) -> str:
-    """The first line of an error's message."""
-    return str(error).strip().splitlines()[0]
+def first_line(error: Exception | str) -> str:
+    """The first line of an error's message (or of a text)."""
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else ""
 
 
 def op_error_text(error: tf.errors.OpError) -> str:

@@ -20,13 +20,13 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from trainer import checkpoints, errors, export, files, hooks, monitoring, preemption
+from trainer import checkpoints, errors, evaluation, export, files, hooks, monitoring, preemption
 from trainer.distribution import Placement
 from trainer.divergence import Divergence, check_policy
 from trainer.errors import Preempted, TrainingDiverged, UserError
 from trainer.model_fn import InputParams, Mode, ModelFn, check_spec, is_positioned
 from trainer.optimization import WeightAverage
-from trainer.step import Steps, split_element
+from trainer.step import Steps, split_element, stackable_steps
 from trainer.summaries import Writers
 from trainer.writer_lock import WriterLock
 
@@ -58,7 +58,7 @@ class Estimator:
         ``py_function``, and its shuffle buffer and cache are saved with it).
       clip_gradient_norm: clip the gradients to this global norm before applying them.
       jit_compile: compile each block of training steps with XLA as one computation
-        (its batches are read first and stacked, at most ``STACKED_BYTES`` of them).
+        (its batches are read first and stacked, at most ``step.STACKED_BYTES`` of them).
         Faster for dense models on CPU, slower for convolutions there; measure with
         benchmarks/throughput.py. Needs training batches of one fixed shape.
       ema_decay: keep an exponential moving average of the weights with this decay
@@ -309,41 +309,23 @@ class Estimator:
         Returns:
           The metrics of the last evaluation, keyed by eval-set name.
         """
-        if not isinstance(eval_input_fns, Mapping):
-            eval_input_fns = {"eval": eval_input_fns}
-        eval_sets = {n: self._dataset(fn, Mode.EVAL) for n, fn in eval_input_fns.items()}
+        eval_sets = {
+            name: self._dataset(fn, Mode.EVAL)
+            for name, fn in evaluation.eval_sets(eval_input_fns).items()
+        }
         self._prepare(next(iter(eval_sets.values())).element_spec, Mode.EVAL)
         checkpointer = checkpoints.Checkpointer(self.model_dir, **self._state(optimizer=False))
-        progress_path = os.path.join(self.model_dir, "continuous_eval.json")
-        done = files.read_json(progress_path, {}).get("step", -1)
         results: dict[str, dict[str, float]] = {}
-        waited = 0.0
-        while done < max_steps:
-            pending = [
-                p
-                for p in checkpoints.all_checkpoints(self.model_dir)
-                if checkpoints.step_of(p) > done
-            ]
-            if not pending:
-                if timeout_seconds is not None and waited >= timeout_seconds:
-                    raise UserError(
-                        f"no new checkpoint in {self.model_dir} for "
-                        f"{timeout_seconds:.0f}s after step {done}; is training running?"
-                    )
-                time.sleep(poll_seconds)
-                waited += poll_seconds
+        for path in evaluation.new_checkpoints(
+            self.model_dir, max_steps, poll_seconds, timeout_seconds
+        ):
+            try:
+                checkpointer.checkpoint.restore(path).expect_partial()
+            except (tf.errors.NotFoundError, ValueError):
+                logging.warning("Checkpoint %s was deleted before evaluation: skipped", path)
                 continue
-            waited = 0.0
-            for path in pending:
-                try:
-                    checkpointer.checkpoint.restore(path).expect_partial()
-                except (tf.errors.NotFoundError, ValueError):
-                    logging.warning("Checkpoint %s was deleted before evaluation: skipped", path)
-                    continue
-                self._has_state = True
-                results = {n: self._evaluate(d, eval_steps, n) for n, d in eval_sets.items()}
-                done = checkpoints.step_of(path)
-                files.write_json(progress_path, {"step": done})
+            self._has_state = True
+            results = {n: self._evaluate(d, eval_steps, n) for n, d in eval_sets.items()}
         return results
 
     def export(self, input_fn: InputFn, export_dir: str | None = None) -> str:
@@ -391,38 +373,23 @@ class Estimator:
         Returns:
           The final metrics of each eval set, keyed by its name.
         """
-        if not isinstance(eval_input_fns, Mapping):
-            eval_input_fns = {"eval": eval_input_fns}
-        eval_sets = {n: self._dataset(fn, Mode.EVAL) for n, fn in eval_input_fns.items()}
-        results: dict[str, dict[str, float]] = {}
-        evaluated_at = []
-
-        first = next(iter(eval_sets))
-        features_spec, _ = split_element(eval_sets[first].element_spec, Mode.EVAL)
-
-        def evaluate_all(step: int) -> None:
-            for name, dataset in eval_sets.items():
-                results[name] = self._evaluate(dataset, eval_steps, name)
-            evaluated_at.append(step)
-            if self.best_exporter is not None:
-                self.best_exporter.maybe_export(
-                    step, results[first], lambda path: self._save_model(features_spec, path)
-                )
-            if self.early_stopping is not None and self.early_stopping.should_stop(results[first]):
-                raise hooks.StopTraining(
-                    f"early stopping at step {step}: {self.early_stopping.metric} has not "
-                    f"improved for {self.early_stopping.patience} evaluations"
-                )
-
-        self._train(
-            train_input_fn, max_steps, extra=[hooks.Periodic(eval_every_steps, evaluate_all)]
+        eval_sets = {
+            name: self._dataset(fn, Mode.EVAL)
+            for name, fn in evaluation.eval_sets(eval_input_fns).items()
+        }
+        first = next(iter(eval_sets.values()))
+        features_spec, _ = split_element(first.element_spec, Mode.EVAL)
+        evaluations = evaluation.Evaluations(
+            lambda name: self._evaluate(eval_sets[name], eval_steps, name),
+            list(eval_sets),
+            self.best_exporter,
+            lambda path: self._save_model(features_spec, path),
+            self.early_stopping,
         )
-        if self.step not in evaluated_at:
-            try:
-                evaluate_all(self.step)
-            except hooks.StopTraining:  # training is over anyway
-                pass
-        return results
+        self._train(
+            train_input_fn, max_steps, extra=[hooks.Periodic(eval_every_steps, evaluations)]
+        )
+        return evaluations.final(self.step)
 
     @property
     def step(self) -> int:
@@ -464,7 +431,7 @@ class Estimator:
         # Under jit_compile a block's batches are stacked: as many as fit in memory.
         block = self.steps_per_loop
         if self.jit_compile:
-            block = min(block, _stackable_steps(dataset.element_spec))
+            block = min(block, stackable_steps(dataset.element_spec))
 
         # Restore: rerunning the same command continues where it stopped, from the
         # exact next batch, unless the configuration changed under the checkpoint.
@@ -840,20 +807,6 @@ def _name(fn) -> str:
 
 
 PRECISIONS = ("mixed_bfloat16", "mixed_float16")
-STACKED_BYTES = 256 * 2**20  # most memory one jit_compile block's stacked batches take
-
-
-def _stackable_steps(element_spec) -> int:
-    """How many training batches of this shape fit in ``STACKED_BYTES`` (at least one)."""
-    specs = tf.nest.flatten(element_spec)
-    if not all(s.shape.is_fully_defined() for s in specs):
-        shapes = [s.shape.as_list() for s in specs]
-        raise UserError(
-            f"Estimator.jit_compile needs training batches of one fixed shape, got {shapes}: "
-            "batch with drop_remainder=True (the pipelines in datasets/ do)"
-        )
-    size = sum(s.shape.num_elements() * s.dtype.size for s in specs)
-    return max(1, STACKED_BYTES // max(size, 1))
 
 
 def set_precision(mixed_precision: str | None) -> None:

@@ -12,9 +12,25 @@ from collections.abc import Sequence
 import keras
 import tensorflow as tf
 
+from trainer.errors import UserError
 from trainer.model_fn import Mode, ModelFn
 from trainer.optimization import WeightAverage, fused_update
 from trainer.parallel import Towers, make_parallel
+
+STACKED_BYTES = 256 * 2**20  # most memory one jit_compile block's stacked batches take
+
+
+def stackable_steps(element_spec) -> int:
+    """How many training batches of this shape fit in ``STACKED_BYTES`` (at least one)."""
+    specs = tf.nest.flatten(element_spec)
+    if not all(s.shape.is_fully_defined() for s in specs):
+        shapes = [s.shape.as_list() for s in specs]
+        raise UserError(
+            f"Estimator.jit_compile needs training batches of one fixed shape, got {shapes}: "
+            "batch with drop_remainder=True (the pipelines in datasets/ do)"
+        )
+    size = sum(s.shape.num_elements() * s.dtype.size for s in specs)
+    return max(1, STACKED_BYTES // max(size, 1))
 
 
 def batch_size_of(features) -> tf.Tensor:

@@ -1,0 +1,115 @@
+"""Evaluation around training: eval sets, best exports, early stopping, side-car polling.
+
+The Estimator evaluates one eval set at a time (``Estimator.evaluate``); this module
+decides which, when, and what follows from the metrics:
+
+* ``eval_sets``: one input_fn or a dict of them, as a dict keyed by eval-set name;
+* ``Evaluations``: the action ``train_and_evaluate`` runs at its evaluation steps:
+  every eval set, then the best export and early stopping on the first one;
+* ``new_checkpoints``: each checkpoint a training job writes, once, for an
+  evaluator running beside it (``Estimator.continuous_evaluate``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+
+from trainer import checkpoints, export, files, hooks
+from trainer.errors import UserError
+
+PROGRESS_FILE = "continuous_eval.json"  # the last step a side-car evaluator finished
+
+Metrics = dict[str, float]
+
+
+def eval_sets(eval_input_fns: Callable | Mapping[str, Callable]) -> dict[str, Callable]:
+    """``{name: input_fn}``; a single input_fn is the eval set named ``eval``."""
+    if isinstance(eval_input_fns, Mapping):
+        return dict(eval_input_fns)
+    return {"eval": eval_input_fns}
+
+
+class Evaluations:
+    """Evaluates every eval set; exports the best; stops training when it stopped improving.
+
+    Args:
+      evaluate: ``evaluate(name) -> metrics`` of one eval set at the current weights.
+      names: the eval sets, in order; the first one ranks exports and early stopping.
+      best_exporter: exports when the first set's metric ranks among the best, or None.
+      export_model: ``export_model(path)`` writes a SavedModel there.
+      early_stopping: when the first set's metric stopped improving, or None.
+    """
+
+    def __init__(
+        self,
+        evaluate: Callable[[str], Metrics],
+        names: list[str],
+        best_exporter: export.BestExporter | None,
+        export_model: Callable[[str], str],
+        early_stopping: hooks.Patience | None,
+    ):
+        self.evaluate, self.names = evaluate, names
+        self.best_exporter, self.export_model = best_exporter, export_model
+        self.early_stopping = early_stopping
+        self.results: dict[str, Metrics] = {}
+        self.evaluated_at: list[int] = []
+
+    def __call__(self, step: int) -> None:
+        """Evaluates at ``step``; raises ``hooks.StopTraining`` to stop early."""
+        for name in self.names:
+            self.results[name] = self.evaluate(name)
+        self.evaluated_at.append(step)
+        first = self.results[self.names[0]]
+        if self.best_exporter is not None:
+            self.best_exporter.maybe_export(step, first, self.export_model)
+        if self.early_stopping is not None and self.early_stopping.should_stop(first):
+            raise hooks.StopTraining(
+                f"early stopping at step {step}: {self.early_stopping.metric} has not "
+                f"improved for {self.early_stopping.patience} evaluations"
+            )
+
+    def final(self, step: int) -> dict[str, Metrics]:
+        """The results after training ends at ``step``, evaluating unless just done."""
+        if step not in self.evaluated_at:
+            try:
+                self(step)
+            except hooks.StopTraining:  # training is over anyway
+                pass
+        return self.results
+
+
+def new_checkpoints(
+    model_dir: str, max_steps: int, poll_seconds: float, timeout_seconds: float | None
+) -> Iterator[str]:
+    """Each checkpoint a training job writes to ``model_dir``, oldest first, once.
+
+    Stops after one at or past ``max_steps``. The last step handed out is kept in
+    ``model_dir/continuous_eval.json`` once the caller asks for the next, so a
+    restarted evaluator goes on where it stopped.
+
+    Raises:
+      UserError: no new checkpoint came for ``timeout_seconds``.
+    """
+    progress_path = os.path.join(model_dir, PROGRESS_FILE)
+    done = files.read_json(progress_path, {}).get("step", -1)
+    waited = 0.0
+    while done < max_steps:
+        pending = [
+            p for p in checkpoints.all_checkpoints(model_dir) if checkpoints.step_of(p) > done
+        ]
+        if not pending:
+            if timeout_seconds is not None and waited >= timeout_seconds:
+                raise UserError(
+                    f"no new checkpoint in {model_dir} for {timeout_seconds:.0f}s after "
+                    f"step {done}; is training running?"
+                )
+            time.sleep(poll_seconds)
+            waited += poll_seconds
+            continue
+        waited = 0.0
+        for path in pending:
+            yield path
+            done = checkpoints.step_of(path)
+            files.write_json(progress_path, {"step": done})
