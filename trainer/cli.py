@@ -1,22 +1,19 @@
 """The command line: ``python -m trainer --gin_file experiments/digits_mlp.gin``.
 
-This is the only module that defines flags or parses gin. It makes the framework's
-pieces configurable (``Estimator``, Keras optimizers and learning-rate schedules),
-parses the gin files, and calls ``experiment``, which builds the objects and runs
+This is the only module that defines flags. It parses the gin files (with
+``gin_config``, which makes ``Estimator``, Keras optimizers and learning-rate
+schedules configurable) and calls ``experiment``, which builds the objects and runs
 one schedule. Bad input ends in one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
 
-import difflib
 import gc
-import inspect
 import json
 import os
 import re
 import sys
 import time
-import tokenize
 import uuid
 
 import gin
@@ -24,10 +21,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 from absl import app, flags, logging
-from gin import config_parser
 
 import trainer
-from trainer import errors, evaluation, files, optimization, parallel
+from trainer import errors, evaluation, files, gin_config, parallel
 from trainer.errors import Preempted, TrainingDiverged, UserError
 from trainer.estimator import Estimator, set_precision
 
@@ -74,60 +70,9 @@ flags.DEFINE_string(
 FLAGS = flags.FLAGS
 _CLOCK: dict[str, float] = {}  # seconds spent importing and parsing the config
 
-# Bindings that may change between runs of one model_dir: how long and how often,
-# not what is trained. Anything else changed under a checkpoint is refused.
-RESUMABLE_BINDINGS = {
-    "experiment.max_steps",
-    "experiment.eval_every_steps",
-    "experiment.eval_steps",
-    "experiment.eval_input_fns",
-    "Estimator.log_every_steps",
-    "Estimator.save_checkpoints_steps",
-    "Estimator.keep_checkpoint_max",
-    "Estimator.steps_per_loop",
-    "Estimator.eval_batch_size",
-    "Estimator.nonfinite_loss",
-    "Estimator.max_rollbacks",
-    "Estimator.export_best_metric",
-    "Estimator.early_stopping_metric",
-    "Estimator.early_stopping_patience",
-    "Estimator.early_stopping_higher",
-    "Estimator.write_graph",
-    "Estimator.histogram_every_steps",
-    "Estimator.image_every_steps",
-    "Estimator.export_best_keep",
-    "Estimator.export_best_higher",
-    "Estimator.distribution",
-    "Estimator.num_devices",
-    "Estimator.prefetch_to_device",
-}
-RESUMABLE_PARAMETERS = {"data_dir"}
-
-# ---------------------------------------------------------------- configurables
-
-_GinEstimator = gin.external_configurable(
-    Estimator,
-    name="Estimator",
-    module="trainer",
-    denylist=["model_fn", "model_dir", "seed", "config_text_fn", "config_guard"],
-)
-for _cls in [
-    keras.optimizers.SGD,
-    keras.optimizers.Adam,
-    keras.optimizers.AdamW,
-    keras.optimizers.RMSprop,
-    keras.optimizers.Adagrad,
-]:
-    gin.external_configurable(_cls, module="optimizers")
-gin.external_configurable(optimization.momentum, name="Momentum", module="optimizers")
-gin.external_configurable(optimization.WarmupDecay, module="schedules")
-for _cls in [
-    keras.optimizers.schedules.ExponentialDecay,
-    keras.optimizers.schedules.PiecewiseConstantDecay,
-    keras.optimizers.schedules.CosineDecay,
-    keras.optimizers.schedules.PolynomialDecay,
-]:
-    gin.external_configurable(_cls, module="schedules")
+# Experiment settings that may change between runs of one model_dir: how long and
+# how often, not what is trained (Estimator.RESUMABLE lists its own).
+RESUMABLE = ("max_steps", "eval_every_steps", "eval_steps", "eval_input_fns")
 
 
 @gin.configurable(
@@ -170,7 +115,7 @@ def experiment(
       predict, ``{'predictions': iterator of per-example dicts}``.
     """
     del deterministic  # read by main() before any op runs; bound here to be recorded
-    estimator = _GinEstimator(
+    estimator = gin_config.ConfiguredEstimator(
         model_fn=model_fn,
         model_dir=model_dir,
         seed=seed,
@@ -229,7 +174,7 @@ def _run() -> tuple[str, int, str] | None:
     """Runs the command; returns (message, exit code, prefix) if it failed cleanly."""
     try:
         started = time.perf_counter()
-        _parse_gin(FLAGS.gin_file, FLAGS.gin_param)  # imports the experiment's modules
+        gin_config.parse(FLAGS.gin_file, FLAGS.gin_param)  # imports the experiment's modules
         _CLOCK["config"] = time.perf_counter() - started
         model_dir = (FLAGS.model_dir or _default_model_dir(FLAGS.gin_file)).replace(
             "{timestamp}", time.strftime("%Y%m%d-%H%M%S")
@@ -242,15 +187,16 @@ def _run() -> tuple[str, int, str] | None:
         if FLAGS.num_devices:
             value = FLAGS.num_devices
             gin.bind_parameter("Estimator.num_devices", int(value) if value.isdigit() else value)
-        set_precision(_query("Estimator.mixed_precision", None))  # before the model is made
-        if _query("Estimator.distribution", "towers") == "multi_worker":
+        precision = gin_config.query("Estimator.mixed_precision", None)
+        set_precision(precision)  # before the model is made
+        if gin_config.query("Estimator.distribution", "towers") == "multi_worker":
             parallel.make_strategy("multi_worker", [])  # before any op runs
-        seed = _query("experiment.seed", 0)
+        seed = gin_config.query("experiment.seed", 0)
         if seed is not None:
             keras.utils.set_random_seed(seed)
         if FLAGS.run_eagerly:
             tf.config.run_functions_eagerly(True)
-        if _query("experiment.deterministic", False):
+        if gin_config.query("experiment.deterministic", False):
             tf.config.experimental.enable_op_determinism()
         tf.get_logger().setLevel("WARNING")  # TF's per-save INFO lines are noise here
         logging.info("model_dir: %s", model_dir)
@@ -286,102 +232,6 @@ def run_main() -> None:
     app.run(main)
 
 
-def _parse_gin(files: list[str], params: list[str]) -> None:
-    """Parses each file, then the --gin_param bindings, naming the source of any error."""
-    if not files:
-        raise UserError("--gin_file is required, e.g. --gin_file=experiments/digits_mlp.gin")
-    for path in files:
-        if not os.path.isfile(path):
-            known = (
-                sorted(f for f in os.listdir("experiments") if f.endswith(".gin"))
-                if os.path.isdir("experiments")
-                else []
-            )
-            hint = f"; experiments here: {', '.join(known)}" if known else ""
-            raise UserError(f"--gin_file={path}: no such file{hint}")
-    sources = [(path, lambda path=path: gin.parse_config_file(path)) for path in files]
-    sources.append(("--gin_param", lambda: gin.parse_config(params)))
-    for source, parse in sources:
-        try:
-            parse()
-        except (
-            ValueError,
-            SyntaxError,
-            ImportError,
-            OSError,
-            TypeError,
-            tokenize.TokenError,
-        ) as error:
-            raise UserError(_gin_error(error, source)) from None
-
-
-def _gin_error(error: Exception, source: str) -> str:
-    """Turns gin's multi-line parse error into ``file:line: message (hint)``."""
-    if isinstance(error, tokenize.TokenError):  # gin reports only where the text ended
-        line = _unclosed_bracket_line(source)
-        if line:
-            return f"{source}:{line}: gin syntax error: a bracket opened here is never closed"
-        return f"{source}: gin syntax error: {error.args[0]} (is a bracket or quote unclosed?)"
-    text = str(error)
-    if isinstance(error, SyntaxError):
-        line = f":{error.lineno}" if error.lineno else ""
-        return f"{error.filename or source}{line}: gin syntax error: {error.msg}"
-    where = re.search(r'In file "([^"]+)", line (\d+)', text)
-    location = f"{where.group(1)}:{where.group(2)}" if where else source
-    message = text.splitlines()[0].rstrip(".")
-    return f"{location}: {message}{_closest_name_hint(message)}"
-
-
-def _unclosed_bracket_line(source: str) -> int | None:
-    """The line of the first bracket a gin file (or binding) opens and never closes."""
-    if not os.path.isfile(source):
-        return None
-    with open(source) as f:
-        text = f.read()
-    opened: list[int] = []
-    quote = None
-    for number, line in enumerate(text.splitlines(), 1):
-        for char in line:
-            if quote:
-                quote = None if char == quote else quote
-            elif char in "'\"":
-                quote = char
-            elif char == "#":
-                break
-            elif char in "([{":
-                opened.append(number)
-            elif char in ")]}" and opened:
-                opened.pop()
-    return opened[0] if opened else None
-
-
-def _closest_name_hint(message: str) -> str:
-    """Suggests the nearest registered configurable or parameter for a misspelt name."""
-    registry = gin.config._REGISTRY  # noqa: SLF001 - gin has no public listing
-    missing = re.search(r"No configurable matching '([^']+)'", message)
-    if missing:
-        names = sorted({configurable.name for _, configurable in registry.items()})
-        close = difflib.get_close_matches(missing.group(1).split(".")[-1], names, n=1)
-        return (
-            f"; did you mean {close[0]!r}?"
-            if close
-            else "; is the module that defines it imported in the .gin file?"
-        )
-    param = re.search(r"Configurable '([^']+)' doesn't have a parameter named '([^']+)'", message)
-    if param:
-        configurable = registry.get_match(param.group(1))
-        if configurable is not None:
-            names = _parameters(configurable.wrapped)
-            close = difflib.get_close_matches(param.group(2), names, n=1)
-            return f"; did you mean {close[0]!r}?" if close else f"; it takes {', '.join(names)}"
-    return ""
-
-
-def _parameters(fn) -> list[str]:
-    target = fn.__init__ if isinstance(fn, type) else fn
-    return [p for p in inspect.signature(target).parameters if p not in ("self", "args", "kwargs")]
-
-
 def _profile_steps(values: list[str] | None) -> tuple[int, int] | None:
     """``--profile_steps=100,110`` as ``(100, 110)``."""
     if not values:
@@ -399,51 +249,10 @@ def _profile_steps(values: list[str] | None) -> tuple[int, int] | None:
 
 
 def _config_guard(saved: str, new: str) -> None:
-    """Refuses to resume when what is trained changed; names each changed binding."""
-    old_bindings, new_bindings = _bindings(saved), _bindings(new)
-    changes = []
-    for key in sorted(set(old_bindings) | set(new_bindings)):
-        short = key.split("/")[-1]
-        configurable, param = short.rsplit(".", 1)
-        short = configurable.split(".")[-1] + "." + param
-        if short in RESUMABLE_BINDINGS or param in RESUMABLE_PARAMETERS:
-            continue
-        before, after = old_bindings.get(key, "(unset)"), new_bindings.get(key, "(unset)")
-        if before != after:
-            changes.append(f"{key}: {before} -> {after}")
-    if changes:
-        raise UserError(
-            "the config differs from the one the checkpoints in this model_dir were trained "
-            f"with: {'; '.join(changes)}. Use a new --model_dir, or --overwrite_config to "
-            "resume anyway"
-        )
-
-
-def _bindings(text: str) -> dict[str, str]:
-    """``{'scope/Configurable.param': value text}`` of a gin config text."""
-    delegate = gin.config.ParserDelegate(skip_unknown=True)
-    found = {}
-    for statement in config_parser.ConfigParser(text, delegate):
-        if isinstance(statement, config_parser.BindingStatement):
-            scope = f"{statement.scope}/" if statement.scope else ""
-            found[f"{scope}{statement.selector}.{statement.arg_name}"] = _value_text(
-                statement.value
-            )
-    return found
-
-
-def _value_text(value) -> str:
-    selector = getattr(value, "_selector", None)  # a @reference: gin keeps its name here
-    if selector is not None:
-        return f"@{selector}{'()' if getattr(value, '_evaluate', False) else ''}"
-    return repr(value)
-
-
-def _query(name: str, default):
-    try:
-        return gin.query_parameter(name)
-    except ValueError:
-        return default
+    """Refuses to resume when what is trained changed (``gin_config.check_resumable``)."""
+    resumable = {f"experiment.{name}" for name in RESUMABLE}
+    resumable |= {f"Estimator.{name}" for name in Estimator.RESUMABLE}
+    gin_config.check_resumable(saved, new, resumable)
 
 
 def _default_model_dir(files: list[str]) -> str:

@@ -117,6 +117,31 @@ class Estimator:
         step, and jit_compile reads a block's batches before the block.
     """
 
+    # Settings that may change between runs of one model_dir: how often, where and
+    # on what devices, not what is trained. The CLI refuses a change of any other
+    # binding under a checkpoint (``gin_config.check_resumable``).
+    RESUMABLE = (
+        "log_every_steps",
+        "save_checkpoints_steps",
+        "keep_checkpoint_max",
+        "steps_per_loop",
+        "eval_batch_size",
+        "nonfinite_loss",
+        "max_rollbacks",
+        "export_best_metric",
+        "export_best_keep",
+        "export_best_higher",
+        "early_stopping_metric",
+        "early_stopping_patience",
+        "early_stopping_higher",
+        "write_graph",
+        "histogram_every_steps",
+        "image_every_steps",
+        "distribution",
+        "num_devices",
+        "prefetch_to_device",
+    )
+
     def __init__(
         self,
         model_fn: ModelFn,

@@ -1,0 +1,201 @@
+"""Gin for the framework: what is configurable, parsing in one line, the resume guard.
+
+Importing this module registers the configurables every experiment may use:
+``Estimator`` (all but what the run itself gives), Keras optimizers under
+``optimizers.`` and learning-rate schedules under ``schedules.``. ``parse`` reads
+the gin files and bindings and turns gin's errors into one line with file, line and
+the closest real name. ``check_resumable`` compares two operative configs before a
+run resumes under a checkpoint.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import os
+import re
+import tokenize
+
+import gin
+import keras
+from gin import config_parser
+
+from trainer import estimator, optimization
+from trainer.errors import UserError
+
+ConfiguredEstimator = gin.external_configurable(  # the Estimator with its gin bindings
+    estimator.Estimator,
+    name="Estimator",
+    module="trainer",
+    denylist=["model_fn", "model_dir", "seed", "config_text_fn", "config_guard"],
+)
+for _cls in [
+    keras.optimizers.SGD,
+    keras.optimizers.Adam,
+    keras.optimizers.AdamW,
+    keras.optimizers.RMSprop,
+    keras.optimizers.Adagrad,
+]:
+    gin.external_configurable(_cls, module="optimizers")
+gin.external_configurable(optimization.momentum, name="Momentum", module="optimizers")
+gin.external_configurable(optimization.WarmupDecay, module="schedules")
+for _cls in [
+    keras.optimizers.schedules.ExponentialDecay,
+    keras.optimizers.schedules.PiecewiseConstantDecay,
+    keras.optimizers.schedules.CosineDecay,
+    keras.optimizers.schedules.PolynomialDecay,
+]:
+    gin.external_configurable(_cls, module="schedules")
+
+
+def parse(files: list[str], params: list[str]) -> None:
+    """Parses each file, then the --gin_param bindings, naming the source of any error."""
+    if not files:
+        raise UserError("--gin_file is required, e.g. --gin_file=experiments/digits_mlp.gin")
+    for path in files:
+        if not os.path.isfile(path):
+            known = (
+                sorted(f for f in os.listdir("experiments") if f.endswith(".gin"))
+                if os.path.isdir("experiments")
+                else []
+            )
+            hint = f"; experiments here: {', '.join(known)}" if known else ""
+            raise UserError(f"--gin_file={path}: no such file{hint}")
+    sources = [(path, lambda path=path: gin.parse_config_file(path)) for path in files]
+    sources.append(("--gin_param", lambda: gin.parse_config(params)))
+    for source, parse in sources:
+        try:
+            parse()
+        except (
+            ValueError,
+            SyntaxError,
+            ImportError,
+            OSError,
+            TypeError,
+            tokenize.TokenError,
+        ) as error:
+            raise UserError(_gin_error(error, source)) from None
+
+
+def _gin_error(error: Exception, source: str) -> str:
+    """Turns gin's multi-line parse error into ``file:line: message (hint)``."""
+    if isinstance(error, tokenize.TokenError):  # gin reports only where the text ended
+        line = _unclosed_bracket_line(source)
+        if line:
+            return f"{source}:{line}: gin syntax error: a bracket opened here is never closed"
+        return f"{source}: gin syntax error: {error.args[0]} (is a bracket or quote unclosed?)"
+    text = str(error)
+    if isinstance(error, SyntaxError):
+        line = f":{error.lineno}" if error.lineno else ""
+        return f"{error.filename or source}{line}: gin syntax error: {error.msg}"
+    where = re.search(r'In file "([^"]+)", line (\d+)', text)
+    location = f"{where.group(1)}:{where.group(2)}" if where else source
+    message = text.splitlines()[0].rstrip(".")
+    return f"{location}: {message}{_closest_name_hint(message)}"
+
+
+def _unclosed_bracket_line(source: str) -> int | None:
+    """The line of the first bracket a gin file (or binding) opens and never closes."""
+    if not os.path.isfile(source):
+        return None
+    with open(source) as f:
+        text = f.read()
+    opened: list[int] = []
+    quote = None
+    for number, line in enumerate(text.splitlines(), 1):
+        for char in line:
+            if quote:
+                quote = None if char == quote else quote
+            elif char in "'\"":
+                quote = char
+            elif char == "#":
+                break
+            elif char in "([{":
+                opened.append(number)
+            elif char in ")]}" and opened:
+                opened.pop()
+    return opened[0] if opened else None
+
+
+def _closest_name_hint(message: str) -> str:
+    """Suggests the nearest registered configurable or parameter for a misspelt name."""
+    registry = gin.config._REGISTRY  # noqa: SLF001 - gin has no public listing
+    missing = re.search(r"No configurable matching '([^']+)'", message)
+    if missing:
+        names = sorted({configurable.name for _, configurable in registry.items()})
+        close = difflib.get_close_matches(missing.group(1).split(".")[-1], names, n=1)
+        return (
+            f"; did you mean {close[0]!r}?"
+            if close
+            else "; is the module that defines it imported in the .gin file?"
+        )
+    param = re.search(r"Configurable '([^']+)' doesn't have a parameter named '([^']+)'", message)
+    if param:
+        configurable = registry.get_match(param.group(1))
+        if configurable is not None:
+            names = _parameters(configurable.wrapped)
+            close = difflib.get_close_matches(param.group(2), names, n=1)
+            return f"; did you mean {close[0]!r}?" if close else f"; it takes {', '.join(names)}"
+    return ""
+
+
+def _parameters(fn) -> list[str]:
+    target = fn.__init__ if isinstance(fn, type) else fn
+    return [p for p in inspect.signature(target).parameters if p not in ("self", "args", "kwargs")]
+
+
+def check_resumable(saved: str, new: str, resumable: set[str]) -> None:
+    """Refuses to resume when what is trained changed; names each changed binding.
+
+    Args:
+      saved: the operative config the checkpoints were trained with.
+      new: this run's.
+      resumable: ``'Configurable.param'`` names that may change (how long, how
+        often, where: declared next to what they configure); so may any
+        ``data_dir`` parameter (where the data is, not what it is).
+    """
+    old_bindings, new_bindings = _bindings(saved), _bindings(new)
+    changes = []
+    for key in sorted(set(old_bindings) | set(new_bindings)):
+        short = key.split("/")[-1]
+        configurable, param = short.rsplit(".", 1)
+        short = configurable.split(".")[-1] + "." + param
+        if short in resumable or param == "data_dir":
+            continue
+        before, after = old_bindings.get(key, "(unset)"), new_bindings.get(key, "(unset)")
+        if before != after:
+            changes.append(f"{key}: {before} -> {after}")
+    if changes:
+        raise UserError(
+            "the config differs from the one the checkpoints in this model_dir were trained "
+            f"with: {'; '.join(changes)}. Use a new --model_dir, or --overwrite_config to "
+            "resume anyway"
+        )
+
+
+def _bindings(text: str) -> dict[str, str]:
+    """``{'scope/Configurable.param': value text}`` of a gin config text."""
+    delegate = gin.config.ParserDelegate(skip_unknown=True)
+    found = {}
+    for statement in config_parser.ConfigParser(text, delegate):
+        if isinstance(statement, config_parser.BindingStatement):
+            scope = f"{statement.scope}/" if statement.scope else ""
+            found[f"{scope}{statement.selector}.{statement.arg_name}"] = _value_text(
+                statement.value
+            )
+    return found
+
+
+def _value_text(value) -> str:
+    selector = getattr(value, "_selector", None)  # a @reference: gin keeps its name here
+    if selector is not None:
+        return f"@{selector}{'()' if getattr(value, '_evaluate', False) else ''}"
+    return repr(value)
+
+
+def query(name: str, default):
+    """The value bound to ``name`` ('Configurable.param'), or ``default``."""
+    try:
+        return gin.query_parameter(name)
+    except ValueError:
+        return default
