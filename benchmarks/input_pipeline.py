@@ -173,9 +173,9 @@ def tfds_rate(data_dir: str, batches: int) -> float:
 
 def first_batch_seconds(estimator: Estimator, input_fn, step: int) -> float:
     """Seconds from building the training input at ``step`` to its first batch."""
-    estimator.input_position.assign(step * BATCH)
+    estimator.inputs.position.assign(step * BATCH)
     start = time.perf_counter()
-    iterator = estimator._train_iterator(input_fn, step)  # noqa: SLF001 - resume's first act
+    iterator = estimator.inputs.train_iterator(input_fn, step)
     next(iterator)
     return time.perf_counter() - start
 

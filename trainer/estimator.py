@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import os
-import random
-import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -24,13 +23,13 @@ from trainer import checkpoints, errors, evaluation, export, files, hooks, monit
 from trainer.distribution import Placement
 from trainer.divergence import Divergence, check_policy
 from trainer.errors import Preempted, TrainingDiverged, UserError
-from trainer.model_fn import InputParams, Mode, ModelFn, check_spec, is_positioned
+from trainer.inputs import InputFn, Inputs
+from trainer.model_fn import Mode, ModelFn, check_spec, is_positioned
 from trainer.optimization import WeightAverage
 from trainer.step import Steps, split_element, stackable_steps
 from trainer.summaries import Writers
 from trainer.writer_lock import WriterLock
 
-InputFn = Callable[[Mode, InputParams], tf.data.Dataset]
 OPERATIVE_CONFIG = "operative_config.gin"
 
 
@@ -251,14 +250,7 @@ class Estimator:
         self.config_guard = config_guard
         with self.placement.scope():
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-            # Examples of the training stream read so far (skipped batches included):
-            # where a positioned training input resumes, whatever the device count.
-            self.input_position = tf.Variable(
-                0, dtype=tf.int64, trainable=False, name="input_position"
-            )
-            # The seed of the training order, kept from the first start (drawn then if
-            # ``seed`` is None), so that a resumed run reads on in the same order.
-            self.input_seed = tf.Variable(-1, dtype=tf.int64, trainable=False, name="input_seed")
+        self.inputs = Inputs(self.placement, global_batch_size, self.eval_batch_size, seed)
         self.writers = Writers(self.model_dir)
         self._steps: Steps | None = None  # built on first use, from the data's shapes
         self._has_state = False  # True once the model holds trained or restored weights
@@ -294,12 +286,12 @@ class Estimator:
         Returns:
           Mean loss and metrics over every example seen, keyed by metric name.
         """
-        dataset = self._dataset(input_fn, Mode.EVAL)
+        dataset = self.inputs.dataset(input_fn, Mode.EVAL)
         return self._evaluate(dataset, steps, name)
 
     def predict(self, input_fn: InputFn) -> Iterator[dict[str, Any]]:
         """Yields one dict of numpy predictions per example of ``input_fn(PREDICT)``."""
-        dataset = self._dataset(input_fn, Mode.PREDICT)
+        dataset = self.inputs.dataset(input_fn, Mode.PREDICT)
         steps = self._prepare(dataset.element_spec, Mode.PREDICT)
         self._restore_for_inference()
         for element in errors.guarded(dataset, "predict input"):
@@ -335,7 +327,7 @@ class Estimator:
           The metrics of the last evaluation, keyed by eval-set name.
         """
         eval_sets = {
-            name: self._dataset(fn, Mode.EVAL)
+            name: self.inputs.dataset(fn, Mode.EVAL)
             for name, fn in evaluation.eval_sets(eval_input_fns).items()
         }
         self._prepare(next(iter(eval_sets.values())).element_spec, Mode.EVAL)
@@ -366,7 +358,7 @@ class Estimator:
         Returns:
           The export directory.
         """
-        dataset = self._dataset(input_fn, Mode.PREDICT)
+        dataset = self.inputs.dataset(input_fn, Mode.PREDICT)
         self._prepare(dataset.element_spec, Mode.PREDICT)
         self._restore_for_inference()
         features_spec, _ = split_element(dataset.element_spec, Mode.PREDICT)
@@ -399,7 +391,7 @@ class Estimator:
           The final metrics of each eval set, keyed by its name.
         """
         eval_sets = {
-            name: self._dataset(fn, Mode.EVAL)
+            name: self.inputs.dataset(fn, Mode.EVAL)
             for name, fn in evaluation.eval_sets(eval_input_fns).items()
         }
         first = next(iter(eval_sets.values()))
@@ -441,151 +433,119 @@ class Estimator:
         extra: list[hooks.Periodic],
         hooks_: Sequence[hooks.Hook],
     ) -> int:
-        # Data, model and optimizer. A positioned dataset starts at the input position
-        # of the newest checkpoint (read before restoring: the dataset is built once).
-        saved = checkpoints.saved_ints(
-            checkpoints.latest_checkpoint(self.model_dir), input_position=0, input_seed=-1
-        )
-        self.input_position.assign(saved["input_position"])
-        self.input_seed.assign(self._training_seed(saved["input_seed"]))
-        position = saved["input_position"]
-        dataset = self._dataset(input_fn, Mode.TRAIN, start_example=position)
-        positioned = is_positioned(dataset)
-        iterator = self.placement.saved_iterator(dataset)
-        steps = self._prepare(dataset.element_spec, Mode.TRAIN)
-        # Under jit_compile a block's batches are stacked: as many as fit in memory.
-        block = self.steps_per_loop
-        if self.jit_compile:
-            block = min(block, stackable_steps(dataset.element_spec))
-
-        # Restore: rerunning the same command continues where it stopped, from the
-        # exact next batch, unless the configuration changed under the checkpoint.
-        state = self._state(optimizer=True)
-        state["input_position"] = self.input_position
-        state["input_seed"] = self.input_seed
-        if self.checkpoint_input and iterator is not None and not positioned:
-            state["input"] = iterator
-        checkpointer = checkpoints.Checkpointer(self.model_dir, self.keep_checkpoint_max, **state)
-        if checkpointer.latest is not None:
-            self._check_config()
-        restored = checkpointer.restore_latest()
-        if restored is None and self.warm_start_from:
-            self._warm_start()
-        self._has_state = True
-        start = self.step
-        if start >= max_steps:
-            logging.info("global_step %d >= max_steps %d: nothing to train.", start, max_steps)
-            return start
-        if iterator is None:
-            iterator = self._train_iterator(input_fn, start)
-        self._write_config(start)
+        run = self._start_training(input_fn)
+        if run.start >= max_steps:
+            logging.info("global_step %d >= max_steps %d: nothing to train.", run.start, max_steps)
+            return run.start
+        if run.iterator is None:  # a strategy's, made at the restored position
+            run.iterator = self.inputs.train_iterator(input_fn, run.start)
+        self._write_config(run.start)
         logging.info(
             "Training %s from step %d to %d in %s",
             type(self.model_fn).__name__,
-            start,
+            run.start,
             max_steps,
-            self.model_dir if restored else f"new {self.model_dir}",
+            self.model_dir if run.restored else f"new {self.model_dir}",
         )
-
-        # Loop: compiled blocks of steps; actions fire at the steps they are due.
-        progress = monitoring.Progress(start, max_steps, self.global_batch_size)
-        input_wait = monitoring.InputWait(steps, self.seconds)
-        steps.train_metrics.reset()
-
-        def log(step: int) -> None:
-            logs = steps.train_metrics.result()
-            steps.train_metrics.reset()
-            if self.placement.measures_gradient_norm:
-                logs["gradient_norm"] = float(steps.gradient_norm.numpy())
-            logs.update(progress.rates(step))
-            logs.update(input_wait.since_last_log())
-            logs["learning_rate"] = float(tf.convert_to_tensor(self.optimizer.learning_rate))
-            self.writers.scalars("train", step, logs)
-            logging.info("%s", progress.line(step, logs))
-            for hook in hooks_:
-                hook(step, logs)
-
-        input_unchecked = "input" in state  # a saved iterator's size is checked once
-
-        def save(step: int) -> None:
-            nonlocal input_unchecked
-            path = checkpointer.save(step)
-            if input_unchecked:
-                input_unchecked = False
-                monitoring.check_input_state(path, dataset)
-
+        log = monitoring.TrainLog(
+            run.steps,
+            self.writers,
+            self.optimizer,
+            monitoring.Progress(run.start, max_steps, self.global_batch_size),
+            run.input_wait,
+            hooks_,
+            self.placement.measures_gradient_norm,
+        )
         actions = [
             hooks.Periodic(self.log_every_steps, log),
-            hooks.Periodic(self.save_checkpoints_steps, save),
-            *self._tensorboard_actions(input_fn, steps),
+            hooks.Periodic(self.save_checkpoints_steps, run.save),
+            *self._tensorboard_actions(input_fn, run.steps),
             *extra,
         ]
-        divergence = Divergence(
-            self.nonfinite_loss, self.max_rollbacks, checkpointer, self.global_step
+        step = self._loop(run, actions, max_steps)
+        if not actions[0].is_due(step):  # the end: log and save unless just done
+            log(step)
+        run.save(step)
+        run.input_wait.report()
+        return step
+
+    def _start_training(self, input_fn: InputFn) -> _Run:
+        """Data, model and optimizer, restored from the newest checkpoint.
+
+        Rerunning the same command continues where it stopped, from the exact next
+        batch, unless the configuration changed under the checkpoint. Positioned data
+        starts where the checkpoint's input stands (read before restoring, so that the
+        dataset is built once).
+        """
+        self.inputs.resume_from(checkpoints.latest_checkpoint(self.model_dir))
+        dataset = self.inputs.dataset(input_fn, Mode.TRAIN)
+        run = _Run(input_fn, dataset, self._prepare(dataset.element_spec, Mode.TRAIN))
+        run.iterator = self.placement.saved_iterator(dataset)
+        state = {**self._state(optimizer=True), **self.inputs.state()}
+        if self.checkpoint_input and run.iterator is not None and not run.positioned:
+            state["input"] = run.iterator
+        run.checkpointer = checkpoints.Checkpointer(
+            self.model_dir, self.keep_checkpoint_max, **state
         )
-        step = start
+        if run.checkpointer.latest is not None:
+            self._check_config()
+        run.restored = run.checkpointer.restore_latest() is not None
+        if not run.restored and self.warm_start_from:
+            checkpoints.warm_start(self.model_fn, self.warm_start_from, self.warm_start_pattern)
+        self._has_state = True
+        run.start = self.step
+        # Under jit_compile a block's batches are stacked: as many as fit in memory.
+        run.block = self.steps_per_loop
+        if self.jit_compile:
+            run.block = min(run.block, stackable_steps(dataset.element_spec))
+        run.input_wait = monitoring.InputWait(run.steps, self.seconds)
+        run.check_saved_input = "input" in state  # a saved iterator's size, once
+        return run
+
+    def _loop(self, run: _Run, actions: list, max_steps: int) -> int:
+        """Compiled blocks of steps, cut where actions are due; returns the step reached."""
+        divergence = Divergence(
+            self.nonfinite_loss, self.max_rollbacks, run.checkpointer, self.global_step
+        )
+        step = run.start
+        run.steps.train_metrics.reset()
         with preemption.watch_signals() as signals:
             while step < max_steps:
-                if divergence.skip_bad_batch(step, iterator):
-                    self.input_position.assign_add(self.global_batch_size)
-                limit = min([block, max_steps - step, *divergence.limits(step)])
+                if divergence.skip_bad_batch(step, run.iterator):
+                    self.inputs.advance(1)
+                limit = min([run.block, max_steps - step, *divergence.limits(step)])
                 n = hooks.steps_until_due(step, actions, limit)
-                with input_wait.timing(n):
-                    self._run_block(steps, iterator, n)
-                try:
-                    resume_at = divergence.check(steps, step + 1, n)
-                except TrainingDiverged:  # the bad step is in the weights in memory:
-                    self._has_state = False  # evaluate and export restore the checkpoint
-                    raise
+                with run.input_wait.timing(n):
+                    self._run_block(run.steps, run.iterator, n)
+                resume_at = self._check_finite(divergence, run.steps, step + 1, n)
                 if resume_at is not None:  # rolled back, or back to find the bad step
                     step = resume_at
-                    steps.train_metrics.reset()
-                    if positioned:  # the restored position, not the iterator's
-                        iterator = self._train_iterator(input_fn, step)
+                    run.steps.train_metrics.reset()
+                    if run.positioned:  # the restored position, not the iterator's
+                        run.iterator = self.inputs.train_iterator(run.input_fn, step)
                     continue
-                self.input_position.assign_add((self.step - step) * self.global_batch_size)
+                self.inputs.advance(self.step - step)
                 step = self.step
-                try:
-                    for action in actions:
-                        if action.is_due(step):
-                            action.fn(step)
-                except hooks.StopTraining as stop:
-                    logging.info("%s", stop)
+                if hooks.run_due(actions, step):
                     break
                 if signals:
-                    path = checkpointer.save(step)
+                    path = run.checkpointer.save(step)
                     raise Preempted(
                         f"{signals[0]} received: saved {path} at step {step}; rerun the same "
                         "command to resume"
                     )
-
-        # The end: log and save unless that just happened.
-        if not actions[0].is_due(step):
-            log(step)
-        save(step)
-        input_wait.report()
         return step
 
-    def _warm_start(self) -> None:
-        """Takes the weights matching ``warm_start_pattern`` from ``warm_start_from``."""
-        source = self.warm_start_from
-        if tf.io.gfile.isdir(source):
-            source = checkpoints.latest_checkpoint(source) or source
-        keep = [
-            v
-            for v in self.model_fn.trainable_variables + self.model_fn.non_trainable_variables
-            if not re.search(self.warm_start_pattern, v.path)
-        ]
-        kept = [tf.identity(v.value) for v in keep]
+    def _check_finite(self, divergence: Divergence, steps: Steps, first: int, n: int):
+        """``divergence.check``, marking the weights in memory stale if training diverged.
+
+        The bad step is in them then: evaluate and export restore the checkpoint instead.
+        """
         try:
-            tf.train.Checkpoint(model=self.model_fn).restore(source).expect_partial()
-        except (tf.errors.OpError, ValueError) as error:
-            raise UserError(
-                f"cannot warm-start from {self.warm_start_from}: {errors.first_line(error)}"
-            ) from None
-        for v, value in zip(keep, kept, strict=True):
-            v.assign(value)
-        logging.info("Warm-started from %s (weights matching %r)", source, self.warm_start_pattern)
+            return divergence.check(steps, first, n)
+        except TrainingDiverged:
+            self._has_state = False
+            raise
 
     def _tensorboard_actions(self, input_fn: InputFn, steps: Steps) -> list:
         """Histograms, labelled images and the profiler, at the steps asked for."""
@@ -593,7 +553,7 @@ class Estimator:
             self.profile_steps, os.path.join(self.model_dir, "train")
         )
         if self.histogram_every_steps or self.image_every_steps:
-            batch = next(iter(self._dataset(input_fn, Mode.EVAL)))
+            batch = next(iter(self.inputs.dataset(input_fn, Mode.EVAL)))
             features, labels = split_element(batch, Mode.EVAL)
         if self.histogram_every_steps:
             write = monitoring.histogram_action(self.writers, self.model_fn, features)
@@ -625,71 +585,6 @@ class Estimator:
             ) from None
 
     # ---------------------------------------------------------------- helpers
-
-    def _dataset(
-        self,
-        input_fn: InputFn,
-        mode: Mode,
-        params: InputParams | None = None,
-        start_example: int = 0,
-    ) -> tf.data.Dataset:
-        """The input_fn's dataset for ``mode``, checked; one pipeline unless ``params``."""
-        if params is None:
-            batch = self.global_batch_size if mode == Mode.TRAIN else self.eval_batch_size
-            batch = self.placement.pipeline_batch(batch, mode)  # to read the shapes
-            params = InputParams(
-                batch_size=batch,
-                global_batch_size=batch,
-                seed=self._input_seed(mode),
-                start_example=start_example,
-            )
-        dataset = input_fn(mode, params)
-        if not isinstance(dataset, tf.data.Dataset):
-            raise UserError(
-                f"input_fn {_name(input_fn)} returned {type(dataset).__name__} for mode "
-                f"{mode.value!r}; it must return a tf.data.Dataset of (features, labels)"
-            )
-        spec = dataset.element_spec
-        has_labels = isinstance(spec, tuple) and len(spec) == 2
-        if mode != Mode.PREDICT and not has_labels:
-            raise UserError(
-                f"input_fn {_name(input_fn)} yields {spec} in mode {mode.value!r}; "
-                "TRAIN and EVAL need (features, labels) pairs"
-            )
-        return dataset
-
-    def _training_seed(self, saved: int) -> int:
-        """The training input's seed: the checkpoint's, else ``seed``, else a new one."""
-        if saved >= 0:
-            if self.seed is not None and self.seed != saved:
-                logging.warning(
-                    "The training input keeps the seed its checkpoints were trained with "
-                    "(%d), not seed %d, so that it reads on in the same order",
-                    saved,
-                    self.seed,
-                )
-            return saved
-        if self.seed is not None:
-            return self.seed
-        return random.SystemRandom().randrange(2**31)
-
-    def _input_seed(self, mode: Mode) -> int | None:
-        """The seed an input_fn is given: training's is kept in the checkpoints."""
-        if mode == Mode.TRAIN and int(self.input_seed.numpy()) >= 0:
-            return int(self.input_seed.numpy())
-        return self.seed
-
-    def _train_iterator(self, input_fn: InputFn, step: int):
-        """A new iterator over the training input, starting at ``input_position``."""
-        params = InputParams(
-            batch_size=self.global_batch_size,
-            global_batch_size=self.global_batch_size,
-            seed=self._input_seed(Mode.TRAIN),
-            start_example=int(self.input_position.numpy()),
-        )
-        return self.placement.train_iterator(
-            lambda p: self._dataset(input_fn, Mode.TRAIN, p), params, step
-        )
 
     def _prepare(self, element_spec, mode: Mode) -> Steps:
         """Creates the model's and optimizer's variables once, by tracing the model.
@@ -827,8 +722,32 @@ class Estimator:
         self.writers.text("train", "operative_config", text, step)
 
 
-def _name(fn) -> str:
-    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+@dataclasses.dataclass
+class _Run:
+    """One call of ``train``: what its loop works with."""
+
+    input_fn: InputFn
+    dataset: tf.data.Dataset
+    steps: Steps
+    iterator: Any = None
+    checkpointer: checkpoints.Checkpointer | None = None
+    restored: bool = False
+    start: int = 0
+    block: int = 1
+    input_wait: monitoring.InputWait | None = None
+    check_saved_input: bool = False
+
+    @property
+    def positioned(self) -> bool:
+        """Whether the dataset resumes by arithmetic (its iterator is never saved)."""
+        return is_positioned(self.dataset)
+
+    def save(self, step: int) -> None:
+        """Checkpoints at ``step``; the first time, warns if the saved input is large."""
+        path = self.checkpointer.save(step)
+        if self.check_saved_input:
+            self.check_saved_input = False
+            monitoring.check_input_state(path, self.dataset)
 
 
 PRECISIONS = ("mixed_bfloat16", "mixed_float16")

@@ -11,6 +11,8 @@ import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from absl import logging
+
 Hook = Callable[[int, dict[str, Any]], None]
 
 
@@ -55,6 +57,18 @@ def steps_until_due(step: int, actions: Iterable[Periodic | At], limit: int) -> 
 
 class StopTraining(Exception):
     """Raised by an action to end training early (with a final checkpoint)."""
+
+
+def run_due(actions: Iterable[Periodic | At], step: int) -> bool:
+    """Runs the actions due at ``step``, in order; True if one stopped training."""
+    try:
+        for action in actions:
+            if action.is_due(step):
+                action.fn(step)
+    except StopTraining as stop:
+        logging.info("%s", stop)
+        return True
+    return False
 
 
 class Patience:

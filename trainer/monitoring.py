@@ -2,6 +2,7 @@
 
 The training loop owns none of this; it calls these at the steps they are due:
 
+* ``TrainLog``: the log action: train scalars and a progress line;
 * ``Progress``: steps/s, examples/s and an ETA for each log line;
 * ``InputWait``: the share of the step time spent waiting for input, and a warning
   naming the knobs when a run is input-bound;
@@ -17,7 +18,7 @@ import contextlib
 import datetime
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -96,6 +97,49 @@ class InputWait:
             "tf.data.AUTOTUNE, prefetch, or prepare TFRecords of preprocessed examples",
             100 * share,
         )
+
+
+class TrainLog:
+    """The log action: train scalars to TensorBoard, a progress line, then the hooks.
+
+    Args:
+      steps: the compiled steps, whose train metrics are read and reset.
+      writers: TensorBoard writers.
+      optimizer: its learning rate is logged.
+      progress: rates and ETA.
+      input_wait: the input-wait share since the last log.
+      hooks_: callables ``hook(step, logs)``.
+      gradient_norm: log the gradient norm of the block's last step (known to the
+        step except under a strategy).
+    """
+
+    def __init__(
+        self,
+        steps: Steps,
+        writers: Writers,
+        optimizer,
+        progress: Progress,
+        input_wait: InputWait,
+        hooks_: Sequence[hooks.Hook],
+        gradient_norm: bool,
+    ):
+        self.steps, self.writers, self.optimizer = steps, writers, optimizer
+        self.progress, self.input_wait, self.hooks = progress, input_wait, hooks_
+        self.gradient_norm = gradient_norm
+
+    def __call__(self, step: int) -> None:
+        """Logs the metrics since the previous log."""
+        logs = self.steps.train_metrics.result()
+        self.steps.train_metrics.reset()
+        if self.gradient_norm:
+            logs["gradient_norm"] = float(self.steps.gradient_norm.numpy())
+        logs.update(self.progress.rates(step))
+        logs.update(self.input_wait.since_last_log())
+        logs["learning_rate"] = float(tf.convert_to_tensor(self.optimizer.learning_rate))
+        self.writers.scalars("train", step, logs)
+        logging.info("%s", self.progress.line(step, logs))
+        for hook in self.hooks:
+            hook(step, logs)
 
 
 class Progress:

@@ -1,0 +1,133 @@
+"""The input side of the Estimator: calling input_fns, and where the training stream stands.
+
+``Inputs`` calls an ``input_fn`` with the right ``InputParams`` and checks what it
+returns. For training it keeps two integers that every checkpoint holds:
+
+* ``position``: how many examples of the training stream earlier steps read
+  (skipped bad batches included); a positioned dataset starts there, on any number
+  of devices or workers;
+* ``seed``: the training order's seed, kept from the first start (drawn then if the
+  run's seed is None), so that a resumed run reads on in the same order.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import tensorflow as tf
+from absl import logging
+
+from trainer import checkpoints
+from trainer.distribution import Placement
+from trainer.errors import UserError
+from trainer.model_fn import InputParams, Mode
+
+InputFn = Callable[[Mode, InputParams], tf.data.Dataset]
+
+
+class Inputs:
+    """Builds the datasets of input_fns for one Estimator.
+
+    Args:
+      placement: where training runs (a pipeline's batch, the training iterator).
+      global_batch_size: examples per training step over all devices.
+      eval_batch_size: examples per eval and predict batch.
+      seed: the run's seed (None: a training seed is drawn at the first start).
+    """
+
+    def __init__(
+        self, placement: Placement, global_batch_size: int, eval_batch_size: int, seed: int | None
+    ):
+        self.placement = placement
+        self.global_batch_size, self.eval_batch_size = global_batch_size, eval_batch_size
+        self.run_seed = seed
+        with placement.scope():
+            self.position = tf.Variable(0, dtype=tf.int64, trainable=False, name="input_position")
+            self.seed = tf.Variable(-1, dtype=tf.int64, trainable=False, name="input_seed")
+
+    def state(self) -> dict[str, tf.Variable]:
+        """The variables a checkpoint keeps of the input, by checkpoint key."""
+        return {"input_position": self.position, "input_seed": self.seed}
+
+    def resume_from(self, checkpoint: str | None) -> None:
+        """Takes position and seed from ``checkpoint`` (None: a first start).
+
+        Read before anything restores it, so that the training dataset is built
+        once, in place.
+        """
+        saved = checkpoints.saved_ints(checkpoint, input_position=0, input_seed=-1)
+        self.position.assign(saved["input_position"])
+        self.seed.assign(self._training_seed(saved["input_seed"]))
+
+    def advance(self, steps: int) -> None:
+        """Counts ``steps`` more global batches of the stream as read."""
+        self.position.assign_add(steps * self.global_batch_size)
+
+    def dataset(
+        self, input_fn: InputFn, mode: Mode, params: InputParams | None = None
+    ) -> tf.data.Dataset:
+        """The input_fn's dataset for ``mode``, checked; one pipeline's unless ``params``.
+
+        In TRAIN it starts at ``position``.
+        """
+        if params is None:
+            batch = self.global_batch_size if mode == Mode.TRAIN else self.eval_batch_size
+            batch = self.placement.pipeline_batch(batch, mode)
+            params = InputParams(
+                batch_size=batch,
+                global_batch_size=batch,
+                seed=self._seed(mode),
+                start_example=int(self.position.numpy()) if mode == Mode.TRAIN else 0,
+            )
+        dataset = input_fn(mode, params)
+        if not isinstance(dataset, tf.data.Dataset):
+            raise UserError(
+                f"input_fn {_name(input_fn)} returned {type(dataset).__name__} for mode "
+                f"{mode.value!r}; it must return a tf.data.Dataset of (features, labels)"
+            )
+        spec = dataset.element_spec
+        has_labels = isinstance(spec, tuple) and len(spec) == 2
+        if mode != Mode.PREDICT and not has_labels:
+            raise UserError(
+                f"input_fn {_name(input_fn)} yields {spec} in mode {mode.value!r}; "
+                "TRAIN and EVAL need (features, labels) pairs"
+            )
+        return dataset
+
+    def train_iterator(self, input_fn: InputFn, step: int):
+        """A new iterator over the training input, from ``position`` (the step's)."""
+        params = InputParams(
+            batch_size=self.global_batch_size,
+            global_batch_size=self.global_batch_size,
+            seed=self._seed(Mode.TRAIN),
+            start_example=int(self.position.numpy()),
+        )
+        return self.placement.train_iterator(
+            lambda p: self.dataset(input_fn, Mode.TRAIN, p), params, step
+        )
+
+    def _training_seed(self, saved: int) -> int:
+        """The training input's seed: the checkpoint's, else the run's, else a new one."""
+        if saved >= 0:
+            if self.run_seed is not None and self.run_seed != saved:
+                logging.warning(
+                    "The training input keeps the seed its checkpoints were trained with "
+                    "(%d), not seed %d, so that it reads on in the same order",
+                    saved,
+                    self.run_seed,
+                )
+            return saved
+        if self.run_seed is not None:
+            return self.run_seed
+        return random.SystemRandom().randrange(2**31)
+
+    def _seed(self, mode: Mode) -> int | None:
+        """The seed an input_fn is given: training's is kept in the checkpoints."""
+        if mode == Mode.TRAIN and int(self.seed.numpy()) >= 0:
+            return int(self.seed.numpy())
+        return self.run_seed
+
+
+def _name(fn) -> str:
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
