@@ -10,7 +10,8 @@ import time
 STARTED = time.perf_counter()  # before TensorFlow is imported: the run's clock starts here
 
 from trainer.errors import UserError  # noqa: E402
-from trainer.estimator import Estimator, set_precision  # noqa: E402
+from trainer.estimator import Estimator  # noqa: E402
 from trainer.model_fn import InputParams, Mode, ModelFn, Spec  # noqa: E402
+from trainer.precision import set_precision  # noqa: E402
 
 __all__ = ["Estimator", "InputParams", "Mode", "ModelFn", "Spec", "UserError", "set_precision"]

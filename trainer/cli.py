@@ -25,7 +25,8 @@ from absl import app, flags, logging
 import trainer
 from trainer import errors, evaluation, files, gin_config, parallel
 from trainer.errors import Preempted, TrainingDiverged, UserError
-from trainer.estimator import Estimator, set_precision
+from trainer.estimator import Estimator
+from trainer.precision import set_precision
 
 SCHEDULES = ["train", "evaluate", "train_and_evaluate", "continuous_eval", "predict", "export"]
 

@@ -8,7 +8,6 @@ of steps, and one step function touches the model.
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import os
 import time
@@ -19,13 +18,23 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from trainer import checkpoints, errors, evaluation, export, files, hooks, monitoring, preemption
+from trainer import (
+    checkpoints,
+    errors,
+    evaluation,
+    export,
+    files,
+    hooks,
+    monitoring,
+    precision,
+    preemption,
+)
 from trainer.distribution import Placement
 from trainer.divergence import Divergence, check_policy
 from trainer.errors import Preempted, TrainingDiverged, UserError
 from trainer.inputs import InputFn, Inputs
-from trainer.model_fn import Mode, ModelFn, check_spec, is_positioned
-from trainer.optimization import WeightAverage
+from trainer.model_fn import Mode, ModelFn, is_positioned
+from trainer.model_state import ModelState
 from trainer.step import Steps, split_element, stackable_steps
 from trainer.summaries import Writers
 from trainer.writer_lock import WriterLock
@@ -203,12 +212,8 @@ class Estimator:
         )
         self.model_dir = self.placement.worker_dir(model_dir)
         self.optimizer = optimizer if optimizer is not None else keras.optimizers.Adam()
-        _check_precision(model_fn, mixed_precision)
-        if mixed_precision == "mixed_float16" and not isinstance(
-            self.optimizer, keras.optimizers.LossScaleOptimizer
-        ):
-            self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
-        self.optimizer = self.placement.adopt(self.optimizer)
+        precision.check(model_fn, mixed_precision)
+        self.optimizer = self.placement.adopt(precision.scaled(self.optimizer, mixed_precision))
         self.global_batch_size = global_batch_size
         self.eval_batch_size = eval_batch_size or global_batch_size
         self.steps_per_loop = steps_per_loop
@@ -220,7 +225,6 @@ class Estimator:
         self.clip_gradient_norm = clip_gradient_norm
         self.ema_decay = ema_decay
         self.jit_compile = jit_compile
-        self.ema: WeightAverage | None = None
         self.nonfinite_loss = nonfinite_loss
         self.max_rollbacks = max_rollbacks
         self.early_stopping = (
@@ -248,17 +252,23 @@ class Estimator:
         )
         self.config_text_fn = config_text_fn
         self.config_guard = config_guard
-        with self.placement.scope():
-            self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-        self.inputs = Inputs(self.placement, global_batch_size, self.eval_batch_size, seed)
-        self.writers = Writers(self.model_dir)
-        self._steps: Steps | None = None  # built on first use, from the data's shapes
-        self._has_state = False  # True once the model holds trained or restored weights
-        self._graph_written = False
         # Where the time went: building (tracing the model to make its variables),
         # tracing_block (the first block, which also traces and compiles the step),
         # training (every other block) and evaluation.
         self.seconds: collections.Counter = collections.Counter()
+        self.model = ModelState(
+            model_fn,
+            self.optimizer,
+            self.placement,
+            self.seconds,
+            clip_gradient_norm=clip_gradient_norm,
+            ema_decay=ema_decay,
+            jit_compile=jit_compile,
+        )
+        self.global_step = self.model.global_step
+        self.inputs = Inputs(self.placement, global_batch_size, self.eval_batch_size, seed)
+        self.writers = Writers(self.model_dir)
+        self._graph_written = False
 
     # ---------------------------------------------------------------- public API
 
@@ -292,11 +302,11 @@ class Estimator:
     def predict(self, input_fn: InputFn) -> Iterator[dict[str, Any]]:
         """Yields one dict of numpy predictions per example of ``input_fn(PREDICT)``."""
         dataset = self.inputs.dataset(input_fn, Mode.PREDICT)
-        steps = self._prepare(dataset.element_spec, Mode.PREDICT)
-        self._restore_for_inference()
+        steps = self.model.build(dataset.element_spec, Mode.PREDICT)
+        self.model.restore_for_inference(self.model_dir)
         for element in errors.guarded(dataset, "predict input"):
             features, _ = split_element(element, Mode.PREDICT)
-            with errors.runtime_errors("predict"), self._averaged_weights():
+            with errors.runtime_errors("predict"), self.model.averaged_weights():
                 batch = {k: v.numpy() for k, v in steps.predict(features).items()}
             for i in range(len(next(iter(batch.values())))):
                 yield {k: v[i] for k, v in batch.items()}
@@ -330,8 +340,10 @@ class Estimator:
             name: self.inputs.dataset(fn, Mode.EVAL)
             for name, fn in evaluation.eval_sets(eval_input_fns).items()
         }
-        self._prepare(next(iter(eval_sets.values())).element_spec, Mode.EVAL)
-        checkpointer = checkpoints.Checkpointer(self.model_dir, **self._state(optimizer=False))
+        self.model.build(next(iter(eval_sets.values())).element_spec, Mode.EVAL)
+        checkpointer = checkpoints.Checkpointer(
+            self.model_dir, **self.model.checkpoint_items(optimizer=False)
+        )
         results: dict[str, dict[str, float]] = {}
         for path in evaluation.new_checkpoints(
             self.model_dir, max_steps, poll_seconds, timeout_seconds
@@ -341,7 +353,7 @@ class Estimator:
             except (tf.errors.NotFoundError, ValueError):
                 logging.warning("Checkpoint %s was deleted before evaluation: skipped", path)
                 continue
-            self._has_state = True
+            self.model.has_state = True
             results = {n: self._evaluate(d, eval_steps, n) for n, d in eval_sets.items()}
         return results
 
@@ -359,14 +371,14 @@ class Estimator:
           The export directory.
         """
         dataset = self.inputs.dataset(input_fn, Mode.PREDICT)
-        self._prepare(dataset.element_spec, Mode.PREDICT)
-        self._restore_for_inference()
+        self.model.build(dataset.element_spec, Mode.PREDICT)
+        self.model.restore_for_inference(self.model_dir)
         features_spec, _ = split_element(dataset.element_spec, Mode.PREDICT)
         target = export_dir or os.path.join(self.model_dir, "export", str(self.step))
         return self._save_model(features_spec, target)
 
     def _save_model(self, features_spec, export_dir: str) -> str:
-        with self._averaged_weights():
+        with self.model.averaged_weights():
             return export.save(self.model_fn, features_spec, export_dir)
 
     def train_and_evaluate(
@@ -411,7 +423,7 @@ class Estimator:
     @property
     def step(self) -> int:
         """The global step: how many training steps the model has taken."""
-        return int(self.global_step.numpy())
+        return self.model.step
 
     # ---------------------------------------------------------------- the loop
 
@@ -479,9 +491,9 @@ class Estimator:
         """
         self.inputs.resume_from(checkpoints.latest_checkpoint(self.model_dir))
         dataset = self.inputs.dataset(input_fn, Mode.TRAIN)
-        run = _Run(input_fn, dataset, self._prepare(dataset.element_spec, Mode.TRAIN))
+        run = _Run(input_fn, dataset, self.model.build(dataset.element_spec, Mode.TRAIN))
         run.iterator = self.placement.saved_iterator(dataset)
-        state = {**self._state(optimizer=True), **self.inputs.state()}
+        state = {**self.model.checkpoint_items(optimizer=True), **self.inputs.state()}
         if self.checkpoint_input and run.iterator is not None and not run.positioned:
             state["input"] = run.iterator
         run.checkpointer = checkpoints.Checkpointer(
@@ -492,7 +504,7 @@ class Estimator:
         run.restored = run.checkpointer.restore_latest() is not None
         if not run.restored and self.warm_start_from:
             checkpoints.warm_start(self.model_fn, self.warm_start_from, self.warm_start_pattern)
-        self._has_state = True
+        self.model.has_state = True
         run.start = self.step
         # Under jit_compile a block's batches are stacked: as many as fit in memory.
         run.block = self.steps_per_loop
@@ -544,7 +556,7 @@ class Estimator:
         try:
             return divergence.check(steps, first, n)
         except TrainingDiverged:
-            self._has_state = False
+            self.model.has_state = False
             raise
 
     def _tensorboard_actions(self, input_fn: InputFn, steps: Steps) -> list:
@@ -586,109 +598,14 @@ class Estimator:
 
     # ---------------------------------------------------------------- helpers
 
-    def _prepare(self, element_spec, mode: Mode) -> Steps:
-        """Creates the model's and optimizer's variables once, by tracing the model.
-
-        Tracing on the dataset's element spec creates every variable without running
-        a batch, so a checkpoint can be restored into them before the first step.
-        """
-        if self._steps is not None:
-            return self._steps
-        features_spec, labels_spec = split_element(element_spec, mode)
-        found = {}
-
-        name = type(self.model_fn).__name__
-
-        def trace(features, labels):
-            try:
-                spec = self.model_fn(features, labels, mode)
-            except (ValueError, TypeError) as error:
-                shapes = tf.nest.map_structure(lambda t: t.shape.as_list(), features_spec)
-                reason = errors.first_line(error)
-                raise UserError(
-                    f"{name} cannot take the input_fn's features {shapes}: {reason}"
-                ) from None
-            try:
-                check_spec(spec, mode, name)
-            except ValueError as error:
-                raise UserError(str(error)) from None
-            found["metrics"] = sorted(spec.metrics)
-            return spec.predictions
-
-        args = (features_spec, labels_spec) if labels_spec is not None else (features_spec,)
-        fn = trace if labels_spec is not None else (lambda f: trace(f, None))
-        started = time.perf_counter()
-        self.placement.create_variables(self.model_fn, features_spec)
-        with self.placement.scope():
-            tf.function(fn).get_concrete_function(*args)
-        self.seconds["building"] += time.perf_counter() - started
-        variables = self.model_fn.trainable_variables
-        if not variables:
-            raise UserError(
-                f"{type(self.model_fn).__name__} has no trainable variables: "
-                "create its Keras layers as attributes in __init__"
-            )
-        # Non-trainable state (BN statistics, dropout RNG) is saved as an explicit list.
-        lost = checkpoints.unreachable(self.model_fn, variables)
-        if lost:
-            raise UserError(
-                f"{name} holds variables a checkpoint cannot reach "
-                f"({', '.join(v.path for v in lost[:4])}): Keras layers kept in a list inside "
-                "a Keras layer are invisible to tf.train.Checkpoint; assign each one as an "
-                "attribute (or hold the list in the ModelFn itself)"
-            )
-        with self.placement.scope():
-            self.optimizer.build(variables)
-            if self.ema_decay:
-                self.ema = WeightAverage(variables, self.ema_decay)
-            self._steps = Steps(
-                self.model_fn,
-                self.optimizer,
-                self.global_step,
-                found.get("metrics", []),
-                clip_gradient_norm=self.clip_gradient_norm,
-                ema=self.ema,
-                jit_compile=self.jit_compile,
-                devices=self.placement.devices,
-                strategy=self.placement.strategy,
-                prefetch_device=self.placement.prefetch_device,
-            )
-        return self._steps
-
-    def _averaged_weights(self):
-        """Within the block the model holds its EMA weights, if an EMA is kept."""
-        return self.ema.swapped_in() if self.ema is not None else contextlib.nullcontext()
-
-    def _state(self, optimizer: bool) -> dict:
-        """What a checkpoint holds: weights, step, RNG and BN state, EMA, optimizer."""
-        state = dict(
-            model=self.model_fn, step=self.global_step, rng=self.model_fn.non_trainable_variables
-        )
-        if optimizer:
-            state["optimizer"] = self.optimizer
-        if self.ema is not None:
-            state["ema"] = self.ema.averages
-        return state
-
-    def _restore_for_inference(self) -> None:
-        if self._has_state:
-            return
-        checkpointer = checkpoints.Checkpointer(self.model_dir, **self._state(optimizer=False))
-        if checkpointer.restore_latest(partial=True) is None:
-            raise UserError(
-                f"no checkpoint in {self.model_dir}: train first "
-                "(--schedule train) or point --model_dir at a trained run"
-            )
-        self._has_state = True
-
     def _evaluate(self, dataset: tf.data.Dataset, steps: int | None, name: str) -> dict:
-        compiled = self._prepare(dataset.element_spec, Mode.EVAL)
-        self._restore_for_inference()
+        compiled = self.model.build(dataset.element_spec, Mode.EVAL)
+        self.model.restore_for_inference(self.model_dir)
         if steps is not None:
             dataset = dataset.take(steps)
         compiled.eval_metrics.reset()
         start = time.perf_counter()
-        with errors.runtime_errors(f"eval set {name!r}"), self._averaged_weights():
+        with errors.runtime_errors(f"eval set {name!r}"), self.model.averaged_weights():
             compiled.evaluate(dataset)
         self.seconds["evaluation"] += time.perf_counter() - start
         metrics = compiled.eval_metrics.result()
@@ -748,32 +665,3 @@ class _Run:
         if self.check_saved_input:
             self.check_saved_input = False
             monitoring.check_input_state(path, self.dataset)
-
-
-PRECISIONS = ("mixed_bfloat16", "mixed_float16")
-
-
-def set_precision(mixed_precision: str | None) -> None:
-    """Sets Keras's global dtype policy; call it before the model's layers are made."""
-    _check_precision(None, mixed_precision)
-    keras.mixed_precision.set_dtype_policy(mixed_precision or "float32")
-
-
-def _check_precision(model_fn: ModelFn | None, mixed_precision: str | None) -> None:
-    if mixed_precision is not None and mixed_precision not in PRECISIONS:
-        raise UserError(
-            f"Estimator.mixed_precision must be None, {' or '.join(map(repr, PRECISIONS))}; "
-            f"got {mixed_precision!r}"
-        )
-    if mixed_precision is None or model_fn is None:
-        return
-    layers = model_fn.layers
-    # A layer kept in float32 on purpose (a final softmax) is fine; none in the policy
-    # means the model was made before the policy was set.
-    if layers and not any(layer.dtype_policy.name == mixed_precision for layer in layers):
-        raise UserError(
-            f"Estimator.mixed_precision is {mixed_precision!r} but {type(model_fn).__name__}'s "
-            f"layers compute in {layers[0].dtype_policy.name!r}: call "
-            f"trainer.set_precision({mixed_precision!r}) before making the model "
-            "(python -m trainer does)"
-        )

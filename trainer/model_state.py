@@ -1,0 +1,166 @@
+"""The model and what a checkpoint holds of it: weights, optimizer, step, moving average.
+
+``ModelState`` makes the model's and optimizer's variables once, by tracing the
+model on the input's element spec (no batch is run), checks what a checkpoint could
+not save, and compiles the steps (``step.Steps``). It knows whether the weights in
+memory are worth using (trained or restored), and restores the newest checkpoint
+for evaluation, prediction and export when they are not.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import time
+
+import keras
+import tensorflow as tf
+
+from trainer import checkpoints, errors
+from trainer.distribution import Placement
+from trainer.errors import UserError
+from trainer.model_fn import Mode, ModelFn, check_spec
+from trainer.optimization import WeightAverage
+from trainer.step import Steps, split_element
+
+
+class ModelState:
+    """A ModelFn with its optimizer, global step and compiled steps.
+
+    Args:
+      model_fn: the model.
+      optimizer: a Keras optimizer, made in the placement's scope.
+      placement: where the variables live and the steps run.
+      seconds: where the time went; tracing the model adds to ``'building'``.
+      clip_gradient_norm, ema_decay, jit_compile: the step's options (see Estimator).
+    """
+
+    def __init__(
+        self,
+        model_fn: ModelFn,
+        optimizer: keras.optimizers.Optimizer,
+        placement: Placement,
+        seconds: collections.Counter,
+        *,
+        clip_gradient_norm: float | None = None,
+        ema_decay: float | None = None,
+        jit_compile: bool = False,
+    ):
+        self.model_fn, self.optimizer, self.placement = model_fn, optimizer, placement
+        self.clip_gradient_norm, self.ema_decay = clip_gradient_norm, ema_decay
+        self.jit_compile = jit_compile
+        with placement.scope():
+            self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        self.ema: WeightAverage | None = None
+        self.steps: Steps | None = None  # built on first use, from the data's shapes
+        self.has_state = False  # True once the weights in memory are trained or restored
+        self.seconds = seconds
+
+    @property
+    def step(self) -> int:
+        """The global step: how many training steps the model has taken."""
+        return int(self.global_step.numpy())
+
+    def build(self, element_spec, mode: Mode) -> Steps:
+        """Creates every variable once, by tracing the model; returns the compiled steps.
+
+        Tracing on the dataset's element spec creates every variable without running
+        a batch, so a checkpoint can be restored into them before the first step.
+        """
+        if self.steps is not None:
+            return self.steps
+        started = time.perf_counter()
+        metrics = self._trace(element_spec, mode)
+        self.seconds["building"] += time.perf_counter() - started
+        variables = self.model_fn.trainable_variables
+        self._check_variables(variables)
+        with self.placement.scope():
+            self.optimizer.build(variables)
+            if self.ema_decay:
+                self.ema = WeightAverage(variables, self.ema_decay)
+            self.steps = Steps(
+                self.model_fn,
+                self.optimizer,
+                self.global_step,
+                metrics,
+                clip_gradient_norm=self.clip_gradient_norm,
+                ema=self.ema,
+                jit_compile=self.jit_compile,
+                devices=self.placement.devices,
+                strategy=self.placement.strategy,
+                prefetch_device=self.placement.prefetch_device,
+            )
+        return self.steps
+
+    def checkpoint_items(self, optimizer: bool) -> dict:
+        """What a checkpoint holds: weights, step, RNG and BN state, EMA, optimizer."""
+        items = dict(
+            model=self.model_fn, step=self.global_step, rng=self.model_fn.non_trainable_variables
+        )
+        if optimizer:
+            items["optimizer"] = self.optimizer
+        if self.ema is not None:
+            items["ema"] = self.ema.averages
+        return items
+
+    def restore_for_inference(self, model_dir: str) -> None:
+        """Restores the newest checkpoint unless the weights in memory are trained."""
+        if self.has_state:
+            return
+        checkpointer = checkpoints.Checkpointer(model_dir, **self.checkpoint_items(False))
+        if checkpointer.restore_latest(partial=True) is None:
+            raise UserError(
+                f"no checkpoint in {model_dir}: train first "
+                "(--schedule train) or point --model_dir at a trained run"
+            )
+        self.has_state = True
+
+    def averaged_weights(self):
+        """Within the block the model holds its EMA weights, if an EMA is kept."""
+        return self.ema.swapped_in() if self.ema is not None else contextlib.nullcontext()
+
+    def _trace(self, element_spec, mode: Mode) -> list[str]:
+        """Calls the model once on symbolic inputs; returns the names of its metrics."""
+        features_spec, labels_spec = split_element(element_spec, mode)
+        name = type(self.model_fn).__name__
+        found = {}
+
+        def trace(features, labels=None):
+            try:
+                spec = self.model_fn(features, labels, mode)
+            except (ValueError, TypeError) as error:
+                shapes = tf.nest.map_structure(lambda t: t.shape.as_list(), features_spec)
+                raise UserError(
+                    f"{name} cannot take the input_fn's features {shapes}: "
+                    f"{errors.first_line(error)}"
+                ) from None
+            try:
+                check_spec(spec, mode, name)
+            except ValueError as error:
+                raise UserError(str(error)) from None
+            found["metrics"] = sorted(spec.metrics)
+            return spec.predictions
+
+        args = (features_spec,) if labels_spec is None else (features_spec, labels_spec)
+        self.placement.create_variables(self.model_fn, features_spec)
+        with self.placement.scope():
+            tf.function(trace).get_concrete_function(*args)
+        return found.get("metrics", [])
+
+    def _check_variables(self, variables: list) -> None:
+        """Refuses a model a checkpoint could not save whole."""
+        name = type(self.model_fn).__name__
+        if not variables:
+            raise UserError(
+                f"{name} has no trainable variables: create its Keras layers as attributes "
+                "in __init__"
+            )
+        # Non-trainable state (BN statistics, dropout RNG) is saved as an explicit list.
+        lost = checkpoints.unreachable(self.model_fn, variables)
+        if lost:
+            raise UserError(
+                f"{name} holds variables a checkpoint cannot reach "
+                f"({', '.join(v.path for v in lost[:4])}): Keras layers kept in a list inside "
+                "a Keras layer are invisible to tf.train.Checkpoint; assign each one as an "
+                "attribute (or hold the list in the ModelFn itself)"
+            )
