@@ -10,14 +10,51 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 
 import tensorflow as tf
 from absl import logging
 
-from trainer import errors
+from trainer import errors, files
 from trainer.errors import UserError
 
 CHECKPOINT_NAME = "ckpt"
+OPERATIVE_CONFIG = "operative_config.gin"  # the configuration the checkpoints were trained with
+
+
+class ConfigRecord:
+    """The run's configuration as text, kept beside its checkpoints.
+
+    Args:
+      model_dir: where ``operative_config.gin`` is kept.
+      text_fn: returns the run's configuration as text (None: nothing is kept).
+      guard: ``guard(saved_text, new_text)`` raises UserError when the change is not
+        safe to resume with (None: any change is).
+    """
+
+    def __init__(
+        self,
+        model_dir: str,
+        text_fn: Callable[[], str] | None,
+        guard: Callable[[str, str], None] | None,
+    ):
+        self.path = os.path.join(model_dir, OPERATIVE_CONFIG)
+        self.text_fn, self.guard = text_fn, guard
+
+    def check(self) -> None:
+        """Lets ``guard`` refuse to resume under a changed configuration."""
+        if self.guard is None or self.text_fn is None or not tf.io.gfile.exists(self.path):
+            return
+        with tf.io.gfile.GFile(self.path) as f:
+            self.guard(f.read(), self.text_fn())
+
+    def write(self) -> str | None:
+        """Records this run's configuration (once training really starts); returns it."""
+        if self.text_fn is None:
+            return None
+        text = self.text_fn()
+        files.write_atomically(self.path, text)
+        return text
 
 
 def unreachable(root, variables: list) -> list:

@@ -1,14 +1,15 @@
-"""The Estimator: train, evaluate, predict and train_and_evaluate over a ModelFn.
+"""The Estimator: train, evaluate, predict, export and train_and_evaluate over a ModelFn.
 
-Three levels, as in Keras ``fit`` and orbit: this module's Python loop decides
-cadence (log, checkpoint, evaluate), ``step.Steps.train_loop`` runs a compiled block
-of steps, and one step function touches the model.
+The Estimator holds one model_dir's parts and lends them to the module that does
+each job: ``distribution.Placement`` (devices), ``model_state.ModelState`` (the
+model, optimizer and compiled steps), ``inputs.Inputs`` (input_fns and the training
+stream's position), ``training.TrainingRun`` (one call of ``train``) and
+``evaluation`` (eval sets, best exports, early stopping, side-car polling).
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -18,28 +19,15 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from trainer import (
-    checkpoints,
-    errors,
-    evaluation,
-    export,
-    files,
-    hooks,
-    monitoring,
-    precision,
-    preemption,
-)
+from trainer import checkpoints, errors, evaluation, export, hooks, monitoring, precision, training
 from trainer.distribution import Placement
-from trainer.divergence import Divergence, check_policy
-from trainer.errors import Preempted, TrainingDiverged, UserError
+from trainer.errors import UserError
 from trainer.inputs import InputFn, Inputs
-from trainer.model_fn import Mode, ModelFn, is_positioned
+from trainer.model_fn import Mode, ModelFn
 from trainer.model_state import ModelState
-from trainer.step import Steps, split_element, stackable_steps
+from trainer.step import split_element
 from trainer.summaries import Writers
 from trainer.writer_lock import WriterLock
-
-OPERATIVE_CONFIG = "operative_config.gin"
 
 
 class Estimator:
@@ -188,20 +176,28 @@ class Estimator:
         mixed_precision: str | None = None,
         prefetch_to_device: bool | None = None,
     ):
-        check_policy(nonfinite_loss)
         if not isinstance(model_fn, ModelFn):
             raise UserError(
                 f"model_fn must be a trainer.ModelFn instance, got {type(model_fn).__name__} "
                 "(in gin, write @MyModel() with parentheses to pass an instance)"
             )
-        for name, value in [
-            ("global_batch_size", global_batch_size),
-            ("steps_per_loop", steps_per_loop),
-            ("log_every_steps", log_every_steps),
-        ]:
-            if value < 1:
-                raise UserError(f"Estimator.{name} must be >= 1, got {value}")
-        self.model_fn = model_fn
+        self.settings = training.Settings(
+            global_batch_size=global_batch_size,
+            steps_per_loop=steps_per_loop,
+            log_every_steps=log_every_steps,
+            save_checkpoints_steps=save_checkpoints_steps,
+            keep_checkpoint_max=keep_checkpoint_max,
+            checkpoint_input=checkpoint_input,
+            jit_compile=jit_compile,
+            nonfinite_loss=nonfinite_loss,
+            max_rollbacks=max_rollbacks,
+            warm_start_from=warm_start_from,
+            warm_start_pattern=warm_start_pattern,
+            profile_steps=tuple(profile_steps) if profile_steps else None,
+            write_graph=write_graph,
+            histogram_every_steps=histogram_every_steps,
+            image_every_steps=image_every_steps,
+        )
         self.placement = Placement(
             distribution,
             num_devices,
@@ -210,48 +206,11 @@ class Estimator:
             jit_compile=jit_compile,
             prefetch_to_device=prefetch_to_device,
         )
+        self.model_fn = model_fn
         self.model_dir = self.placement.worker_dir(model_dir)
-        self.optimizer = optimizer if optimizer is not None else keras.optimizers.Adam()
         precision.check(model_fn, mixed_precision)
-        self.optimizer = self.placement.adopt(precision.scaled(self.optimizer, mixed_precision))
-        self.global_batch_size = global_batch_size
-        self.eval_batch_size = eval_batch_size or global_batch_size
-        self.steps_per_loop = steps_per_loop
-        self.log_every_steps = log_every_steps
-        self.save_checkpoints_steps = save_checkpoints_steps
-        self.keep_checkpoint_max = keep_checkpoint_max
-        self.seed = seed
-        self.checkpoint_input = checkpoint_input
-        self.clip_gradient_norm = clip_gradient_norm
-        self.ema_decay = ema_decay
-        self.jit_compile = jit_compile
-        self.nonfinite_loss = nonfinite_loss
-        self.max_rollbacks = max_rollbacks
-        self.early_stopping = (
-            hooks.Patience(early_stopping_metric, early_stopping_patience, early_stopping_higher)
-            if early_stopping_metric
-            else None
-        )
-        self.warm_start_from = warm_start_from
-        self.warm_start_pattern = warm_start_pattern
-        if profile_steps is not None and not 0 <= profile_steps[0] < profile_steps[1]:
-            raise UserError(f"profile steps must be start < stop, got {profile_steps}")
-        self.profile_steps = tuple(profile_steps) if profile_steps else None
-        self.write_graph = write_graph
-        self.histogram_every_steps = histogram_every_steps
-        self.image_every_steps = image_every_steps
-        self.best_exporter = (
-            export.BestExporter(
-                os.path.join(self.model_dir, "export", "best"),
-                export_best_metric,
-                export_best_keep,
-                export_best_higher,
-            )
-            if export_best_metric
-            else None
-        )
-        self.config_text_fn = config_text_fn
-        self.config_guard = config_guard
+        optimizer = precision.scaled(optimizer or keras.optimizers.Adam(), mixed_precision)
+        self.optimizer = self.placement.adopt(optimizer)
         # Where the time went: building (tracing the model to make its variables),
         # tracing_block (the first block, which also traces and compiles the step),
         # training (every other block) and evaluation.
@@ -266,9 +225,16 @@ class Estimator:
             jit_compile=jit_compile,
         )
         self.global_step = self.model.global_step
+        self.eval_batch_size = eval_batch_size or global_batch_size
         self.inputs = Inputs(self.placement, global_batch_size, self.eval_batch_size, seed)
         self.writers = Writers(self.model_dir)
-        self._graph_written = False
+        self.config = checkpoints.ConfigRecord(self.model_dir, config_text_fn, config_guard)
+        self.best_exporter = evaluation.best_exporter(
+            self.model_dir, export_best_metric, export_best_keep, export_best_higher
+        )
+        self.early_stopping = evaluation.early_stopping(
+            early_stopping_metric, early_stopping_patience, early_stopping_higher
+        )
 
     # ---------------------------------------------------------------- public API
 
@@ -431,172 +397,21 @@ class Estimator:
         self,
         input_fn: InputFn,
         max_steps: int,
-        extra: list[hooks.Periodic],
+        extra: Sequence[hooks.Periodic] = (),
         hooks_: Sequence[hooks.Hook] = (),
     ) -> int:
         tf.io.gfile.makedirs(self.model_dir)
         with WriterLock(self.model_dir):  # one trainer per model_dir
-            return self._train_locked(input_fn, max_steps, extra, hooks_)
-
-    def _train_locked(
-        self,
-        input_fn: InputFn,
-        max_steps: int,
-        extra: list[hooks.Periodic],
-        hooks_: Sequence[hooks.Hook],
-    ) -> int:
-        run = self._start_training(input_fn)
-        if run.start >= max_steps:
-            logging.info("global_step %d >= max_steps %d: nothing to train.", run.start, max_steps)
-            return run.start
-        if run.iterator is None:  # a strategy's, made at the restored position
-            run.iterator = self.inputs.train_iterator(input_fn, run.start)
-        self._write_config(run.start)
-        logging.info(
-            "Training %s from step %d to %d in %s",
-            type(self.model_fn).__name__,
-            run.start,
-            max_steps,
-            self.model_dir if run.restored else f"new {self.model_dir}",
-        )
-        log = monitoring.TrainLog(
-            run.steps,
-            self.writers,
-            self.optimizer,
-            monitoring.Progress(run.start, max_steps, self.global_batch_size),
-            run.input_wait,
-            hooks_,
-            self.placement.measures_gradient_norm,
-        )
-        actions = [
-            hooks.Periodic(self.log_every_steps, log),
-            hooks.Periodic(self.save_checkpoints_steps, run.save),
-            *self._tensorboard_actions(input_fn, run.steps),
-            *extra,
-        ]
-        step = self._loop(run, actions, max_steps)
-        if not actions[0].is_due(step):  # the end: log and save unless just done
-            log(step)
-        run.save(step)
-        run.input_wait.report()
-        return step
-
-    def _start_training(self, input_fn: InputFn) -> _Run:
-        """Data, model and optimizer, restored from the newest checkpoint.
-
-        Rerunning the same command continues where it stopped, from the exact next
-        batch, unless the configuration changed under the checkpoint. Positioned data
-        starts where the checkpoint's input stands (read before restoring, so that the
-        dataset is built once).
-        """
-        self.inputs.resume_from(checkpoints.latest_checkpoint(self.model_dir))
-        dataset = self.inputs.dataset(input_fn, Mode.TRAIN)
-        run = _Run(input_fn, dataset, self.model.build(dataset.element_spec, Mode.TRAIN))
-        run.iterator = self.placement.saved_iterator(dataset)
-        state = {**self.model.checkpoint_items(optimizer=True), **self.inputs.state()}
-        if self.checkpoint_input and run.iterator is not None and not run.positioned:
-            state["input"] = run.iterator
-        run.checkpointer = checkpoints.Checkpointer(
-            self.model_dir, self.keep_checkpoint_max, **state
-        )
-        if run.checkpointer.latest is not None:
-            self._check_config()
-        run.restored = run.checkpointer.restore_latest() is not None
-        if not run.restored and self.warm_start_from:
-            checkpoints.warm_start(self.model_fn, self.warm_start_from, self.warm_start_pattern)
-        self.model.has_state = True
-        run.start = self.step
-        # Under jit_compile a block's batches are stacked: as many as fit in memory.
-        run.block = self.steps_per_loop
-        if self.jit_compile:
-            run.block = min(run.block, stackable_steps(dataset.element_spec))
-        run.input_wait = monitoring.InputWait(run.steps, self.seconds)
-        run.check_saved_input = "input" in state  # a saved iterator's size, once
-        return run
-
-    def _loop(self, run: _Run, actions: list, max_steps: int) -> int:
-        """Compiled blocks of steps, cut where actions are due; returns the step reached."""
-        divergence = Divergence(
-            self.nonfinite_loss, self.max_rollbacks, run.checkpointer, self.global_step
-        )
-        step = run.start
-        run.steps.train_metrics.reset()
-        with preemption.watch_signals() as signals:
-            while step < max_steps:
-                if divergence.skip_bad_batch(step, run.iterator):
-                    self.inputs.advance(1)
-                limit = min([run.block, max_steps - step, *divergence.limits(step)])
-                n = hooks.steps_until_due(step, actions, limit)
-                with run.input_wait.timing(n):
-                    self._run_block(run.steps, run.iterator, n)
-                resume_at = self._check_finite(divergence, run.steps, step + 1, n)
-                if resume_at is not None:  # rolled back, or back to find the bad step
-                    step = resume_at
-                    run.steps.train_metrics.reset()
-                    if run.positioned:  # the restored position, not the iterator's
-                        run.iterator = self.inputs.train_iterator(run.input_fn, step)
-                    continue
-                self.inputs.advance(self.step - step)
-                step = self.step
-                if hooks.run_due(actions, step):
-                    break
-                if signals:
-                    path = run.checkpointer.save(step)
-                    raise Preempted(
-                        f"{signals[0]} received: saved {path} at step {step}; rerun the same "
-                        "command to resume"
-                    )
-        return step
-
-    def _check_finite(self, divergence: Divergence, steps: Steps, first: int, n: int):
-        """``divergence.check``, marking the weights in memory stale if training diverged.
-
-        The bad step is in them then: evaluate and export restore the checkpoint instead.
-        """
-        try:
-            return divergence.check(steps, first, n)
-        except TrainingDiverged:
-            self.model.has_state = False
-            raise
-
-    def _tensorboard_actions(self, input_fn: InputFn, steps: Steps) -> list:
-        """Histograms, labelled images and the profiler, at the steps asked for."""
-        actions = monitoring.profiler_actions(
-            self.profile_steps, os.path.join(self.model_dir, "train")
-        )
-        if self.histogram_every_steps or self.image_every_steps:
-            batch = next(iter(self.inputs.dataset(input_fn, Mode.EVAL)))
-            features, labels = split_element(batch, Mode.EVAL)
-        if self.histogram_every_steps:
-            write = monitoring.histogram_action(self.writers, self.model_fn, features)
-            actions.append(hooks.Periodic(self.histogram_every_steps, write))
-        if self.image_every_steps:
-            write = monitoring.image_action(self.writers, steps, features, labels)
-            actions.append(hooks.Periodic(self.image_every_steps, write))
-        return actions
-
-    def _run_block(self, steps: Steps, iterator, n: int) -> None:
-        """Runs one compiled block of ``n`` steps; input and runtime errors become one line.
-
-        The first block of a process also writes the step's graph to TensorBoard.
-        """
-        if self.write_graph and not self._graph_written:
-            self._graph_written = True
-            with monitoring.graph_written(self.writers.get("train"), self.step):
-                return self._run_steps(steps, iterator, n)
-        return self._run_steps(steps, iterator, n)
-
-    def _run_steps(self, steps: Steps, iterator, n: int) -> None:
-        try:
-            with errors.runtime_errors(f"training step {self.step + 1}"):
-                steps.train_loop(iterator, tf.constant(n, tf.int64))
-        except tf.errors.OutOfRangeError:
-            raise UserError(
-                f"the training input ran out of data at step {self.step}: an input_fn must "
-                "repeat its data in TRAIN mode (dataset.repeat())"
-            ) from None
-
-    # ---------------------------------------------------------------- helpers
+            run = training.TrainingRun(
+                self.settings,
+                self.model,
+                self.inputs,
+                self.placement,
+                self.writers,
+                self.model_dir,
+                self.config,
+            )
+            return run.run(input_fn, max_steps, extra, hooks_)
 
     def _evaluate(self, dataset: tf.data.Dataset, steps: int | None, name: str) -> dict:
         compiled = self.model.build(dataset.element_spec, Mode.EVAL)
@@ -621,47 +436,3 @@ class Estimator:
             monitoring.format_metrics(metrics),
         )
         return metrics
-
-    def _check_config(self) -> None:
-        """Lets ``config_guard`` refuse to resume under a changed configuration."""
-        path = os.path.join(self.model_dir, OPERATIVE_CONFIG)
-        if self.config_guard is None or self.config_text_fn is None:
-            return
-        if tf.io.gfile.exists(path):
-            with tf.io.gfile.GFile(path) as f:
-                self.config_guard(f.read(), self.config_text_fn())
-
-    def _write_config(self, step: int) -> None:
-        if self.config_text_fn is None:
-            return
-        text = self.config_text_fn()
-        files.write_atomically(os.path.join(self.model_dir, OPERATIVE_CONFIG), text)
-        self.writers.text("train", "operative_config", text, step)
-
-
-@dataclasses.dataclass
-class _Run:
-    """One call of ``train``: what its loop works with."""
-
-    input_fn: InputFn
-    dataset: tf.data.Dataset
-    steps: Steps
-    iterator: Any = None
-    checkpointer: checkpoints.Checkpointer | None = None
-    restored: bool = False
-    start: int = 0
-    block: int = 1
-    input_wait: monitoring.InputWait | None = None
-    check_saved_input: bool = False
-
-    @property
-    def positioned(self) -> bool:
-        """Whether the dataset resumes by arithmetic (its iterator is never saved)."""
-        return is_positioned(self.dataset)
-
-    def save(self, step: int) -> None:
-        """Checkpoints at ``step``; the first time, warns if the saved input is large."""
-        path = self.checkpointer.save(step)
-        if self.check_saved_input:
-            self.check_saved_input = False
-            monitoring.check_input_state(path, self.dataset)

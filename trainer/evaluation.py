@@ -24,6 +24,20 @@ PROGRESS_FILE = "continuous_eval.json"  # the last step a side-car evaluator fin
 Metrics = dict[str, float]
 
 
+def best_exporter(
+    model_dir: str, metric: str | None, keep: int, higher: bool
+) -> export.BestExporter | None:
+    """Exports to ``model_dir/export/best`` when ``metric`` ranks among the best (None: off)."""
+    if not metric:
+        return None
+    return export.BestExporter(os.path.join(model_dir, "export", "best"), metric, keep, higher)
+
+
+def early_stopping(metric: str | None, patience: int, higher: bool) -> hooks.Patience | None:
+    """Stops training once ``metric`` has not improved for ``patience`` evaluations."""
+    return hooks.Patience(metric, patience, higher) if metric else None
+
+
 def eval_sets(eval_input_fns: Callable | Mapping[str, Callable]) -> dict[str, Callable]:
     """``{name: input_fn}``; a single input_fn is the eval set named ``eval``."""
     if isinstance(eval_input_fns, Mapping):

@@ -54,6 +54,7 @@ class ModelState:
         self.ema: WeightAverage | None = None
         self.steps: Steps | None = None  # built on first use, from the data's shapes
         self.has_state = False  # True once the weights in memory are trained or restored
+        self.graph_written = False  # the compiled step's graph, to TensorBoard once
         self.seconds = seconds
 
     @property

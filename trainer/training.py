@@ -1,0 +1,260 @@
+"""One call of ``Estimator.train``: restore, then compiled blocks with actions between them.
+
+Three levels, as in Keras ``fit -> train_function -> train_step`` and orbit's
+controller and runner: ``TrainingRun.run`` (this module) is the Python loop that
+decides cadence (log, checkpoint, evaluate, stop); ``step.Steps.train_loop`` runs a
+compiled block of steps; one step function touches the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+from absl import logging
+
+from trainer import checkpoints, divergence, errors, hooks, monitoring, preemption
+from trainer.distribution import Placement
+from trainer.errors import Preempted, TrainingDiverged, UserError
+from trainer.inputs import InputFn, Inputs
+from trainer.model_fn import Mode, is_positioned
+from trainer.model_state import ModelState
+from trainer.step import Steps, split_element, stackable_steps
+from trainer.summaries import Writers
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """How training runs and is watched: the Estimator's arguments of the same names."""
+
+    global_batch_size: int = 32
+    steps_per_loop: int = 100
+    log_every_steps: int = 100
+    save_checkpoints_steps: int | None = 1000
+    keep_checkpoint_max: int = 5
+    checkpoint_input: bool = True
+    jit_compile: bool = False
+    nonfinite_loss: str = "stop"
+    max_rollbacks: int = 3
+    warm_start_from: str | None = None
+    warm_start_pattern: str = ".*"
+    profile_steps: tuple[int, int] | None = None
+    write_graph: bool = True
+    histogram_every_steps: int | None = None
+    image_every_steps: int | None = None
+
+    def __post_init__(self):
+        for name in ("global_batch_size", "steps_per_loop", "log_every_steps"):
+            if getattr(self, name) < 1:
+                raise UserError(f"Estimator.{name} must be >= 1, got {getattr(self, name)}")
+        divergence.check_policy(self.nonfinite_loss)
+        steps = self.profile_steps
+        if steps is not None and not 0 <= steps[0] < steps[1]:
+            raise UserError(f"profile steps must be start < stop, got {steps}")
+
+
+class TrainingRun:
+    """Trains one model_dir's model from its newest checkpoint to ``max_steps``.
+
+    Args:
+      settings: cadence, checkpoints, NaN policy, warm start, TensorBoard actions.
+      model: the model, its optimizer and compiled steps.
+      inputs: builds the training input at its position.
+      placement: where training runs.
+      writers: TensorBoard writers of the model_dir.
+      model_dir: where checkpoints go.
+      config: the operative config, checked before resuming and written on start.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        model: ModelState,
+        inputs: Inputs,
+        placement: Placement,
+        writers: Writers,
+        model_dir: str,
+        config: checkpoints.ConfigRecord,
+    ):
+        self.settings, self.model, self.inputs = settings, model, inputs
+        self.placement, self.writers, self.model_dir = placement, writers, model_dir
+        self.config = config
+        self.iterator: Any = None
+        self.check_saved_input = False  # a saved iterator's size is checked once
+
+    def run(
+        self,
+        input_fn: InputFn,
+        max_steps: int,
+        extra: Sequence[hooks.Periodic | hooks.At] = (),
+        hooks_: Sequence[hooks.Hook] = (),
+    ) -> int:
+        """Trains to ``max_steps``; ``extra`` actions run at their steps. Returns the step."""
+        start, restored = self._start(input_fn)
+        if start >= max_steps:
+            logging.info("global_step %d >= max_steps %d: nothing to train.", start, max_steps)
+            return start
+        if self.iterator is None:  # a strategy's, made at the restored position
+            self.iterator = self.inputs.train_iterator(input_fn, start)
+        text = self.config.write()
+        if text is not None:
+            self.writers.text("train", "operative_config", text, start)
+        logging.info(
+            "Training %s from step %d to %d in %s",
+            type(self.model.model_fn).__name__,
+            start,
+            max_steps,
+            self.model_dir if restored else f"new {self.model_dir}",
+        )
+        log = monitoring.TrainLog(
+            self.steps,
+            self.writers,
+            self.model.optimizer,
+            monitoring.Progress(start, max_steps, self.settings.global_batch_size),
+            self.input_wait,
+            hooks_,
+            self.placement.measures_gradient_norm,
+        )
+        actions = [
+            hooks.Periodic(self.settings.log_every_steps, log),
+            hooks.Periodic(self.settings.save_checkpoints_steps, self.save),
+            *self._tensorboard_actions(input_fn),
+            *extra,
+        ]
+        step = self._loop(input_fn, start, actions, max_steps)
+        if not actions[0].is_due(step):  # the end: log and save unless just done
+            log(step)
+        self.save(step)
+        self.input_wait.report()
+        return step
+
+    def save(self, step: int) -> None:
+        """Checkpoints at ``step``; the first time, warns if the saved input is large."""
+        path = self.checkpointer.save(step)
+        if self.check_saved_input:
+            self.check_saved_input = False
+            monitoring.check_input_state(path, self.dataset)
+
+    def _start(self, input_fn: InputFn) -> tuple[int, bool]:
+        """Data, model and optimizer, restored; returns the step and whether it restored.
+
+        Rerunning the same command continues where it stopped, from the exact next
+        batch, unless the configuration changed under the checkpoint. Positioned data
+        starts where the checkpoint's input stands (read before restoring, so that the
+        dataset is built once).
+        """
+        self.inputs.resume_from(checkpoints.latest_checkpoint(self.model_dir))
+        self.dataset = self.inputs.dataset(input_fn, Mode.TRAIN)
+        self.positioned = is_positioned(self.dataset)
+        self.steps: Steps = self.model.build(self.dataset.element_spec, Mode.TRAIN)
+        self.iterator = self.placement.saved_iterator(self.dataset)
+        state = {**self.model.checkpoint_items(optimizer=True), **self.inputs.state()}
+        if self.settings.checkpoint_input and self.iterator is not None and not self.positioned:
+            state["input"] = self.iterator
+            self.check_saved_input = True
+        self.checkpointer = checkpoints.Checkpointer(
+            self.model_dir, self.settings.keep_checkpoint_max, **state
+        )
+        if self.checkpointer.latest is not None:
+            self.config.check()
+        restored = self.checkpointer.restore_latest() is not None
+        if not restored and self.settings.warm_start_from:
+            checkpoints.warm_start(
+                self.model.model_fn, self.settings.warm_start_from, self.settings.warm_start_pattern
+            )
+        self.model.has_state = True
+        # Under jit_compile a block's batches are stacked: as many as fit in memory.
+        self.block = self.settings.steps_per_loop
+        if self.settings.jit_compile:
+            self.block = min(self.block, stackable_steps(self.dataset.element_spec))
+        self.input_wait = monitoring.InputWait(self.steps, self.model.seconds)
+        return self.model.step, restored
+
+    def _loop(self, input_fn: InputFn, start: int, actions: list, max_steps: int) -> int:
+        """Compiled blocks of steps, cut where actions are due; returns the step reached."""
+        nonfinite = divergence.Divergence(
+            self.settings.nonfinite_loss,
+            self.settings.max_rollbacks,
+            self.checkpointer,
+            self.model.global_step,
+        )
+        step = start
+        self.steps.train_metrics.reset()
+        with preemption.watch_signals() as signals:
+            while step < max_steps:
+                if nonfinite.skip_bad_batch(step, self.iterator):
+                    self.inputs.advance(1)
+                limit = min([self.block, max_steps - step, *nonfinite.limits(step)])
+                n = hooks.steps_until_due(step, actions, limit)
+                with self.input_wait.timing(n):
+                    self._run_block(n)
+                resume_at = self._check_finite(nonfinite, step + 1, n)
+                if resume_at is not None:  # rolled back, or back to find the bad step
+                    step = resume_at
+                    self.steps.train_metrics.reset()
+                    if self.positioned:  # the restored position, not the iterator's
+                        self.iterator = self.inputs.train_iterator(input_fn, step)
+                    continue
+                self.inputs.advance(self.model.step - step)
+                step = self.model.step
+                if hooks.run_due(actions, step):
+                    break
+                if signals:
+                    path = self.checkpointer.save(step)
+                    raise Preempted(
+                        f"{signals[0]} received: saved {path} at step {step}; rerun the same "
+                        "command to resume"
+                    )
+        return step
+
+    def _check_finite(self, nonfinite: divergence.Divergence, first: int, n: int) -> int | None:
+        """``Divergence.check``, marking the weights in memory stale if training diverged.
+
+        The bad step is in them then: evaluate and export restore the checkpoint instead.
+        """
+        try:
+            return nonfinite.check(self.steps, first, n)
+        except TrainingDiverged:
+            self.model.has_state = False
+            raise
+
+    def _run_block(self, n: int) -> None:
+        """Runs one compiled block of ``n`` steps; input and runtime errors become one line.
+
+        The first block of a process also writes the step's graph to TensorBoard.
+        """
+        if self.settings.write_graph and not self.model.graph_written:
+            self.model.graph_written = True
+            with monitoring.graph_written(self.writers.get("train"), self.model.step):
+                return self._run_steps(n)
+        return self._run_steps(n)
+
+    def _run_steps(self, n: int) -> None:
+        try:
+            with errors.runtime_errors(f"training step {self.model.step + 1}"):
+                self.steps.train_loop(self.iterator, tf.constant(n, tf.int64))
+        except tf.errors.OutOfRangeError:
+            raise UserError(
+                f"the training input ran out of data at step {self.model.step}: an input_fn "
+                "must repeat its data in TRAIN mode (dataset.repeat())"
+            ) from None
+
+    def _tensorboard_actions(self, input_fn: InputFn) -> list[hooks.Periodic | hooks.At]:
+        """Histograms, labelled images and the profiler, at the steps asked for."""
+        every = self.settings
+        actions = monitoring.profiler_actions(
+            every.profile_steps, os.path.join(self.model_dir, "train")
+        )
+        if every.histogram_every_steps or every.image_every_steps:
+            batch = next(iter(self.inputs.dataset(input_fn, Mode.EVAL)))
+            features, labels = split_element(batch, Mode.EVAL)
+        if every.histogram_every_steps:
+            write = monitoring.histogram_action(self.writers, self.model.model_fn, features)
+            actions.append(hooks.Periodic(every.histogram_every_steps, write))
+        if every.image_every_steps:
+            write = monitoring.image_action(self.writers, self.steps, features, labels)
+            actions.append(hooks.Periodic(every.image_every_steps, write))
+        return actions
