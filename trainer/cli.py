@@ -25,7 +25,7 @@ from absl import app, flags, logging
 import trainer
 from trainer import errors, evaluation, files, gin_config, parallel
 from trainer.errors import Preempted, TrainingDiverged, UserError
-from trainer.estimator import Estimator
+from trainer.estimator import RESUMABLE_SETTINGS
 from trainer.precision import set_precision
 
 SCHEDULES = ["train", "evaluate", "train_and_evaluate", "continuous_eval", "predict", "export"]
@@ -72,7 +72,8 @@ FLAGS = flags.FLAGS
 _CLOCK: dict[str, float] = {}  # seconds spent importing and parsing the config
 
 # Experiment settings that may change between runs of one model_dir: how long and
-# how often, not what is trained (Estimator.RESUMABLE lists its own).
+# how often, not what is trained (estimator.RESUMABLE_SETTINGS lists the
+# Estimator's).
 RESUMABLE = ("max_steps", "eval_every_steps", "eval_steps", "eval_input_fns")
 
 
@@ -252,7 +253,7 @@ def _profile_steps(values: list[str] | None) -> tuple[int, int] | None:
 def _config_guard(saved: str, new: str) -> None:
     """Refuses to resume when what is trained changed (``gin_config.check_resumable``)."""
     resumable = {f"experiment.{name}" for name in RESUMABLE}
-    resumable |= {f"Estimator.{name}" for name in Estimator.RESUMABLE}
+    resumable |= {f"Estimator.{name}" for name in RESUMABLE_SETTINGS}
     gin_config.check_resumable(saved, new, resumable)
 
 

@@ -8,7 +8,18 @@ writes. Three kinds (``Estimator.distribution``):
 * ``'towers'``: one process splits each batch over its devices (``parallel.Towers``),
   or runs on its one device;
 * ``'mirrored'``: ``tf.distribute.MirroredStrategy`` over this machine's devices;
-* ``'multi_worker'``: ``MultiWorkerMirroredStrategy`` over the machines in TF_CONFIG.
+* ``'multi_worker'``: ``MultiWorkerMirroredStrategy`` over the machines in TF_CONFIG
+  (each machine's GPUs, or its CPU); the chief writes checkpoints and summaries,
+  and every other worker keeps its own copy in ``model_dir/worker_<i>``.
+
+Towers may split a batch unevenly (shards differ by one example; gradients are
+averaged weighted by shard size). Under both strategies ``global_batch_size`` must
+divide evenly over the replicas, and evaluation runs on each worker's first device.
+A positioned input resumes at its position on any number of devices; any other is
+resumed by skipping the batches already trained on (TF cannot checkpoint a
+distributed iterator). ``prefetch_to_device`` applies to one device only:
+strategies prefetch to their replicas themselves, towers copy each shard in the
+step, and jit_compile reads a block's batches before the block.
 """
 
 from __future__ import annotations

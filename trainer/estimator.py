@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import os
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -19,7 +18,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from trainer import checkpoints, errors, evaluation, export, hooks, monitoring, precision, training
+from trainer import checkpoints, errors, evaluation, export, hooks, precision, training
 from trainer.distribution import Placement
 from trainer.errors import UserError
 from trainer.inputs import InputFn, Inputs
@@ -28,6 +27,31 @@ from trainer.model_state import ModelState
 from trainer.step import split_element
 from trainer.summaries import Writers
 from trainer.writer_lock import WriterLock
+
+# Settings that may change between runs of one model_dir: how often, where and
+# on what devices, not what is trained. The CLI refuses a change of any other
+# binding under a checkpoint (``gin_config.check_resumable``).
+RESUMABLE_SETTINGS = (
+    "log_every_steps",
+    "save_checkpoints_steps",
+    "keep_checkpoint_max",
+    "steps_per_loop",
+    "eval_batch_size",
+    "nonfinite_loss",
+    "max_rollbacks",
+    "export_best_metric",
+    "export_best_keep",
+    "export_best_higher",
+    "early_stopping_metric",
+    "early_stopping_patience",
+    "early_stopping_higher",
+    "write_graph",
+    "histogram_every_steps",
+    "image_every_steps",
+    "distribution",
+    "num_devices",
+    "prefetch_to_device",
+)
 
 
 class Estimator:
@@ -47,11 +71,8 @@ class Estimator:
       keep_checkpoint_max: how many recent checkpoints to keep.
       seed: seed given to input_fns (shuffling); None for nondeterministic input.
       checkpoint_input: resume the training input at the exact next batch instead of
-        restarting the data. A positioned dataset (``trainer.model_fn.positioned``:
-        the index-based pipelines of ``datasets/``) is resumed by arithmetic and
-        checkpoints hold only how many examples were read; any other dataset's
-        iterator is saved in each checkpoint (it needs a pipeline without
-        ``py_function``, and its shuffle buffer and cache are saved with it).
+        restarting the data: a positioned dataset (``datasets/`` pipelines) by its
+        position (see ``trainer/inputs.py``), any other by saving its iterator.
       clip_gradient_norm: clip the gradients to this global norm before applying them.
       jit_compile: compile each block of training steps with XLA as one computation
         (its batches are read first and stacked, at most ``step.STACKED_BYTES`` of them).
@@ -88,55 +109,18 @@ class Estimator:
         ``model_dir/operative_config.gin`` and to TensorBoard once training starts.
       config_guard: ``guard(saved_text, new_text)`` called before resuming from a
         checkpoint; raises UserError when the change is not safe to resume with.
-      distribution: how several devices share a step. ``'towers'`` splits each batch
-        over the devices (shards may differ by one example), each computing its
-        gradients on its own device, and averages them weighted by shard size.
-        ``'mirrored'`` uses tf.distribute.MirroredStrategy; ``'multi_worker'``
-        MultiWorkerMirroredStrategy over the machines named in ``TF_CONFIG`` (each
-        machine's GPUs, or its CPU), with checkpoints and summaries written by the
-        chief and each other worker keeping its own copy in ``model_dir/worker_<i>``.
-        Under both strategies ``global_batch_size`` must divide evenly over the
-        replicas and evaluation runs on each worker's first device. A positioned
-        input resumes at its position on any number of devices; any other is resumed
-        by skipping the batches already trained on (TF cannot checkpoint a
-        distributed iterator).
+      distribution: how several devices share a step: ``'towers'`` (each batch split
+        over this process's devices), ``'mirrored'`` (tf.distribute.MirroredStrategy)
+        or ``'multi_worker'`` (over the machines in ``TF_CONFIG``); see
+        ``trainer/distribution.py``.
       num_devices: ``'auto'`` (every GPU, else one CPU) or how many devices to use.
-      mixed_precision: ``'mixed_bfloat16'`` (CPUs with AVX-512 BF16, TPUs, recent
-        GPUs) or ``'mixed_float16'`` (GPUs; the optimizer is wrapped in a Keras
-        LossScaleOptimizer) to compute in 16 bits while keeping float32 weights,
-        logits and loss; None for float32. The Keras dtype policy must be set before
-        the model is built (``python -m trainer`` does; see ``set_precision``).
-      prefetch_to_device: read each batch, and copy it to the device, while the step
-        before it runs, so that the copy is off the step's path. None: on when training
-        on one GPU (or other accelerator) without jit_compile. It applies to one device:
-        strategies prefetch to their replicas themselves, towers copy each shard in the
-        step, and jit_compile reads a block's batches before the block.
+      mixed_precision: ``'mixed_bfloat16'`` or ``'mixed_float16'`` (with loss scaling)
+        to compute in 16 bits, float32 weights, logits and loss; None for float32.
+        Call ``set_precision`` before making the model (``python -m trainer`` does).
+      prefetch_to_device: copy each batch to the device while the step before it runs;
+        None: on when training on one GPU without jit_compile (the only case it
+        applies to).
     """
-
-    # Settings that may change between runs of one model_dir: how often, where and
-    # on what devices, not what is trained. The CLI refuses a change of any other
-    # binding under a checkpoint (``gin_config.check_resumable``).
-    RESUMABLE = (
-        "log_every_steps",
-        "save_checkpoints_steps",
-        "keep_checkpoint_max",
-        "steps_per_loop",
-        "eval_batch_size",
-        "nonfinite_loss",
-        "max_rollbacks",
-        "export_best_metric",
-        "export_best_keep",
-        "export_best_higher",
-        "early_stopping_metric",
-        "early_stopping_patience",
-        "early_stopping_higher",
-        "write_graph",
-        "histogram_every_steps",
-        "image_every_steps",
-        "distribution",
-        "num_devices",
-        "prefetch_to_device",
-    )
 
     def __init__(
         self,
@@ -302,10 +286,7 @@ class Estimator:
         Returns:
           The metrics of the last evaluation, keyed by eval-set name.
         """
-        eval_sets = {
-            name: self.inputs.dataset(fn, Mode.EVAL)
-            for name, fn in evaluation.eval_sets(eval_input_fns).items()
-        }
+        eval_sets = self.inputs.eval_datasets(eval_input_fns)
         self.model.build(next(iter(eval_sets.values())).element_spec, Mode.EVAL)
         checkpointer = checkpoints.Checkpointer(
             self.model_dir, **self.model.checkpoint_items(optimizer=False)
@@ -368,10 +349,7 @@ class Estimator:
         Returns:
           The final metrics of each eval set, keyed by its name.
         """
-        eval_sets = {
-            name: self.inputs.dataset(fn, Mode.EVAL)
-            for name, fn in evaluation.eval_sets(eval_input_fns).items()
-        }
+        eval_sets = self.inputs.eval_datasets(eval_input_fns)
         first = next(iter(eval_sets.values()))
         features_spec, _ = split_element(first.element_spec, Mode.EVAL)
         evaluations = evaluation.Evaluations(
@@ -414,25 +392,4 @@ class Estimator:
             return run.run(input_fn, max_steps, extra, hooks_)
 
     def _evaluate(self, dataset: tf.data.Dataset, steps: int | None, name: str) -> dict:
-        compiled = self.model.build(dataset.element_spec, Mode.EVAL)
-        self.model.restore_for_inference(self.model_dir)
-        if steps is not None:
-            dataset = dataset.take(steps)
-        compiled.eval_metrics.reset()
-        start = time.perf_counter()
-        with errors.runtime_errors(f"eval set {name!r}"), self.model.averaged_weights():
-            compiled.evaluate(dataset)
-        self.seconds["evaluation"] += time.perf_counter() - start
-        metrics = compiled.eval_metrics.result()
-        if not metrics:
-            raise UserError(f"eval set {name!r} is empty: its input_fn yielded no batches")
-        self.writers.scalars(f"eval_{name}", self.step, metrics)
-        logging.info(
-            "eval %s at step %d (%.0f examples, %.1fs): %s",
-            name,
-            self.step,
-            compiled.eval_metrics.count.numpy(),
-            time.perf_counter() - start,
-            monitoring.format_metrics(metrics),
-        )
-        return metrics
+        return evaluation.evaluate(self.model, dataset, steps, name, self.writers, self.model_dir)

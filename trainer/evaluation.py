@@ -16,8 +16,14 @@ import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 
-from trainer import checkpoints, export, files, hooks
+import tensorflow as tf
+from absl import logging
+
+from trainer import checkpoints, errors, export, files, hooks, monitoring
 from trainer.errors import UserError
+from trainer.model_fn import Mode
+from trainer.model_state import ModelState
+from trainer.summaries import Writers
 
 PROGRESS_FILE = "continuous_eval.json"  # the last step a side-car evaluator finished
 
@@ -92,6 +98,43 @@ class Evaluations:
             except hooks.StopTraining:  # training is over anyway
                 pass
         return self.results
+
+
+def evaluate(
+    model: ModelState,
+    dataset: tf.data.Dataset,
+    steps: int | None,
+    name: str,
+    writers: Writers,
+    model_dir: str,
+) -> Metrics:
+    """Evaluates eval set ``name`` (its first ``steps`` batches if given); logs the metrics.
+
+    Uses the weights in memory when they are trained, else the newest checkpoint in
+    ``model_dir``; writes the metrics to ``model_dir/eval_<name>``.
+    """
+    compiled = model.build(dataset.element_spec, Mode.EVAL)
+    model.restore_for_inference(model_dir)
+    if steps is not None:
+        dataset = dataset.take(steps)
+    compiled.eval_metrics.reset()
+    start = time.perf_counter()
+    with errors.runtime_errors(f"eval set {name!r}"), model.averaged_weights():
+        compiled.evaluate(dataset)
+    model.seconds["evaluation"] += time.perf_counter() - start
+    metrics = compiled.eval_metrics.result()
+    if not metrics:
+        raise UserError(f"eval set {name!r} is empty: its input_fn yielded no batches")
+    writers.scalars(f"eval_{name}", model.step, metrics)
+    logging.info(
+        "eval %s at step %d (%.0f examples, %.1fs): %s",
+        name,
+        model.step,
+        compiled.eval_metrics.count.numpy(),
+        time.perf_counter() - start,
+        monitoring.format_metrics(metrics),
+    )
+    return metrics
 
 
 def new_checkpoints(

@@ -13,12 +13,12 @@ returns. For training it keeps two integers that every checkpoint holds:
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import tensorflow as tf
 from absl import logging
 
-from trainer import checkpoints
+from trainer import checkpoints, evaluation
 from trainer.distribution import Placement
 from trainer.errors import UserError
 from trainer.model_fn import InputParams, Mode
@@ -94,6 +94,13 @@ class Inputs:
                 "TRAIN and EVAL need (features, labels) pairs"
             )
         return dataset
+
+    def eval_datasets(
+        self, eval_input_fns: InputFn | Mapping[str, InputFn]
+    ) -> dict[str, tf.data.Dataset]:
+        """The EVAL dataset of each eval set, by name (one input_fn is named ``eval``)."""
+        named = evaluation.eval_sets(eval_input_fns)
+        return {name: self.dataset(fn, Mode.EVAL) for name, fn in named.items()}
 
     def train_iterator(self, input_fn: InputFn, step: int):
         """A new iterator over the training input, from ``position`` (the step's)."""
