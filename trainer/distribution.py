@@ -33,7 +33,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from trainer import errors, parallel
+from trainer import errors, optimization, parallel
 from trainer.errors import UserError
 from trainer.model_fn import InputParams, Mode, ModelFn, is_positioned
 
@@ -75,9 +75,58 @@ class Placement:
         self.worker = parallel.worker_name(self.strategy)
 
     @property
+    def per_replica(self) -> bool:
+        """Whether the step runs in several replicas, each keeping its own metric sums."""
+        return self.strategy is not None
+
+    @property
     def measures_gradient_norm(self) -> bool:
         """Whether the step knows the gradient's norm (under a strategy no replica does)."""
         return self.strategy is None
+
+    def towers(self, model_fn: ModelFn) -> parallel.Towers | None:
+        """Towers over this process's devices when it has several (no strategy), else None."""
+        if self.strategy is None and len(self.devices) > 1:
+            return parallel.Towers(self.devices, model_fn.non_trainable_variables)
+        return None
+
+    def update_fn(self, optimizer: keras.optimizers.Optimizer) -> Callable:
+        """``update(gradients, variables)``: the optimizer's step.
+
+        Fused kernels in one process; under a strategy Keras's ``apply_gradients``,
+        which sums the replicas' gradients.
+        """
+        if self.strategy is None:
+            return optimization.fused_update(optimizer)
+
+        def update(gradients, variables):
+            optimizer.apply_gradients(zip(gradients, variables, strict=True))
+
+        return update
+
+    def run(self, step: Callable, args: tuple) -> tf.Tensor:
+        """``step(*args)``, in every replica under a strategy; returns the first's result."""
+        if self.strategy is None:
+            return step(*args)
+        return self.strategy.experimental_local_results(self.strategy.run(step, args=args))[0]
+
+    def replica_share(self, examples: tf.Tensor) -> tuple[tf.Tensor | float, int]:
+        """This replica's share of the global batch's examples, and the replica count.
+
+        Outside a strategy a step sees the whole batch: ``(1.0, 1)``.
+        """
+        if self.strategy is None:
+            return 1.0, 1
+        context = tf.distribute.get_replica_context()
+        share = tf.cast(examples / context.all_reduce("sum", examples), tf.float32)
+        return share, context.num_replicas_in_sync
+
+    def all_finite(self, finite: tf.Tensor) -> tf.Tensor:
+        """Whether the step was finite in every replica (``finite`` is this one's)."""
+        if self.strategy is None:
+            return finite
+        context = tf.distribute.get_replica_context()
+        return context.all_reduce("sum", 1 - tf.cast(finite, tf.int32)) == 0
 
     def scope(self):
         """The strategy's scope, where variables must be created; or no scope."""

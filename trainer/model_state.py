@@ -84,12 +84,10 @@ class ModelState:
                 self.optimizer,
                 self.global_step,
                 metrics,
+                self.placement,
                 clip_gradient_norm=self.clip_gradient_norm,
                 ema=self.ema,
                 jit_compile=self.jit_compile,
-                devices=self.placement.devices,
-                strategy=self.placement.strategy,
-                prefetch_device=self.placement.prefetch_device,
             )
         return self.steps
 

@@ -7,15 +7,16 @@ block, not once per step; the Python loop in ``estimator.py`` picks ``n``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import keras
 import tensorflow as tf
 
+from trainer.distribution import Placement
 from trainer.errors import UserError
 from trainer.model_fn import Mode, ModelFn
-from trainer.optimization import WeightAverage, fused_update
-from trainer.parallel import Towers, make_parallel
+from trainer.optimization import WeightAverage
+from trainer.parallel import make_parallel
 
 STACKED_BYTES = 256 * 2**20  # most memory one jit_compile block's stacked batches take
 
@@ -105,22 +106,24 @@ class MetricSums:
 class Steps:
     """The compiled train, eval and predict functions of one model and optimizer.
 
+    One step function (``_step``) serves one device, towers and a strategy's
+    replicas; one loop (``_steps``) runs it, fed by one of three ways of fetching a
+    batch: read when the step needs it (``_train_loop``), read ahead onto the device
+    (``_prefetching_train_loop``), or sliced from a block of batches stacked for XLA
+    (``_stacked_train_loop``).
+
     Args:
       model_fn: the model.
       optimizer: a built Keras optimizer.
       global_step: incremented once per applied training step.
       metric_names: the per-example metrics the model's Spec returns.
+      placement: where the steps run: towers over this process's devices, a
+        strategy's replicas (evaluation and prediction then run on each worker's
+        first device), and the device batches are prefetched to.
       clip_gradient_norm: clip gradients to this global norm (None: no clipping).
       ema: a WeightAverage to update after each step, or None.
       jit_compile: compile each block of steps with XLA as one computation, fed by
         the block's batches stacked (``_stacked_train_loop``).
-      devices: with several, each batch is split into towers, one per device
-        (``parallel.Towers``); None or one device: no split.
-      strategy: a tf.distribute strategy whose scope holds the variables; the train
-        loop then takes a distributed iterator and runs the step in every replica.
-        Evaluation and prediction run on each worker's first device.
-      prefetch_device: read each batch onto this device while the step before it
-        runs (``_prefetching_train_loop``); None: read it when the step needs it.
     """
 
     def __init__(
@@ -129,18 +132,14 @@ class Steps:
         optimizer: keras.optimizers.Optimizer,
         global_step: tf.Variable,
         metric_names: Sequence[str],
+        placement: Placement,
         clip_gradient_norm: float | None = None,
         ema: WeightAverage | None = None,
         jit_compile: bool = False,
-        devices: Sequence[str] | None = None,
-        strategy: tf.distribute.Strategy | None = None,
-        prefetch_device: str | None = None,
     ):
-        self.model_fn = model_fn
-        self.optimizer = optimizer
-        self.global_step = global_step
-        self.clip_gradient_norm = clip_gradient_norm
-        self.ema = ema
+        self.model_fn, self.optimizer, self.global_step = model_fn, optimizer, global_step
+        self.placement = placement
+        self.clip_gradient_norm, self.ema = clip_gradient_norm, ema
         self.variables = model_fn.trainable_variables
         self.weights = [
             v
@@ -148,18 +147,10 @@ class Steps:
             if tf.as_dtype(v.dtype).is_floating
         ]
         self.has_regularization = bool(model_fn.regularization_losses)
-        self.towers = (
-            Towers(devices, model_fn.non_trainable_variables)
-            if devices and len(devices) > 1
-            else None
-        )
-        self.strategy = strategy
-        self.prefetch_device = prefetch_device
-        self.update = fused_update(optimizer)
-        train_scalars = ["loss"]
-        if self.has_regularization:
-            train_scalars.append("regularization_loss")
-        self.train_metrics = MetricSums(metric_names, train_scalars, per_replica=bool(strategy))
+        self.towers = placement.towers(model_fn)
+        self.update = placement.update_fn(optimizer)
+        train_scalars = ["loss"] + (["regularization_loss"] if self.has_regularization else [])
+        self.train_metrics = MetricSums(metric_names, train_scalars, placement.per_replica)
         self.eval_metrics = MetricSums(metric_names)
         self.times_input = not _op_determinism()  # tf.timestamp is refused under it
         with tf.init_scope():
@@ -167,25 +158,24 @@ class Steps:
             self.nonfinite = tf.Variable(False, trainable=False, name="nonfinite")
             # After the block some weight is NaN or Inf (its step is not known).
             self.nonfinite_weights = tf.Variable(False, trainable=False, name="nonfinite_weights")
-            # The global norm of the gradients of each block's last step. Under a
-            # strategy each replica holds a part of the gradient until the optimizer
-            # sums them, so it is not known to the step and stays NaN.
+            # The global norm of the gradients of each block's last step; NaN where
+            # the step does not know it (``Placement.measures_gradient_norm``).
             self.gradient_norm = tf.Variable(float("nan"), trainable=False, name="gradient_norm")
             self.input_seconds = tf.Variable(
                 0.0, dtype=tf.float64, trainable=False, name="input_wait"
             )
         self._compiled_block = tf.function(self._train_stacked, jit_compile=True)
-        if strategy:
-            loop = self._distributed_train_loop
-        elif jit_compile:
+        if jit_compile:
             loop = self._stacked_train_loop
-        elif prefetch_device:
+        elif placement.prefetch_device:
             loop = self._prefetching_train_loop
         else:
             loop = self._train_loop
         self.train_loop = tf.function(loop)
         self.evaluate = tf.function(self._evaluate)
         self.predict = tf.function(self._predict)
+
+    # ------------------------------------------------------------ the step
 
     def _forward(self, features, labels, share=1.0, replicas: int = 1):
         """``(objective, scalars, per-example metrics)`` of one batch, shard or replica.
@@ -203,18 +193,24 @@ class Steps:
         return self.optimizer.scale_loss(objective), scalars, spec.metrics
 
     def _gradients(self, features, labels):
-        """``(objective, scalars, per-example metrics, gradients)`` of one batch."""
+        """``(objective, scalars, per-example metrics, gradients)`` of one batch.
+
+        Towers split it over their devices; a strategy's replica weights its loss by
+        its share of the global batch, so that the replicas' gradients sum to the
+        global batch mean's.
+        """
         if self.towers is not None:
             return self.towers.run(self._forward, features, labels, self.variables)
+        share, replicas = self.placement.replica_share(batch_size_of(features))
         with tf.GradientTape() as tape:
-            objective, scalars, metrics = self._forward(features, labels)
+            objective, scalars, metrics = self._forward(features, labels, share, replicas)
         return objective, scalars, metrics, tape.gradient(objective, self.variables)
 
-    def _train_step(self, features, labels, last_of_block: tf.Tensor) -> tf.Tensor:
-        """One step; returns whether its loss was finite.
+    def _step(self, features, labels, last_of_block: tf.Tensor) -> tf.Tensor:
+        """One step (one replica's part under a strategy); returns whether it was finite.
 
         The update is applied either way: a branch around it keeps XLA from fusing
-        it into the step and costs a small model ~15% of its speed. The loops end the
+        it into the step and costs a small model ~15% of its speed. The loop ends the
         block at a non-finite loss, before anything is saved, and the global step does
         not count that step. The gradients are not checked each step (a pass over all
         of them costs the MLP another ~15% under XLA on CPU): a NaN or Inf gradient
@@ -232,33 +228,39 @@ class Steps:
                 gradients, self.clip_gradient_norm * scale, use_norm=norm
             )
             self.gradient_norm.assign(norm / scale)
-        elif last_of_block:
+        elif last_of_block and self.placement.measures_gradient_norm:
             self.gradient_norm.assign(tf.linalg.global_norm(gradients) / scale)
         self.update(gradients, [v for _, v in pairs])
-        if self.ema is not None:
-            self.ema.update()
         self.train_metrics.update(metrics, scalars, batch_size_of(features))
-        finite = tf.math.is_finite(objective)
-        self.global_step.assign_add(tf.cast(finite, tf.int64))
-        return finite
+        return self.placement.all_finite(tf.math.is_finite(objective))
 
-    def _check_weights(self) -> None:
-        """Sets ``nonfinite_weights`` if, after a block, any model weight is NaN or Inf."""
-        finite = [tf.reduce_all(tf.math.is_finite(v)) for v in self.weights]
-        self.nonfinite_weights.assign(tf.logical_not(tf.reduce_all(tf.stack(finite))))
+    # ------------------------------------------------------------ the loop
 
-    def _train_loop(self, iterator, num_steps: tf.Tensor) -> None:
-        """Runs up to ``num_steps`` steps; stops early, setting ``nonfinite``, on a bad step."""
+    def _steps(self, num_steps: tf.Tensor, fetch: Callable, carried=()) -> None:
+        """Runs up to ``num_steps`` steps; stops early, setting ``nonfinite``, on a bad one.
+
+        ``fetch(i, carried) -> (element, carried)`` gives step ``i`` its batch;
+        ``carried`` is what one fetch hands the next (a batch read ahead).
+        """
         self.nonfinite.assign(False)
         for i in tf.range(num_steps):
-            features, labels = split_element(self._next(iterator), Mode.TRAIN)
-            if not self._train_step(features, labels, i == num_steps - 1):
+            element, carried = fetch(i, carried)
+            features, labels = split_element(element, Mode.TRAIN)
+            finite = self.placement.run(self._step, (features, labels, i == num_steps - 1))
+            if self.ema is not None:
+                self.ema.update()
+            self.global_step.assign_add(tf.cast(finite, tf.int64))
+            if not finite:
                 self.nonfinite.assign(True)
                 break
+
+    def _train_loop(self, iterator, num_steps: tf.Tensor) -> None:
+        """The block, each batch read from ``iterator`` when its step needs it."""
+        self._steps(num_steps, lambda i, carried: (self._next(iterator), carried))
         self._check_weights()
 
     def _prefetching_train_loop(self, iterator, num_steps: tf.Tensor) -> None:
-        """``_train_loop`` reading each batch onto the device while the step before it runs.
+        """The block, each batch read onto the device while the step before it runs.
 
         Reading batch i + 1 (and copying it to ``prefetch_device``) does not depend on
         step i, so the runtime does both at once and the copy is off the step's path.
@@ -268,33 +270,33 @@ class Steps:
         The wait added to ``input_seconds`` is how long after the previous step ended
         a batch arrived: what the step really waited.
         """
-        self.nonfinite.assign(False)
         begun = self._timestamp()
         with tf.control_dependencies([begun]):
-            element, ready = self._read_ahead(iterator)
-        self.input_seconds.assign_add(ready - begun)  # the block's first batch
-        for i in tf.range(num_steps):
+            first = self._read_ahead(iterator)
+        self.input_seconds.assign_add(first[1] - begun)  # the block's first batch
+
+        def fetch(i, carried):
+            element, ready = carried
             # An iteration starts once the previous one's updates are done: the step
             # could start now, and its batch arrives ``ready - started`` later.
             started = self._timestamp(after=i)
             self.input_seconds.assign_add(tf.maximum(ready - started, 0.0))
-            features, labels = split_element(element, Mode.TRAIN)
             if i + 1 < num_steps:
-                element, ready = self._read_ahead(iterator)
-            if not self._train_step(features, labels, i == num_steps - 1):
-                self.nonfinite.assign(True)
-                break
+                carried = self._read_ahead(iterator)
+            return element, carried
+
+        self._steps(num_steps, fetch, first)
         self._check_weights()
 
     def _read_ahead(self, iterator):
         """The next training element, copied to ``prefetch_device``, and when it got there."""
         element = next(iterator)
-        with tf.device(self.prefetch_device):
+        with tf.device(self.placement.prefetch_device):
             element = tf.nest.map_structure(tf.identity, element)
         return element, self._timestamp(after=element)
 
     def _stacked_train_loop(self, iterator, num_steps: tf.Tensor) -> None:
-        """``_train_loop`` with the whole block of steps compiled by XLA as one cluster.
+        """The block compiled by XLA as one cluster, fed its batches stacked.
 
         Iterator ops cannot be compiled, so the block's batches are read first and
         stacked into ``[num_steps, batch, ...]`` tensors; one XLA computation then runs
@@ -308,19 +310,20 @@ class Steps:
         for i in tf.range(num_steps):
             element = self._next(iterator)
             arrays = tf.nest.map_structure(lambda array, t, i=i: array.write(i, t), arrays, element)
-        stacked = tf.nest.map_structure(lambda array: array.stack(), arrays)
-        self._compiled_block(*split_element(stacked, Mode.TRAIN))
+        self._compiled_block(tf.nest.map_structure(lambda array: array.stack(), arrays))
         self._check_weights()  # here rather than in XLA, which reduces on one thread
 
-    def _train_stacked(self, features, labels) -> None:
+    def _train_stacked(self, stacked) -> None:
         """Trains on each ``[batch, ...]`` slice of stacked batches in turn (XLA-compiled)."""
-        self.nonfinite.assign(False)
-        num_steps = tf.shape(tf.nest.flatten(features)[0])[0]
-        for i in tf.range(num_steps):
-            batch = tf.nest.map_structure(lambda t, i=i: t[i], (features, labels))
-            if not self._train_step(*batch, i == num_steps - 1):
-                self.nonfinite.assign(True)
-                break
+        num_steps = tf.shape(tf.nest.flatten(stacked)[0])[0]
+        self._steps(
+            num_steps, lambda i, carried: (tf.nest.map_structure(lambda t: t[i], stacked), carried)
+        )
+
+    def _check_weights(self) -> None:
+        """Sets ``nonfinite_weights`` if, after a block, any model weight is NaN or Inf."""
+        finite = [tf.reduce_all(tf.math.is_finite(v)) for v in self.weights]
+        self.nonfinite_weights.assign(tf.logical_not(tf.reduce_all(tf.stack(finite))))
 
     def _next(self, iterator):
         """The next training element; the time spent waiting for it goes to ``input_seconds``.
@@ -344,42 +347,7 @@ class Steps:
         with tf.control_dependencies(tf.nest.flatten(after, expand_composites=True)):
             return tf.timestamp()
 
-    def _replica_step(self, features, labels) -> tf.Tensor:
-        """One replica's part of a step under a strategy; True if all losses were finite.
-
-        The loss is weighted by this replica's share of the examples of the global
-        batch, so the optimizer's sum over replicas is the global batch mean. As on
-        one device the update is applied either way and the weights are checked once
-        per block (see ``_train_step``).
-        """
-        context = tf.distribute.get_replica_context()
-        examples = batch_size_of(features)
-        share = tf.cast(examples / context.all_reduce("sum", examples), tf.float32)
-        with tf.GradientTape() as tape:
-            objective, scalars, metrics = self._forward(
-                features, labels, share, context.num_replicas_in_sync
-            )
-        gradients = tape.gradient(objective, self.variables)
-        pairs = [(g, v) for g, v in zip(gradients, self.variables, strict=True) if g is not None]
-        finite = tf.math.is_finite(objective)
-        self.optimizer.apply_gradients(pairs)
-        self.train_metrics.update(metrics, scalars, examples)
-        bad_replicas = context.all_reduce("sum", 1 - tf.cast(finite, tf.int32))
-        return bad_replicas == 0
-
-    def _distributed_train_loop(self, iterator, num_steps: tf.Tensor) -> None:
-        """``_train_loop`` under a strategy: each step runs in every replica."""
-        self.nonfinite.assign(False)
-        for _ in tf.range(num_steps):
-            features, labels = split_element(self._next(iterator), Mode.TRAIN)
-            finite = self.strategy.run(self._replica_step, args=(features, labels))
-            if not self.strategy.experimental_local_results(finite)[0]:
-                self.nonfinite.assign(True)
-                break
-            if self.ema is not None:
-                self.ema.update()
-            self.global_step.assign_add(1)
-        self._check_weights()
+    # ------------------------------------------------------------ eval and predict
 
     def _eval_batch(self, features, labels):
         """``(loss, per-example metrics)`` of one eval batch, over towers if there are."""
