@@ -1,8 +1,10 @@
-"""Compiled steps: one step function, and the compiled loops that call it.
+"""Compiled steps: one step function, and the one loop that calls it.
 
 Only this module touches the model during training. ``train_loop(iterator, n)`` runs
 ``n`` steps in one ``tf.function`` call so that per-call overhead is paid once per
-block, not once per step; the Python loop in ``estimator.py`` picks ``n``.
+block, not once per step; the Python loop in ``training.py`` picks ``n``. What
+differs between one device, towers and a strategy's replicas is asked of
+``distribution.Placement``.
 """
 
 from __future__ import annotations

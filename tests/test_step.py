@@ -1,0 +1,99 @@
+"""The compiled step and its loop, driven directly: counting, NaN stops, three ways to fetch."""
+
+import collections
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from trainer import Mode, ModelFn, Spec
+from trainer.distribution import Placement
+from trainer.model_state import ModelState
+
+
+class Linear(ModelFn):
+    """y = w.x + b with a squared error; one per-example metric."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(1)
+
+    def __call__(self, features, labels, mode):
+        y = self.dense(features["x"])[:, 0]
+        if labels is None:
+            return Spec({"y": y})
+        error = tf.square(y - labels["y"])
+        return Spec({"y": y}, loss=tf.reduce_mean(error), metrics={"squared_error": error})
+
+
+def batches(count=None, nan_at=None, batch=8):
+    """Batches of y = 2x + 1; batch ``nan_at`` (0-based) has NaN inputs."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64 * batch, 3)).astype(np.float32)
+    y = (x @ np.array([2.0, -1.0, 0.5], np.float32) + 1.0).astype(np.float32)
+    if nan_at is not None:
+        x[nan_at * batch : (nan_at + 1) * batch] = np.nan
+    dataset = tf.data.Dataset.from_tensor_slices(({"x": x}, {"y": y})).batch(batch)
+    return dataset.take(count) if count else dataset.repeat()
+
+
+def compiled(**placement):
+    """Fresh Linear model, SGD, and its compiled steps on one CPU."""
+    keras.utils.set_random_seed(1)
+    model = ModelState(
+        Linear(),
+        keras.optimizers.SGD(0.05),
+        Placement("towers", 1, global_batch_size=8, **placement),
+        collections.Counter(),
+        jit_compile=placement.get("jit_compile", False),
+    )
+    return model, model.build(batches().element_spec, Mode.TRAIN)
+
+
+def test_a_block_runs_its_steps_and_counts_them():
+    model, steps = compiled()
+    iterator = iter(batches())
+    steps.train_loop(iterator, tf.constant(5, tf.int64))
+    assert model.step == 5
+    assert steps.train_metrics.count.numpy() == 5 * 8
+    first = steps.train_metrics.result()["loss"]
+    steps.train_metrics.reset()
+    steps.train_loop(iterator, tf.constant(50, tf.int64))
+    assert model.step == 55
+    assert steps.train_metrics.result()["loss"] < first / 10
+    assert not steps.nonfinite.numpy() and not steps.nonfinite_weights.numpy()
+    assert np.isfinite(steps.gradient_norm.numpy())  # measured at the block's last step
+
+
+def test_a_nan_loss_ends_the_block_at_its_step_uncounted():
+    model, steps = compiled()
+    steps.train_loop(iter(batches(nan_at=2)), tf.constant(10, tf.int64))
+    assert steps.nonfinite.numpy()
+    assert model.step == 2  # steps 1 and 2 counted, the third (NaN) not
+    assert steps.nonfinite_weights.numpy()  # its update was applied: NaN weights
+
+
+@pytest.mark.parametrize("way", [{"prefetch_to_device": True}, {"jit_compile": True}])
+def test_every_way_of_fetching_trains_like_reading_on_demand(way):
+    plain, plain_steps = compiled()
+    plain_steps.train_loop(iter(batches()), tf.constant(6, tf.int64))
+    other, other_steps = compiled(**way)
+    assert other.placement.prefetch_device == (
+        other.placement.devices[0] if "prefetch_to_device" in way else None
+    )
+    other_steps.train_loop(iter(batches()), tf.constant(6, tf.int64))
+    assert other.step == plain.step == 6
+    pairs = zip(plain.model_fn.trainable_variables, other.model_fn.trainable_variables, strict=True)
+    for a, b in pairs:
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_evaluate_and_predict_read_the_whole_dataset():
+    model, steps = compiled()
+    steps.eval_metrics.reset()
+    steps.evaluate(batches(count=3))
+    assert steps.eval_metrics.count.numpy() == 24
+    assert set(steps.eval_metrics.result()) == {"loss", "squared_error"}
+    x = tf.zeros([5, 3])
+    assert steps.predict({"x": x})["y"].shape == (5,)
