@@ -43,7 +43,9 @@ class Writers:
         writer = self.get(name)
         with writer.as_default(step=step):
             for v in variables:
-                tf.summary.histogram(getattr(v, "path", None) or v.name, getattr(v, "value", v))
+                value = getattr(v, "value", v)  # Keras's property; tf.Variable's method
+                value = value() if callable(value) else value
+                tf.summary.histogram(getattr(v, "path", None) or v.name, value)
         writer.flush()
 
     def labelled_images(self, name: str, step: int, images, predicted, actual, max_images=8):

@@ -1,0 +1,82 @@
+"""Checkpoints on their own: round trip, what is kept, mismatches, config record, warm start."""
+
+import os
+
+import keras
+import pytest
+import tensorflow as tf
+
+from tests.helpers import checkpoint_steps
+from trainer import ModelFn, Spec, UserError, checkpoints
+
+
+class Two(ModelFn):
+    """Two Dense layers, so a warm start can take one and leave the other."""
+
+    def __init__(self, width=4):
+        super().__init__()
+        self.body = keras.layers.Dense(width, name="body")
+        self.head = keras.layers.Dense(1, name="head")
+
+    def __call__(self, features, labels, mode):
+        y = self.head(self.body(features["x"]))[:, 0]
+        return Spec({"y": y}, loss=tf.reduce_mean(y) if labels is not None else None)
+
+
+def built(width=4, value=None):
+    model = Two(width)
+    model({"x": tf.zeros([1, 3])}, None, "infer")
+    if value is not None:
+        for v in model.trainable_variables:
+            v.assign(tf.fill(v.shape, value))
+    return model
+
+
+def test_the_newest_checkpoint_comes_back_and_only_the_last_ones_are_kept(tmp_path):
+    model, step = built(value=1.0), tf.Variable(0, dtype=tf.int64)
+    saver = checkpoints.Checkpointer(str(tmp_path), 2, model=model, step=step)
+    for s in (10, 20, 30):
+        step.assign(s)
+        saver.save(s)
+    assert checkpoint_steps(tmp_path) == [20, 30]
+    assert checkpoints.step_of(checkpoints.latest_checkpoint(str(tmp_path))) == 30
+    fresh, fresh_step = built(value=0.0), tf.Variable(0, dtype=tf.int64)
+    loader = checkpoints.Checkpointer(str(tmp_path), model=fresh, step=fresh_step)
+    assert loader.restore_latest().endswith("ckpt-30")
+    assert int(fresh_step.numpy()) == 30
+    assert float(fresh.body.kernel.numpy()[0, 0]) == 1.0
+    assert checkpoints.saved_ints(loader.latest, step=-1, absent=7) == {"step": 30, "absent": 7}
+    assert checkpoints.saved_ints(None, step=-1) == {"step": -1}
+
+
+def test_a_checkpoint_of_another_model_is_named_in_one_line(tmp_path):
+    checkpoints.Checkpointer(str(tmp_path), model=built(width=4)).save(1)
+    other = checkpoints.Checkpointer(str(tmp_path), model=built(width=5))
+    with pytest.raises(UserError) as raised:
+        other.restore_latest()
+    message = str(raised.value)
+    assert "\n" not in message
+    assert "does not fit this model" in message and "body/kernel" in message
+    assert "new --model_dir" in message
+
+
+def test_the_config_record_guards_resume_and_keeps_the_text(tmp_path):
+    seen = []
+    record = checkpoints.ConfigRecord(str(tmp_path), lambda: "a = 1\n", lambda *t: seen.append(t))
+    record.check()  # nothing saved yet: nothing to compare
+    assert seen == []
+    assert record.write() == "a = 1\n"
+    assert (tmp_path / checkpoints.OPERATIVE_CONFIG).read_text() == "a = 1\n"
+    checkpoints.ConfigRecord(str(tmp_path), lambda: "a = 2\n", lambda *t: seen.append(t)).check()
+    assert seen == [("a = 1\n", "a = 2\n")]
+    assert checkpoints.ConfigRecord(str(tmp_path), None, None).write() is None
+
+
+def test_a_warm_start_takes_only_the_weights_its_pattern_names(tmp_path):
+    checkpoints.Checkpointer(str(tmp_path), model=built(value=3.0)).save(5)
+    model = built(value=0.0)
+    checkpoints.warm_start(model, str(tmp_path), pattern="^body")
+    assert float(model.body.kernel.numpy()[0, 0]) == 3.0
+    assert float(model.head.kernel.numpy()[0, 0]) == 0.0
+    with pytest.raises(UserError, match="cannot warm-start from .*nowhere"):
+        checkpoints.warm_start(model, os.path.join(str(tmp_path), "nowhere"))
