@@ -18,9 +18,7 @@ def test_scalars_text_histograms_and_images_land_in_their_directory(tmp_path):
     writers.labelled_images("eval_test", 10, images, [1, 2, 3], [1, 0, 3])
     writers.close()
     assert scalar_series(str(tmp_path / "train"), "loss") == [(5, 0.5), (10, 0.25)]
-    assert {"loss", "accuracy", "operative_config", "w:0"} <= event_tags(
-        str(tmp_path / "train")
-    )
+    assert {"loss", "accuracy", "operative_config", "w:0"} <= event_tags(str(tmp_path / "train"))
     images_seen = event_accumulator.EventAccumulator(
         str(tmp_path / "eval_test"), size_guidance={"tensors": 0}
     )
