@@ -575,3 +575,29 @@ def test_sigterm_saves_at_a_step_boundary_and_exits_75(tmp_path, data_dir):
     resumed = run_cli(*args)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"from step {saved} to {saved + 10}" in resumed.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--gin_param", "experiment.model_fn = @NoLoss()"],
+            "error: NoLoss(mode='train'): Spec.loss is required in train mode",
+        ),
+        (
+            ["--gin_param", "experiment.input_fn = @tuple_digits"],
+            "error: MLP cannot take the input_fn's features",
+        ),
+        (["--num_devices", "two"], "error: "),
+    ],
+)
+def test_a_run_that_fails_before_training_says_why_and_leaves_no_model_dir(
+    tmp_path, faulty_gin, args, message
+):
+    """A contract broken while tracing keeps its message (not AutoGraph's "in user code:")."""
+    new = tmp_path / "output" / "new"
+    proc = run_cli("--gin_file", faulty_gin, "--model_dir", str(new), *args, env=ENV)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert last_line(proc).startswith(message)
+    assert not (tmp_path / "output").exists()

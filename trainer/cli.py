@@ -12,6 +12,7 @@ import gc
 import json
 import os
 import re
+import shutil
 import sys
 import time
 import uuid
@@ -23,7 +24,7 @@ import tensorflow as tf
 from absl import app, flags, logging
 
 import trainer
-from trainer import errors, evaluation, files, gin_config, parallel
+from trainer import errors, evaluation, files, gin_config, parallel, writer_lock
 from trainer.errors import Preempted, TrainingDiverged, UserError
 from trainer.estimator import RESUMABLE_SETTINGS
 from trainer.precision import set_precision
@@ -70,6 +71,7 @@ flags.DEFINE_string(
 )
 FLAGS = flags.FLAGS
 _CLOCK: dict[str, float] = {}  # seconds spent importing and parsing the config
+_CREATED_DIRS: list[str] = []  # directories this run made, deepest first
 
 # Experiment settings that may change between runs of one model_dir: how long and
 # how often, not what is trained (estimator.RESUMABLE_SETTINGS lists the
@@ -167,6 +169,7 @@ def main(argv: list[str]) -> None:
         _fail(f"unexpected arguments {argv[1:]}: every option is a --flag (see --help)")
     failure = _run()
     if failure:
+        _remove_unused(_CREATED_DIRS)  # a run that failed before training leaves no directory
         # Free the failed run (its iterators log from C++ as they die) before the last line.
         gc.collect()
         _fail(*failure)
@@ -181,6 +184,7 @@ def _run() -> tuple[str, int, str] | None:
         model_dir = (FLAGS.model_dir or _default_model_dir(FLAGS.gin_file)).replace(
             "{timestamp}", time.strftime("%Y%m%d-%H%M%S")
         )
+        _CREATED_DIRS[:] = _missing_dirs(model_dir)
         _check_writable(model_dir, "--model_dir")
         if FLAGS.schedule == "predict" and not FLAGS.results:
             raise UserError("--schedule=predict needs --results=PATH.jsonl to write to")
@@ -259,6 +263,30 @@ def _config_guard(saved: str, new: str) -> None:
 
 def _default_model_dir(files: list[str]) -> str:
     return os.path.join("output", os.path.splitext(os.path.basename(files[0]))[0])
+
+
+def _missing_dirs(path: str) -> list[str]:
+    """``path`` and those of its parents that do not exist yet, deepest first."""
+    missing = []
+    path = os.path.abspath(path)
+    while path and not os.path.exists(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        path = parent if parent != path else ""
+    return missing
+
+
+def _remove_unused(directories: list[str]) -> None:
+    """Removes each directory (deepest first) that holds nothing but the writer lock."""
+    for directory in directories:
+        leftovers = [
+            os.path.join(root, name)
+            for root, _, names in os.walk(directory)
+            for name in names
+            if name != writer_lock.LOCK_NAME
+        ]
+        if os.path.isdir(directory) and not leftovers:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def _check_writable(directory: str, flag: str) -> None:

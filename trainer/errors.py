@@ -34,8 +34,18 @@ class Preempted(Exception):
 
 
 def first_line(error: Exception | str) -> str:
-    """The first line of an error's message (or of a text)."""
-    lines = str(error).strip().splitlines()
+    """The first line of an error's message (or of a text).
+
+    An error raised while AutoGraph traced a function comes back as "in user code:",
+    the traced frames, then ``Type: message`` (and gin's "In call to" lines); its
+    line is that message.
+    """
+    text = str(error).strip()
+    if text.startswith("in user code:"):
+        lines = [line.strip() for line in text.splitlines()]
+        frames = [line for line in lines if line and not line.startswith("In call to ")]
+        text = re.sub(r"^[A-Za-z_][\w.]*: ", "", frames[-1], count=1)
+    lines = text.splitlines()
     return lines[0] if lines else ""
 
 

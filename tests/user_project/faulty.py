@@ -1,10 +1,11 @@
 """Digits with faults injected on purpose, to test how training survives them."""
 
 import gin
+import keras
 import tensorflow as tf
 
 from datasets import digits
-from trainer import Mode
+from trainer import Mode, ModelFn, Spec
 
 
 @gin.configurable
@@ -34,3 +35,23 @@ def faulty_digits(mode, params, fault=None, at_batch=0):
         return {"image": image}, {"label": label}
 
     return dataset.enumerate().map(inject).take(0 if fault == "empty" else 2**62)
+
+
+@gin.configurable
+class NoLoss(ModelFn):
+    """A classifier that forgets to return its loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(10)
+
+    def __call__(self, features, labels, mode):
+        return Spec({"logits": self.dense(tf.reshape(features["image"], [-1, 64]))})
+
+
+@gin.configurable
+def tuple_digits(mode, params):
+    """digits batches as ``(image, label)`` tensors instead of dicts."""
+    return digits.input_fn(mode, params).map(
+        lambda features, labels: (features["image"], labels["label"])
+    )
