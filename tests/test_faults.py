@@ -601,3 +601,31 @@ def test_a_run_that_fails_before_training_says_why_and_leaves_no_model_dir(
     assert "Traceback" not in proc.stderr
     assert last_line(proc).startswith(message)
     assert not (tmp_path / "output").exists()
+
+
+@pytest.mark.parametrize("fault", ["float_label", "half_label"])
+def test_float_labels_train_only_when_they_are_whole_class_ids(tmp_path, faulty_gin, fault):
+    new = tmp_path / "new"
+    proc = run_cli(
+        "--gin_file",
+        faulty_gin,
+        "--model_dir",
+        str(new),
+        "--gin_param",
+        f"faulty_digits.fault = '{fault}'",
+        "--gin_param",
+        "faulty_digits.at_batch = 3",
+        "--gin_param",
+        "experiment.max_steps = 10",
+        env=ENV,
+    )
+    if fault == "float_label":
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert re.fullmatch(
+        r"error: training step \d+ failed: label must be a whole class id "
+        r"\(got \d\.5( \d\.5)*(\.\.\.)?\)",
+        last_line(proc),
+    ), last_line(proc)

@@ -217,9 +217,21 @@ def check_spec(spec: Spec, mode: Mode, model_name: str) -> None:
 def check_class_ids(labels: tf.Tensor, num_classes: int, what: str, hint: str = "") -> tf.Tensor:
     """``labels`` (int64), once every value is checked to be in ``[0, num_classes)``.
 
+    Float labels are taken when every value is a whole number; 3.5 is refused, not
+    truncated to class 3.
+
     The error lists the offending values: "assertion failed: [label out of range
     [0, 10); is num_classes right?] [12 11]".
     """
+    if labels.dtype.is_floating:  # a class id must be whole: 3.5 is not class 3
+        whole = tf.equal(labels, tf.round(labels))
+        check_whole = tf.debugging.Assert(
+            tf.reduce_all(whole),
+            [f"{what} must be a whole class id", tf.boolean_mask(labels, ~whole)],
+            summarize=8,
+        )
+        with tf.control_dependencies([check_whole]):
+            labels = tf.identity(labels)
     labels = tf.cast(labels, tf.int64)
     valid = (labels >= 0) & (labels < num_classes)
     check = tf.debugging.Assert(

@@ -12,7 +12,8 @@ from trainer import Mode, ModelFn, Spec
 def faulty_digits(mode, params, fault=None, at_batch=0):
     """``digits.input_fn`` whose TRAIN batches go bad from batch ``at_batch`` on.
 
-    Faults: 'label' (labels out of range), 'nan' (infinite pixels), 'nan_once'
+    Faults: 'label' (labels out of range), 'float_label' (float32 labels, whole
+    numbers), 'half_label' (float32 labels, 0.5 added), 'nan' (infinite pixels), 'nan_once'
     (the same in batch ``at_batch`` only), 'empty' (no data), 'shape' (4x4 images).
     The pipeline has the same structure with or without a fault, so a checkpointed
     input iterator restores into it.
@@ -32,6 +33,8 @@ def faulty_digits(mode, params, fault=None, at_batch=0):
         label = labels["label"]
         if fault == "label":
             label = tf.where(hit, label + 10, label)
+        elif fault in ("float_label", "half_label"):  # float class ids, whole or not
+            label = tf.cast(label, tf.float32) + tf.where(hit, 0.5, 0.0) * (fault == "half_label")
         return {"image": image}, {"label": label}
 
     return dataset.enumerate().map(inject).take(0 if fault == "empty" else 2**62)
