@@ -74,15 +74,13 @@ def load(
     A dataset prepared as ArrayRecord is read by index (``pipeline.RecordExamples``),
     one prepared as TFRecord (TFDS's default) as a ``tf.data.Dataset``.
     """
-    records = array_records(name, split, data_dir)
+    records = array_records(name, split, data_dir)  # also refuses an unknown name
     if records is not None:
         return records
     try:
         return tfds.load(name, split=split, data_dir=data_dir, download=False, shuffle_files=False)
-    except (AssertionError, FileNotFoundError, tfds.core.registered.DatasetNotFoundError) as e:
-        missing = e
-    if isinstance(missing, tfds.core.registered.DatasetNotFoundError):
-        raise UserError(f"TFDS has no dataset named {name!r}: see `tfds.list_builders()`") from None
+    except (AssertionError, FileNotFoundError):
+        pass
     where = data_dir or "TFDS's default data_dir (~/tensorflow_datasets)"
     how = (
         f"prepare it where there is internet with `tfds build {name} --data_dir DIR`, "

@@ -67,7 +67,6 @@ class Placement:
         check_devices(
             distribution, self.num_replicas, global_batch_size, clip_gradient_norm, jit_compile
         )
-        self.global_batch_size = global_batch_size
         self.prefetch_device = _prefetch_device(
             prefetch_to_device, self.devices, distribution, jit_compile
         )
