@@ -60,7 +60,7 @@ def test_smoke_include_shrinks_an_experiment(tmp_path, data_dir):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert checkpoint_steps(tmp_path) == [10]
-    assert "eval eval at step 10 (256 examples" in proc.stderr
+    assert "eval eval at step 10 (256 examples" in proc.stdout
 
 
 def test_every_experiment_parses(tmp_path):

@@ -535,7 +535,7 @@ def test_one_trainer_per_model_dir_and_a_dead_holder_is_taken_over(tmp_path, dat
     rerun = run_cli(*args)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert re.search(rf"Took over \S+ from \S+ pid {holder.pid}, which is no longer", rerun.stderr)
-    assert re.search(rf"from step {reached} to {reached + 10}", rerun.stderr)
+    assert re.search(rf"from step {reached} to {reached + 10}", rerun.stdout)
     assert (model_dir / ".trainer.lock").read_text() == ""  # released at the end
 
 
@@ -574,7 +574,7 @@ def test_sigterm_saves_at_a_step_boundary_and_exits_75(tmp_path, data_dir):
     args[args.index("experiment.max_steps = 1000000")] = f"experiment.max_steps = {saved + 10}"
     resumed = run_cli(*args)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"from step {saved} to {saved + 10}" in resumed.stderr
+    assert f"from step {saved} to {saved + 10}" in resumed.stdout
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,11 @@ import time
 
 STARTED = time.perf_counter()  # before TensorFlow is imported: the run's clock starts here
 
+from trainer import console  # noqa: E402
+
+if console.started_from_command_line():
+    console.quiet_tensorflow_import()
+
 from trainer.errors import UserError  # noqa: E402
 from trainer.estimator import Estimator  # noqa: E402
 from trainer.model_fn import InputParams, Mode, ModelFn, Spec  # noqa: E402

@@ -24,7 +24,7 @@ import tensorflow as tf
 from absl import app, flags, logging
 
 import trainer
-from trainer import errors, evaluation, files, gin_config, parallel, writer_lock
+from trainer import console, errors, evaluation, files, gin_config, parallel, writer_lock
 from trainer.errors import Preempted, TrainingDiverged, UserError
 from trainer.estimator import RESUMABLE_SETTINGS
 from trainer.precision import set_precision
@@ -165,6 +165,7 @@ def experiment(
 def main(argv: list[str]) -> None:
     """Parses gin, runs the experiment, writes results; one line and exit code on failure."""
     _CLOCK["imports"] = time.perf_counter() - trainer.STARTED
+    console.use_console()
     if len(argv) > 1:
         _fail(f"unexpected arguments {argv[1:]}: every option is a --flag (see --help)")
     failure = _run()

@@ -1,0 +1,110 @@
+"""What ``python -m trainer`` shows: a quiet start, and log lines a person reads.
+
+TensorFlow's C++ runtime writes start-up chatter straight to file descriptor 2
+(CUDA probing on machines without a GPU, CPU feature notes, absl's own
+"log messages before InitializeLog" line), out of reach of Python's logging.
+``quiet_tensorflow_import`` imports TensorFlow with that descriptor pointed at a
+buffer, keeps the lines for the run's log, and passes through any line it does not
+know to be noise, so that a real problem (a GPU driver that fails on a GPU machine)
+still shows. ``use_console`` gives the command line concise log lines: information
+on stdout without absl's prefix, warnings and errors on stderr.
+
+Both stand aside when the user asks for everything: ``--verbosity`` on the command
+line, or ``TF_CPP_MIN_LOG_LEVEL=0`` in the environment.
+"""
+
+from __future__ import annotations
+
+import logging as pylogging
+import os
+import re
+import sys
+import tempfile
+
+# Start-up lines that carry nothing for the user on a machine without a GPU.
+NOISE = re.compile(
+    r"All log messages before absl::InitializeLog|cudart_stub\.cc|cpu_feature_guard\.cc|"
+    r"To enable the following instructions|oneDNN custom operations|"
+    r"failed call to cuInit: .*(UNKNOWN ERROR \(303\)|CUDA_ERROR_NO_DEVICE)|"
+    r"Unable to register cu(DNN|FFT|BLAS) factory|computation placer already registered|"
+    r"TF-TRT Warning"
+)
+STARTUP_LOG: list[str] = []  # what TensorFlow wrote while it was imported
+
+
+def wants_everything(argv: list[str] | None = None) -> bool:
+    """True when the user asked for TensorFlow's and absl's full output."""
+    argv = sys.argv if argv is None else argv
+    verbose = any(a == "-v" or a.startswith(("--verbosity", "-v=")) for a in argv[1:])
+    return verbose or os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "0"
+
+
+def started_from_command_line() -> bool:
+    """True in ``python -m trainer`` (argv[0] is '-m' while the package is imported)
+    and in the ``trainer`` console script."""
+    return sys.argv[:1] == ["-m"] or os.path.basename(sys.argv[0] if sys.argv else "") == "trainer"
+
+
+def quiet_tensorflow_import() -> None:
+    """Imports TensorFlow (and finds its devices) with its C++ start-up lines held back.
+
+    The C++ log below warnings stays off for the rest of the run too (unless
+    ``TF_CPP_MIN_LOG_LEVEL`` is set), which keeps per-checkpoint INFO lines away.
+    """
+    if wants_everything():
+        import tensorflow  # noqa: F401
+
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            import tensorflow as tf
+
+            tf.config.list_physical_devices()  # CUDA is probed here
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            lines = held.read().decode("utf-8", "replace").splitlines()
+    STARTUP_LOG.extend(lines)
+    for line in lines:
+        if line.strip() and not NOISE.search(line):
+            print(line, file=sys.stderr)
+
+
+class _OwnInfo(pylogging.Filter):
+    """INFO and below, except what libraries log at INFO through absl (TensorFlow's
+    "Sharding callback duration" after every checkpoint)."""
+
+    LIBRARIES = re.compile(
+        r"[/\\](site|dist)-packages[/\\](tensorflow|keras|tensorflow_datasets)[/\\]"
+    )
+
+    def filter(self, record: pylogging.LogRecord) -> bool:
+        return record.levelno < pylogging.WARNING and not self.LIBRARIES.search(record.pathname)
+
+
+def use_console() -> None:
+    """Log lines without absl's prefix: INFO to stdout, warnings and errors to stderr."""
+    if wants_everything():
+        return
+    from absl import logging
+
+    root = pylogging.getLogger()
+    root.removeHandler(logging.get_absl_handler())
+    info = pylogging.StreamHandler(sys.stdout)
+    info.addFilter(_OwnInfo())
+    info.setFormatter(pylogging.Formatter("%(message)s"))
+    problems = pylogging.StreamHandler(sys.stderr)
+    problems.setLevel(pylogging.WARNING)
+    problems.setFormatter(_LevelPrefix())
+    root.addHandler(info)
+    root.addHandler(problems)
+
+
+class _LevelPrefix(pylogging.Formatter):
+    def format(self, record: pylogging.LogRecord) -> str:
+        return f"{record.levelname.lower()}: {record.getMessage()}"
