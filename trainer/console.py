@@ -40,8 +40,10 @@ def wants_everything(argv: list[str] | None = None) -> bool:
 
 
 def started_from_command_line() -> bool:
-    """True in ``python -m trainer`` (argv[0] is '-m' while the package is imported)
-    and in the ``trainer`` console script."""
+    """True in ``python -m trainer`` and in the ``trainer`` console script.
+
+    Under ``-m``, ``sys.argv[0]`` is ``'-m'`` while the package is imported.
+    """
     return sys.argv[:1] == ["-m"] or os.path.basename(sys.argv[0] if sys.argv else "") == "trainer"
 
 
@@ -76,8 +78,10 @@ def quiet_tensorflow_import() -> None:
 
 
 class _OwnInfo(pylogging.Filter):
-    """INFO and below, except what libraries log at INFO through absl (TensorFlow's
-    "Sharding callback duration" after every checkpoint)."""
+    """INFO and below, except what libraries log at INFO through absl.
+
+    (TensorFlow logs "Sharding callback duration" after every checkpoint.)
+    """
 
     LIBRARIES = re.compile(
         r"[/\\](site|dist)-packages[/\\](tensorflow|keras|tensorflow_datasets)[/\\]"
