@@ -629,3 +629,79 @@ def test_float_labels_train_only_when_they_are_whole_class_ids(tmp_path, faulty_
         r"\(got \d\.5( \d\.5)*(\.\.\.)?\)",
         last_line(proc),
     ), last_line(proc)
+
+
+def dir_hash(directory, skip=(".trainer.lock",)):
+    """Every file under ``directory`` (path, bytes), except the writer lock's host and pid."""
+    return {
+        os.path.relpath(os.path.join(root, name), directory): open(
+            os.path.join(root, name), "rb"
+        ).read()
+        for root, _, names in os.walk(directory)
+        for name in names
+        if name not in skip
+    }
+
+
+@pytest.mark.parametrize(
+    "damage, problem",
+    [
+        ("index", r"ckpt-100\.index is missing"),
+        ("truncated", r"ckpt-100\.data-00000-of-00001 holds \d+ bytes of the \d+ its index lists"),
+        ("flipped", r"[Cc]hecksum|crc|CRC|[Cc]orrupt"),
+    ],
+)
+def test_a_damaged_newest_checkpoint_is_named_and_nothing_is_overwritten(
+    model_dir, faulty_gin, damage, problem
+):
+    data = model_dir / "ckpt-100.data-00000-of-00001"
+    if damage == "index":
+        (model_dir / "ckpt-100.index").unlink()
+    elif damage == "truncated":
+        data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    else:  # same length, a byte changed in the middle of the weights
+        content = bytearray(data.read_bytes())
+        content[len(content) // 2] ^= 0xFF
+        data.write_bytes(bytes(content))
+    before = dir_hash(model_dir)
+    proc = run_cli(
+        "--gin_file",
+        faulty_gin,
+        "--model_dir",
+        str(model_dir),
+        "--gin_param",
+        "experiment.max_steps = 150",
+        env=ENV,
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert re.fullmatch(
+        rf"error: checkpoint {model_dir}/ckpt-100 is damaged \(.*({problem}).*\); intact: "
+        rf"ckpt-50; move ckpt-100\.\* out of {model_dir} to resume from ckpt-50",
+        proc.stderr.strip(),
+    ), proc.stderr[-3000:]
+    assert dir_hash(model_dir) == before
+
+
+def test_a_damaged_checkpoint_list_resumes_from_the_newest_checkpoint_on_disk(
+    model_dir, faulty_gin
+):
+    (model_dir / "checkpoint").write_text("garbage\n\x00\x01")
+    kept = {k: v for k, v in dir_hash(model_dir).items() if k.startswith("ckpt-")}
+    proc = run_cli(
+        "--gin_file",
+        faulty_gin,
+        "--model_dir",
+        str(model_dir),
+        "--gin_param",
+        "experiment.max_steps = 150",
+        env=ENV,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.strip() == (
+        f"warning: {model_dir}/checkpoint is missing or unreadable; found 2 checkpoints by "
+        "their files, the newest ckpt-100 (the list is rewritten)"
+    )
+    assert "from step 100 to 150" in proc.stdout
+    assert checkpoint_steps(model_dir) == [50, 100, 150]
+    after = dir_hash(model_dir)
+    assert all(after[k] == v for k, v in kept.items())  # the earlier run's files untouched

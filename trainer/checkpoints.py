@@ -8,10 +8,12 @@ checkpoint. A save that fails (disk full) removes its partial files and says so.
 
 from __future__ import annotations
 
+import logging as pylogging
 import os
 import re
 from collections.abc import Callable
 
+import numpy as np
 import tensorflow as tf
 from absl import logging
 
@@ -19,6 +21,9 @@ from trainer import errors, files
 from trainer.errors import UserError
 
 CHECKPOINT_NAME = "ckpt"
+POINTER = "checkpoint"  # TensorFlow's list of a model_dir's checkpoints, newest last
+# What reading a damaged checkpoint raises (a short file is an IndexError in the reader).
+READ_ERRORS = (IndexError, tf.errors.DataLossError, tf.errors.NotFoundError)
 OPERATIVE_CONFIG = "operative_config.gin"  # the configuration the checkpoints were trained with
 
 
@@ -66,33 +71,168 @@ def unreachable(root, variables: list) -> list:
     return [v for v in variables if id(v) not in reachable]
 
 
-def latest_checkpoint(model_dir: str) -> str | None:
-    """The path prefix of the newest complete checkpoint in ``model_dir``, or None."""
-    return tf.train.latest_checkpoint(model_dir)
+def latest_checkpoint(model_dir: str, repair: bool = False) -> str | None:
+    """The path prefix of the newest checkpoint in ``model_dir``, or None when there is none.
+
+    The ``checkpoint`` file lists a model_dir's checkpoints. When it is missing or
+    unreadable although checkpoints are on disk, they are found by their files
+    instead (and, with ``repair``, listed in a new ``checkpoint`` file), so that a
+    rerun resumes from them rather than starting over and overwriting them.
+
+    Raises:
+      UserError: the newest checkpoint is damaged (a file missing, truncated or
+        unreadable); the message names it and the intact ones, and nothing is changed.
+    """
+    paths = _listed(model_dir)
+    if paths is None:
+        paths = _found(model_dir)
+        if paths:
+            logging.warning(
+                "%s is missing or unreadable; found %d checkpoints by their files, the newest %s%s",
+                os.path.join(model_dir, POINTER),
+                len(paths),
+                os.path.basename(paths[-1]),
+                " (the list is rewritten)" if repair else "",
+            )
+            if repair:
+                _relist(model_dir, paths)
+    if not paths:
+        return None
+    problem = damage(paths[-1])
+    if problem is not None:
+        raise Damaged(paths[-1], problem)
+    return paths[-1]
+
+
+class Damaged(UserError):
+    """The newest checkpoint cannot be read back whole; says which older ones can."""
+
+    def __init__(self, path: str, problem: str):
+        model_dir, name = os.path.split(path)
+        older = [p for p in _listed(model_dir) or _found(model_dir) if step_of(p) < step_of(path)]
+        intact = [p for p in older if damage(p) is None]
+        if intact:
+            fix = (
+                f"intact: {', '.join(os.path.basename(p) for p in intact)}; move {name}.* "
+                f"out of {model_dir} to resume from {os.path.basename(intact[-1])}"
+            )
+        else:
+            fix = "no older checkpoint is intact: train in a new --model_dir"
+        super().__init__(f"checkpoint {path} is damaged ({problem}); {fix}")
+
+
+def damage(path: str) -> str | None:
+    """What is wrong with checkpoint ``path``'s files, or None if they look whole.
+
+    Checks that the index reads and that every data shard is there and at least as
+    long as the numbers the index lists (a CRC check of each value happens on restore).
+    """
+    name = os.path.basename(path)
+    if not tf.io.gfile.exists(path + ".index"):
+        return f"{name}.index is missing"
+    try:
+        reader = tf.train.load_checkpoint(path)
+    except (tf.errors.OpError, ValueError) as error:
+        return f"{name}.index is unreadable: {errors.first_line(error)}"
+    shards = tf.io.gfile.glob(path + ".data-*-of-*")
+    count = int(shards[0].rsplit("-of-", 1)[1]) if shards else 1
+    data = [f"{path}.data-{i:05d}-of-{count:05d}" for i in range(count)]
+    missing = [p for p in data if not tf.io.gfile.exists(p)]
+    if missing:
+        return f"{os.path.basename(missing[0])} is missing"
+    dtypes = reader.get_variable_to_dtype_map()
+    needed = sum(
+        int(np.prod(shape)) * dtypes[key].size
+        for key, shape in reader.get_variable_to_shape_map().items()
+        if dtypes[key] not in (tf.string, tf.variant, tf.resource)
+    )
+    size = sum(tf.io.gfile.stat(p).length for p in data)
+    if size < needed:
+        where = os.path.basename(data[0]) if count == 1 else f"{name}.data-*"
+        return f"{where} holds {size} bytes of the {needed} its index lists: truncated"
+    return None
+
+
+def _read_error(error: Exception) -> str:
+    """What a failed read of a checkpoint says, without TensorFlow's op and path."""
+    if isinstance(error, tf.errors.OpError):
+        return re.sub(r"TensorBundle at \S+ ", "", errors.op_error_text(error))
+    return errors.first_line(error)
+
+
+class _RestoreNoise(pylogging.Filter):
+    """Drops TensorFlow's warnings about values a restore left unread.
+
+    Every restore here is checked (``assert_existing_objects_matched``, or
+    ``expect_partial`` where less is asked for), so these only repeat, at exit, what
+    a failed restore has already said in one line.
+    """
+
+    def filter(self, record: pylogging.LogRecord) -> bool:
+        return not record.getMessage().startswith(
+            (
+                "Detecting that an object or model or tf.train.Checkpoint is being deleted",
+                "Value in checkpoint could not be found in the restored object",
+            )
+        )
+
+
+tf.get_logger().addFilter(_RestoreNoise())
+
+
+def _listed(model_dir: str) -> list[str] | None:
+    """The checkpoints the ``checkpoint`` file lists, oldest first (None: no usable list)."""
+    if not tf.io.gfile.exists(os.path.join(model_dir, POINTER)):
+        return None
+    tf_logger = tf.get_logger()
+    level = tf_logger.level
+    tf_logger.setLevel("ERROR")  # it warns "Checkpoint ignored"; latest_checkpoint says more
+    try:
+        state = tf.train.get_checkpoint_state(model_dir)
+    finally:
+        tf_logger.setLevel(level)
+    if state is None or not state.model_checkpoint_path:
+        return None
+    listed = {*state.all_model_checkpoint_paths, state.model_checkpoint_path}
+    paths = [p if os.path.isabs(p) else os.path.join(model_dir, p) for p in listed]
+    return sorted(paths, key=step_of)
+
+
+def _found(model_dir: str) -> list[str]:
+    """The checkpoints in ``model_dir`` found by their index files, oldest first."""
+    pattern = re.compile(rf"{CHECKPOINT_NAME}-(\d+)\.index$")
+    names = tf.io.gfile.listdir(model_dir) if tf.io.gfile.isdir(model_dir) else []
+    paths = [
+        os.path.join(model_dir, name[: -len(".index")]) for name in names if pattern.match(name)
+    ]
+    return sorted(paths, key=step_of)
+
+
+def _relist(model_dir: str, paths: list[str]) -> None:
+    """Writes a new ``checkpoint`` file listing ``paths`` (newest last)."""
+    lines = [f'model_checkpoint_path: "{os.path.basename(paths[-1])}"']
+    lines += [f'all_model_checkpoint_paths: "{os.path.basename(p)}"' for p in paths]
+    files.write_atomically(os.path.join(model_dir, POINTER), "\n".join(lines) + "\n")
 
 
 def all_checkpoints(model_dir: str) -> list[str]:
-    """Every checkpoint the ``checkpoint`` index lists, oldest first."""
-    state = tf.train.get_checkpoint_state(model_dir)
-    if state is None:
-        return []
-    paths = [
-        p if os.path.isabs(p) else os.path.join(model_dir, p)
-        for p in state.all_model_checkpoint_paths
-    ]
-    return sorted(paths, key=step_of)
+    """Every checkpoint the ``checkpoint`` file lists, oldest first."""
+    return _listed(model_dir) or []
 
 
 def saved_ints(path: str | None, **defaults: int) -> dict[str, int]:
     """Integer variables saved in checkpoint ``path``, by name; a default where absent."""
     if path is None:
         return dict(defaults)
-    reader = tf.train.load_checkpoint(path)
     keys = {name: f"{name}/.ATTRIBUTES/VARIABLE_VALUE" for name in defaults}
-    return {
-        name: int(reader.get_tensor(key)) if reader.has_tensor(key) else defaults[name]
-        for name, key in keys.items()
-    }
+    try:
+        reader = tf.train.load_checkpoint(path)
+        return {
+            name: int(reader.get_tensor(key)) if reader.has_tensor(key) else defaults[name]
+            for name, key in keys.items()
+        }
+    except READ_ERRORS as error:
+        raise Damaged(path, _read_error(error)) from None
 
 
 def warm_start(model_fn, source: str, pattern: str = ".*") -> None:
@@ -141,6 +281,7 @@ class Checkpointer:
             *getattr(model, "trainable_variables", []),
             *getattr(model, "non_trainable_variables", []),
         ]
+        self.found = latest_checkpoint(model_dir)  # checked whole; found by its files if need be
         self.manager = tf.train.CheckpointManager(
             self.checkpoint, model_dir, max_to_keep=max_to_keep, checkpoint_name=CHECKPOINT_NAME
         )
@@ -148,7 +289,7 @@ class Checkpointer:
     @property
     def latest(self) -> str | None:
         """The newest checkpoint's path prefix, or None."""
-        return self.manager.latest_checkpoint
+        return self.manager.latest_checkpoint or self.found
 
     def restore_latest(self, partial: bool = False) -> str | None:
         """Restores the newest checkpoint, if any, and returns its path.
@@ -169,6 +310,8 @@ class Checkpointer:
                 status.expect_partial()
             else:
                 status.assert_existing_objects_matched()
+        except READ_ERRORS as error:
+            raise Damaged(path, _read_error(error)) from None
         except (AssertionError, ValueError, tf.errors.OpError) as error:
             raise UserError(
                 f"checkpoint {path} does not fit this model: {_mismatch(error, self._variables)}; "

@@ -107,6 +107,9 @@ def use_console() -> None:
     problems.setFormatter(_LevelPrefix())
     root.addHandler(info)
     root.addHandler(problems)
+    tf_logger = pylogging.getLogger("tensorflow")  # it has a handler of its own too
+    for handler in list(tf_logger.handlers):
+        tf_logger.removeHandler(handler)
 
 
 class _LevelPrefix(pylogging.Formatter):

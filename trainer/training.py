@@ -146,7 +146,7 @@ class TrainingRun:
         starts where the checkpoint's input stands (read before restoring, so that the
         dataset is built once).
         """
-        self.inputs.resume_from(checkpoints.latest_checkpoint(self.model_dir))
+        self.inputs.resume_from(checkpoints.latest_checkpoint(self.model_dir, repair=True))
         self.dataset = self.inputs.dataset(input_fn, Mode.TRAIN)
         self.positioned = is_positioned(self.dataset)
         self.steps: Steps = self.model.build(self.dataset.element_spec, Mode.TRAIN)
