@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -73,6 +74,14 @@ def test_signature_matches_the_data(tmp_path, data_dir, experiment, shape):
     assert list(inputs) == ["image"]
     assert inputs["image"].shape.as_list() == shape and inputs["image"].dtype == tf.float32
     assert set(signature.structured_outputs) == {"classes", "probabilities"}
+    one = [1, *shape[1:]]
+    assert signature(image=tf.zeros(one))["classes"].shape == [1]
+    expected = "[?," + ",".join(str(d) for d in shape[1:]) + "]"
+    for wrong in (shape[1:], [*one, 1], [1, *shape[1:-1], shape[-1] + 1]):
+        # Without a check, a conv net aborts the process on a rank-3 image, and an MLP
+        # reshapes [1, 8, 8] silently.
+        with pytest.raises(tf.errors.InvalidArgumentError, match=re.escape(expected)):
+            signature(image=tf.zeros(wrong))
 
 
 def test_best_exporter_keeps_the_top_k_across_restarts(tmp_path, data_dir):

@@ -705,3 +705,54 @@ def test_a_damaged_checkpoint_list_resumes_from_the_newest_checkpoint_on_disk(
     assert checkpoint_steps(model_dir) == [50, 100, 150]
     after = dir_hash(model_dir)
     assert all(after[k] == v for k, v in kept.items())  # the earlier run's files untouched
+
+
+def test_a_batch_size_change_under_a_saved_input_iterator_is_refused_up_front(
+    model_dir, faulty_gin
+):
+    """faulty_digits is a plain tf.data pipeline: its iterator is saved, batching 128."""
+    before = dir_hash(model_dir)
+    proc = run_cli(
+        "--gin_file",
+        faulty_gin,
+        "--model_dir",
+        str(model_dir),
+        "--overwrite_config",
+        "--gin_param",
+        "Estimator.global_batch_size = 64",
+        "--gin_param",
+        "experiment.max_steps = 150",
+        env=ENV,
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.strip() == (
+        f"error: {model_dir}/ckpt-100 holds the training input's tf.data iterator, which "
+        "batches 128 examples, so global_batch_size cannot change to 64 there: keep 128, or "
+        "train in a new --model_dir (a dataset read by position, as in datasets/, can change it)"
+    )
+    assert dir_hash(model_dir) == before
+
+
+def test_a_batch_size_change_resumes_a_positioned_input_at_its_example(tmp_path, data_dir):
+    """digits is read by position: batch 64 goes on from the example batch 128 reached."""
+    model_dir = tmp_path / "run"
+    args = digits_args(
+        data_dir,
+        model_dir,
+        "--gin_param",
+        "experiment.max_steps = 20",
+        "--gin_param",
+        "experiment.eval_every_steps = None",
+    )
+    assert run_cli(*args).returncode == 0
+    config = (model_dir / "operative_config.gin").read_text()
+    assert "Estimator.global_batch_size = 128" in config
+    args[args.index("experiment.max_steps = 20")] = "experiment.max_steps = 30"
+    refused = run_cli(*args, "--gin_param", "Estimator.global_batch_size = 64")
+    assert refused.returncode == 2 and "global_batch_size" in refused.stderr
+    assert (model_dir / "operative_config.gin").read_text() == config
+    proc = run_cli(*args, "--gin_param", "Estimator.global_batch_size = 64", "--overwrite_config")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reader = tf.train.load_checkpoint(str(model_dir / "ckpt-30"))
+    assert reader.get_tensor("input_position/.ATTRIBUTES/VARIABLE_VALUE") == 20 * 128 + 10 * 64
+    assert "Estimator.global_batch_size = 64" in (model_dir / "operative_config.gin").read_text()

@@ -31,9 +31,15 @@ class _Serving(tf.Module):
         )
         if isinstance(signature, dict):  # name the inputs after the feature keys
             signature = {k: tf.TensorSpec(s.shape, s.dtype, name=k) for k, s in signature.items()}
+        self.signature = signature
         self.serve = tf.function(self._serve, input_signature=[signature])
 
     def _serve(self, features):
+        # A signature alone lets a tensor of another rank through (into a reshape,
+        # silently, or into a convolution, which aborts the process): check it here.
+        features = tf.nest.map_structure(
+            lambda tensor, spec: tf.ensure_shape(tensor, spec.shape), features, self.signature
+        )
         return dict(self.model_fn(features, None, Mode.PREDICT).predictions)
 
 

@@ -11,6 +11,7 @@ run resumes under a checkpoint.
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import inspect
 import os
 import re
@@ -118,25 +119,90 @@ def _unclosed_bracket_line(source: str) -> int | None:
 
 
 def _closest_name_hint(message: str) -> str:
-    """Suggests the nearest registered configurable or parameter for a misspelt name."""
+    """Names the nearest real configurable, module or parameter for a misspelt one."""
     registry = gin.config._REGISTRY  # noqa: SLF001 - gin has no public listing
-    missing = re.search(r"No configurable matching '([^']+)'", message)
+    missing = re.search(r"No configurable matching (?:reference )?'@?([\w.]+)", message)
     if missing:
-        names = sorted({configurable.name for _, configurable in registry.items()})
-        close = difflib.get_close_matches(missing.group(1).split(".")[-1], names, n=1)
-        return (
-            f"; did you mean {close[0]!r}?"
-            if close
-            else "; is the module that defines it imported in the .gin file?"
-        )
+        return _configurable_hint(missing.group(1), registry)
     param = re.search(r"Configurable '([^']+)' doesn't have a parameter named '([^']+)'", message)
     if param:
         configurable = registry.get_match(param.group(1))
         if configurable is not None:
             names = _parameters(configurable.wrapped)
-            close = difflib.get_close_matches(param.group(2), names, n=1)
-            return f"; did you mean {close[0]!r}?" if close else f"; it takes {', '.join(names)}"
+            close = _did_you_mean(param.group(2), names)
+            return close or f"; it takes {', '.join(names)}"
+    module = re.search(r"No module named '([\w.]+)'", message)
+    if module:
+        modules = sorted({*_project_modules(), "models", "datasets", "trainer"})
+        return _did_you_mean(module.group(1), modules)
     return ""
+
+
+def _configurable_hint(name: str, registry) -> str:
+    """``name`` is not registered: the closest that are, or the module to import."""
+    known = {}  # each way gin accepts a name ('digits.input_fn'), to the configurable
+    for selector, _ in registry.items():
+        parts = selector.split(".")
+        known.update({".".join(parts[i:]): selector for i in range(len(parts))})
+    elsewhere = {}  # configurables of this project whose module the config does not import
+    for module, names in _project_modules().items():
+        for short in names:
+            for form in (short, f"{module.split('.')[-1]}.{short}", f"{module}.{short}"):
+                if form not in known:
+                    elsewhere.setdefault(form, module)
+    if name in elsewhere:
+        return f"; it is in {elsewhere[name]}: add 'import {elsewhere[name]}' to the .gin file"
+    close = _did_you_mean(name, known)
+    if close:
+        return close
+    close = difflib.get_close_matches(name, sorted(elsewhere), n=1)
+    if close:
+        module = elsewhere[close[0]]
+        return (
+            f"; did you mean {close[0]!r}? It is in {module}: add 'import {module}' "
+            "to the .gin file"
+        )
+    return "; is the module that defines it imported in the .gin file?"
+
+
+def _did_you_mean(name: str, names: list[str] | dict[str, str]) -> str:
+    """``"; did you mean 'a' or 'b'?"``: the (at most three) names closest to ``name``.
+
+    ``names`` may map each name to what it names; one name is given of each.
+    """
+    meaning = names if isinstance(names, dict) else {n: n for n in names}
+    close, seen = [], set()
+    for candidate in difflib.get_close_matches(name, sorted(meaning), n=20, cutoff=0.6):
+        if meaning[candidate] not in seen and len(close) < 3:
+            seen.add(meaning[candidate])
+            close.append(repr(candidate))
+    if not close:
+        return ""
+    listed = close[0] if len(close) == 1 else f"{', '.join(close[:-1])} or {close[-1]}"
+    return f"; did you mean {listed}?"
+
+
+def _project_modules() -> dict[str, list[str]]:
+    """The gin configurables of each module of ``models`` and ``datasets``, by module.
+
+    Read from the source, so without importing anything.
+    """
+    found = {}
+    for package in ("models", "datasets"):
+        spec = importlib.util.find_spec(package)
+        for directory in (spec.submodule_search_locations or []) if spec else []:
+            for filename in sorted(os.listdir(directory)):
+                if filename.endswith(".py") and not filename.startswith("_"):
+                    with open(os.path.join(directory, filename)) as f:
+                        names = CONFIGURABLE.findall(f.read())
+                    found[f"{package}.{filename[:-3]}"] = [a or b for a, b in names]
+    return found
+
+
+# A ``@gin.configurable`` (optionally named) ``class`` or ``def`` in a source file.
+CONFIGURABLE = re.compile(
+    r'^@gin\.configurable(?:\((?:"([\w.]+)")?[^)]*\))?\s*\n(?:@.*\n)*(?:class|def) (\w+)', re.M
+)
 
 
 def _parameters(fn) -> list[str]:

@@ -45,6 +45,9 @@ class Inputs:
         with placement.scope():
             self.position = tf.Variable(0, dtype=tf.int64, trainable=False, name="input_position")
             self.seed = tf.Variable(-1, dtype=tf.int64, trainable=False, name="input_seed")
+            self.batch_size = tf.Variable(
+                global_batch_size, dtype=tf.int64, trainable=False, name="input_batch_size"
+            )
 
     def state(self) -> dict[str, tf.Variable]:
         """The variables a checkpoint keeps of the input, by checkpoint key."""
@@ -59,6 +62,24 @@ class Inputs:
         saved = checkpoints.saved_ints(checkpoint, input_position=0, input_seed=-1)
         self.position.assign(saved["input_position"])
         self.seed.assign(self._training_seed(saved["input_seed"]))
+
+    def iterator_state(self, iterator, checkpoint: str | None) -> dict:
+        """What a checkpoint keeps of a training iterator that is saved, not positioned.
+
+        Its batch size as well: a restored ``tf.data`` iterator goes on batching as it
+        was saved, so a run with another ``global_batch_size`` is refused up front.
+        """
+        saved = checkpoints.saved_ints(checkpoint, input_batch_size=-1)["input_batch_size"]
+        if saved not in (-1, self.global_batch_size):
+            raise UserError(
+                f"{checkpoint} holds the training input's tf.data iterator, which batches "
+                f"{saved} examples, so global_batch_size cannot change to "
+                f"{self.global_batch_size} there: keep {saved}, or train in a new --model_dir "
+                "(a dataset read by position, as in datasets/, can change it)"
+            )
+        if checkpoint is not None and saved == -1:  # written before batch sizes were kept
+            return {"input": iterator}
+        return {"input": iterator, "input_batch_size": self.batch_size}
 
     def advance(self, steps: int) -> None:
         """Counts ``steps`` more global batches of the stream as read."""

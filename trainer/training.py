@@ -84,6 +84,7 @@ class TrainingRun:
         self.config = config
         self.iterator: Any = None
         self.check_saved_input = False  # a saved iterator's size is checked once
+        self.config_written = False
 
     def run(
         self,
@@ -99,9 +100,6 @@ class TrainingRun:
             return start
         if self.iterator is None:  # a strategy's, made at the restored position
             self.iterator = self.inputs.train_iterator(input_fn, start)
-        text = self.config.write()
-        if text is not None:
-            self.writers.text("train", "operative_config", text, start)
         logging.info(
             "Training %s from step %d to %d in %s",
             type(self.model.model_fn).__name__,
@@ -131,12 +129,23 @@ class TrainingRun:
         self.input_wait.report()
         return step
 
-    def save(self, step: int) -> None:
-        """Checkpoints at ``step``; the first time, warns if the saved input is large."""
+    def save(self, step: int) -> str:
+        """Checkpoints at ``step``; returns the path.
+
+        The run's first checkpoint is followed by the run's config record: until
+        then, a run that fails has changed nothing the next run reads. The first
+        time, it also warns if the saved input is large.
+        """
         path = self.checkpointer.save(step)
+        if not self.config_written:
+            self.config_written = True
+            text = self.config.write()
+            if text is not None:
+                self.writers.text("train", "operative_config", text, step)
         if self.check_saved_input:
             self.check_saved_input = False
             monitoring.check_input_state(path, self.dataset)
+        return path
 
     def _start(self, input_fn: InputFn) -> tuple[int, bool]:
         """Data, model and optimizer, restored; returns the step and whether it restored.
@@ -146,14 +155,15 @@ class TrainingRun:
         starts where the checkpoint's input stands (read before restoring, so that the
         dataset is built once).
         """
-        self.inputs.resume_from(checkpoints.latest_checkpoint(self.model_dir, repair=True))
+        latest = checkpoints.latest_checkpoint(self.model_dir, repair=True)
+        self.inputs.resume_from(latest)
         self.dataset = self.inputs.dataset(input_fn, Mode.TRAIN)
         self.positioned = is_positioned(self.dataset)
         self.steps: Steps = self.model.build(self.dataset.element_spec, Mode.TRAIN)
         self.iterator = self.placement.saved_iterator(self.dataset)
         state = {**self.model.checkpoint_items(optimizer=True), **self.inputs.state()}
         if self.settings.checkpoint_input and self.iterator is not None and not self.positioned:
-            state["input"] = self.iterator
+            state.update(self.inputs.iterator_state(self.iterator, latest))
             self.check_saved_input = True
         self.checkpointer = checkpoints.Checkpointer(
             self.model_dir, self.settings.keep_checkpoint_max, **state
@@ -203,7 +213,7 @@ class TrainingRun:
                 if hooks.run_due(actions, step):
                     break
                 if signals:
-                    path = self.checkpointer.save(step)
+                    path = self.save(step)
                     raise Preempted(
                         f"{signals[0]} received: saved {path} at step {step}; rerun the same "
                         "command to resume"
