@@ -5,4 +5,4 @@ from absl import app
 from trainer import cli
 
 if __name__ == "__main__":
-    app.run(cli.main)
+    app.run(cli.main, flags_parser=cli.parse_flags)

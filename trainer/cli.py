@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import sys
+import textwrap
 import time
 import uuid
 
@@ -33,7 +34,9 @@ SCHEDULES = ["train", "evaluate", "train_and_evaluate", "continuous_eval", "pred
 
 flags.DEFINE_multi_string("gin_file", [], "Gin config file; repeat to layer files in order.")
 flags.DEFINE_multi_string(
-    "gin_param", [], "One gin binding, applied after the files, e.g. 'MLP.dropout_rate = 0.2'."
+    "gin_param",
+    [],
+    "One gin binding such as 'MLP.dropout_rate = 0.2', applied after the files; repeat for more.",
 )
 flags.DEFINE_string(
     "model_dir",
@@ -119,6 +122,9 @@ def experiment(
       predict, ``{'predictions': iterator of per-example dicts}``.
     """
     del deterministic  # read by main() before any op runs; bound here to be recorded
+    errors.check_count("experiment.max_steps", max_steps, minimum=0)
+    errors.check_count("experiment.eval_every_steps", eval_every_steps, optional=True)
+    errors.check_count("experiment.eval_steps", eval_steps, optional=True)
     estimator = gin_config.ConfiguredEstimator(
         model_fn=model_fn,
         model_dir=model_dir,
@@ -219,6 +225,13 @@ def _run() -> tuple[str, int, str] | None:
         return errors.first_line(error), error.exit_code, "preempted"
     except (UserError, TrainingDiverged) as error:
         return errors.first_line(error), error.exit_code, "error"
+    except TypeError as error:
+        macro = re.search(r"In call to configurable 'macro' .* in scope '([^']+)'", str(error))
+        if not macro:
+            raise
+        name = macro.group(1)
+        message = f"%{name} is used but never given a value: add '{name} = ...' to a .gin file"
+        return message, UserError.exit_code, "error"
     except RuntimeError as error:
         missing = re.search(
             r"Required bindings for `([^`]+)` not provided in config: \[(.*)\]", str(error)
@@ -236,7 +249,42 @@ def _run() -> tuple[str, int, str] | None:
 
 def run_main() -> None:
     """Console-script entry point."""
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """Parses the flags as absl does; a bad flag is one line (exit 2), ``--help`` is short."""
+    if any(arg in ("--help", "-h", "-?", "--helpshort") for arg in argv[1:]):
+        print(usage())
+        sys.exit(0)
+    try:
+        return FLAGS(argv)
+    except flags.Error as error:
+        _fail(f"{error} (see --help)")
+
+
+def usage() -> str:
+    """The trainer's own flags, a line each, and where to read more."""
+    lines = [
+        "usage: python -m trainer --gin_file experiments/NAME.gin [--gin_param 'A.b = 1'] [flags]",
+        "",
+        "Runs the experiment its gin files describe; rerunning with the same --model_dir resumes.",
+        "",
+        "flags:",
+    ]
+    for flag in FLAGS.get_flags_for_module(sys.modules[__name__]):
+        summary = re.sub(r"^<[^>]*>: ", "", flag.help)  # absl puts an enum's values first
+        summary = summary.splitlines()[0].split(". ")[0].rstrip(".;")
+        lines += textwrap.wrap(
+            f"--{flag.name}: {summary}", 100, initial_indent="  ", subsequent_indent="      "
+        )
+    lines += [
+        "",
+        f"schedules: {', '.join(SCHEDULES)} (default train_and_evaluate)",
+        "experiments: experiments/*.gin; every gin setting: README.md; TensorFlow's and "
+        "absl's flags too: --helpfull",
+    ]
+    return "\n".join(lines)
 
 
 def _profile_steps(values: list[str] | None) -> tuple[int, int] | None:
@@ -292,6 +340,8 @@ def _remove_unused(directories: list[str]) -> None:
 
 def _check_writable(directory: str, flag: str) -> None:
     """Creates ``directory`` and proves it writable, before any work is done."""
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise UserError(f"{flag}={directory} is a file, not a directory; choose a directory")
     probe = os.path.join(directory, f".write_test_{uuid.uuid4().hex}")
     try:
         os.makedirs(directory, exist_ok=True)

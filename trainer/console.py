@@ -40,24 +40,28 @@ def wants_everything(argv: list[str] | None = None) -> bool:
 
 
 def started_from_command_line() -> bool:
-    """True in ``python -m trainer`` and in the ``trainer`` console script.
+    """True in ``python -m trainer`` and in the ``tf-trainer`` console script.
 
     Under ``-m``, ``sys.argv[0]`` is ``'-m'`` while the package is imported.
     """
-    return sys.argv[:1] == ["-m"] or os.path.basename(sys.argv[0] if sys.argv else "") == "trainer"
+    return sys.argv[:1] == ["-m"] or os.path.basename(sys.argv[0] if sys.argv else "") in (
+        "trainer",
+        "tf-trainer",
+    )
 
 
 def quiet_tensorflow_import() -> None:
     """Imports TensorFlow (and finds its devices) with its C++ start-up lines held back.
 
-    The C++ log below warnings stays off for the rest of the run too (unless
-    ``TF_CPP_MIN_LOG_LEVEL`` is set), which keeps per-checkpoint INFO lines away.
+    The C++ log below errors stays off for the rest of the run too (unless
+    ``TF_CPP_MIN_LOG_LEVEL`` is set): its warnings repeat, in C++ terms, what a
+    failed step's one line already says.
     """
     if wants_everything():
         import tensorflow  # noqa: F401
 
         return
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile(mode="w+b") as held:

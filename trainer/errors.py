@@ -21,6 +21,15 @@ class UserError(Exception):
     exit_code = EXIT_USER_ERROR
 
 
+def check_count(name: str, value, minimum: int = 1, optional: bool = False) -> None:
+    """Refuses a setting that must be a whole number >= ``minimum`` (or None if optional)."""
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        allowed = f"a whole number >= {minimum}" + (" or None" if optional else "")
+        raise UserError(f"{name} must be {allowed}, got {value!r}")
+
+
 class TrainingDiverged(Exception):
     """The loss became NaN or infinite; the last good checkpoint is left untouched."""
 

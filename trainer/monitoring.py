@@ -230,14 +230,19 @@ def profiler_actions(profile_steps: tuple[int, int] | None, logdir: str) -> list
 
 
 @contextlib.contextmanager
-def graph_written(writer: tf.summary.SummaryWriter, step: int):
-    """Writes the graph of the functions traced inside the context to TensorBoard."""
+def graph_written(writers: Writers, step: int):
+    """Writes the graph of the functions traced inside the context to TensorBoard.
+
+    Only when the context ends well: a block that fails writes nothing.
+    """
     tf.summary.trace_on(graph=True)
     try:
         yield
-    finally:
-        with writer.as_default(step=step):
-            tf.summary.trace_export("train_step", step=step)
+    except BaseException:
+        tf.summary.trace_off()
+        raise
+    with writers.get("train").as_default(step=step):
+        tf.summary.trace_export("train_step", step=step)
 
 
 def histogram_action(writers: Writers, model_fn: ModelFn, features) -> Callable[[int], None]:

@@ -48,8 +48,11 @@ class Settings:
 
     def __post_init__(self):
         for name in ("global_batch_size", "steps_per_loop", "log_every_steps"):
-            if getattr(self, name) < 1:
-                raise UserError(f"Estimator.{name} must be >= 1, got {getattr(self, name)}")
+            errors.check_count(f"Estimator.{name}", getattr(self, name))
+        errors.check_count("Estimator.keep_checkpoint_max", self.keep_checkpoint_max)
+        errors.check_count("Estimator.max_rollbacks", self.max_rollbacks, minimum=0)
+        for name in ("save_checkpoints_steps", "histogram_every_steps", "image_every_steps"):
+            errors.check_count(f"Estimator.{name}", getattr(self, name), optional=True)
         divergence.check_policy(self.nonfinite_loss)
         steps = self.profile_steps
         if steps is not None and not 0 <= steps[0] < steps[1]:
@@ -238,7 +241,7 @@ class TrainingRun:
         """
         if self.settings.write_graph and not self.model.graph_written:
             self.model.graph_written = True
-            with monitoring.graph_written(self.writers.get("train"), self.model.step):
+            with monitoring.graph_written(self.writers, self.model.step):
                 return self._run_steps(n)
         return self._run_steps(n)
 

@@ -14,13 +14,16 @@ def faulty_digits(mode, params, fault=None, at_batch=0):
 
     Faults: 'label' (labels out of range), 'float_label' (float32 labels, whole
     numbers), 'half_label' (float32 labels, 0.5 added), 'nan' (infinite pixels), 'nan_once'
-    (the same in batch ``at_batch`` only), 'empty' (no data), 'shape' (4x4 images).
+    (the same in batch ``at_batch`` only), 'empty' (no data), 'shape' (4x4 images),
+    'not_a_dataset' (a list of batches instead of a dataset).
     The pipeline has the same structure with or without a fault, so a checkpointed
     input iterator restores into it.
     """
     dataset = digits.input_fn(mode, params)
     if mode != Mode.TRAIN:
         return dataset
+    if fault == "not_a_dataset":
+        return list(dataset.take(2))
 
     def inject(index, element):
         features, labels = element
