@@ -1,6 +1,8 @@
-"""Shared fixtures: absl flags parsed, gin cleared between tests, one TFDS data dir."""
+"""Shared fixtures: absl flags parsed, gin cleared between tests, one TFDS data dir,
+and a trained model_dir to make mistakes against."""
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -11,6 +13,8 @@ import pytest  # noqa: E402
 from absl import flags  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+USER_PROJECT = os.path.join(REPO, "tests", "user_project")  # a user's own models and inputs
+ENV = {"PYTHONPATH": USER_PROJECT}
 
 # absl flags are unparsed under pytest; library code that reads them would raise.
 flags.FLAGS.mark_as_parsed()
@@ -53,3 +57,41 @@ def digits_args(data_dir, model_dir, *extra):
         f"digits.input_fn.data_dir = '{data_dir}'",
         *extra,
     ]
+
+
+@pytest.fixture(scope="session")
+def faulty_gin(tmp_path_factory, data_dir):
+    """digits_mlp, fed by faulty_digits (no fault unless a test binds one)."""
+    path = tmp_path_factory.mktemp("gin") / "faulty.gin"
+    path.write_text(
+        f"include '{REPO}/experiments/digits_mlp.gin'\n"
+        "import faulty\n"
+        "experiment.input_fn = @faulty_digits\n"
+        "experiment.max_steps = 100\n"
+        "experiment.eval_every_steps = None\n"
+        "Estimator.save_checkpoints_steps = 50\n"
+        "Estimator.log_every_steps = 50\n"
+        f"digits.input_fn.data_dir = '{data_dir}'\n"
+    )
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory, faulty_gin):
+    """A model_dir trained to step 100 with checkpoints at 50 and 100."""
+    model_dir = tmp_path_factory.mktemp("trained") / "run"
+    proc = run_cli("--gin_file", faulty_gin, "--model_dir", str(model_dir), env=ENV)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(f for f in os.listdir(model_dir) if f.endswith(".index")) == [
+        "ckpt-100.index",
+        "ckpt-50.index",
+    ]
+    return model_dir
+
+
+@pytest.fixture
+def model_dir(trained, tmp_path):
+    """A copy of ``trained`` for one test to make its mistake against."""
+    copy = tmp_path / "run"
+    shutil.copytree(trained, copy)
+    return copy

@@ -1,4 +1,4 @@
-"""Reading back what a run wrote: event files (with TensorBoard's own loader)."""
+"""Reading back what a run wrote: event files (with TensorBoard's own loader), files."""
 
 import os
 
@@ -28,3 +28,14 @@ def checkpoint_steps(model_dir):
         for f in os.listdir(model_dir)
         if f.startswith("ckpt-") and f.endswith(".index")
     )
+
+
+def dir_hash(directory):
+    """Every file under ``directory``: relative path to its bytes."""
+    found = {}
+    for root, _, names in os.walk(directory):
+        for name in names:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                found[os.path.relpath(path, directory)] = f.read()
+    return found

@@ -9,7 +9,6 @@ import os
 import random
 import re
 import resource
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,48 +20,12 @@ import pytest
 import tensorflow as tf
 
 from datasets import digits, tfrecord
-from tests.conftest import REPO, digits_args, run_cli
-from tests.helpers import checkpoint_steps
+from tests.conftest import ENV, REPO, digits_args, run_cli
+from tests.helpers import checkpoint_steps, dir_hash
 from trainer import Estimator, ModelFn, Spec, UserError
 from trainer.errors import TrainingDiverged
 
-USER_PROJECT = os.path.join(REPO, "tests", "user_project")
-ENV = {"PYTHONPATH": USER_PROJECT}
 STATE_PREFIXES = ("model/", "optimizer/", "rng/", "step/")
-
-
-@pytest.fixture(scope="module")
-def faulty_gin(tmp_path_factory, data_dir):
-    """digits_mlp, fed by faulty_digits (no fault unless a test binds one)."""
-    path = tmp_path_factory.mktemp("gin") / "faulty.gin"
-    path.write_text(
-        f"include '{REPO}/experiments/digits_mlp.gin'\n"
-        "import faulty\n"
-        "experiment.input_fn = @faulty_digits\n"
-        "experiment.max_steps = 100\n"
-        "experiment.eval_every_steps = None\n"
-        "Estimator.save_checkpoints_steps = 50\n"
-        "Estimator.log_every_steps = 50\n"
-        f"digits.input_fn.data_dir = '{data_dir}'\n"
-    )
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, faulty_gin):
-    """A model_dir trained to step 100 with checkpoints at 50 and 100."""
-    model_dir = tmp_path_factory.mktemp("trained") / "run"
-    proc = run_cli("--gin_file", faulty_gin, "--model_dir", str(model_dir), env=ENV)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert checkpoint_steps(model_dir) == [50, 100]
-    return model_dir
-
-
-@pytest.fixture
-def model_dir(trained, tmp_path):
-    copy = tmp_path / "run"
-    shutil.copytree(trained, copy)
-    return copy
 
 
 def snapshot(model_dir):
@@ -101,144 +64,6 @@ def run_bad(model_dir, faulty_gin, *args, exit_code=2, **kwargs):
 
 
 # ---------------------------------------------------------------- the bad-input table
-
-
-def test_gin_syntax_error(model_dir, faulty_gin, tmp_path):
-    bad = tmp_path / "bad.gin"
-    bad.write_text("# header\nMLP.hidden_units = [256,\n    256\n")
-    line = run_bad(model_dir, faulty_gin, "--gin_file", str(bad))
-    assert line == f"error: {bad}:2: gin syntax error: a bracket opened here is never closed"
-
-
-def test_unknown_configurable_names_the_closest(model_dir, faulty_gin):
-    line = run_bad(model_dir, faulty_gin, "--gin_param", "Estimater.steps_per_loop = 5")
-    assert line == (
-        "error: --gin_param: No configurable matching 'Estimater'; did you mean 'Estimator'?"
-    )
-
-
-def test_missing_required_binding(model_dir, tmp_path):
-    lone = tmp_path / "lone.gin"
-    lone.write_text("import models.mlp\nexperiment.model_fn = @MLP()\n")
-    before = snapshot(model_dir)
-    proc = run_cli("--gin_file", str(lone), "--model_dir", str(model_dir))
-    assert proc.returncode == 2
-    assert last_line(proc).startswith("error: experiment needs values for input_fn, max_steps")
-    assert_same_snapshot(before, snapshot(model_dir))
-
-
-def test_changed_config_is_refused_with_a_diff(model_dir, faulty_gin):
-    line = run_bad(
-        model_dir,
-        faulty_gin,
-        "--gin_param",
-        "MLP.hidden_units = [128]",
-        "--gin_param",
-        "Adam.learning_rate = 0.01",
-        "--gin_param",
-        "experiment.max_steps = 200",
-    )
-    assert line == (
-        "error: the config differs from the one the checkpoints in this model_dir were "
-        "trained with: Adam.learning_rate: 0.001 -> 0.01; MLP.hidden_units: [256, 256] -> "
-        "[128]. Use a new --model_dir, or --overwrite_config to resume anyway"
-    )
-
-
-def test_checkpoint_from_a_different_model_names_the_variable(model_dir, faulty_gin):
-    line = run_bad(
-        model_dir,
-        faulty_gin,
-        "--gin_param",
-        "MLP.hidden_units = [256, 128]",
-        "--gin_param",
-        "experiment.max_steps = 200",
-        "--overwrite_config",
-    )
-    assert f"checkpoint {model_dir}/ckpt-100 does not fit this model:" in line
-    assert "logits/kernel has shape (128, 10) here but (256, 10) in the checkpoint" in line
-
-
-def test_features_that_do_not_fit_the_model(model_dir, faulty_gin):
-    line = run_bad(
-        model_dir,
-        faulty_gin,
-        "--gin_param",
-        "faulty_digits.fault = 'shape'",
-        "--gin_param",
-        "experiment.max_steps = 200",
-        "--overwrite_config",
-    )
-    assert (
-        "does not fit this model: dense/dense_0/kernel has shape (16, 256) here but (64, 256)"
-        in line
-    )
-
-
-def test_label_out_of_range(model_dir, faulty_gin):
-    line = run_bad(
-        model_dir,
-        faulty_gin,
-        "--gin_param",
-        "faulty_digits.fault = 'label'",
-        "--gin_param",
-        "experiment.max_steps = 200",
-        "--overwrite_config",
-    )
-    assert re.fullmatch(
-        r"error: training step 101 failed: label out of range \[0, 10\); is num_classes "
-        r"right\? \(got 1\d( 1\d)*(\.\.\.)?\)",
-        line,
-    ), line
-
-
-def test_empty_training_data(model_dir, faulty_gin):
-    line = run_bad(
-        model_dir,
-        faulty_gin,
-        "--gin_param",
-        "faulty_digits.fault = 'empty'",
-        "--gin_param",
-        "experiment.max_steps = 200",
-        "--overwrite_config",
-    )
-    # The restored prefetch buffer may still hold a batch or two; then the input ends.
-    assert re.match(
-        r"error: the training input ran out of data at step 10\d: an input_fn "
-        r"must repeat its data in TRAIN mode",
-        line,
-    ), line
-
-
-@pytest.mark.parametrize("damage", ["corrupt", "missing"])
-def test_corrupt_or_missing_data_file(model_dir, faulty_gin, data_dir, tmp_path, damage):
-    copy = tmp_path / "data"
-    shutil.copytree(data_dir, copy)
-    shard = copy / "digits" / "1.0.0" / "digits-test.tfrecord-00000-of-00001"
-    if damage == "corrupt":
-        data = bytearray(shard.read_bytes())
-        data[3000:3100] = b"x" * 100
-        shard.write_bytes(bytes(data))
-    else:
-        shard.unlink()
-    line = run_bad(
-        model_dir,
-        faulty_gin,
-        "--schedule",
-        "evaluate",
-        "--gin_param",
-        f"digits.input_fn.data_dir = '{copy}'",
-    )
-    # The eval split is read into memory (by index from then on) when the run starts.
-    if damage == "corrupt":
-        assert line.startswith(
-            "error: reading digits 'test': input data is corrupt (corrupted record at 2990)"
-        ), line
-    else:
-        assert line == (
-            f"error: reading digits 'test': input data is missing ({shard}; "
-            "No such file or directory)"
-        ), line
 
 
 def test_disk_full_during_save_keeps_the_previous_checkpoint(model_dir, faulty_gin):
@@ -599,48 +424,25 @@ def test_a_run_that_fails_before_training_says_why_and_leaves_no_model_dir(
     proc = run_cli("--gin_file", faulty_gin, "--model_dir", str(new), *args, env=ENV)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
-    assert last_line(proc).startswith(message)
+    assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith(message)
     assert not (tmp_path / "output").exists()
 
 
-@pytest.mark.parametrize("fault", ["float_label", "half_label"])
-def test_float_labels_train_only_when_they_are_whole_class_ids(tmp_path, faulty_gin, fault):
-    new = tmp_path / "new"
+def test_float_labels_that_are_whole_class_ids_train(tmp_path, faulty_gin):
+    """3.0 is class 3 (3.5 is refused: the mistake table's label_not_a_class_id)."""
     proc = run_cli(
         "--gin_file",
         faulty_gin,
         "--model_dir",
-        str(new),
+        str(tmp_path / "new"),
         "--gin_param",
-        f"faulty_digits.fault = '{fault}'",
-        "--gin_param",
-        "faulty_digits.at_batch = 3",
+        "faulty_digits.fault = 'float_label'",
         "--gin_param",
         "experiment.max_steps = 10",
         env=ENV,
     )
-    if fault == "float_label":
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        return
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr
-    assert re.fullmatch(
-        r"error: training step \d+ failed: label must be a whole class id "
-        r"\(got \d\.5( \d\.5)*(\.\.\.)?\)",
-        last_line(proc),
-    ), last_line(proc)
-
-
-def dir_hash(directory, skip=(".trainer.lock",)):
-    """Every file under ``directory`` (path, bytes), except the writer lock's host and pid."""
-    return {
-        os.path.relpath(os.path.join(root, name), directory): open(
-            os.path.join(root, name), "rb"
-        ).read()
-        for root, _, names in os.walk(directory)
-        for name in names
-        if name not in skip
-    }
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert checkpoint_steps(tmp_path / "new") == [10]
 
 
 @pytest.mark.parametrize(
@@ -705,32 +507,6 @@ def test_a_damaged_checkpoint_list_resumes_from_the_newest_checkpoint_on_disk(
     assert checkpoint_steps(model_dir) == [50, 100, 150]
     after = dir_hash(model_dir)
     assert all(after[k] == v for k, v in kept.items())  # the earlier run's files untouched
-
-
-def test_a_batch_size_change_under_a_saved_input_iterator_is_refused_up_front(
-    model_dir, faulty_gin
-):
-    """faulty_digits is a plain tf.data pipeline: its iterator is saved, batching 128."""
-    before = dir_hash(model_dir)
-    proc = run_cli(
-        "--gin_file",
-        faulty_gin,
-        "--model_dir",
-        str(model_dir),
-        "--overwrite_config",
-        "--gin_param",
-        "Estimator.global_batch_size = 64",
-        "--gin_param",
-        "experiment.max_steps = 150",
-        env=ENV,
-    )
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert proc.stderr.strip() == (
-        f"error: {model_dir}/ckpt-100 holds the training input's tf.data iterator, which "
-        "batches 128 examples, so global_batch_size cannot change to 64 there: keep 128, or "
-        "train in a new --model_dir (a dataset read by position, as in datasets/, can change it)"
-    )
-    assert dir_hash(model_dir) == before
 
 
 def test_a_batch_size_change_resumes_a_positioned_input_at_its_example(tmp_path, data_dir):

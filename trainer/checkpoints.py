@@ -140,17 +140,22 @@ def damage(path: str) -> str | None:
     missing = [p for p in data if not tf.io.gfile.exists(p)]
     if missing:
         return f"{os.path.basename(missing[0])} is missing"
-    dtypes = reader.get_variable_to_dtype_map()
-    needed = sum(
-        int(np.prod(shape)) * dtypes[key].size
-        for key, shape in reader.get_variable_to_shape_map().items()
-        if dtypes[key] not in (tf.string, tf.variant, tf.resource)
-    )
+    needed = numeric_bytes(reader)
     size = sum(tf.io.gfile.stat(p).length for p in data)
     if size < needed:
         where = os.path.basename(data[0]) if count == 1 else f"{name}.data-*"
         return f"{where} holds {size} bytes of the {needed} its index lists: truncated"
     return None
+
+
+def numeric_bytes(reader) -> int:
+    """The bytes a checkpoint's numbers take (its strings, such as a saved iterator, aside)."""
+    dtypes = reader.get_variable_to_dtype_map()
+    return sum(
+        int(np.prod(shape)) * dtypes[key].size
+        for key, shape in reader.get_variable_to_shape_map().items()
+        if dtypes[key] not in (tf.string, tf.variant, tf.resource)
+    )
 
 
 def _read_error(error: Exception) -> str:

@@ -8,7 +8,9 @@ one schedule. Bad input ends in one line on stderr and exit code 2.
 
 from __future__ import annotations
 
+import difflib
 import gc
+import inspect
 import json
 import os
 import re
@@ -259,8 +261,25 @@ def parse_flags(argv: list[str]) -> list[str]:
         sys.exit(0)
     try:
         return FLAGS(argv)
+    except flags.UnrecognizedFlagError as error:
+        _fail(f"unknown flag --{error.flagname}{_flag_hint(error.flagname, error.flagvalue)}")
     except flags.Error as error:
         _fail(f"{error} (see --help)")
+
+
+def _flag_hint(name: str, value: str) -> str:
+    """For an unknown --flag: the gin setting of that name, or the closest flags."""
+    settings = {
+        "experiment": inspect.signature(experiment.__wrapped__).parameters,
+        "Estimator": inspect.signature(trainer.Estimator).parameters,
+    }
+    for configurable, parameters in settings.items():
+        if name in parameters:
+            shown = value.split("=", 1)[1] if "=" in value else "..."
+            return f": it is a gin setting, e.g. --gin_param '{configurable}.{name} = {shown}'"
+    own = [flag.name for flag in FLAGS.get_flags_for_module(sys.modules[__name__])]
+    close = difflib.get_close_matches(name, own, n=2)
+    return f"; did you mean --{' or --'.join(close)}?" if close else " (see --help)"
 
 
 def usage() -> str:

@@ -20,11 +20,10 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from trainer import hooks
+from trainer import checkpoints, hooks
 from trainer.model_fn import Mode, ModelFn
 from trainer.step import Steps
 from trainer.summaries import Writers
@@ -177,14 +176,7 @@ INPUT_STATE_WARN_BYTES = 64 * 2**20  # a saved input iterator larger than this i
 
 def check_input_state(path: str, dataset: tf.data.Dataset) -> None:
     """Warns when a checkpoint's saved input iterator is large, naming what holds it."""
-    reader = tf.train.load_checkpoint(path)
-    shapes = reader.get_variable_to_shape_map()
-    dtypes = reader.get_variable_to_dtype_map()
-    numeric = sum(
-        int(np.prod(shape)) * dtypes[key].size
-        for key, shape in shapes.items()
-        if dtypes[key] != tf.string
-    )
+    numeric = checkpoints.numeric_bytes(tf.train.load_checkpoint(path))
     stored = sum(tf.io.gfile.stat(f).length for f in tf.io.gfile.glob(path + ".data-*"))
     size = stored - numeric  # the iterator is the one large string the checkpoint holds
     if size <= INPUT_STATE_WARN_BYTES:

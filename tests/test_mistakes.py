@@ -1,0 +1,292 @@
+"""README's mistake table, one ``python -m trainer`` run per row.
+
+Each row makes one mistake against a copy of a trained model_dir (checkpoints at
+steps 50 and 100) and checks what the user is promised: exit code 2, exactly one
+line on stderr that says what to fix, no traceback, and every file of the model_dir
+byte for byte as it was. ``test_readme_table_and_the_tests_agree`` keeps README's
+table and these rows (and the fault tests it names) the same.
+"""
+
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ENV, REPO, run_cli
+from tests.helpers import dir_hash
+
+
+@dataclass
+class Mistake:
+    """Where a row makes its mistake: ``tmp`` for files, the model_dir to keep."""
+
+    tmp: Path
+    model_dir: Path
+    faulty_gin: str
+    data_dir: str
+
+    def file(self, name: str, text: str) -> str:
+        path = self.tmp / name
+        path.write_text(text)
+        return str(path)
+
+    def damaged_data(self, damage: str) -> str:
+        """A copy of the data_dir whose digits test shard is corrupt or missing."""
+        copy = self.tmp / "data"
+        shutil.copytree(self.data_dir, copy)
+        shard = copy / "digits" / "1.0.0" / "digits-test.tfrecord-00000-of-00001"
+        if damage == "corrupt":
+            data = bytearray(shard.read_bytes())
+            data[3000:3100] = b"x" * 100
+            shard.write_bytes(bytes(data))
+        else:
+            shard.unlink()
+        return f"digits.input_fn.data_dir = '{copy}'"
+
+
+def gin(*bindings):
+    """``--gin_param`` flags on top of the trained run's own command."""
+    return lambda m: [arg for binding in bindings for arg in ("--gin_param", binding)]
+
+
+def changed(*bindings):
+    """A change of model or data under the checkpoints, with --overwrite_config."""
+    return lambda m: [*gin(*bindings, "experiment.max_steps = 200")(m), "--overwrite_config"]
+
+
+def flags(*args):
+    return lambda m: list(args)
+
+
+# Each row: (its arguments, given the Mistake; the stderr line as a regular
+# expression, where {model_dir} and {tmp} stand for those paths). The run's command
+# is the trained run's (--gin_file faulty.gin --model_dir DIR) plus the arguments,
+# unless they give a --model_dir themselves.
+ROWS = {
+    # ---- the config
+    "gin_syntax_error": (
+        lambda m: ["--gin_file", m.file("bad.gin", "# header\nMLP.hidden_units = [256,\n 256\n")],
+        r"{tmp}/bad\.gin:2: gin syntax error: a bracket opened here is never closed",
+    ),
+    "unknown_configurable": (
+        gin("Estimater.steps_per_loop = 5"),
+        r"--gin_param: No configurable matching 'Estimater'; did you mean 'Estimator'\?",
+    ),
+    "unknown_reference": (
+        gin("experiment.model_fn = @MLPP()"),
+        r"--gin_param: No configurable matching reference '@MLPP\(\)'; did you mean 'MLP'\?",
+    ),
+    "unknown_parameter": (
+        lambda m: ["--gin_file", m.file("b.gin", "# header\nMLP.hidden_unit = [4]\n")],
+        r"{tmp}/b\.gin:2: Configurable 'MLP' doesn't have a parameter named 'hidden_unit'; "
+        r"did you mean 'hidden_units'\?",
+    ),
+    "ambiguous_parameter": (
+        gin("Estimator.batch_size = 64"),
+        r"--gin_param: Configurable 'Estimator' doesn't have a parameter named 'batch_size'; "
+        r"did you mean 'eval_batch_size' or 'global_batch_size'\?",
+    ),
+    "module_not_imported": (
+        gin("experiment.model_fn = @AlexNet()"),
+        r"--gin_param: No configurable matching reference '@AlexNet\(\)'; it is in "
+        r"models\.alexnet: add 'import models\.alexnet' to the \.gin file",
+    ),
+    "misspelt_import": (
+        gin("import modles.mlp"),
+        r"--gin_param: No module named 'modles'; did you mean 'models'.*\?",
+    ),
+    "missing_gin_file": (
+        lambda m: ["--gin_file", "experiments/nope.gin", "--model_dir", str(m.model_dir)],
+        r"--gin_file=experiments/nope\.gin: no such file; experiments here: .*digits_mlp.*",
+    ),
+    "missing_required_binding": (
+        lambda m: [
+            "--gin_file",
+            m.file("lone.gin", "import models.mlp\nexperiment.model_fn = @MLP()\n"),
+            "--model_dir",
+            str(m.model_dir),
+        ],
+        r"experiment needs values for input_fn, max_steps: add e\.g\. "
+        r"'experiment\.input_fn = \.\.\.' to the \.gin file, or --gin_param",
+    ),
+    "undefined_macro": (
+        gin("experiment.max_steps = %MAX_STEP"),
+        r"%MAX_STEP is used but never given a value: add 'MAX_STEP = \.\.\.' to a \.gin file",
+    ),
+    "wrong_value_type": (
+        gin("experiment.max_steps = 'many'"),
+        r"experiment\.max_steps must be a whole number >= 0, got 'many'",
+    ),
+    "zero_steps_per_loop": (
+        gin("Estimator.steps_per_loop = 0"),
+        r"Estimator\.steps_per_loop must be a whole number >= 1, got 0",
+    ),
+    "unknown_nan_policy": (
+        gin("Estimator.nonfinite_loss = 'ignore'"),
+        r"Estimator\.nonfinite_loss must be 'stop' or 'rollback', got 'ignore'",
+    ),
+    "model_class_not_instance": (
+        gin("experiment.model_fn = @MLP"),
+        r"model_fn must be a trainer\.ModelFn instance, got type \(in gin, write @MyModel\(\) "
+        r"with parentheses to pass an instance\)",
+    ),
+    "changed_config": (
+        gin("MLP.hidden_units = [128]", "Adam.learning_rate = 0.01", "experiment.max_steps = 200"),
+        r"the config differs from the one the checkpoints in this model_dir were trained with: "
+        r"Adam\.learning_rate: 0\.001 -> 0\.01; MLP\.hidden_units: \[256, 256\] -> \[128\]\. "
+        r"Use a new --model_dir, or --overwrite_config to resume anyway",
+    ),
+    # ---- the command line
+    "unknown_flag_that_is_a_setting": (
+        flags("--max_steps=500"),
+        r"unknown flag --max_steps: it is a gin setting, e\.g\. "
+        r"--gin_param 'experiment\.max_steps = 500'",
+    ),
+    "misspelt_flag": (
+        flags("--model-dir=x"),
+        r"unknown flag --model-dir; did you mean --model_dir\?",
+    ),
+    "unknown_schedule": (
+        flags("--schedule", "fly"),
+        r"flag --schedule=fly: value should be one of <train\|evaluate\|train_and_evaluate\|"
+        r"continuous_eval\|predict\|export> \(see --help\)",
+    ),
+    "positional_argument": (
+        flags("extra"),
+        r"unexpected arguments \['extra'\]: every option is a --flag \(see --help\)",
+    ),
+    "num_devices_not_a_number": (
+        flags("--num_devices", "two"),
+        r"num_devices must be 'auto' or a number, got 'two'",
+    ),
+    "too_many_devices": (
+        flags("--num_devices", "64"),
+        r"num_devices=64 but this machine has 1 CPU device and no GPU: /device:CPU:0; "
+        r"ask for at most 1 or use 'auto'",
+    ),
+    "profile_steps_not_a_range": (
+        flags("--profile_steps", "10"),
+        r"--profile_steps=10: give START,STOP global steps with START < STOP, e\.g\. 100,110",
+    ),
+    "predict_without_results": (
+        flags("--schedule", "predict"),
+        r"--schedule=predict needs --results=PATH\.jsonl to write to",
+    ),
+    "results_through_a_file": (
+        lambda m: ["--results", m.file("afile", "") + "/results.json"],
+        r"--results={tmp}/afile is a file, not a directory; choose a directory",
+    ),
+    "model_dir_through_a_file": (
+        lambda m: ["--gin_file", m.faulty_gin, "--model_dir", m.file("afile", "") + "/run"],
+        r"--model_dir={tmp}/afile/run is not writable \(Not a directory\); "
+        r"choose a directory you can write to",
+    ),
+    # ---- the model's and the input_fn's contracts
+    "no_loss": (
+        changed("experiment.model_fn = @NoLoss()"),
+        r"NoLoss\(mode='train'\): Spec\.loss is required in train mode",
+    ),
+    "tuple_input": (
+        changed("experiment.input_fn = @tuple_digits"),
+        r"MLP cannot take the input_fn's features \[128, 8, 8, 1\]: .*",
+    ),
+    "input_fn_not_a_dataset": (
+        changed("faulty_digits.fault = 'not_a_dataset'"),
+        r"input_fn faulty_digits returned list for mode 'train'; it must return a "
+        r"tf\.data\.Dataset of \(features, labels\)",
+    ),
+    # ---- the data
+    "label_out_of_range": (
+        changed("faulty_digits.fault = 'label'"),
+        r"training step 101 failed: label out of range \[0, 10\); is num_classes right\? "
+        r"\(got 1\d( 1\d)*(\.\.\.)?\)",
+    ),
+    "label_not_a_class_id": (
+        changed("faulty_digits.fault = 'half_label'"),
+        r"training step 101 failed: label must be a whole class id \(got \d\.5( \d\.5)*(\.\.\.)?\)",
+    ),
+    "training_data_runs_out": (
+        changed("faulty_digits.fault = 'empty'"),
+        # The restored prefetch buffer may still hold a batch or two; then the input ends.
+        r"the training input ran out of data at step 10\d: an input_fn must repeat its data "
+        r"in TRAIN mode \(dataset\.repeat\(\)\)",
+    ),
+    "corrupt_data_file": (
+        lambda m: ["--schedule", "evaluate", "--gin_param", m.damaged_data("corrupt")],
+        r"reading digits 'test': input data is corrupt \(corrupted record at 2990\b.*",
+    ),
+    "missing_data_file": (
+        lambda m: ["--schedule", "evaluate", "--gin_param", m.damaged_data("missing")],
+        r"reading digits 'test': input data is missing \({tmp}/data/digits/1\.0\.0/"
+        r"digits-test\.tfrecord-00000-of-00001; No such file or directory\)",
+    ),
+    # ---- the checkpoints
+    "checkpoint_of_another_model": (
+        changed("MLP.hidden_units = [256, 128]"),
+        r"checkpoint {model_dir}/ckpt-100 does not fit this model: logits/kernel has shape "
+        r"\(128, 10\) here but \(256, 10\) in the checkpoint; train in a new --model_dir, or "
+        r"restore the config this checkpoint was trained with",
+    ),
+    "images_of_another_size": (
+        changed("faulty_digits.fault = 'shape'"),
+        r"checkpoint {model_dir}/ckpt-100 does not fit this model: dense/dense_0/kernel has "
+        r"shape \(16, 256\) here but \(64, 256\) in the checkpoint; .*",
+    ),
+    "batch_size_under_a_saved_iterator": (
+        changed("Estimator.global_batch_size = 64"),
+        r"{model_dir}/ckpt-100 holds the training input's tf\.data iterator, which batches 128 "
+        r"examples, so global_batch_size cannot change to 64 there: keep 128, or train in a "
+        r"new --model_dir \(a dataset read by position, as in datasets/, can change it\)",
+    ),
+    "evaluate_before_training": (
+        lambda m: [*empty(m.model_dir), "--schedule", "evaluate"],
+        r"no checkpoint in {model_dir}: train first \(--schedule train\) or point --model_dir "
+        r"at a trained run",
+    ),
+}
+
+
+def empty(directory: Path) -> list[str]:
+    """Empties ``directory`` (a model_dir nothing was trained in); no arguments."""
+    shutil.rmtree(directory)
+    directory.mkdir()
+    return []
+
+
+@pytest.mark.parametrize("row", sorted(ROWS))
+def test_a_mistake_is_one_line_and_changes_nothing(row, model_dir, faulty_gin, data_dir, tmp_path):
+    make_args, expected = ROWS[row]
+    args = make_args(Mistake(tmp_path, model_dir, faulty_gin, data_dir))
+    if "--model_dir" not in args:
+        args = ["--gin_file", faulty_gin, "--model_dir", str(model_dir), *args]
+    before = dir_hash(model_dir)
+    proc = run_cli(*args, env=ENV)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr[-3000:]
+    pattern = expected.format(model_dir=re.escape(str(model_dir)), tmp=re.escape(str(tmp_path)))
+    assert re.fullmatch(f"error: {pattern}", lines[0]), lines[0]
+    assert dir_hash(model_dir) == before
+
+
+# README rows whose mistake needs more than one run, a signal or a resource limit:
+# their tests live beside the other faults.
+FAULT_TESTS = "tests/test_faults.py"
+
+
+def test_readme_table_and_the_tests_agree():
+    with open(os.path.join(REPO, "README.md")) as f:
+        readme = f.read()
+    table = re.split(r"\n##+ ", readme.split("\n### Every mistake, one line\n", 1)[1])[0]
+    named = re.findall(r"^\|.*\| `([\w:.]+)` \|$", table, re.M)
+    rows = [name for name in named if "::" not in name]
+    assert sorted(rows) == sorted(ROWS)
+    with open(os.path.join(REPO, FAULT_TESTS)) as f:
+        faults = f.read()
+    for name in set(named) - set(rows):
+        path, test = name.split("::")
+        assert path == os.path.basename(FAULT_TESTS) and f"def {test}(" in faults, name
+    assert len(named) >= 30
