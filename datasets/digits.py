@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import io
 import os
 
 import gin
@@ -105,11 +106,16 @@ def source(split: str, data_dir: str | None = None) -> pipeline.ArraySource:
 
 @contextlib.contextmanager
 def _quiet():
-    """Keeps TFDS's per-call INFO lines (and its first-build warning) off the console."""
+    """Keeps TFDS's chatter off the console.
+
+    That is its per-call INFO lines, its first-build warning, and the "Downloading and
+    preparing" lines it prints on stdout (though nothing downloads).
+    """
     verbosity = logging.get_verbosity()
     logging.set_verbosity(logging.ERROR)
     try:
-        yield
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
     finally:
         logging.set_verbosity(verbosity)
 

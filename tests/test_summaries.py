@@ -1,5 +1,7 @@
 """TensorBoard writers on their own, read back with TensorBoard's loader."""
 
+import json
+
 import numpy as np
 import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
@@ -27,3 +29,28 @@ def test_scalars_text_histograms_and_images_land_in_their_directory(tmp_path):
     assert event.step == 10
     # width, height, then one PNG per image: three annotated images of 96 pixels.
     assert len(tf.make_ndarray(event.tensor_proto)) == 2 + 3
+
+
+def test_metrics_file_holds_a_line_per_scalar_write_and_none_twice_after_resume(tmp_path):
+    writers = Writers(str(tmp_path))
+    for step in (10, 20, 30):  # a first run; its checkpoint was at 20, it died after 30
+        writers.scalars("train", step, {"loss": 1.0 / step})
+    writers.scalars("eval_test", 20, {"accuracy": 0.5})
+    path = tmp_path / "metrics.jsonl"
+    assert len(path.read_text().splitlines()) == 4
+
+    resumed = Writers(str(tmp_path)).metrics
+    resumed.resume(20)
+    resumed.append("train", 30, {"loss": 0.03})
+    assert len(path.read_text().splitlines()) == 4  # held until the run has started
+    resumed.start()
+    resumed.append("train", 40, {"loss": 0.025})
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["writer"], r["step"]) for r in records] == [
+        ("train", 10),
+        ("train", 20),
+        ("eval_test", 20),
+        ("train", 30),
+        ("train", 40),
+    ]
+    assert records[3]["loss"] == 0.03 and isinstance(records[0]["time"], float)

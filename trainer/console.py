@@ -7,7 +7,8 @@ TensorFlow's C++ runtime writes start-up chatter straight to file descriptor 2
 buffer, keeps the lines for the run's log, and passes through any line it does not
 know to be noise, so that a real problem (a GPU driver that fails on a GPU machine)
 still shows. ``use_console`` gives the command line concise log lines: information
-on stdout without absl's prefix, warnings and errors on stderr.
+on stdout without absl's prefix, warnings and errors on stderr. ``ProgressBar`` is
+training's live bar on a terminal; log lines are written above it.
 
 Both stand aside when the user asks for everything: ``--verbosity`` on the command
 line, or ``TF_CPP_MIN_LOG_LEVEL=0`` in the environment.
@@ -92,7 +93,67 @@ class _OwnInfo(pylogging.Filter):
     )
 
     def filter(self, record: pylogging.LogRecord) -> bool:
+        if getattr(record, "console", True) is False:  # shown by the progress display
+            return False
         return record.levelno < pylogging.WARNING and not self.LIBRARIES.search(record.pathname)
+
+
+class ProgressBar:
+    """Training's live bar on a terminal: step/max, steps/s, ETA and the last metrics.
+
+    Drawn by tqdm (which comes with tensorflow-datasets; rich, which Keras brings,
+    redraws on a timer thread, and a step loop wants nothing running beside it). It
+    is moved at block boundaries, from numbers the loop has anyway.
+    """
+
+    active: ProgressBar | None = None  # the bar on screen, which log lines go above
+
+    def __init__(self, start: int, total: int, description: str):
+        from tqdm import tqdm
+
+        tqdm.monitor_interval = 0  # no watchdog thread beside the steps
+        try:  # a terminal that reports no size (a bare pty) gets 100 columns
+            follows_width = os.get_terminal_size(sys.stdout.fileno()).columns > 0
+        except OSError:
+            follows_width = False
+        self.bar = tqdm(
+            total=total,
+            initial=start,
+            desc=description,
+            unit="step",
+            dynamic_ncols=follows_width,
+            ncols=None if follows_width else 100,
+            nrows=None if follows_width else 24,  # tqdm draws nothing with no rows
+            file=sys.stdout,
+            bar_format="{desc} {n_fmt}/{total_fmt} |{bar}| {rate_fmt} ETA {remaining}{postfix}",
+        )
+        ProgressBar.active = self
+
+    def update(self, step: int, metrics: str | None = None) -> None:
+        """Moves the bar to ``step``; ``metrics`` (a formatted line) replaces the shown ones."""
+        if metrics is not None:
+            self.bar.set_postfix_str(metrics, refresh=False)
+        self.bar.update(step - self.bar.n)
+
+    def close(self) -> None:
+        """Leaves the bar on screen at its last state; log lines go below it again."""
+        self.bar.close()
+        ProgressBar.active = None
+
+
+class _AboveTheBar(pylogging.StreamHandler):
+    """Writes each line above the progress bar, if one is drawn (tqdm.write)."""
+
+    def emit(self, record: pylogging.LogRecord) -> None:
+        if ProgressBar.active is None:
+            super().emit(record)
+            return
+        from tqdm import tqdm
+
+        try:
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:  # noqa: BLE001 - a log line must not end the run
+            self.handleError(record)
 
 
 def use_console() -> None:
@@ -103,10 +164,10 @@ def use_console() -> None:
 
     root = pylogging.getLogger()
     root.removeHandler(logging.get_absl_handler())
-    info = pylogging.StreamHandler(sys.stdout)
+    info = _AboveTheBar(sys.stdout)
     info.addFilter(_OwnInfo())
     info.setFormatter(pylogging.Formatter("%(message)s"))
-    problems = pylogging.StreamHandler(sys.stderr)
+    problems = _AboveTheBar(sys.stderr)
     problems.setLevel(pylogging.WARNING)
     problems.setFormatter(_LevelPrefix())
     root.addHandler(info)

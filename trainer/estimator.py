@@ -51,6 +51,7 @@ RESUMABLE_SETTINGS = (
     "distribution",
     "num_devices",
     "prefetch_to_device",
+    "progress",
 )
 
 
@@ -120,6 +121,8 @@ class Estimator:
       prefetch_to_device: copy each batch to the device while the step before it runs;
         None: on when training on one GPU without jit_compile (the only case it
         applies to).
+      progress: show training's progress on stdout: a live bar on a terminal, else a
+        line every ``log_every_steps``; False for silence (the log has the lines).
     """
 
     def __init__(
@@ -159,6 +162,7 @@ class Estimator:
         num_devices: int | str = "auto",
         mixed_precision: str | None = None,
         prefetch_to_device: bool | None = None,
+        progress: bool = True,
     ):
         if not isinstance(model_fn, ModelFn):
             raise UserError(
@@ -181,6 +185,7 @@ class Estimator:
             write_graph=write_graph,
             histogram_every_steps=histogram_every_steps,
             image_every_steps=image_every_steps,
+            progress=progress,
         )
         self.placement = Placement(
             distribution,

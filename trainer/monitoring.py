@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 import tensorflow as tf
 from absl import logging
 
-from trainer import checkpoints, hooks
+from trainer import checkpoints, console, hooks
 from trainer.model_fn import Mode, ModelFn
 from trainer.step import Steps
 from trainer.summaries import Writers
@@ -43,10 +43,14 @@ class InputWait:
     """
 
     # A run is input-bound when its steps wait this share of the time, and longer
-    # than an iterator call costs anyway (tens of microseconds, a real share of a
-    # toy model's step, but nothing a pipeline change could remove).
+    # than taking a ready batch from the pipeline costs anyway. That handoff is
+    # what no pipeline change removes: tens of microseconds on an idle machine, and
+    # 0.3-1.3 ms per step on this 2-core one with the prefetch threads competing
+    # (digits in memory, cached and prefetched: 20-25% of a toy model's step). A
+    # pipeline that decodes or reads too slowly waits far longer: milliseconds per
+    # step on small images, hundreds on ImageNet's.
     INPUT_BOUND = 0.2
-    MIN_WAIT_PER_STEP = 5e-4
+    MIN_WAIT_PER_STEP = 2e-3
 
     def __init__(self, steps: Steps, seconds: collections.Counter):
         self.steps = steps
@@ -136,18 +140,51 @@ class TrainLog:
         logs.update(self.input_wait.since_last_log())
         logs["learning_rate"] = float(tf.convert_to_tensor(self.optimizer.learning_rate))
         self.writers.scalars("train", step, logs)
-        logging.info("%s", self.progress.line(step, logs))
+        self.progress.show(step, logs)
         for hook in self.hooks:
             hook(step, logs)
 
 
 class Progress:
-    """Turns wall time between log steps into steps/sec, examples/sec and an ETA."""
+    """Steps/s, examples/s and an ETA from the wall time between log steps, shown.
 
-    def __init__(self, start: int, max_steps: int, global_batch_size: int):
+    Args:
+      start: the step training starts from.
+      max_steps: the step it stops at.
+      global_batch_size: examples per step.
+      display: ``'bar'`` (a live bar, moved every block), ``'lines'`` (a line on
+        stdout every log step) or None; the line always goes to the log as well.
+    """
+
+    def __init__(
+        self, start: int, max_steps: int, global_batch_size: int, display: str | None = None
+    ):
         self.max_steps = max_steps
         self.global_batch_size = global_batch_size
         self.last_step, self.last_time = start, time.perf_counter()
+        self.display = display
+        self.bar = console.ProgressBar(start, max_steps, "train") if display == "bar" else None
+
+    def advance(self, step: int) -> None:
+        """A block ended at ``step``: the bar moves (no device sync: the loop knows it)."""
+        if self.bar is not None:
+            self.bar.update(step)
+
+    def show(self, step: int, logs: Mapping[str, float]) -> None:
+        """The log step's line: to the log, and to the bar or stdout."""
+        line = self.line(step, logs)
+        logging.info("%s", line, extra={"console": False})  # the console shows it below
+        if self.bar is not None:
+            model_metrics = {k: v for k, v in _shown(logs).items() if k not in AUXILIARY}
+            self.bar.update(step, format_metrics(model_metrics))
+        elif self.display == "lines":
+            print(line, flush=True)
+
+    def close(self) -> None:
+        """The run ended: the bar stays on screen at its last step."""
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
     def rates(self, step: int) -> dict[str, float]:
         """Steps/s and examples/s since the previous call."""
@@ -164,11 +201,19 @@ class Progress:
         rate = logs["steps_per_sec"]
         # No progress since the last line (a rollback to it) has no ETA.
         eta = datetime.timedelta(seconds=round((self.max_steps - step) / rate)) if rate > 0 else "-"
-        shown = {k: v for k, v in logs.items() if k not in ("steps_per_sec", "examples_per_sec")}
         return (
-            f"step {step}/{self.max_steps}  {format_metrics(shown)}  "
+            f"step {step}/{self.max_steps}  {format_metrics(_shown(logs))}  "
             f"{logs['examples_per_sec']:.0f} examples/s  ETA {eta}"
         )
+
+
+# What a log line shows besides the model's loss and metrics (the bar leaves them out).
+AUXILIARY = ("gradient_norm", "input_wait_share", "learning_rate")
+
+
+def _shown(logs: Mapping[str, float]) -> dict[str, float]:
+    """The metrics a progress line shows (the rates are shown apart)."""
+    return {k: v for k, v in logs.items() if k not in ("steps_per_sec", "examples_per_sec")}
 
 
 INPUT_STATE_WARN_BYTES = 64 * 2**20  # a saved input iterator larger than this is warned of

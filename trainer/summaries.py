@@ -1,12 +1,67 @@
-"""TensorBoard event files: one writer per directory, scalars and text."""
+"""What a run records: TensorBoard event files, and ``metrics.jsonl`` for scripts.
+
+Every scalar written through ``Writers.scalars`` (the train log steps and every
+evaluation) goes both to TensorBoard and, as one JSON line, to ``metrics.jsonl``.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from collections.abc import Mapping
 
 import numpy as np
 import tensorflow as tf
+
+from trainer import files
+
+METRICS = "metrics.jsonl"
+
+
+class MetricsFile:
+    """Every train log step and evaluation of a model_dir, one JSON line each.
+
+    ``{"step": 200, "time": 1795400000.1, "writer": "train", "loss": 0.31, ...}``,
+    where ``writer`` is the TensorBoard directory (``train``, ``eval_<name>``);
+    ``pandas.read_json(path, lines=True)`` reads it. A training run holds its lines
+    in memory until its first checkpoint (``start``), so a run that fails before
+    then leaves the file as it was; a resumed run then drops the lines logged after
+    the checkpoint it resumed from (they come again), so no step appears twice.
+    """
+
+    def __init__(self, model_dir: str):
+        self.path = os.path.join(model_dir, METRICS)
+        self.held: list[str] | None = None  # None: lines are appended as they come
+
+    def resume(self, step: int) -> None:
+        """A training run starts from ``step``: hold lines until it has really started."""
+        self.held = [line for line in self._lines() if json.loads(line)["step"] <= step]
+
+    def start(self) -> None:
+        """The run really started: rewrite the file with the held lines (atomically)."""
+        if self.held is not None:
+            files.write_atomically(self.path, self.held)
+            self.held = None
+
+    def append(self, writer: str, step: int, values: Mapping[str, float]) -> None:
+        """Records ``values`` of TensorBoard directory ``writer`` at ``step``."""
+        record = {"step": int(step), "time": round(time.time(), 3), "writer": writer}
+        record.update({k: float(v) for k, v in values.items()})
+        line = json.dumps(record) + "\n"
+        if self.held is not None:
+            self.held.append(line)
+        elif "://" in self.path:  # object stores cannot append: rewrite
+            files.write_atomically(self.path, [*self._lines(), line])
+        else:
+            with open(self.path, "a") as f:
+                f.write(line)
+
+    def _lines(self) -> list[str]:
+        if not tf.io.gfile.exists(self.path):
+            return []
+        with tf.io.gfile.GFile(self.path) as f:
+            return [line if line.endswith("\n") else line + "\n" for line in f if line.strip()]
 
 
 class Writers:
@@ -15,6 +70,7 @@ class Writers:
     def __init__(self, model_dir: str):
         self.model_dir = model_dir
         self._writers: dict[str, tf.summary.SummaryWriter] = {}
+        self.metrics = MetricsFile(model_dir)
 
     def get(self, name: str) -> tf.summary.SummaryWriter:
         """The writer of ``model_dir/name`` (``train``, ``eval_test``, ...)."""
@@ -23,7 +79,8 @@ class Writers:
         return self._writers[name]
 
     def scalars(self, name: str, step: int, values: Mapping[str, float]) -> None:
-        """Writes each value as a scalar under its key, at ``step``."""
+        """Writes each value as a scalar under its key, at ``step`` (and to metrics.jsonl)."""
+        self.metrics.append(name, step, values)
         writer = self.get(name)
         with writer.as_default(step=step):
             for key, value in values.items():

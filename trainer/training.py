@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,6 +46,7 @@ class Settings:
     write_graph: bool = True
     histogram_every_steps: int | None = None
     image_every_steps: int | None = None
+    progress: bool = True
 
     def __post_init__(self):
         for name in ("global_batch_size", "steps_per_loop", "log_every_steps"):
@@ -100,6 +102,7 @@ class TrainingRun:
         start, restored = self._start(input_fn)
         if start >= max_steps:
             logging.info("global_step %d >= max_steps %d: nothing to train.", start, max_steps)
+            self.writers.metrics.start()  # evaluations after this are recorded
             return start
         if self.iterator is None:  # a strategy's, made at the restored position
             self.iterator = self.inputs.train_iterator(input_fn, start)
@@ -110,11 +113,14 @@ class TrainingRun:
             max_steps,
             self.model_dir if restored else f"new {self.model_dir}",
         )
+        display = None
+        if self.settings.progress and self.placement.worker is None:  # the chief shows it
+            display = "bar" if sys.stdout.isatty() else "lines"
         log = monitoring.TrainLog(
             self.steps,
             self.writers,
             self.model.optimizer,
-            monitoring.Progress(start, max_steps, self.settings.global_batch_size),
+            monitoring.Progress(start, max_steps, self.settings.global_batch_size, display),
             self.input_wait,
             hooks_,
             self.placement.measures_gradient_norm,
@@ -125,9 +131,12 @@ class TrainingRun:
             *self._tensorboard_actions(input_fn),
             *extra,
         ]
-        step = self._loop(input_fn, start, actions, max_steps)
-        if not actions[0].is_due(step):  # the end: log and save unless just done
-            log(step)
+        try:
+            step = self._loop(input_fn, start, actions, max_steps, log.progress)
+            if not actions[0].is_due(step):  # the end: log and save unless just done
+                log(step)
+        finally:
+            log.progress.close()
         self.save(step)
         self.input_wait.report()
         return step
@@ -135,13 +144,15 @@ class TrainingRun:
     def save(self, step: int) -> str:
         """Checkpoints at ``step``; returns the path.
 
-        The run's first checkpoint is followed by the run's config record: until
-        then, a run that fails has changed nothing the next run reads. The first
+        The run's first checkpoint is followed by its config record and its lines
+        of metrics.jsonl: until then, a run that fails has changed nothing the next
+        run reads. The first
         time, it also warns if the saved input is large.
         """
         path = self.checkpointer.save(step)
         if not self.config_written:
             self.config_written = True
+            self.writers.metrics.start()
             text = self.config.write()
             if text is not None:
                 self.writers.text("train", "operative_config", text, step)
@@ -179,6 +190,7 @@ class TrainingRun:
                 self.model.model_fn, self.settings.warm_start_from, self.settings.warm_start_pattern
             )
         self.model.has_state = True
+        self.writers.metrics.resume(self.model.step)
         # Under jit_compile a block's batches are stacked: as many as fit in memory.
         self.block = self.settings.steps_per_loop
         if self.settings.jit_compile:
@@ -186,7 +198,14 @@ class TrainingRun:
         self.input_wait = monitoring.InputWait(self.steps, self.model.seconds)
         return self.model.step, restored
 
-    def _loop(self, input_fn: InputFn, start: int, actions: list, max_steps: int) -> int:
+    def _loop(
+        self,
+        input_fn: InputFn,
+        start: int,
+        actions: list,
+        max_steps: int,
+        progress: monitoring.Progress,
+    ) -> int:
         """Compiled blocks of steps, cut where actions are due; returns the step reached."""
         nonfinite = divergence.Divergence(
             self.settings.nonfinite_loss,
@@ -213,6 +232,7 @@ class TrainingRun:
                     continue
                 self.inputs.advance(self.model.step - step)
                 step = self.model.step
+                progress.advance(step)
                 if hooks.run_due(actions, step):
                     break
                 if signals:
