@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,7 +26,9 @@ def test_default_experiment_reaches_accuracy_then_resumes(tmp_path, data_dir):
     model_dir, results = tmp_path / "run", tmp_path / "results.json"
     proc = run_cli(*digits_args(data_dir, model_dir, "--results", str(results)))
     assert_ok(proc)
-    assert f"model_dir {model_dir}" in proc.stdout
+    assert re.search(rf"^model_dir +{re.escape(str(model_dir))}$", proc.stdout, re.M)
+    assert re.search(r"^eval +[\d.]+ +0\.9\d+$", proc.stdout, re.M)  # loss, accuracy
+    assert f"tensorboard  tensorboard --logdir {model_dir}" in proc.stdout
     first = json.loads(results.read_text())
     assert first["global_step"] == 2000
     assert first["metrics"]["eval"]["accuracy"] >= 0.95

@@ -34,7 +34,9 @@ def test_saved_model_in_a_fresh_process_predicts_like_the_framework(tmp_path, da
     exported = run_cli(*common, "--schedule", "export")
     assert exported.returncode == 0, exported.stderr[-2000:]
     export_dir = tmp_path / "run" / "export" / "50"
-    assert f"exported SavedModel to {export_dir}" in exported.stdout
+    assert f"exported     {export_dir}\nserve it     saved_model_cli show --dir {export_dir}" in (
+        exported.stdout
+    )
 
     proc = subprocess.run(
         [sys.executable, "-c", LOAD_AND_PREDICT, str(export_dir), data_dir],

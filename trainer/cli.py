@@ -27,7 +27,7 @@ import tensorflow as tf
 from absl import app, flags, logging
 
 import trainer
-from trainer import console, errors, evaluation, files, gin_config, parallel, writer_lock
+from trainer import console, errors, evaluation, files, gin_config, parallel, summaries, writer_lock
 from trainer.errors import Preempted, TrainingDiverged, UserError
 from trainer.estimator import RESUMABLE_SETTINGS
 from trainer.precision import set_precision
@@ -163,8 +163,26 @@ def experiment(
         "global_step": estimator.step,
         "model_dir": model_dir,
         "metrics": metrics,
+        "best": _best(estimator),
         "seconds": dict(estimator.seconds),
     }
+
+
+def _best(estimator: trainer.Estimator) -> dict[str, dict]:
+    """The best evaluation by the best-export and the early-stopping metric, where set."""
+    found = {}
+    exporter, stopping = estimator.best_exporter, estimator.early_stopping
+    if exporter is not None and exporter.kept:
+        top = exporter.kept[0]
+        path = os.path.join(exporter.directory, str(top["step"]))
+        found["export"] = {"metric": exporter.metric, **top, "path": path}
+    if stopping is not None and stopping.best is not None:
+        found["early_stopping"] = {
+            "metric": stopping.metric,
+            "value": stopping.best,
+            "step": stopping.best_step,
+        }
+    return found
 
 
 # ---------------------------------------------------------------- main
@@ -222,10 +240,14 @@ def _run() -> tuple[str, int, str] | None:
             overwrite_config=FLAGS.overwrite_config,
             profile_steps=profile,
         )
+        console.keep_log(model_dir)
         _report(result, FLAGS.schedule, FLAGS.results)
     except Preempted as error:
         return errors.first_line(error), error.exit_code, "preempted"
-    except (UserError, TrainingDiverged) as error:
+    except TrainingDiverged as error:  # training ran: its log says how it got there
+        console.keep_log(model_dir)
+        return errors.first_line(error), error.exit_code, "error"
+    except UserError as error:
         return errors.first_line(error), error.exit_code, "error"
     except TypeError as error:
         macro = re.search(r"In call to configurable 'macro' .* in scope '([^']+)'", str(error))
@@ -375,6 +397,7 @@ def _check_writable(directory: str, flag: str) -> None:
 
 
 def _report(result: dict, schedule: str, results_path: str | None) -> None:
+    """The end of a run: a summary a person reads on stdout, the results file a script reads."""
     if schedule == "predict":
         count = files.write_atomically(
             results_path,
@@ -385,23 +408,43 @@ def _report(result: dict, schedule: str, results_path: str | None) -> None:
         )
         print(f"Wrote {count} predictions to {results_path}")
         return
-    summary = ", ".join(
-        f"{name}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
-        for name, metrics in result["metrics"].items()
-    )
-    if "export_dir" in result:
-        print(f"exported SavedModel to {result['export_dir']}")
-    print(
-        f"global_step {result['global_step']}"
-        + (f"; {summary}" if summary else "")
-        + f"\nmodel_dir {result['model_dir']} (tensorboard --logdir {result['model_dir']})"
-    )
     if "seconds" in result:
         result["seconds"] = _time_breakdown(result["seconds"])
-        print("time " + ", ".join(f"{k} {v:.1f}s" for k, v in result["seconds"].items()))
+    print("\n".join(summary(result)))
     if results_path:
         files.write_json(results_path, result)
-        print(f"results {results_path}")
+        print(f"{'results':<12} {results_path}")
+
+
+def summary(result: dict) -> list[str]:
+    """The end-of-run lines: step and time, a table of the final metrics, where things are."""
+    lines = [f"step {result['global_step']}"]
+    if "seconds" in result:
+        seconds = result["seconds"]
+        parts = ", ".join(f"{k} {v:.1f}s" for k, v in seconds.items() if k != "wall")
+        lines[0] += f" reached in {seconds['wall']:.1f}s ({parts})"
+    metrics = result["metrics"]
+    if metrics:
+        names = list(dict.fromkeys(k for values in metrics.values() for k in values))
+        width = max(10, *(len(n) for n in metrics))
+        lines.append(f"{'eval set':<{width}}" + "".join(f"{n:>12}" for n in names))
+        for eval_set, values in metrics.items():
+            cells = "".join(f"{values[n]:>12.4g}" if n in values else " " * 12 for n in names)
+            lines.append(f"{eval_set:<{width}}{cells}")
+    model_dir = result["model_dir"]
+    where = []
+    for kind, best in result.get("best", {}).items():
+        text = f"{best['metric']} {best['value']:.4g} at step {best['step']}"
+        where.append(("best", text + (f" ({best['path']})" if kind == "export" else "")))
+    if "export_dir" in result:
+        where.append(("exported", result["export_dir"]))
+        where.append(("serve it", f"saved_model_cli show --dir {result['export_dir']} --all"))
+    where.append(("model_dir", model_dir))
+    for label, name in (("metrics", summaries.METRICS), ("log", console.LOG_NAME)):
+        if os.path.exists(os.path.join(model_dir, name)):
+            where.append((label, os.path.join(model_dir, name)))
+    where.append(("tensorboard", f"tensorboard --logdir {model_dir}"))
+    return lines + [f"{label:<12} {text}" for label, text in where]
 
 
 def _time_breakdown(estimator_seconds: dict[str, float]) -> dict[str, float]:

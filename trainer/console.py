@@ -21,6 +21,7 @@ import os
 import re
 import sys
 import tempfile
+import time
 
 # Start-up lines that carry nothing for the user on a machine without a GPU.
 NOISE = re.compile(
@@ -156,8 +157,65 @@ class _AboveTheBar(pylogging.StreamHandler):
             self.handleError(record)
 
 
+LOG_NAME = "trainer.log"  # in model_dir: every run's full log, absl's prefixes kept
+
+
+class _HeldLog(pylogging.Handler):
+    """The run's full log, held in memory until the run has really started.
+
+    Then appended to ``model_dir/trainer.log``; a run that fails first leaves no trace.
+    """
+
+    def __init__(self):
+        super().__init__()
+        from absl import logging
+
+        self.setFormatter(logging.PythonFormatter())
+        self.held: list[str] = []
+        self.file = None
+
+    def emit(self, record: pylogging.LogRecord) -> None:
+        line = self.format(record) + "\n"
+        if self.file is None:
+            self.held.append(line)
+            return
+        self.file.write(line)
+        self.file.flush()
+
+    def keep(self, model_dir: str) -> None:
+        if self.file is not None or "://" in model_dir:  # object stores cannot append
+            return
+        self.file = open(os.path.join(model_dir, LOG_NAME), "a")  # noqa: SIM115 - for the run
+        started = time.strftime("%Y-%m-%d %H:%M:%S")
+        command = ["python -m trainer" if sys.argv[0].endswith("__main__.py") else sys.argv[0]]
+        self.file.write(f"--- {started}: {' '.join(command + sys.argv[1:])}\n")
+        self.file.writelines(line + "\n" for line in STARTUP_LOG)
+        self.file.writelines(self.held)
+        self.file.flush()
+        self.held = []
+
+
+_LOG: list[_HeldLog] = []  # the CLI's, once use_console made it
+
+
+def keep_log(model_dir: str) -> None:
+    """The run has really started in ``model_dir``: its log goes to trainer.log there.
+
+    Called at a training run's first checkpoint and at the end of the others; does
+    nothing outside the command line, or when called again.
+    """
+    for held in _LOG:
+        held.keep(model_dir)
+
+
 def use_console() -> None:
-    """Log lines without absl's prefix: INFO to stdout, warnings and errors to stderr."""
+    """Log lines without absl's prefix: INFO to stdout, warnings and errors to stderr.
+
+    The full log, prefixes kept, goes to ``model_dir/trainer.log`` (``keep_log``).
+    """
+    if not _LOG:
+        _LOG.append(_HeldLog())
+        pylogging.getLogger().addHandler(_LOG[0])
     if wants_everything():
         return
     from absl import logging

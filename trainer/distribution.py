@@ -74,6 +74,15 @@ class Placement:
         self.worker = parallel.worker_name(self.strategy)
 
     @property
+    def description(self) -> str:
+        """Where training runs, for the start line: ``'2 devices (CPU:0, CPU:1), towers'``."""
+        names = ", ".join(str(d).split("device:")[-1] for d in self.devices)
+        where = f"{len(self.devices)} device{'s' * (len(self.devices) > 1)} ({names})"
+        if self.strategy is None:
+            return where if len(self.devices) == 1 else f"{where}, towers"
+        return f"{where}, {self.distribution} over {self.num_replicas} replicas"
+
+    @property
     def per_replica(self) -> bool:
         """Whether the step runs in several replicas, each keeping its own metric sums."""
         return self.strategy is not None

@@ -84,7 +84,7 @@ class Evaluations:
         first = self.results[self.names[0]]
         if self.best_exporter is not None:
             self.best_exporter.maybe_export(step, first, self.export_model)
-        if self.early_stopping is not None and self.early_stopping.should_stop(first):
+        if self.early_stopping is not None and self.early_stopping.should_stop(first, step):
             raise hooks.StopTraining(
                 f"early stopping at step {step}: {self.early_stopping.metric} has not "
                 f"improved for {self.early_stopping.patience} evaluations"

@@ -77,16 +77,17 @@ class Patience:
     def __init__(self, metric: str, patience: int, higher_is_better: bool = True):
         self.metric, self.patience, self.higher_is_better = metric, patience, higher_is_better
         self.best: float | None = None
+        self.best_step: int | None = None
         self.waited = 0
 
-    def should_stop(self, metrics: dict) -> bool:
-        """Records one evaluation; True once ``patience`` have passed without a new best."""
+    def should_stop(self, metrics: dict, step: int | None = None) -> bool:
+        """Records the evaluation at ``step``; True once ``patience`` passed without a best."""
         value = metrics[self.metric]
         better = self.best is None or (
             value > self.best if self.higher_is_better else value < self.best
         )
         if better:
-            self.best, self.waited = value, 0
+            self.best, self.best_step, self.waited = value, step, 0
         else:
             self.waited += 1
         return self.waited >= self.patience

@@ -14,10 +14,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from trainer import checkpoints, divergence, errors, hooks, monitoring, preemption
+from trainer import checkpoints, console, divergence, errors, hooks, monitoring, preemption
 from trainer.distribution import Placement
 from trainer.errors import Preempted, TrainingDiverged, UserError
 from trainer.inputs import InputFn, Inputs
@@ -106,11 +107,14 @@ class TrainingRun:
             return start
         if self.iterator is None:  # a strategy's, made at the restored position
             self.iterator = self.inputs.train_iterator(input_fn, start)
+        parameters = sum(int(np.prod(v.shape)) for v in self.model.model_fn.trainable_variables)
         logging.info(
-            "Training %s from step %d to %d in %s",
+            "Training %s (%s parameters) from step %d to %d on %s in %s",
             type(self.model.model_fn).__name__,
+            f"{parameters:,}",
             start,
             max_steps,
+            self.placement.description,
             self.model_dir if restored else f"new {self.model_dir}",
         )
         display = None
@@ -144,15 +148,16 @@ class TrainingRun:
     def save(self, step: int) -> str:
         """Checkpoints at ``step``; returns the path.
 
-        The run's first checkpoint is followed by its config record and its lines
-        of metrics.jsonl: until then, a run that fails has changed nothing the next
-        run reads. The first
+        The run's first checkpoint is followed by its config record, its lines of
+        metrics.jsonl and its log: until then, a run that fails has changed nothing
+        in model_dir. The first
         time, it also warns if the saved input is large.
         """
         path = self.checkpointer.save(step)
         if not self.config_written:
             self.config_written = True
             self.writers.metrics.start()
+            console.keep_log(self.model_dir)
             text = self.config.write()
             if text is not None:
                 self.writers.text("train", "operative_config", text, step)
