@@ -33,9 +33,14 @@ def data_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("tensorflow_datasets"))
 
 
-def run_cli(*args, cwd=REPO, env=None, timeout=300):
-    """Runs ``python -m trainer ARGS`` in a subprocess; returns the CompletedProcess."""
+def run_cli(*args, cwd=REPO, env=None, timeout=300, unset=()):
+    """Runs ``python -m trainer ARGS`` in a subprocess; returns the CompletedProcess.
+
+    ``env`` adds variables to this process's environment; ``unset`` removes some.
+    """
     full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
+    for name in unset:
+        full_env.pop(name, None)
     return subprocess.run(
         [sys.executable, "-m", "trainer", *args],
         cwd=cwd,

@@ -445,6 +445,12 @@ def test_float_labels_that_are_whole_class_ids_train(tmp_path, faulty_gin):
     assert checkpoint_steps(tmp_path / "new") == [10]
 
 
+def rerun_to_150(model_dir, faulty_gin):
+    """The trained run's command again, to step 150."""
+    args = ["--gin_param", "experiment.max_steps = 150"]
+    return run_cli("--gin_file", faulty_gin, "--model_dir", str(model_dir), *args, env=ENV)
+
+
 @pytest.mark.parametrize(
     "damage, problem",
     [
@@ -466,15 +472,7 @@ def test_a_damaged_newest_checkpoint_is_named_and_nothing_is_overwritten(
         content[len(content) // 2] ^= 0xFF
         data.write_bytes(bytes(content))
     before = dir_hash(model_dir)
-    proc = run_cli(
-        "--gin_file",
-        faulty_gin,
-        "--model_dir",
-        str(model_dir),
-        "--gin_param",
-        "experiment.max_steps = 150",
-        env=ENV,
-    )
+    proc = rerun_to_150(model_dir, faulty_gin)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert re.fullmatch(
         rf"error: checkpoint {model_dir}/ckpt-100 is damaged \(.*({problem}).*\); intact: "
@@ -489,15 +487,7 @@ def test_a_damaged_checkpoint_list_resumes_from_the_newest_checkpoint_on_disk(
 ):
     (model_dir / "checkpoint").write_text("garbage\n\x00\x01")
     kept = {k: v for k, v in dir_hash(model_dir).items() if k.startswith("ckpt-")}
-    proc = run_cli(
-        "--gin_file",
-        faulty_gin,
-        "--model_dir",
-        str(model_dir),
-        "--gin_param",
-        "experiment.max_steps = 150",
-        env=ENV,
-    )
+    proc = rerun_to_150(model_dir, faulty_gin)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stderr.strip() == (
         f"warning: {model_dir}/checkpoint is missing or unreadable; found 2 checkpoints by "

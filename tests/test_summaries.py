@@ -54,3 +54,10 @@ def test_metrics_file_holds_a_line_per_scalar_write_and_none_twice_after_resume(
         ("train", 40),
     ]
     assert records[3]["loss"] == 0.03 and isinstance(records[0]["time"], float)
+
+
+def test_a_run_that_starts_before_its_first_log_step_leaves_an_empty_metrics_file(tmp_path):
+    metrics = Writers(str(tmp_path)).metrics
+    metrics.resume(0)
+    metrics.start()  # its first checkpoint came before any log step
+    assert (tmp_path / "metrics.jsonl").read_text() == ""

@@ -127,7 +127,7 @@ def evaluate(
         raise UserError(f"eval set {name!r} is empty: its input_fn yielded no batches")
     writers.scalars(f"eval_{name}", model.step, metrics)
     logging.info(
-        "eval %s at step %d (%.0f examples, %.1fs): %s",
+        "Evaluation of %r at step %d (%.0f examples, %.1fs): %s",
         name,
         model.step,
         compiled.eval_metrics.count.numpy(),

@@ -20,6 +20,7 @@ def write_atomically(path: str, chunks: str | Iterable[str]) -> int:
     count = 0
     try:
         with tf.io.gfile.GFile(tmp, "w") as f:
+            f.write("")  # GFile makes the file at its first write: no chunks, an empty file
             for chunk in [chunks] if isinstance(chunks, str) else chunks:
                 f.write(chunk)
                 count += 1
