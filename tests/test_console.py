@@ -62,6 +62,7 @@ def test_a_terminal_gets_a_live_bar_that_ends_at_max_steps(tmp_path, data_dir):
     assert frames[0] == "0" and frames[-1] == "300" and len(set(frames)) >= 3
     assert re.search(r"\rtrain 300/300 \|█+\| [\d.]+step/s ETA 00:00, loss [\d.]+  accuracy", out)
     assert "step 200/300  loss" not in out  # the bar says it; the log file keeps the line
+    assert re.search(r"\reval 'eval' 360/360 \|█+\|", out)  # an evaluation has one too
     # Lines logged during training are written above the bar, each whole.
     assert re.search(r"(\r\n|\r\s*\r)Saved checkpoint \S+/ckpt-300\r\n", out)
     assert "Downloading and preparing" not in out  # TFDS's, as the digits are first built

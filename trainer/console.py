@@ -8,7 +8,8 @@ buffer, keeps the lines for the run's log, and passes through any line it does n
 know to be noise, so that a real problem (a GPU driver that fails on a GPU machine)
 still shows. ``use_console`` gives the command line concise log lines: information
 on stdout without absl's prefix, warnings and errors on stderr. ``ProgressBar`` is
-training's live bar on a terminal; log lines are written above it.
+training's live bar on a terminal, ``Watched`` an evaluation's; log lines are
+written above them.
 
 Both stand aside when the user asks for everything: ``--verbosity`` on the command
 line, or ``TF_CPP_MIN_LOG_LEVEL=0`` in the environment.
@@ -21,6 +22,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 import time
 
 # Start-up lines that carry nothing for the user on a machine without a GPU.
@@ -109,7 +111,9 @@ class ProgressBar:
 
     active: ProgressBar | None = None  # the bar on screen, which log lines go above
 
-    def __init__(self, start: int, total: int, description: str):
+    def __init__(
+        self, start: int, total: int | None, description: str, unit="step", scale=False
+    ):
         from tqdm import tqdm
 
         tqdm.monitor_interval = 0  # no watchdog thread beside the steps
@@ -121,12 +125,17 @@ class ProgressBar:
             total=total,
             initial=start,
             desc=description,
-            unit="step",
+            unit=unit,
+            unit_scale=scale,  # 96.0k/96.0k and 139k examples/s for counts that large
             dynamic_ncols=follows_width,
             ncols=None if follows_width else 100,
             nrows=None if follows_width else 24,  # tqdm draws nothing with no rows
             file=sys.stdout,
-            bar_format="{desc} {n_fmt}/{total_fmt} |{bar}| {rate_fmt} ETA {remaining}{postfix}",
+            bar_format=(
+                "{desc} {n_fmt}/{total_fmt} |{bar}| {rate_fmt} ETA {remaining}{postfix}"
+                if total is not None
+                else "{desc} {n_fmt}{unit}, {rate_fmt}{postfix}"
+            ),
         )
         ProgressBar.active = self
 
@@ -140,6 +149,43 @@ class ProgressBar:
         """Leaves the bar on screen at its last state; log lines go below it again."""
         self.bar.close()
         ProgressBar.active = None
+
+
+class Watched:
+    """A bar for work done in one compiled call (an evaluation), read from beside it.
+
+    A thread reads ``count()`` (a variable the call adds to) every ``every`` seconds
+    and moves the bar; the call itself does nothing more.
+
+    Args:
+      count: returns how much is done so far.
+      total: how much there is (an estimate is fine; None if unknown).
+      description: the bar's label.
+      unit: what ``count`` counts, after a space: " examples".
+    """
+
+    def __init__(self, count, total: int | None, description: str, unit: str, every=0.25):
+        self.count, self.every = count, every
+        self.bar = ProgressBar(0, total, description, unit, scale=True)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> Watched:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+        done = int(self.count())
+        if exc[0] is None:
+            self.bar.bar.total = done  # the estimate made exact
+        self.bar.update(done)
+        self.bar.close()
+
+    def _watch(self) -> None:
+        while not self.stop.wait(self.every):
+            self.bar.update(int(self.count()))
 
 
 class _AboveTheBar(pylogging.StreamHandler):

@@ -397,4 +397,14 @@ class Estimator:
             return run.run(input_fn, max_steps, extra, hooks_)
 
     def _evaluate(self, dataset: tf.data.Dataset, steps: int | None, name: str) -> dict:
-        return evaluation.evaluate(self.model, dataset, steps, name, self.writers, self.model_dir)
+        shows = self.settings.progress and self.placement.worker is None
+        return evaluation.evaluate(
+            self.model,
+            dataset,
+            steps,
+            name,
+            self.writers,
+            self.model_dir,
+            bar=shows,
+            batch_size=self.eval_batch_size,
+        )

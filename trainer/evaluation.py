@@ -12,14 +12,16 @@ decides which, when, and what follows from the metrics:
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 
 import tensorflow as tf
 from absl import logging
 
-from trainer import checkpoints, errors, export, files, hooks, monitoring
+from trainer import checkpoints, console, errors, export, files, hooks, monitoring
 from trainer.errors import UserError
 from trainer.model_fn import Mode
 from trainer.model_state import ModelState
@@ -107,11 +109,15 @@ def evaluate(
     name: str,
     writers: Writers,
     model_dir: str,
+    bar: bool = False,
+    batch_size: int | None = None,
 ) -> Metrics:
     """Evaluates eval set ``name`` (its first ``steps`` batches if given); logs the metrics.
 
     Uses the weights in memory when they are trained, else the newest checkpoint in
-    ``model_dir``; writes the metrics to ``model_dir/eval_<name>``.
+    ``model_dir``; writes the metrics to ``model_dir/eval_<name>``. With ``bar``, a
+    progress bar shows on a terminal (moved from beside the one compiled call; its
+    total estimated from the batches and ``batch_size``).
     """
     compiled = model.build(dataset.element_spec, Mode.EVAL)
     model.restore_for_inference(model_dir)
@@ -119,7 +125,13 @@ def evaluate(
         dataset = dataset.take(steps)
     compiled.eval_metrics.reset()
     start = time.perf_counter()
-    with errors.runtime_errors(f"eval set {name!r}"), model.averaged_weights():
+    watched = contextlib.nullcontext()
+    if bar and sys.stdout.isatty():  # the eval set's examples, counted as they are added
+        batches = int(dataset.cardinality())
+        total = batches * batch_size if batches >= 0 and batch_size else None
+        count = compiled.eval_metrics.count.numpy
+        watched = console.Watched(count, total or None, f"eval {name!r}", " examples")
+    with errors.runtime_errors(f"eval set {name!r}"), model.averaged_weights(), watched:
         compiled.evaluate(dataset)
     model.seconds["evaluation"] += time.perf_counter() - start
     metrics = compiled.eval_metrics.result()
