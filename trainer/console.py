@@ -111,9 +111,7 @@ class ProgressBar:
 
     active: ProgressBar | None = None  # the bar on screen, which log lines go above
 
-    def __init__(
-        self, start: int, total: int | None, description: str, unit="step", scale=False
-    ):
+    def __init__(self, start: int, total: int | None, description: str, unit="step", scale=False):
         from tqdm import tqdm
 
         tqdm.monitor_interval = 0  # no watchdog thread beside the steps
