@@ -81,6 +81,13 @@ def test_redirected_output_is_plain_lines_every_log_step(tmp_path, data_dir):
         proc.stdout,
         re.M,
     )
+    # The time split names where the time went; the parts add up to the wall time.
+    reached = re.search(r"^step 300 reached in ([\d.]+)s \((.*)\)$", proc.stdout, re.M)
+    parts = dict(part.rsplit(" ", 1) for part in reached.group(2).split(", "))
+    for part in ("imports", "input", "building", "training", "checkpoints", "evaluation"):
+        assert part in parts, parts
+    seconds = sum(float(value.rstrip("s")) for value in parts.values())
+    assert seconds == pytest.approx(float(reached.group(1)), abs=0.1 * len(parts))
 
 
 def digits_estimator(model_dir, **kwargs):

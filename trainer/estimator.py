@@ -200,9 +200,10 @@ class Estimator:
         precision.check(model_fn, mixed_precision)
         optimizer = precision.scaled(optimizer or keras.optimizers.Adam(), mixed_precision)
         self.optimizer = self.placement.adopt(optimizer)
-        # Where the time went: building (tracing the model to make its variables),
-        # tracing_block (the first block, which also traces and compiles the step),
-        # training (every other block) and evaluation.
+        # Where the time went: input (calling input_fns), building (tracing the
+        # model to make its variables), tracing_block (the first block, which also
+        # traces and compiles the step), training (every other block), evaluation
+        # and checkpoints (saving them).
         self.seconds: collections.Counter = collections.Counter()
         self.model = ModelState(
             model_fn,
@@ -215,7 +216,9 @@ class Estimator:
         )
         self.global_step = self.model.global_step
         self.eval_batch_size = eval_batch_size or global_batch_size
-        self.inputs = Inputs(self.placement, global_batch_size, self.eval_batch_size, seed)
+        self.inputs = Inputs(
+            self.placement, global_batch_size, self.eval_batch_size, seed, self.seconds
+        )
         self.writers = Writers(self.model_dir)
         self.config = checkpoints.ConfigRecord(self.model_dir, config_text_fn, config_guard)
         self.best_exporter = evaluation.best_exporter(

@@ -12,7 +12,9 @@ returns. For training it keeps two integers that every checkpoint holds:
 
 from __future__ import annotations
 
+import collections
 import random
+import time
 from collections.abc import Callable, Mapping
 
 import tensorflow as tf
@@ -34,12 +36,19 @@ class Inputs:
       global_batch_size: examples per training step over all devices.
       eval_batch_size: examples per eval and predict batch.
       seed: the run's seed (None: a training seed is drawn at the first start).
+      seconds: where the time went; calling input_fns adds to ``'input'``.
     """
 
     def __init__(
-        self, placement: Placement, global_batch_size: int, eval_batch_size: int, seed: int | None
+        self,
+        placement: Placement,
+        global_batch_size: int,
+        eval_batch_size: int,
+        seed: int | None,
+        seconds: collections.Counter | None = None,
     ):
         self.placement = placement
+        self.seconds = collections.Counter() if seconds is None else seconds
         self.global_batch_size, self.eval_batch_size = global_batch_size, eval_batch_size
         self.run_seed = seed
         with placement.scope():
@@ -101,7 +110,9 @@ class Inputs:
                 seed=self._seed(mode),
                 start_example=int(self.position.numpy()) if mode == Mode.TRAIN else 0,
             )
+        started = time.perf_counter()
         dataset = input_fn(mode, params)
+        self.seconds["input"] += time.perf_counter() - started
         if not isinstance(dataset, tf.data.Dataset):
             raise UserError(
                 f"input_fn {_name(input_fn)} returned {type(dataset).__name__} for mode "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -153,7 +154,9 @@ class TrainingRun:
         in model_dir. The first
         time, it also warns if the saved input is large.
         """
+        started = time.perf_counter()
         path = self.checkpointer.save(step)
+        self.model.seconds["checkpoints"] += time.perf_counter() - started
         if not self.config_written:
             self.config_written = True
             self.writers.metrics.start()
