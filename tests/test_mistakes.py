@@ -71,6 +71,12 @@ ROWS = {
         lambda m: ["--gin_file", m.file("bad.gin", "# header\nMLP.hidden_units = [256,\n 256\n")],
         r"{tmp}/bad\.gin:2: gin syntax error: a bracket opened here is never closed",
     ),
+    "missing_include": (
+        lambda m: ["--gin_file", m.file("inc.gin", "# header\ninclude 'experiments/base.gin'\n")],
+        r"{tmp}/inc\.gin:2: include 'experiments/base\.gin' not found in the working directory "
+        + re.escape(REPO)
+        + r": run from the directory it is relative to, or include it by its absolute path",
+    ),
     "unknown_configurable": (
         gin("Estimater.steps_per_loop = 5"),
         r"--gin_param: No configurable matching 'Estimater'; did you mean 'Estimator'\?",

@@ -88,11 +88,12 @@ def quiet_tensorflow_import() -> None:
 class _OwnInfo(pylogging.Filter):
     """INFO and below, except what libraries log at INFO through absl.
 
-    (TensorFlow logs "Sharding callback duration" after every checkpoint.)
+    (TensorFlow logs "Sharding callback duration" after every checkpoint, gin each
+    include it looks for.)
     """
 
     LIBRARIES = re.compile(
-        r"[/\\](site|dist)-packages[/\\](tensorflow|keras|tensorflow_datasets)[/\\]"
+        r"[/\\](site|dist)-packages[/\\](tensorflow|keras|tensorflow_datasets|gin)[/\\]"
     )
 
     def filter(self, record: pylogging.LogRecord) -> bool:
@@ -271,12 +272,25 @@ def use_console() -> None:
     info.setFormatter(pylogging.Formatter("%(message)s"))
     problems = _AboveTheBar(sys.stderr)
     problems.setLevel(pylogging.WARNING)
+    problems.addFilter(_NotAProblem())
     problems.setFormatter(_LevelPrefix())
     root.addHandler(info)
     root.addHandler(problems)
     tf_logger = pylogging.getLogger("tensorflow")  # it has a handler of its own too
     for handler in list(tf_logger.handlers):
         tf_logger.removeHandler(handler)
+
+
+class _NotAProblem(pylogging.Filter):
+    """Drops what libraries log as errors that are not the run's problem.
+
+    gin logs "Path not found" while it probes an include as a package resource, and
+    then raises the error the user gets (one line, with the file and line).
+    """
+
+    def filter(self, record: pylogging.LogRecord) -> bool:
+        probe = record.pathname.endswith(os.path.join("gin", "resource_reader.py"))
+        return not (probe and record.getMessage().startswith("Path not found"))
 
 
 class _LevelPrefix(pylogging.Formatter):

@@ -92,6 +92,15 @@ def _gin_error(error: Exception, source: str) -> str:
     where = re.search(r'In file "([^"]+)", line (\d+)', text)
     location = f"{where.group(1)}:{where.group(2)}" if where else source
     message = text.splitlines()[0].rstrip(".")
+    # gin shows the failing line; an include of a file not there fails as an OSError,
+    # or as a TypeError when the include's directory imports as a namespace package.
+    include = re.search(r"^\s*include\s+['\"]([^'\"]+)['\"]\s*$", text, re.M)
+    if include and not os.path.isfile(include.group(1)):
+        return (
+            f"{location}: include {include.group(1)!r} not found in the working directory "
+            f"{os.getcwd()}: run from the directory it is relative to, or include it by its "
+            "absolute path"
+        )
     return f"{location}: {message}{_closest_name_hint(message)}"
 
 
