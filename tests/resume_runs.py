@@ -3,7 +3,9 @@
 Run by tests/test_order.py as a subprocess, because logical CPU devices must be set up
 before TensorFlow starts (and strategies of different sizes cannot share a process):
 
-    python tests/resume_runs.py MODEL_DIR DISTRIBUTION:DEVICES MAX_STEPS
+    python tests/resume_runs.py MODEL_DIR DISTRIBUTION:DEVICES MAX_STEPS[,MAX_STEPS...]
+
+(several MAX_STEPS: train to each in turn, printing a table at each).
 
 The model holds one weight per example id, its loss is the mean weight of the batch,
 and plain SGD's learning rate at step t is t + 1: each id's final weight is
@@ -49,7 +51,7 @@ def input_fn(mode, params):
     return pipeline.build(ids, mode, params, lambda e: ({"id": e["id"]}, {"id": e["id"]}))
 
 
-def main(model_dir: str, setup: str, max_steps: int) -> None:
+def main(model_dir: str, setup: str, stops: list[int]) -> None:
     distribution, _, devices = setup.partition(":")
     rates = keras.optimizers.schedules.PiecewiseConstantDecay(
         list(range(MAX_STEPS - 1)), [float(t + 1) for t in range(MAX_STEPS)]
@@ -66,17 +68,12 @@ def main(model_dir: str, setup: str, max_steps: int) -> None:
         distribution=distribution,
         num_devices=int(devices),
     )
-    estimator.train(input_fn, max_steps)
-    print(
-        json.dumps(
-            {
-                "step": estimator.step,
-                "table": estimator.model_fn.table.embeddings.numpy()[:, 0].tolist(),
-            }
-        )
-    )
+    for max_steps in stops:
+        estimator.train(input_fn, max_steps)
+        table = estimator.model_fn.table.embeddings.numpy()[:, 0].tolist()
+        print(json.dumps({"step": estimator.step, "table": table}))
 
 
 if __name__ == "__main__":
     logging.set_verbosity(logging.WARNING)
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    main(sys.argv[1], sys.argv[2], [int(stop) for stop in sys.argv[3].split(",")])

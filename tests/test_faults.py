@@ -271,7 +271,7 @@ def test_sigkill_at_random_steps_then_resume_is_bitwise_exact(tmp_path, data_dir
         for split in ("train", "test"):
             rows = list(digits.load(split, data_dir).as_numpy_iterator())
             tfrecord.write(rows, str(shards), split, 4, "png", num_classes=10)
-    max_steps = 3000 if experiment == "digits_mlp" else 1500
+    max_steps = 2000 if experiment == "digits_mlp" else 1500
     common = [
         "--gin_file",
         f"experiments/{experiment}.gin",
