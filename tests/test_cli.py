@@ -198,3 +198,34 @@ def test_help_lists_the_trainers_own_flags_and_exits_0():
     ]
     assert "schedules: train, evaluate, train_and_evaluate" in proc.stdout
     assert len(lines) < 30  # TensorFlow's and absl's flags stay in --helpfull
+
+
+@pytest.mark.parametrize(
+    "args, out",
+    [
+        (["--help"], r"usage: python -m trainer .*"),
+        (
+            ["--max_stepz=5"],
+            r"error: unknown flag --max_stepz; did you mean the gin setting "
+            r"--gin_param 'experiment\.max_steps = 5'\?",
+        ),
+        (["--max_steps=5"], r"error: unknown flag --max_steps: it is a gin setting, .*"),
+        (["--schedule", "fly"], r"error: flag --schedule=fly: value should be one of .*"),
+        (["extra"], r"error: unexpected arguments \['extra'\]: every option is a --flag .*"),
+    ],
+)
+def test_help_and_flag_mistakes_answer_before_tensorflow_loads(args, out):
+    """-X importtime lists every module the command imported: TensorFlow is not one."""
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "trainer", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    imported = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines() if "|" in line}
+    assert {"absl.app", "absl.flags"} <= imported  # the list is read right
+    assert not {"tensorflow", "keras", "gin"} & imported
+    said = [line for line in (proc.stdout + proc.stderr).splitlines() if "import time:" not in line]
+    assert re.fullmatch(out, said[0]), said
+    assert proc.returncode == (0 if args == ["--help"] else 2)

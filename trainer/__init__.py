@@ -3,20 +3,40 @@
 Research code subclasses ``ModelFn`` and writes an ``input_fn``; ``Estimator`` trains,
 evaluates, predicts and checkpoints. ``python -m trainer --gin_file X.gin`` runs an
 experiment described by gin files.
+
+The names below are imported when first used, so that the command line can answer
+``--help`` or a mistyped flag before TensorFlow loads.
 """
 
+import importlib
 import time
 
 STARTED = time.perf_counter()  # before TensorFlow is imported: the run's clock starts here
 
-from trainer import console  # noqa: E402
+_HOMES = {
+    "Estimator": "trainer.estimator",
+    "InputParams": "trainer.model_fn",
+    "Mode": "trainer.model_fn",
+    "ModelFn": "trainer.model_fn",
+    "Spec": "trainer.model_fn",
+    "UserError": "trainer.errors",
+    "set_precision": "trainer.precision",
+}
+__all__ = list(_HOMES)
 
-if console.started_from_command_line():
-    console.quiet_tensorflow_import()
 
-from trainer.errors import UserError  # noqa: E402
-from trainer.estimator import Estimator  # noqa: E402
-from trainer.model_fn import InputParams, Mode, ModelFn, Spec  # noqa: E402
-from trainer.precision import set_precision  # noqa: E402
+def __getattr__(name: str):
+    if name in _HOMES:
+        value = getattr(importlib.import_module(_HOMES[name]), name)
+        globals()[name] = value  # looked up once
+        return value
+    try:  # a module of the package: trainer.parallel.split_cpu(4) after import trainer
+        return importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as error:
+        if error.name != f"{__name__}.{name}":
+            raise
+        raise AttributeError(f"module 'trainer' has no attribute {name!r}") from None
 
-__all__ = ["Estimator", "InputParams", "Mode", "ModelFn", "Spec", "UserError", "set_precision"]
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOMES])

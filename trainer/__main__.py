@@ -1,8 +1,8 @@
-"""``python -m trainer``: see trainer/cli.py."""
+"""``python -m trainer``: see trainer/command.py (flags) and trainer/cli.py (the run)."""
 
 from absl import app
 
-from trainer import cli
+from trainer import command
 
 if __name__ == "__main__":
-    app.run(cli.main, flags_parser=cli.parse_flags)
+    app.run(command.main, flags_parser=command.parse_flags)

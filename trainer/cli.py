@@ -1,22 +1,18 @@
 """The command line: ``python -m trainer --gin_file experiments/digits_mlp.gin``.
 
-This is the only module that defines flags. It parses the gin files (with
-``gin_config``, which makes ``Estimator``, Keras optimizers and learning-rate
+Its flags are parsed in ``command`` before it is imported. It parses the gin files
+(with ``gin_config``, which makes ``Estimator``, Keras optimizers and learning-rate
 schedules configurable) and calls ``experiment``, which builds the objects and runs
 one schedule. Bad input ends in one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
 
-import difflib
 import gc
-import inspect
 import json
 import os
 import re
 import shutil
-import sys
-import textwrap
 import time
 import uuid
 
@@ -24,57 +20,25 @@ import gin
 import keras
 import numpy as np
 import tensorflow as tf
-from absl import app, flags, logging
+from absl import logging
 
 import trainer
-from trainer import console, errors, evaluation, files, gin_config, parallel, summaries, writer_lock
+from trainer import (
+    command,
+    console,
+    errors,
+    evaluation,
+    files,
+    gin_config,
+    parallel,
+    summaries,
+    writer_lock,
+)
+from trainer.command import FLAGS
 from trainer.errors import Preempted, TrainingDiverged, UserError
 from trainer.estimator import RESUMABLE_SETTINGS
 from trainer.precision import set_precision
 
-SCHEDULES = ["train", "evaluate", "train_and_evaluate", "continuous_eval", "predict", "export"]
-
-flags.DEFINE_multi_string("gin_file", [], "Gin config file; repeat to layer files in order.")
-flags.DEFINE_multi_string(
-    "gin_param",
-    [],
-    "One gin binding such as 'MLP.dropout_rate = 0.2', applied after the files; repeat for more.",
-)
-flags.DEFINE_string(
-    "model_dir",
-    None,
-    "Where checkpoints, event files and the operative config go. Rerunning with the same "
-    "model_dir resumes; '{timestamp}' in it becomes the start time, for a new run "
-    "directory each time. Default: output/<name of the first --gin_file>.",
-)
-flags.DEFINE_enum("schedule", "train_and_evaluate", SCHEDULES, "What to run.")
-flags.DEFINE_string(
-    "results",
-    None,
-    "Write results here: JSON with global_step and the final metrics of each eval set; "
-    "for --schedule=predict, one JSON line of predictions per example.",
-)
-flags.DEFINE_list(
-    "profile_steps",
-    None,
-    "START,STOP: record a profiler trace of these global steps (TensorBoard Profile tab).",
-)
-flags.DEFINE_bool(
-    "run_eagerly", False, "Run the steps eagerly, op by op, so pdb and print work inside them."
-)
-flags.DEFINE_bool(
-    "overwrite_config",
-    False,
-    "Resume even though the model, data or optimizer config differs from the one the "
-    "checkpoints in --model_dir were trained with.",
-)
-flags.DEFINE_string(
-    "num_devices",
-    None,
-    "'auto' (every GPU, else one CPU) or how many devices to train on; sets "
-    "Estimator.num_devices. How they share a step is Estimator.distribution.",
-)
-FLAGS = flags.FLAGS
 _CLOCK: dict[str, float] = {}  # seconds spent importing and parsing the config
 _CREATED_DIRS: list[str] = []  # directories this run made, deepest first
 
@@ -188,12 +152,13 @@ def _best(estimator: trainer.Estimator) -> dict[str, dict]:
 # ---------------------------------------------------------------- main
 
 
-def main(argv: list[str]) -> None:
-    """Parses gin, runs the experiment, writes results; one line and exit code on failure."""
+def main() -> None:
+    """Parses gin, runs the experiment, writes results; one line and exit code on failure.
+
+    The flags are parsed (``command.parse_flags``) before this module is imported.
+    """
     _CLOCK["imports"] = time.perf_counter() - trainer.STARTED
     console.use_console()
-    if len(argv) > 1:
-        _fail(f"unexpected arguments {argv[1:]}: every option is a --flag (see --help)")
     failure = _run()
     if failure:
         _remove_unused(_CREATED_DIRS)  # a run that failed before training leaves no directory
@@ -269,63 +234,6 @@ def _run() -> tuple[str, int, str] | None:
         )
         return message, UserError.exit_code, "error"
     return None
-
-
-def run_main() -> None:
-    """Console-script entry point."""
-    app.run(main, flags_parser=parse_flags)
-
-
-def parse_flags(argv: list[str]) -> list[str]:
-    """Parses the flags as absl does; a bad flag is one line (exit 2), ``--help`` is short."""
-    if any(arg in ("--help", "-h", "-?", "--helpshort") for arg in argv[1:]):
-        print(usage())
-        sys.exit(0)
-    try:
-        return FLAGS(argv)
-    except flags.UnrecognizedFlagError as error:
-        _fail(f"unknown flag --{error.flagname}{_flag_hint(error.flagname, error.flagvalue)}")
-    except flags.Error as error:
-        _fail(f"{error} (see --help)")
-
-
-def _flag_hint(name: str, value: str) -> str:
-    """For an unknown --flag: the gin setting of that name, or the closest flags."""
-    settings = {
-        "experiment": inspect.signature(experiment.__wrapped__).parameters,
-        "Estimator": inspect.signature(trainer.Estimator).parameters,
-    }
-    for configurable, parameters in settings.items():
-        if name in parameters:
-            shown = value.split("=", 1)[1] if "=" in value else "..."
-            return f": it is a gin setting, e.g. --gin_param '{configurable}.{name} = {shown}'"
-    own = [flag.name for flag in FLAGS.get_flags_for_module(sys.modules[__name__])]
-    close = difflib.get_close_matches(name, own, n=2)
-    return f"; did you mean --{' or --'.join(close)}?" if close else " (see --help)"
-
-
-def usage() -> str:
-    """The trainer's own flags, a line each, and where to read more."""
-    lines = [
-        "usage: python -m trainer --gin_file experiments/NAME.gin [--gin_param 'A.b = 1'] [flags]",
-        "",
-        "Runs the experiment its gin files describe; rerunning with the same --model_dir resumes.",
-        "",
-        "flags:",
-    ]
-    for flag in FLAGS.get_flags_for_module(sys.modules[__name__]):
-        summary = re.sub(r"^<[^>]*>: ", "", flag.help)  # absl puts an enum's values first
-        summary = summary.splitlines()[0].split(". ")[0].rstrip(".;")
-        lines += textwrap.wrap(
-            f"--{flag.name}: {summary}", 100, initial_indent="  ", subsequent_indent="      "
-        )
-    lines += [
-        "",
-        f"schedules: {', '.join(SCHEDULES)} (default train_and_evaluate)",
-        "experiments: experiments/*.gin; every gin setting: README.md; TensorFlow's and "
-        "absl's flags too: --helpfull",
-    ]
-    return "\n".join(lines)
 
 
 def _profile_steps(values: list[str] | None) -> tuple[int, int] | None:
@@ -464,5 +372,4 @@ def _fail(message: str, exit_code: int = UserError.exit_code, prefix: str = "err
     # one line below says everything, so keep it the last line.
     logging.set_verbosity(logging.ERROR)
     tf.get_logger().setLevel("ERROR")
-    print(f"{prefix}: {message}", file=sys.stderr)
-    sys.exit(exit_code)
+    command.fail(message, exit_code, prefix)

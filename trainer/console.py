@@ -43,17 +43,6 @@ def wants_everything(argv: list[str] | None = None) -> bool:
     return verbose or os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "0"
 
 
-def started_from_command_line() -> bool:
-    """True in ``python -m trainer`` and in the ``tf-trainer`` console script.
-
-    Under ``-m``, ``sys.argv[0]`` is ``'-m'`` while the package is imported.
-    """
-    return sys.argv[:1] == ["-m"] or os.path.basename(sys.argv[0] if sys.argv else "") in (
-        "trainer",
-        "tf-trainer",
-    )
-
-
 def quiet_tensorflow_import() -> None:
     """Imports TensorFlow (and finds its devices) with its C++ start-up lines held back.
 

@@ -1,0 +1,164 @@
+"""``python -m trainer``'s flags, parsed before TensorFlow loads.
+
+This is the only module that defines flags. It imports no TensorFlow, so ``--help``
+and a mistyped flag are answered at once; a command that runs imports TensorFlow
+quietly (``console.quiet_tensorflow_import``) and hands over to ``cli.main``.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import os
+import re
+import sys
+import textwrap
+
+from absl import app, flags
+
+from trainer import console
+
+SCHEDULES = ["train", "evaluate", "train_and_evaluate", "continuous_eval", "predict", "export"]
+
+flags.DEFINE_multi_string("gin_file", [], "Gin config file; repeat to layer files in order.")
+flags.DEFINE_multi_string(
+    "gin_param",
+    [],
+    "One gin binding such as 'MLP.dropout_rate = 0.2', applied after the files; repeat for more.",
+)
+flags.DEFINE_string(
+    "model_dir",
+    None,
+    "Where checkpoints, event files and the operative config go. Rerunning with the same "
+    "model_dir resumes; '{timestamp}' in it becomes the start time, for a new run "
+    "directory each time. Default: output/<name of the first --gin_file>.",
+)
+flags.DEFINE_enum("schedule", "train_and_evaluate", SCHEDULES, "What to run.")
+flags.DEFINE_string(
+    "results",
+    None,
+    "Write results here: JSON with global_step and the final metrics of each eval set; "
+    "for --schedule=predict, one JSON line of predictions per example.",
+)
+flags.DEFINE_list(
+    "profile_steps",
+    None,
+    "START,STOP: record a profiler trace of these global steps (TensorBoard Profile tab).",
+)
+flags.DEFINE_bool(
+    "run_eagerly", False, "Run the steps eagerly, op by op, so pdb and print work inside them."
+)
+flags.DEFINE_bool(
+    "overwrite_config",
+    False,
+    "Resume even though the model, data or optimizer config differs from the one the "
+    "checkpoints in --model_dir were trained with.",
+)
+flags.DEFINE_string(
+    "num_devices",
+    None,
+    "'auto' (every GPU, else one CPU) or how many devices to train on; sets "
+    "Estimator.num_devices. How they share a step is Estimator.distribution.",
+)
+FLAGS = flags.FLAGS
+
+EXIT_USER_ERROR = 2  # errors.UserError.exit_code, without importing TensorFlow
+
+
+def main(argv: list[str]) -> None:
+    """Runs the command the flags describe (``cli.main``), TensorFlow imported quietly."""
+    if len(argv) > 1:
+        fail(f"unexpected arguments {argv[1:]}: every option is a --flag (see --help)")
+    console.quiet_tensorflow_import()
+    from trainer import cli  # noqa: PLC0415 - TensorFlow loads here, after the flags
+
+    cli.main()
+
+
+def run_main() -> None:
+    """Console-script entry point (``tf-trainer``)."""
+    app.run(main, flags_parser=parse_flags)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """Parses the flags as absl does; a bad flag is one line (exit 2), ``--help`` is short."""
+    if any(arg in ("--help", "-h", "-?", "--helpshort") for arg in argv[1:]):
+        print(usage())
+        sys.exit(0)
+    try:
+        return FLAGS(argv)
+    except flags.UnrecognizedFlagError as error:
+        fail(f"unknown flag --{error.flagname}{_flag_hint(error.flagname, error.flagvalue)}")
+    except flags.Error as error:
+        fail(f"{error} (see --help)")
+
+
+def fail(message: str, exit_code: int = EXIT_USER_ERROR, prefix: str = "error") -> None:
+    """Ends the command with one line on stderr."""
+    print(f"{prefix}: {message}", file=sys.stderr)
+    sys.exit(exit_code)
+
+
+def _flag_hint(name: str, value: str) -> str:
+    """For an unknown --flag: the gin setting of that name, or the closest flags."""
+    shown = value.split("=", 1)[1] if "=" in value else "..."
+    settings = _settings()
+    for configurable, parameters in settings.items():
+        if name in parameters:
+            return f": it is a gin setting, e.g. --gin_param '{configurable}.{name} = {shown}'"
+    own = [flag.name for flag in FLAGS.get_flags_for_module(sys.modules[__name__])]
+    close = difflib.get_close_matches(name, own, n=2)
+    if close:
+        return f"; did you mean --{' or --'.join(close)}?"
+    for configurable, parameters in settings.items():
+        for setting in difflib.get_close_matches(name, parameters, n=1):
+            return (
+                f"; did you mean the gin setting --gin_param '{configurable}.{setting} = {shown}'?"
+            )
+    return " (see --help)"
+
+
+def _settings() -> dict[str, list[str]]:
+    """The parameters of ``experiment`` and ``Estimator``, read from their source.
+
+    (Importing them would load TensorFlow for a typo.)
+    """
+    return {
+        "experiment": _parameters("cli.py", "experiment"),
+        "Estimator": _parameters("estimator.py", "Estimator", "__init__"),
+    }
+
+
+def _parameters(file: str, *path: str) -> list[str]:
+    """The parameter names of the function at ``path`` (class, method) in trainer/``file``."""
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), file)) as f:
+        node = ast.parse(f.read())
+    for name in path:
+        node = next(
+            n for n in node.body if isinstance(n, ast.ClassDef | ast.FunctionDef) and n.name == name
+        )
+    return [a.arg for a in node.args.args + node.args.kwonlyargs if a.arg != "self"]
+
+
+def usage() -> str:
+    """The trainer's own flags, a line each, and where to read more."""
+    lines = [
+        "usage: python -m trainer --gin_file experiments/NAME.gin [--gin_param 'A.b = 1'] [flags]",
+        "",
+        "Runs the experiment its gin files describe; rerunning with the same --model_dir resumes.",
+        "",
+        "flags:",
+    ]
+    for flag in FLAGS.get_flags_for_module(sys.modules[__name__]):
+        summary = re.sub(r"^<[^>]*>: ", "", flag.help)  # absl puts an enum's values first
+        summary = summary.splitlines()[0].split(". ")[0].rstrip(".;")
+        lines += textwrap.wrap(
+            f"--{flag.name}: {summary}", 100, initial_indent="  ", subsequent_indent="      "
+        )
+    lines += [
+        "",
+        f"schedules: {', '.join(SCHEDULES)} (default train_and_evaluate)",
+        "experiments: experiments/*.gin; every gin setting: README.md; absl's flags too: "
+        "--helpfull",
+    ]
+    return "\n".join(lines)
