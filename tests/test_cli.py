@@ -229,3 +229,9 @@ def test_help_and_flag_mistakes_answer_before_tensorflow_loads(args, out):
     said = [line for line in (proc.stdout + proc.stderr).splitlines() if "import time:" not in line]
     assert re.fullmatch(out, said[0]), said
     assert proc.returncode == (0 if args == ["--help"] else 2)
+
+
+def test_flag_mistakes_exit_with_the_user_error_code():
+    from trainer import UserError, command
+
+    assert command.EXIT_USER_ERROR == UserError.exit_code == 2
