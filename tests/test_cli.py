@@ -34,6 +34,13 @@ def test_default_experiment_reaches_accuracy_then_resumes(tmp_path, data_dir):
     assert re.search(rf"^model_dir +{re.escape(str(model_dir))}$", proc.stdout, re.M)
     assert re.search(r"^eval +[\d.]+ +0\.9\d+$", proc.stdout, re.M)  # loss, accuracy
     assert f"tensorboard  tensorboard --logdir {model_dir}" in proc.stdout
+    # README's captured console is this run's, line for line up to the numbers.
+    shape = lambda text: [re.sub(r"\d+(\.\d+)?", "N", line) for line in text.splitlines()]  # noqa: E731
+    with open(os.path.join(REPO, "README.md")) as f:
+        shown = re.search(r"```console\n(.*?)```", f.read(), re.S).group(1)
+    printed = proc.stdout.replace(str(model_dir), "output/digits_mlp")
+    printed = re.sub(r"^results .*\n", "", printed, flags=re.M)  # README's has no --results
+    assert shape(shown) == shape(printed)
     first = json.loads(results.read_text())
     assert first["global_step"] == 2000
     assert first["metrics"]["eval"]["accuracy"] >= 0.95
