@@ -219,6 +219,8 @@ def test_help_lists_the_trainers_own_flags_and_exits_0():
         (["--max_steps=5"], r"error: unknown flag --max_steps: it is a gin setting, .*"),
         (["--schedule", "fly"], r"error: flag --schedule=fly: value should be one of .*"),
         (["extra"], r"error: unexpected arguments \['extra'\]: every option is a --flag .*"),
+        ([], r"error: --gin_file is required, e\.g\. --gin_file=experiments/digits_mlp\.gin"),
+        (["--gin_file=nope.gin"], r"error: --gin_file=nope\.gin: no such file; experiments .*"),
     ],
 )
 def test_help_and_flag_mistakes_answer_before_tensorflow_loads(args, out):

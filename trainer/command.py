@@ -69,6 +69,9 @@ def main(argv: list[str]) -> None:
     """Runs the command the flags describe (``cli.main``), TensorFlow imported quietly."""
     if len(argv) > 1:
         fail(f"unexpected arguments {argv[1:]}: every option is a --flag (see --help)")
+    missing = missing_gin_file(FLAGS.gin_file)
+    if missing:
+        fail(missing)
     console.quiet_tensorflow_import()
     from trainer import cli  # noqa: PLC0415 - TensorFlow loads here, after the flags
 
@@ -91,6 +94,22 @@ def parse_flags(argv: list[str]) -> list[str]:
         fail(f"unknown flag --{error.flagname}{_flag_hint(error.flagname, error.flagvalue)}")
     except flags.Error as error:
         fail(f"{error} (see --help)")
+
+
+def missing_gin_file(files: list[str]) -> str | None:
+    """What is wrong if no --gin_file is given or one is not there, else None."""
+    if not files:
+        return "--gin_file is required, e.g. --gin_file=experiments/digits_mlp.gin"
+    for path in files:
+        if not os.path.isfile(path):
+            known = (
+                sorted(f for f in os.listdir("experiments") if f.endswith(".gin"))
+                if os.path.isdir("experiments")
+                else []
+            )
+            hint = f"; experiments here: {', '.join(known)}" if known else ""
+            return f"--gin_file={path}: no such file{hint}"
+    return None
 
 
 def fail(message: str, exit_code: int = EXIT_USER_ERROR, prefix: str = "error") -> None:
