@@ -199,6 +199,11 @@ ROWS = {
         changed("experiment.input_fn = @tuple_digits"),
         r"MLP cannot take the input_fn's features \[128, 8, 8, 1\]: .*",
     ),
+    "feature_not_given": (
+        changed("MLP.image_key = 'pixels'"),
+        r"MLP looks up 'pixels', which the input_fn does not give \(features 'image'; labels "
+        r"'label'\): name it 'pixels' in the input_fn, or set MLP.image_key to one of them",
+    ),
     "input_fn_not_a_dataset": (
         changed("faulty_digits.fault = 'not_a_dataset'"),
         r"input_fn faulty_digits returned list for mode 'train'; it must return a "

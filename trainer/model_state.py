@@ -9,8 +9,10 @@ for evaluation, prediction and export when they are not.
 
 from __future__ import annotations
 
+import ast
 import collections
 import contextlib
+import re
 import time
 
 import keras
@@ -141,10 +143,35 @@ class ModelState:
             return spec.predictions
 
         args = (features_spec,) if labels_spec is None else (features_spec, labels_spec)
-        self.placement.create_variables(self.model_fn, features_spec)
-        with self.placement.scope():
-            tf.function(trace).get_concrete_function(*args)
+        try:
+            self.placement.create_variables(self.model_fn, features_spec)
+            with self.placement.scope():
+                tf.function(trace).get_concrete_function(*args)
+        except KeyError as error:
+            raise UserError(self._missing_key(error, features_spec, labels_spec)) from None
         return found.get("metrics", [])
+
+    def _missing_key(self, error: KeyError, features_spec, labels_spec) -> str:
+        """The model looked up a feature or label the input_fn does not give."""
+        key = error.args[0] if error.args else None
+        # AutoGraph re-raises it with its own text: "in user code: ... KeyError: 'x'".
+        quoted = re.search(r"KeyError: (['\"].*['\"])\s*$", str(key), re.M)
+        if quoted:
+            key = ast.literal_eval(quoted.group(1))
+        name = type(self.model_fn).__name__
+        given = [
+            f"{what} {', '.join(map(repr, sorted(spec)))}"
+            for what, spec in (("features", features_spec), ("labels", labels_spec))
+            if isinstance(spec, dict)
+        ]
+        # A model's setting that holds the key (MLP.image_key) is the other fix.
+        settings = [a for a, v in vars(self.model_fn).items() if isinstance(v, str) and v == key]
+        fix = f", or set {name}.{settings[0]} to one of them" if settings else ""
+        return (
+            f"{name} looks up {key!r}, which the input_fn does not give "
+            f"({'; '.join(given) or 'its features are not a dict'}): name it {key!r} in the "
+            f"input_fn{fix}"
+        )
 
     def _check_variables(self, variables: list) -> None:
         """Refuses a model a checkpoint could not save whole."""
