@@ -136,8 +136,28 @@ ROWS = {
     ),
     "model_class_not_instance": (
         gin("experiment.model_fn = @MLP"),
-        r"model_fn must be a trainer\.ModelFn instance, got type \(in gin, write @MyModel\(\) "
-        r"with parentheses to pass an instance\)",
+        r"model_fn must be a trainer\.ModelFn instance, got the class MLP \(in gin, write "
+        r"@MLP\(\) with parentheses\)",
+    ),
+    "constructor_refuses_a_setting": (
+        changed("MLP.hidden_units = 256"),
+        r"MLP\(num_classes=10, hidden_units=256, dropout_rate=0\.1\) failed: "
+        r"'int' object is not iterable",
+    ),
+    "input_fn_not_a_function": (
+        changed("experiment.input_fn = 3"),
+        r"the input_fn for mode 'eval' must be a function \(mode, params\) -> tf\.data\.Dataset, "
+        r"got int 3 \(in gin, name it without parentheses: @my_input_fn\)",
+    ),
+    "input_fn_called_in_gin": (
+        gin("experiment.input_fn = @faulty_digits()"),
+        r"faulty_digits is called in the gin file \(faulty_digits\(\) missing 2 required "
+        r"positional arguments: 'mode' and 'params'\): name an input_fn without parentheses",
+    ),
+    "optimizer_class_not_instance": (
+        gin("Estimator.optimizer = @SGD"),
+        r"optimizer must be a Keras optimizer instance, got the class SGD \(in gin, write "
+        r"@SGD\(\) with parentheses\)",
     ),
     "changed_config": (
         gin("MLP.hidden_units = [128]", "Adam.learning_rate = 0.01", "experiment.max_steps = 200"),

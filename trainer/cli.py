@@ -11,7 +11,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import re
 import shutil
 import time
 import uuid
@@ -214,24 +213,10 @@ def _run() -> tuple[str, int, str] | None:
         return errors.first_line(error), error.exit_code, "error"
     except UserError as error:
         return errors.first_line(error), error.exit_code, "error"
-    except TypeError as error:
-        macro = re.search(r"In call to configurable 'macro' .* in scope '([^']+)'", str(error))
-        if not macro:
+    except (TypeError, ValueError, RuntimeError) as error:  # raised through gin's calls
+        message = gin_config.call_error(error)
+        if message is None:
             raise
-        name = macro.group(1)
-        message = f"%{name} is used but never given a value: add '{name} = ...' to a .gin file"
-        return message, UserError.exit_code, "error"
-    except RuntimeError as error:
-        missing = re.search(
-            r"Required bindings for `([^`]+)` not provided in config: \[(.*)\]", str(error)
-        )
-        if not missing:
-            raise
-        name, params = missing.group(1), missing.group(2).replace("'", "").split(", ")
-        message = (
-            f"{name} needs values for {', '.join(params)}: add e.g. "
-            f"'{name}.{params[0]} = ...' to the .gin file, or --gin_param"
-        )
         return message, UserError.exit_code, "error"
     return None
 

@@ -30,6 +30,17 @@ def check_count(name: str, value, minimum: int = 1, optional: bool = False) -> N
         raise UserError(f"{name} must be {allowed}, got {value!r}")
 
 
+def check_instance(name: str, value, kind: type, described: str) -> None:
+    """Refuses a setting that must be a ``kind`` instance (gin's @Name where @Name() was meant)."""
+    if isinstance(value, kind):
+        return
+    if isinstance(value, type):
+        got = f"the class {value.__name__} (in gin, write @{value.__name__}() with parentheses)"
+    else:
+        got = type(value).__name__
+    raise UserError(f"{name} must be {described} instance, got {got}")
+
+
 class TrainingDiverged(Exception):
     """The loss became NaN or infinite; the last good checkpoint is left untouched."""
 

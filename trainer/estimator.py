@@ -20,7 +20,6 @@ from absl import logging
 
 from trainer import checkpoints, errors, evaluation, export, hooks, precision, training
 from trainer.distribution import Placement
-from trainer.errors import UserError
 from trainer.inputs import InputFn, Inputs
 from trainer.model_fn import Mode, ModelFn
 from trainer.model_state import ModelState
@@ -164,10 +163,10 @@ class Estimator:
         prefetch_to_device: bool | None = None,
         progress: bool = True,
     ):
-        if not isinstance(model_fn, ModelFn):
-            raise UserError(
-                f"model_fn must be a trainer.ModelFn instance, got {type(model_fn).__name__} "
-                "(in gin, write @MyModel() with parentheses to pass an instance)"
+        errors.check_instance("model_fn", model_fn, ModelFn, "a trainer.ModelFn")
+        if optimizer is not None:
+            errors.check_instance(
+                "optimizer", optimizer, keras.optimizers.Optimizer, "a Keras optimizer"
             )
         self.settings = training.Settings(
             global_batch_size=global_batch_size,

@@ -21,7 +21,7 @@ import gin
 import keras
 from gin import config_parser
 
-from trainer import estimator, optimization
+from trainer import errors, estimator, optimization
 from trainer.errors import UserError
 
 ConfiguredEstimator = gin.external_configurable(  # the Estimator with its gin bindings
@@ -258,6 +258,45 @@ def _value_text(value) -> str:
     if selector is not None:
         return f"@{selector}{'()' if getattr(value, '_evaluate', False) else ''}"
     return repr(value)
+
+
+def call_error(error: Exception) -> str | None:
+    """One line for a gin configurable that could not be called with its settings.
+
+    A macro without a value, required settings left out, a class whose constructor
+    refused its settings, an input_fn called in the gin file (``@fn()``). None for
+    any other error (a bug in the user's code keeps its traceback).
+    """
+    text = str(error)
+    macro = re.search(r"In call to configurable 'macro' .* in scope '([^']+)'", text)
+    if macro:
+        name = macro.group(1)
+        return f"%{name} is used but never given a value: add '{name} = ...' to a .gin file"
+    missing = re.search(r"Required bindings for `([^`]+)` not provided in config: \[(.*)\]", text)
+    if missing:
+        name, params = missing.group(1), missing.group(2).replace("'", "").split(", ")
+        return (
+            f"{name} needs values for {', '.join(params)}: add e.g. "
+            f"'{name}.{params[0]} = ...' to the .gin file, or --gin_param"
+        )
+    called = re.search(r"In call to configurable '([^']+)' \((<class|<function)", text)
+    if not called or called.group(1) == "experiment":
+        return None
+    name, why = called.group(1), errors.first_line(error)
+    if called.group(2) == "<function":  # a function gin called itself: only @fn() does
+        if "required positional arguments: 'mode' and 'params'" not in why:
+            return None
+        return f"{name} is called in the gin file ({why}): name an input_fn without parentheses"
+    settings = ", ".join(f"{k}={v!r}" for k, v in _settings_of(name).items())
+    return f"{name}({settings}) failed: {why}"
+
+
+def _settings_of(name: str) -> dict:
+    """The gin settings of configurable ``name`` (unscoped)."""
+    for (scope, selector), params in gin.config._CONFIG.items():  # noqa: SLF001 - no public listing
+        if not scope and selector.rsplit(".", 1)[-1] == name:
+            return dict(params)
+    return {}
 
 
 def query(name: str, default):

@@ -110,6 +110,13 @@ class Inputs:
                 seed=self._seed(mode),
                 start_example=int(self.position.numpy()) if mode == Mode.TRAIN else 0,
             )
+        if not callable(input_fn):
+            got = type(input_fn).__name__
+            raise UserError(
+                f"the input_fn for mode {mode.value!r} must be a function (mode, params) -> "
+                f"tf.data.Dataset, got {got} {input_fn!r:.60} (in gin, name it without "
+                "parentheses: @my_input_fn)"
+            )
         started = time.perf_counter()
         dataset = input_fn(mode, params)
         self.seconds["input"] += time.perf_counter() - started
