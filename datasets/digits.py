@@ -120,6 +120,7 @@ def _quiet():
         logging.set_verbosity(verbosity)
 
 
+@tf.autograph.experimental.do_not_convert
 def preprocess(example: dict) -> tuple[dict, dict]:
     """Scales pixels to [0, 1]; returns ``({'image'}, {'label'})``."""
     return {"image": pipeline.unit_range(example["image"])}, {"label": example["label"]}

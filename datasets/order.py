@@ -62,6 +62,7 @@ class Order:
             seed = random.SystemRandom().randrange(2**31)
         self.seed = int(seed)
 
+    @tf.autograph.experimental.do_not_convert  # plain TF ops: no AutoGraph pass
     def rows(self, positions: tf.Tensor) -> tf.Tensor:
         """The row of each stream position in the sources laid end to end (int64)."""
         positions = tf.cast(positions, tf.int64)
@@ -73,6 +74,7 @@ class Order:
             rows = tf.where(source == s, self.offsets[s] + self._example(s, k), rows)
         return rows
 
+    @tf.autograph.experimental.do_not_convert
     def source_of(self, positions: tf.Tensor) -> tf.Tensor:
         """Which source each stream position draws from (int64)."""
         if len(self.sizes) == 1:
@@ -136,6 +138,7 @@ def _slots(weights: Sequence[float] | None, count: int) -> list[int]:
     return slots
 
 
+@tf.autograph.experimental.do_not_convert
 def pipeline_positions(elements: tf.Tensor, params: InputParams) -> tf.Tensor:
     """The stream position of element ``e`` of this pipeline (its k-th batch's o-th example).
 

@@ -112,6 +112,7 @@ class ArraySource:
                 self._tensors = tf.nest.map_structure(tf.constant, self.arrays)
         return self._tensors
 
+    @tf.autograph.experimental.do_not_convert  # plain TF ops: no AutoGraph pass
     def gather(self, rows: tf.Tensor):
         """The examples at ``rows`` (a scalar gives one example, a vector a batch)."""
         return tf.nest.map_structure(lambda t: tf.gather(t, rows), self.tensors())
@@ -333,6 +334,7 @@ class RandomAccess:
         """The records at ``rows`` (bytes objects), and "" or what is corrupt, where."""
         raise NotImplementedError
 
+    @tf.autograph.experimental.do_not_convert
     def read(self, rows: tf.Tensor) -> tf.Tensor:
         """The serialized records at ``rows`` (a vector); corrupt data fails in one line."""
         records, problem = tf.numpy_function(
@@ -375,11 +377,13 @@ class RecordExamples:
         return examples.apply(tf.data.experimental.assert_cardinality(len(self)))
 
 
+@tf.autograph.experimental.do_not_convert
 def unit_range(image: tf.Tensor) -> tf.Tensor:
     """uint8 pixels (of one image or a batch) as float32 in [0, 1]."""
     return tf.cast(image, tf.float32) / 255.0
 
 
+@tf.autograph.experimental.do_not_convert
 def _stateless_seed(seed: int, position: tf.Tensor) -> tf.Tensor:
     """A shape-[2] seed for stateless random ops, unique to (run seed, stream position)."""
     return tf.stack([tf.constant(seed, tf.int64), tf.cast(position, tf.int64)])

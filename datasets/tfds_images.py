@@ -32,6 +32,7 @@ from trainer import InputParams, Mode, UserError, errors
 DOWNLOAD_HOST = "storage.googleapis.com"  # where TFDS keeps its prepared datasets
 
 
+@tf.autograph.experimental.do_not_convert
 def preprocess(
     example: dict, standardize: bool = False, image_size: int | None = None
 ) -> tuple[dict, dict]:
@@ -49,6 +50,7 @@ def preprocess(
     return {"image": image}, {"label": example["label"]}
 
 
+@tf.autograph.experimental.do_not_convert
 def _central_square(image: tf.Tensor, size: int) -> tf.Tensor:
     shape = tf.cast(tf.shape(image)[:2], tf.float32)
     scale = size / tf.reduce_min(shape)
@@ -56,6 +58,7 @@ def _central_square(image: tf.Tensor, size: int) -> tf.Tensor:
     return tf.image.resize_with_crop_or_pad(resized, size, size)
 
 
+@tf.autograph.experimental.do_not_convert
 def pad_crop_flip(features: dict, labels: dict, seed: tf.Tensor, pad: int = 4):
     """Pads the image by ``pad`` pixels, crops a random window of its size, maybe flips it."""
     image = features["image"]

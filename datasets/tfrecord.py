@@ -293,6 +293,7 @@ def _masked_crc(data: bytes) -> int:
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
+@tf.autograph.experimental.do_not_convert
 def parse_batch(records: tf.Tensor, metadata: dict) -> tuple[dict, dict]:
     """Parses a batch of serialized examples into ``({'image': uint8}, {'label'})``."""
     parsed = tf.io.parse_example(
@@ -317,11 +318,13 @@ def parse_batch(records: tf.Tensor, metadata: dict) -> tuple[dict, dict]:
     return {"image": images}, {"label": label}
 
 
+@tf.autograph.experimental.do_not_convert
 def scale_batch(features: dict, labels: dict) -> tuple[dict, dict]:
     """uint8 images to float32 in [0, 1]."""
     return {"image": pipeline.unit_range(features["image"])}, labels
 
 
+@tf.autograph.experimental.do_not_convert
 def crop_flip_batch(features: dict, labels: dict, seed: tf.Tensor, pad: int = 4):
     """Per image: pad by ``pad``, crop a random window of the original size, maybe flip.
 
