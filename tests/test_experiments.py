@@ -39,7 +39,7 @@ def test_digits_alexnet_reaches_95_percent(tmp_path, data_dir):
         "--gin_param",
         f"digits.input_fn.data_dir = '{data_dir}'",
         "--gin_param",
-        "experiment.max_steps = 100",
+        "experiment.max_steps = 50",
         "--gin_param",
         "experiment.eval_every_steps = None",
     )
