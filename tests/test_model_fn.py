@@ -136,3 +136,26 @@ def test_variables_a_checkpoint_cannot_reach_are_refused_before_training(tmp_pat
 
     with pytest.raises(UserError, match=r"holds variables a checkpoint cannot reach \(.*kernel"):
         Estimator(Hidden(), str(tmp_path)).export(input_fn)
+
+
+class OwnTable(ModelFn):
+    """Looks a feature up in a table of its own, which lacks it: a bug, not bad input."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(2)
+        self.table = {"other": 1}
+
+    def __call__(self, features, labels, mode):
+        logits = self.dense(features["x"]) * self.table["x"]
+        return Spec({"logits": logits}, loss=tf.reduce_mean(logits))
+
+
+def test_a_missing_feature_is_a_user_error_and_a_bug_keeps_its_key_error(tmp_path):
+    def input_fn(mode, params):
+        return tf.data.Dataset.from_tensors(({"x": tf.ones([4, 3])}, {"y": tf.zeros([4])}))
+
+    with pytest.raises(UserError, match=r"MLP looks up 'image', which the input_fn does not give "):
+        Estimator(MLP(num_classes=2), str(tmp_path / "mlp"), global_batch_size=4).train(input_fn, 1)
+    with pytest.raises(KeyError):  # 'x' is a feature: the lookup that failed is the model's own
+        Estimator(OwnTable(), str(tmp_path / "own"), global_batch_size=4).train(input_fn, 1)

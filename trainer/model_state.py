@@ -148,16 +148,15 @@ class ModelState:
             with self.placement.scope():
                 tf.function(trace).get_concrete_function(*args)
         except KeyError as error:
-            raise UserError(self._missing_key(error, features_spec, labels_spec)) from None
+            key = _missing_key(error)
+            given = [s for s in (features_spec, labels_spec) if isinstance(s, dict)]
+            if not isinstance(key, str) or any(key in spec for spec in given):
+                raise  # not a feature or label the input_fn lacks: a bug to trace back
+            raise UserError(self._missing_key_message(key, features_spec, labels_spec)) from None
         return found.get("metrics", [])
 
-    def _missing_key(self, error: KeyError, features_spec, labels_spec) -> str:
+    def _missing_key_message(self, key: str, features_spec, labels_spec) -> str:
         """The model looked up a feature or label the input_fn does not give."""
-        key = error.args[0] if error.args else None
-        # AutoGraph re-raises it with its own text: "in user code: ... KeyError: 'x'".
-        quoted = re.search(r"KeyError: (['\"].*['\"])\s*$", str(key), re.M)
-        if quoted:
-            key = ast.literal_eval(quoted.group(1))
         name = type(self.model_fn).__name__
         given = [
             f"{what} {', '.join(map(repr, sorted(spec)))}"
@@ -190,3 +189,10 @@ class ModelState:
                 "a Keras layer are invisible to tf.train.Checkpoint; assign each one as an "
                 "attribute (or hold the list in the ModelFn itself)"
             )
+
+
+def _missing_key(error: KeyError):
+    """The key a KeyError names (AutoGraph re-raises it as text: "... KeyError: 'x'")."""
+    key = error.args[0] if error.args else None
+    quoted = re.search(r"KeyError: (['\"].*['\"])\s*$", str(key), re.M)
+    return ast.literal_eval(quoted.group(1)) if quoted else key
