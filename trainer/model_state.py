@@ -149,26 +149,26 @@ class ModelState:
                 tf.function(trace).get_concrete_function(*args)
         except KeyError as error:
             key = _missing_key(error)
-            given = [s for s in (features_spec, labels_spec) if isinstance(s, dict)]
-            if not isinstance(key, str) or any(key in spec for spec in given):
+            given = {
+                what: sorted(spec)
+                for what, spec in (("features", features_spec), ("labels", labels_spec))
+                if isinstance(spec, dict)
+            }
+            if not isinstance(key, str) or any(key in names for names in given.values()):
                 raise  # not a feature or label the input_fn lacks: a bug to trace back
-            raise UserError(self._missing_key_message(key, features_spec, labels_spec)) from None
+            raise UserError(self._missing_key_message(key, given)) from None
         return found.get("metrics", [])
 
-    def _missing_key_message(self, key: str, features_spec, labels_spec) -> str:
+    def _missing_key_message(self, key: str, given: dict[str, list[str]]) -> str:
         """The model looked up a feature or label the input_fn does not give."""
         name = type(self.model_fn).__name__
-        given = [
-            f"{what} {', '.join(map(repr, sorted(spec)))}"
-            for what, spec in (("features", features_spec), ("labels", labels_spec))
-            if isinstance(spec, dict)
-        ]
+        names = [f"{what} {', '.join(map(repr, keys))}" for what, keys in given.items()]
         # A model's setting that holds the key (MLP.image_key) is the other fix.
         settings = [a for a, v in vars(self.model_fn).items() if isinstance(v, str) and v == key]
         fix = f", or set {name}.{settings[0]} to one of them" if settings else ""
         return (
             f"{name} looks up {key!r}, which the input_fn does not give "
-            f"({'; '.join(given) or 'its features are not a dict'}): name it {key!r} in the "
+            f"({'; '.join(names) or 'its features are not a dict'}): name it {key!r} in the "
             f"input_fn{fix}"
         )
 
