@@ -51,6 +51,7 @@ def measure(setup: str, seconds: float) -> float:
             MLP(hidden_units=[512, 512]),
             model_dir,
             global_batch_size=BATCH,
+            progress=False,
             steps_per_loop=100,
             log_every_steps=10**9,
             save_checkpoints_steps=None,

@@ -79,6 +79,7 @@ def training_rate(steps: int) -> float:
             AlexNet(num_classes=10, batch_norm=True, l2=5e-4),
             model_dir,
             global_batch_size=BATCH,
+            progress=False,
             steps_per_loop=10,
             log_every_steps=10,
             save_checkpoints_steps=None,
@@ -107,7 +108,7 @@ class Tiny(ModelFn):
 
 def input_state_bytes(input_fn, model_dir: str) -> int:
     """Bytes of input state in the checkpoint of a 3-step run (all but model and counters)."""
-    Estimator(Tiny(), model_dir, global_batch_size=BATCH, seed=0).train(input_fn, 3)
+    Estimator(Tiny(), model_dir, global_batch_size=BATCH, seed=0, progress=False).train(input_fn, 3)
     path = tf.train.latest_checkpoint(model_dir)
     reader = tf.train.load_checkpoint(path)
     state = ("model/", "optimizer/", "rng/", "step/", "save_counter/", "_CHECKPOINTABLE_OBJECT")
@@ -269,6 +270,7 @@ def main() -> None:
                 Tiny(),
                 os.path.join(root, distribution),
                 global_batch_size=BATCH,
+                progress=False,
                 distribution=distribution,
                 num_devices=devices,
                 seed=0,

@@ -26,6 +26,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import trainer  # noqa: E402, F401, I001 - first: TensorFlow loads without its start-up lines
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from absl import logging  # noqa: E402
@@ -151,6 +152,7 @@ def framework(model: str, seconds: float, chunk: int, jit: bool, precision=None)
                 make_model(),
                 model_dir,
                 global_batch_size=BATCH,
+                progress=False,
                 steps_per_loop=100,
                 log_every_steps=chunk,
                 save_checkpoints_steps=None,

@@ -13,10 +13,8 @@ same preprocessing (scale to [0, 1]) serves both.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import functools
-import io
 import os
 
 import gin
@@ -26,7 +24,7 @@ import tensorflow_datasets as tfds
 from absl import logging
 
 from datasets import pipeline
-from trainer import InputParams, Mode, errors
+from trainer import InputParams, Mode, console, errors
 
 NUM_EXAMPLES = 1797
 NUM_TRAIN = 1437
@@ -77,7 +75,7 @@ class Digits(tfds.core.GeneratorBasedBuilder):
 def load(split: str, data_dir: str | None = None) -> tf.data.Dataset:
     """The examples of ``split`` ('train', 'test', or a slice like 'train[:50%]')."""
     builder = Digits(data_dir=data_dir)
-    with _quiet():
+    with console.hushed():
         prepared = builder.is_prepared()
     if not prepared:
         # Processes started together (a trainer and its evaluator) build it once.
@@ -85,39 +83,23 @@ def load(split: str, data_dir: str | None = None) -> tf.data.Dataset:
         with open(os.path.join(builder.data_dir_root, ".digits.lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             builder = Digits(data_dir=data_dir)
-            with _quiet():
+            with console.hushed():
                 prepared = builder.is_prepared()
             if not prepared:
                 logging.info("Building the digits dataset in %s (once, offline)", builder.data_dir)
                 tfds.disable_progress_bar()
-                with _quiet():
+                with console.hushed():
                     builder.download_and_prepare()
-    with _quiet():
+    with console.hushed():
         return builder.as_dataset(split=split, shuffle_files=False)
 
 
 @functools.lru_cache(maxsize=16)
 def source(split: str, data_dir: str | None = None) -> pipeline.ArraySource:
     """The examples of ``split`` held in memory (about 100 KB), read once per process."""
-    with _quiet(), errors.runtime_errors(f"reading digits {split!r}"):
+    with console.hushed(), errors.runtime_errors(f"reading digits {split!r}"):
         examples = tfds.as_numpy(load(split, data_dir).batch(NUM_EXAMPLES).get_single_element())
     return pipeline.ArraySource(examples, name=f"digits {split}")
-
-
-@contextlib.contextmanager
-def _quiet():
-    """Keeps TFDS's chatter off the console.
-
-    That is its per-call INFO lines, its first-build warning, and the "Downloading and
-    preparing" lines it prints on stdout (though nothing downloads).
-    """
-    verbosity = logging.get_verbosity()
-    logging.set_verbosity(logging.ERROR)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            yield
-    finally:
-        logging.set_verbosity(verbosity)
 
 
 @tf.autograph.experimental.do_not_convert

@@ -1,9 +1,9 @@
 """Writes a dataset as sharded TFRecord files, or verifies a written directory.
 
-    python -m datasets.prepare --dataset digits --out data/digits --shards 4
-    python -m datasets.prepare --dataset mnist --data_dir ~/tensorflow_datasets
+    python3 -m datasets.prepare --dataset digits --out data/digits --shards 4
+    python3 -m datasets.prepare --dataset mnist --data_dir ~/tensorflow_datasets
         --out data/mnist --shards 16 --format raw --compression GZIP   (one line)
-    python -m datasets.prepare --verify data/digits
+    python3 -m datasets.prepare --verify data/digits
 
 ``--dataset`` is 'digits' (built offline from scikit-learn) or any TFDS image
 dataset already present in ``--data_dir`` (nothing downloads here). Train with
@@ -17,7 +17,7 @@ import sys
 import tensorflow_datasets as tfds
 from absl import app, flags
 
-from trainer import UserError, errors
+from trainer import UserError, console, errors
 
 flags.DEFINE_string("dataset", None, "'digits', or a TFDS image dataset present in --data_dir.")
 flags.DEFINE_string("out", None, "Directory to write the shards and dataset.json to.")
@@ -48,6 +48,8 @@ def main(argv: list[str]) -> None:
     """Writes or verifies; one line and exit 2 on bad input."""
     del argv
     from datasets import tfrecord
+
+    console.use_console()  # its own lines, plainly; TFDS's INFO lines stay off
 
     try:
         if FLAGS.verify:

@@ -27,7 +27,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from datasets import pipeline
-from trainer import InputParams, Mode, UserError, errors
+from trainer import InputParams, Mode, UserError, console, errors
 
 DOWNLOAD_HOST = "storage.googleapis.com"  # where TFDS keeps its prepared datasets
 
@@ -81,7 +81,10 @@ def load(
     if records is not None:
         return records
     try:
-        return tfds.load(name, split=split, data_dir=data_dir, download=False, shuffle_files=False)
+        with console.hushed():
+            return tfds.load(
+                name, split=split, data_dir=data_dir, download=False, shuffle_files=False
+            )
     except (AssertionError, FileNotFoundError):
         pass
     where = data_dir or "TFDS's default data_dir (~/tensorflow_datasets)"
@@ -124,10 +127,12 @@ class ArrayRecords(pipeline.RandomAccess):
 def array_records(name: str, split: str, data_dir: str | None) -> pipeline.RecordExamples | None:
     """The examples of ``split``, read by index, if it is prepared as ArrayRecord here."""
     try:
-        builder = tfds.builder(name, data_dir=data_dir)
+        with console.hushed():
+            builder = tfds.builder(name, data_dir=data_dir)
+            prepared = builder.is_prepared()
     except tfds.core.registered.DatasetNotFoundError:
         raise UserError(f"TFDS has no dataset named {name!r}: see `tfds.list_builders()`") from None
-    if not builder.is_prepared():
+    if not prepared:
         return None
     if tfds.core.FileFormat.ARRAY_RECORD not in builder.info.available_file_formats():
         return None

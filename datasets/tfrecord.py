@@ -128,7 +128,7 @@ def _read_metadata(data_dir: str, missing_ok: bool = False) -> dict | None:
     if metadata is None and not missing_ok:
         raise UserError(
             f"{path} not found: prepare the data with "
-            f"`python -m datasets.prepare --out {data_dir} ...`"
+            f"`python3 -m datasets.prepare --out {data_dir} ...`"
         )
     return metadata
 

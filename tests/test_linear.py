@@ -1,12 +1,11 @@
-"""Linear regression on the diabetes data approaches the normal-equation solution."""
+"""The diabetes data, and the normal-equation solution its experiments approach.
 
-import json
+tests/test_as_written.py runs the two experiments and compares them with it.
+"""
 
 import numpy as np
-import pytest
 
 from datasets import diabetes
-from tests.conftest import run_cli
 
 
 def closed_form_eval_mse():
@@ -23,19 +22,3 @@ def test_split_is_standardised_on_train():
     np.testing.assert_allclose(x.mean(0), 0, atol=1e-5)
     np.testing.assert_allclose(x.std(0), 1, atol=1e-5)
     assert 25 <= y.min() and y.max() <= 346
-
-
-@pytest.mark.parametrize("experiment", ["diabetes_linear", "diabetes_linear_momentum"])
-def test_gradient_descent_reaches_the_closed_form(tmp_path, experiment):
-    results = tmp_path / "r.json"
-    proc = run_cli(
-        "--gin_file",
-        f"experiments/{experiment}.gin",
-        "--model_dir",
-        str(tmp_path / "run"),
-        "--results",
-        str(results),
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    mse = json.loads(results.read_text())["metrics"]["eval"]["mse"]
-    assert mse == pytest.approx(closed_form_eval_mse(), rel=0.01)

@@ -75,11 +75,37 @@ ROWS = {
         lambda m: ["--gin_file", m.file("inc.gin", "# header\ninclude 'experiments/base.gin'\n")],
         r"{tmp}/inc\.gin:2: include 'experiments/base\.gin' not found in the working directory "
         + re.escape(REPO)
-        + r": run from the directory it is relative to, or include it by its absolute path",
+        + r" nor above the gin file: run from the directory it is relative to, or include it "
+        r"by its absolute path",
     ),
     "unknown_configurable": (
         gin("Estimater.steps_per_loop = 5"),
         r"--gin_param: No configurable matching 'Estimater'; did you mean 'Estimator'\?",
+    ),
+    "unused_command_line_macro": (
+        gin("max_steps=50"),
+        r"--gin_param 'max_steps=50' sets nothing: without a 'Configurable\.' in front, "
+        r"max_steps is a macro no setting uses \(write 'experiment\.max_steps = 50'\)",
+    ),
+    "reference_without_at": (
+        gin("Estimator.optimizer = SGD()"),
+        r"--gin_param:1: gin syntax error: SGD is not a value gin knows \(in "
+        r"'Estimator\.optimizer = SGD\(\)'\): write @SGD\(\) for a new instance of a "
+        r"configurable, @SGD for the class or function itself, or 'SGD' with quotes for a string",
+    ),
+    "colon_for_equals": (
+        gin("experiment.max_steps:500"),
+        r"--gin_param:1: gin syntax error: a binding is 'name = value': "
+        r"write 'experiment\.max_steps = 500'",
+    ),
+    "quoted_reference": (
+        gin("Estimator.optimizer = '@SGD()'"),
+        r"optimizer must be a Keras optimizer instance, got the string '@SGD\(\)' \(in gin, "
+        r"write @SGD\(\) without quotes\)",
+    ),
+    "configurable_in_lower_case": (
+        gin("mlp.dropout_rate = 0.2"),
+        r"--gin_param: No configurable matching 'mlp'; did you mean 'MLP'\?",
     ),
     "unknown_reference": (
         gin("experiment.model_fn = @MLPP()"),
@@ -184,6 +210,11 @@ ROWS = {
         flags("extra"),
         r"unexpected arguments \['extra'\]: every option is a --flag \(see --help\)",
     ),
+    "unquoted_binding": (
+        flags("--gin_param", "Adam.learning_rate", "=", "0.01"),
+        r"--gin_param Adam\.learning_rate = 0\.01 was split by the shell at its spaces: "
+        r"quote the binding, --gin_param 'Adam\.learning_rate = 0\.01'",
+    ),
     "num_devices_not_a_number": (
         flags("--num_devices", "two"),
         r"num_devices must be 'auto' or a number, got 'two'",
@@ -217,7 +248,9 @@ ROWS = {
     ),
     "tuple_input": (
         changed("experiment.input_fn = @tuple_digits"),
-        r"MLP cannot take the input_fn's features \[128, 8, 8, 1\]: .*",
+        r"MLP cannot take the input_fn's features \[128, 8, 8, 1\]: features and labels must be "
+        r"dicts of tensors, not bare tensors: end the input_fn with dataset\.map\(lambda image, "
+        r"label: \({{'image': image}}, {{'label': label}}\)\) and look them up by key in the model",
     ),
     "feature_not_given": (
         changed("MLP.image_key = 'pixels'"),

@@ -4,14 +4,33 @@ Research code subclasses ``ModelFn`` and writes an ``input_fn``; ``Estimator`` t
 evaluates, predicts and checkpoints. ``python -m trainer --gin_file X.gin`` runs an
 experiment described by gin files.
 
-The names below are imported when first used, so that the command line can answer
-``--help`` or a mistyped flag before TensorFlow loads.
+``import trainer`` loads TensorFlow with its C++ start-up lines held back (CUDA
+probing, CPU-feature notes: ``console.quiet_tensorflow_import``), so a script, a
+notebook or ``python -m datasets.prepare`` starts as quietly as the command line.
+The command line itself imports TensorFlow only after its flags, so that ``--help``
+or a mistyped flag answers at once; the names below are imported when first used.
 """
 
 import importlib
+import os
+import sys
 import time
 
 STARTED = time.perf_counter()  # before TensorFlow is imported: the run's clock starts here
+
+
+def _is_the_command_line() -> bool:
+    """``python -m trainer`` or the ``tf-trainer`` script, which import TensorFlow later."""
+    argv = getattr(sys, "orig_argv", [])
+    module = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else ""
+    script = os.path.basename(sys.argv[0]) if sys.argv else ""
+    return module in ("trainer", "trainer.__main__") or script == "tf-trainer"
+
+
+if not _is_the_command_line() and "tensorflow" not in sys.modules:
+    from trainer import console
+
+    console.quiet_tensorflow_import()
 
 _HOMES = {
     "Estimator": "trainer.estimator",

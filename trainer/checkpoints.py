@@ -194,13 +194,20 @@ def _listed(model_dir: str) -> list[str] | None:
     tf_logger.setLevel("ERROR")  # it warns "Checkpoint ignored"; latest_checkpoint says more
     try:
         state = tf.train.get_checkpoint_state(model_dir)
+    except (ValueError, UnicodeDecodeError):  # an empty or binary file
+        return None
     finally:
         tf_logger.setLevel(level)
     if state is None or not state.model_checkpoint_path:
         return None
+    # TensorFlow has already joined each relative entry onto model_dir, relative or not.
     listed = {*state.all_model_checkpoint_paths, state.model_checkpoint_path}
-    paths = [p if os.path.isabs(p) else os.path.join(model_dir, p) for p in listed]
-    return sorted(paths, key=step_of)
+    ours = [os.path.join(model_dir, os.path.basename(p)) for p in listed]
+    if any(os.path.normpath(p) != os.path.normpath(o) for p, o in zip(listed, ours, strict=False)):
+        return None  # an entry outside model_dir, or not a checkpoint name: not our list
+    if any(not re.fullmatch(rf"{CHECKPOINT_NAME}-\d+", os.path.basename(p)) for p in ours):
+        return None
+    return sorted(ours, key=step_of)
 
 
 def _found(model_dir: str) -> list[str]:

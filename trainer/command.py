@@ -68,7 +68,7 @@ EXIT_USER_ERROR = 2  # errors.UserError.exit_code, without importing TensorFlow
 def main(argv: list[str]) -> None:
     """Runs the command the flags describe (``cli.main``), TensorFlow imported quietly."""
     if len(argv) > 1:
-        fail(f"unexpected arguments {argv[1:]}: every option is a --flag (see --help)")
+        fail(_unexpected(argv[1:]))
     missing = missing_gin_file(FLAGS.gin_file)
     if missing:
         fail(missing)
@@ -76,6 +76,18 @@ def main(argv: list[str]) -> None:
     from trainer import cli  # noqa: PLC0415 - TensorFlow loads here, after the flags
 
     cli.main()
+
+
+def _unexpected(arguments: list[str]) -> str:
+    """What to say of words the flags did not take: often a binding the shell split."""
+    split = [p for p in FLAGS.gin_param or [] if "=" not in p and not p.startswith("import")]
+    if split and arguments[0].startswith("="):
+        binding = " ".join([split[-1], *arguments])
+        return (
+            f"--gin_param {binding} was split by the shell at its spaces: quote the "
+            f"binding, --gin_param '{binding}'"
+        )
+    return f"unexpected arguments {arguments}: every option is a --flag (see --help)"
 
 
 def run_main() -> None:
@@ -162,7 +174,7 @@ def _parameters(file: str, *path: str) -> list[str]:
 def usage() -> str:
     """The trainer's own flags, a line each, and where to read more."""
     lines = [
-        "usage: python -m trainer --gin_file experiments/NAME.gin [--gin_param 'A.b = 1'] [flags]",
+        "usage: python3 -m trainer --gin_file experiments/NAME.gin [--gin_param 'A.b = 1'] [flags]",
         "",
         "Runs the experiment its gin files describe; rerunning with the same --model_dir resumes.",
         "",

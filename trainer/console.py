@@ -17,6 +17,8 @@ line, or ``TF_CPP_MIN_LOG_LEVEL=0`` in the environment.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging as pylogging
 import os
 import re
@@ -72,6 +74,25 @@ def quiet_tensorflow_import() -> None:
     for line in lines:
         if line.strip() and not NOISE.search(line):
             print(line, file=sys.stderr)
+
+
+@contextlib.contextmanager
+def hushed():
+    """Keeps a library's chatter off the console while it does a quiet job.
+
+    That is absl-logged INFO and warnings (TFDS logs a line per call, and warns of
+    the folders its own failed lookups leave), and what it prints on stdout (TFDS's
+    "Downloading and preparing" lines, though nothing downloads).
+    """
+    from absl import logging
+
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        logging.set_verbosity(verbosity)
 
 
 class _OwnInfo(pylogging.Filter):

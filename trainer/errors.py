@@ -36,6 +36,8 @@ def check_instance(name: str, value, kind: type, described: str) -> None:
         return
     if isinstance(value, type):
         got = f"the class {value.__name__} (in gin, write @{value.__name__}() with parentheses)"
+    elif isinstance(value, str) and value.startswith("@"):
+        got = f"the string {value!r} (in gin, write {value} without quotes)"
     else:
         got = type(value).__name__
     raise UserError(f"{name} must be {described} instance, got {got}")

@@ -49,11 +49,40 @@ for _cls in [
     gin.external_configurable(_cls, module="schedules")
 
 
+def _safe_check(exists):
+    """A gin file-existence check that says no instead of raising.
+
+    gin's package-resource reader raises TypeError for a path whose first directory
+    imports as a namespace package (``experiments/x.gin`` when the repository root is
+    on ``sys.path``), before gin has tried its other search paths.
+    """
+
+    def check(path: str) -> bool:
+        try:
+            return exists(path)
+        except (TypeError, ImportError, ValueError):
+            return False
+
+    check.safe = True
+    return check
+
+
+gin.config._FILE_READERS[:] = [  # noqa: SLF001 - gin offers only register_file_reader
+    (reader, exists if getattr(exists, "safe", False) else _safe_check(exists))
+    for reader, exists in gin.config._FILE_READERS  # noqa: SLF001
+]
+
+
 def parse(files: list[str], params: list[str]) -> None:
     """Parses each file, then the --gin_param bindings, naming the source of any error.
 
     The files are there (``command.missing_gin_file`` said so before TensorFlow loaded).
+    An ``include`` is looked for from the working directory, then from each directory
+    above the including files, so ``include 'experiments/base.gin'`` also works when
+    the command runs elsewhere (``--gin_file ../experiments/x.gin``).
     """
+    for directory in _above(files):
+        gin.add_config_file_search_path(directory)
     sources = [(path, lambda path=path: gin.parse_config_file(path)) for path in files]
     sources.append(("--gin_param", lambda: gin.parse_config(params)))
     for source, parse in sources:
@@ -68,6 +97,62 @@ def parse(files: list[str], params: list[str]) -> None:
             tokenize.TokenError,
         ) as error:
             raise UserError(_gin_error(error, source)) from None
+    unused = _unused_macro(params)
+    if unused:
+        raise UserError(unused)
+
+
+def _unused_macro(params: list[str]) -> str | None:
+    """A ``--gin_param 'name = value'`` that sets nothing: gin made it a macro no one uses."""
+    used = set()
+
+    def collect(value):
+        selector = getattr(value, "_scoped_selector", None)  # %name is a reference to name
+        if isinstance(selector, str) and selector.endswith("/gin.macro"):
+            used.add(selector[: -len("/gin.macro")])
+        for item in value.values() if isinstance(value, dict) else []:
+            collect(item)
+        for item in value if isinstance(value, (list, tuple)) else []:
+            collect(item)
+
+    for bindings in gin.config._CONFIG.values():  # noqa: SLF001 - no public listing
+        collect(dict(bindings))
+    for param in params:
+        binding = re.fullmatch(r"\s*([A-Za-z_]\w*)\s*=\s*(.*?)\s*", param, re.S)
+        if binding and binding.group(1) not in used:
+            name, value = binding.groups()
+            owners = _owners_of(name)
+            fix = " or ".join(f"'{owner}.{name} = {value}'" for owner in owners[:3])
+            fix = f"write {fix}" if fix else f"name its configurable, or use it as %{name}"
+            return (
+                f"--gin_param '{param}' sets nothing: without a 'Configurable.' in front, "
+                f"{name} is a macro no setting uses ({fix})"
+            )
+    return None
+
+
+def _owners_of(parameter: str) -> list[str]:
+    """The configurables (by their shortest name) that take a ``parameter`` so named."""
+    owners = []
+    for selector, configurable in gin.config._REGISTRY.items():  # noqa: SLF001
+        try:
+            names = _parameters(configurable.wrapped)
+        except (TypeError, ValueError):  # no signature to read
+            continue
+        if parameter in names:
+            owners.append(selector.split(".")[-1])
+    return sorted(set(owners), key=lambda owner: (owner != "experiment", owner))
+
+
+def _above(files: list[str]) -> list[str]:
+    """The directories of ``files`` and every directory above them, nearest first."""
+    found: list[str] = []
+    for path in files:
+        directory = os.path.dirname(os.path.abspath(path))
+        while directory not in found:
+            found.append(directory)
+            directory = os.path.dirname(directory)
+    return [d for d in found if d not in gin.config._LOCATION_PREFIXES]  # noqa: SLF001
 
 
 def _gin_error(error: Exception, source: str) -> str:
@@ -80,20 +165,36 @@ def _gin_error(error: Exception, source: str) -> str:
     text = str(error)
     if isinstance(error, SyntaxError):
         line = f":{error.lineno}" if error.lineno else ""
-        return f"{error.filename or source}{line}: gin syntax error: {error.msg}"
+        return f"{error.filename or source}{line}: gin syntax error: {_syntax_hint(error)}"
     where = re.search(r'In file "([^"]+)", line (\d+)', text)
     location = f"{where.group(1)}:{where.group(2)}" if where else source
     message = text.splitlines()[0].rstrip(".")
-    # gin shows the failing line; an include of a file not there fails as an OSError,
-    # or as a TypeError when the include's directory imports as a namespace package.
+    # gin shows the failing line; an include of a file not there fails as an OSError.
     include = re.search(r"^\s*include\s+['\"]([^'\"]+)['\"]\s*$", text, re.M)
     if include and not os.path.isfile(include.group(1)):
         return (
             f"{location}: include {include.group(1)!r} not found in the working directory "
-            f"{os.getcwd()}: run from the directory it is relative to, or include it by its "
-            "absolute path"
+            f"{os.getcwd()} nor above the gin file: run from the directory it is relative "
+            "to, or include it by its absolute path"
         )
     return f"{location}: {message}{_closest_name_hint(message)}"
+
+
+def _syntax_hint(error: SyntaxError) -> str:
+    """Gin's syntax error, said in terms of the line the user wrote and its fix."""
+    text = (error.text or "").strip()
+    token = re.search(r"Failed to parse token '([^']+)'", error.msg)
+    if token:
+        name = token.group(1)
+        return (
+            f"{name} is not a value gin knows (in {text!r}): write @{name}() for a new "
+            f"instance of a configurable, @{name} for the class or function itself, or "
+            f"'{name}' with quotes for a string"
+        )
+    colon = re.fullmatch(r"([\w./]+)\s*:\s*(.+)", text)
+    if colon:
+        return f"a binding is 'name = value': write '{colon.group(1)} = {colon.group(2)}'"
+    return re.sub(r"\s*<[^>]* at 0x[0-9a-f]+>", "", errors.first_line(error.msg))
 
 
 def _unclosed_bracket_line(source: str) -> int | None:
@@ -172,8 +273,12 @@ def _did_you_mean(name: str, names: list[str] | dict[str, str]) -> str:
     ``names`` may map each name to what it names; one name is given of each.
     """
     meaning = names if isinstance(names, dict) else {n: n for n in names}
+    spelt = {}  # lower case to the names spelt so ('smallcnn' finds 'SmallCNN')
+    for candidate in sorted(meaning):
+        spelt.setdefault(candidate.lower(), candidate)
     close, seen = [], set()
-    for candidate in difflib.get_close_matches(name, sorted(meaning), n=20, cutoff=0.6):
+    for lower in difflib.get_close_matches(name.lower(), list(spelt), n=20, cutoff=0.6):
+        candidate = spelt[lower]
         if meaning[candidate] not in seen and len(close) < 3:
             seen.add(meaning[candidate])
             close.append(repr(candidate))

@@ -133,7 +133,7 @@ class ModelState:
                 shapes = tf.nest.map_structure(lambda t: t.shape.as_list(), features_spec)
                 raise UserError(
                     f"{name} cannot take the input_fn's features {shapes}: "
-                    f"{errors.first_line(error)}"
+                    + (_not_dicts(features_spec, labels_spec) or errors.first_line(error))
                 ) from None
             try:
                 check_spec(spec, mode, name)
@@ -196,3 +196,14 @@ def _missing_key(error: KeyError):
     key = error.args[0] if error.args else None
     quoted = re.search(r"KeyError: (['\"].*['\"])\s*$", str(key), re.M)
     return ast.literal_eval(quoted.group(1)) if quoted else key
+
+
+def _not_dicts(features_spec, labels_spec) -> str | None:
+    """What to write when an input_fn yields bare tensors where dicts of them are due."""
+    if isinstance(features_spec, dict) and (labels_spec is None or isinstance(labels_spec, dict)):
+        return None
+    return (
+        "features and labels must be dicts of tensors, not bare tensors: end the "
+        "input_fn with dataset.map(lambda image, label: ({'image': image}, {'label': label})) "
+        "and look them up by key in the model"
+    )

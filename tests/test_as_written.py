@@ -1,0 +1,305 @@
+"""Every command README.md and the experiment headers show, run exactly as written.
+
+The rest of the suite passes absolute temporary paths. A user types README's
+commands from the root of a clone, with relative paths and the default model_dir,
+and runs them twice: a relative model_dir joined onto itself hid behind absolute
+paths for a whole turn. Here each command is read out of README.md and
+experiments/*.gin and given to bash as text, in a copy of the repository, with
+the user's environment; ``test_every_command_shown_is_run_here`` fails when a
+command appears that no test here runs or excuses.
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO
+from tests.helpers import checkpoint_steps, event_tags
+from tests.test_linear import closed_form_eval_mse
+
+HEADER_COMMAND = re.compile(r"^#\s+((?:PYTHONPATH=\S+ )?python3? -m .*)$", re.M)
+
+# Shown, but not run here, and why.
+NOT_RUN = {
+    "python3 -m trainer --gin_file FILE [--gin_file FILE ...] [--gin_param 'A.b = 1' ...]": (
+        "the syntax, not a command"
+    ),
+    "python3 -m pip install -e .": "CI's own install (.ci/run runs README's commands)",
+    'python3 -m pip install -e ".[test]"': "CI's own install",
+    "python3 -m pytest -q -n 2": "this suite",
+    "python3 -m trainer --gin_file experiments/cifar10_alexnet.gin --num_devices 8": "8 GPUs",
+    "python3 -m trainer --gin_file experiments/cifar10_alexnet.gin --num_devices 8 "
+    "--gin_param \"Estimator.distribution = 'mirrored'\"": "8 GPUs",
+}
+# Two machines (host1, host2, /shared): tests/test_parallel.py runs these workers on 127.0.0.1.
+MULTI_WORKER = "TF_CONFIG="
+NEEDS_DOWNLOAD = ["mnist_mlp", "fashion_mnist_mlp", "mnist_alexnet", "cifar10_alexnet"]
+
+
+def shown_commands() -> set[str]:
+    """The commands README.md and the experiment headers show, one string each."""
+    with open(os.path.join(REPO, "README.md")) as f:
+        readme = f.read()
+    commands = set()
+    for lang, block in re.findall(r"```(\w*)\n(.*?)```", readme, re.S):
+        if lang in ("", "sh"):
+            text = block.replace("\\\n", " ")
+            for line in text.splitlines():
+                line = re.sub(r"\s+", " ", line.strip())
+                if re.match(r"(TF_CONFIG=|PYTHONPATH=|python3? )", line):
+                    commands.update(part.strip() for part in line.split("&&"))
+    for span in re.findall(r"`([^`]+)`", re.sub(r"```.*?```", "", readme, flags=re.S)):
+        span = re.sub(r"\s+", " ", span)
+        if re.match(r"(PYTHONPATH=\S+ )?python3? -m (trainer|datasets)\S* --", span):
+            commands.add(span)
+    for name in sorted(os.listdir(os.path.join(REPO, "experiments"))):
+        with open(os.path.join(REPO, "experiments", name)) as f:
+            commands.update(HEADER_COMMAND.findall(f.read()))
+    for name in ("polyfit.gin",):
+        with open(os.path.join(REPO, "tests", "user_project", name)) as f:
+            commands.update(HEADER_COMMAND.findall(f.read()))
+    return commands
+
+
+@pytest.fixture
+def clone(tmp_path):
+    """A copy of the repository's files as a fresh clone has them (no output/, no data/)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    root = tmp_path / "tf-trainer"
+    for name in listed.stdout.splitlines():
+        source = os.path.join(REPO, name)
+        if os.path.isfile(source):
+            os.makedirs(root / os.path.dirname(name), exist_ok=True)
+            shutil.copy2(source, root / name)
+    return root
+
+
+def user_env():
+    """The user's environment: python3 is this interpreter, nothing downloads."""
+    env = dict(os.environ)
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # as a user has it: unset
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    # A download (a TFDS experiment without its data) fails at once, online or not.
+    env.update(HTTP_PROXY="http://127.0.0.1:9", HTTPS_PROXY="http://127.0.0.1:9")
+    env.update(http_proxy="http://127.0.0.1:9", https_proxy="http://127.0.0.1:9")
+    return env
+
+
+def sh(command, cwd, timeout=600):
+    """Runs ``command`` as a user types it, in ``cwd``; returns the CompletedProcess."""
+    return subprocess.run(
+        ["bash", "-c", command],
+        cwd=cwd,
+        env=user_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def ok(proc):
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc
+
+
+def final_metrics(stdout):
+    """The end-of-run table's first row: ``{'loss': ..., 'accuracy': ...}``."""
+    lines = stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("eval set "))
+    names, values = lines[at].split()[2:], lines[at + 1].split()[1:]
+    return dict(zip(names, map(float, values), strict=True))
+
+
+def expected(name):
+    """The header's promise: ``Expected: eval METRIC ~VALUE (>= FLOOR)`` -> its parts."""
+    with open(os.path.join(REPO, "experiments", f"{name}.gin")) as f:
+        header = f.read()
+    found = re.search(r"Expected: eval (\w+) ~([\d.]+) \(([<>]=) ([\d.]+)\)", header)
+    assert found, f"{name}.gin's header gives no 'Expected: eval METRIC ~X (>= Y)'"
+    metric, about, sense, bound = found.groups()
+    return metric, float(about), sense, float(bound)
+
+
+def check_promise(name, stdout):
+    """The run keeps its header's promise, and README's table promises the same."""
+    metric, about, sense, bound = expected(name)
+    value = final_metrics(stdout)[metric]
+    assert value >= bound if sense == ">=" else value <= bound, (name, metric, value)
+    assert abs(value - about) <= 0.02 * max(abs(about), 1.0), (name, metric, value, about)
+    with open(os.path.join(REPO, "README.md")) as f:
+        row = next(line for line in f if line.startswith(f"| `{name}.gin`"))
+    assert f"{metric} ~{about:g} ({sense} {bound:g})" in row, row
+    return value
+
+
+DIGITS = "python3 -m trainer --gin_file experiments/digits_mlp.gin"
+
+
+def test_readmes_first_command_resumes_after_ctrl_c_reruns_and_serves_every_schedule(clone):
+    """README's first command, interrupted, rerun twice; then each schedule on its model_dir."""
+    proc = subprocess.Popen(
+        ["bash", "-c", f"exec {DIGITS}"],
+        cwd=clone,
+        env=user_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    for line in proc.stdout:
+        if line.startswith("Saved checkpoint output/digits_mlp/ckpt-"):
+            proc.send_signal(signal.SIGINT)  # Ctrl-C after the first checkpoint
+            break
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 75, err
+    assert re.fullmatch(
+        r"preempted: SIGINT received: saved output/digits_mlp/ckpt-\d+ at step \d+; "
+        r"rerun the same command to resume\n",
+        err,
+    )
+    resumed = ok(sh(DIGITS, clone))
+    assert resumed.stderr == ""
+    assert re.search(r"^Restored output/digits_mlp/ckpt-\d+$", resumed.stdout, re.M)
+    assert "step 2000/2000" in resumed.stdout
+    check_promise("digits_mlp", resumed.stdout)
+    again = ok(sh(DIGITS, clone))
+    assert "global_step 2000 >= max_steps 2000: nothing to train." in again.stdout
+    assert final_metrics(again.stdout) == final_metrics(resumed.stdout)
+
+    for schedule in ("evaluate", "continuous_eval"):
+        evaluated = ok(sh(f"{DIGITS} --schedule {schedule}", clone, timeout=120))
+        assert final_metrics(evaluated.stdout) == final_metrics(resumed.stdout), schedule
+    exported = ok(sh(f"{DIGITS} --schedule export", clone))
+    assert "exported     output/digits_mlp/export/2000" in exported.stdout
+    assert (clone / "output/digits_mlp/export/2000/saved_model.pb").is_file()
+    ok(sh(f"{DIGITS} --schedule predict --results predictions.jsonl", clone))
+    lines = (clone / "predictions.jsonl").read_text().splitlines()
+    assert len(lines) == 360 and 0 <= json.loads(lines[0])["classes"] < 10
+    assert sorted(os.listdir(clone / "output")) == ["digits_mlp"]  # nothing nested
+
+
+def test_readmes_console_is_the_first_commands_line_for_line(clone):
+    """README shows the first command's whole console: the real one, numbers aside."""
+    proc = ok(sh(DIGITS, clone))
+    assert proc.stderr == ""  # no warning either: the digits in memory are not input-bound
+    shape = lambda text: [re.sub(r"\d+(\.\d+)?", "N", line) for line in text.splitlines()]  # noqa: E731
+    with open(os.path.join(REPO, "README.md")) as f:
+        shown = re.search(r"```console\n(.*?)```", f.read(), re.S).group(1)
+    assert shape(shown) == shape(proc.stdout)
+    noise = ("E0000", "W0000", "I0000", "WARNING: All log messages", "Sharding callback")
+    assert not [line for line in proc.stdout.splitlines() if line.startswith(noise)]
+    model_dir = clone / "output/digits_mlp"
+    assert {"loss", "accuracy", "learning_rate", "steps_per_sec"} <= event_tags(model_dir / "train")
+    assert {"loss", "accuracy"} <= event_tags(model_dir / "eval_eval")
+    operative = (model_dir / "operative_config.gin").read_text()
+    assert "MLP.hidden_units = [256, 256]" in operative
+    assert "experiment.max_steps = 2000" in operative
+    saved = {
+        s: os.path.getmtime(model_dir / f"ckpt-{s}.index") for s in checkpoint_steps(model_dir)
+    }
+    smoke = f"{DIGITS} --gin_file experiments/smoke.gin"
+    assert "nothing to train" in ok(sh(smoke, clone)).stdout  # its model_dir is digits_mlp's
+    assert {s: os.path.getmtime(model_dir / f"ckpt-{s}.index") for s in saved} == saved
+
+
+def test_readmes_own_model_trains_resumes_and_predicts(clone):
+    train, predict = sorted(c for c in shown_commands() if "polyfit.gin" in c)[:2]
+    assert predict.endswith("--schedule predict --results predictions.jsonl"), predict
+    first = ok(sh(train, clone))
+    assert final_metrics(first.stdout)["abs_error"] < 0.15  # the noise level, 0.1
+    assert "nothing to train" in ok(sh(train, clone)).stdout
+    ok(sh(predict, clone))
+    ys = [
+        json.loads(line)["y"][0] for line in (clone / "predictions.jsonl").read_text().splitlines()
+    ]
+    assert ys == pytest.approx([3.0, 4.25, 8.0], abs=0.1)  # y = 5x^2 + 3 at x = 0, .5, 1
+
+
+def test_tfrecord_experiment_prepares_trains_verifies_and_runs_from_another_directory(clone):
+    prepare = "python3 -m datasets.prepare --dataset digits --out data/digits --shards 4"
+    prepared = ok(sh(prepare, clone))
+    assert prepared.stderr == "", prepared.stderr  # no TensorFlow start-up lines
+    assert len(list((clone / "data/digits").glob("train-*-of-00004.tfrecord"))) == 4
+    run = ok(sh("python3 -m trainer --gin_file experiments/digits_mlp_tfrecord.gin", clone))
+    check_promise("digits_mlp_tfrecord", run.stdout)
+    verify = ok(sh("python3 -m datasets.prepare --verify data/digits", clone))
+    assert verify.stdout == "data/digits: all records readable\n" and verify.stderr == ""
+    # From another directory: a relative --gin_file whose include is relative to the root.
+    elsewhere = (
+        "python3 -m trainer --gin_file ../experiments/digits_mlp_tfrecord.gin "
+        "--gin_file ../experiments/smoke.gin "
+        "--gin_param \"tfrecord.input_fn.data_dir = '../data/digits'\""
+    )
+    proc = subprocess.run(
+        ["bash", "-c", elsewhere],
+        cwd=clone / "tests",
+        env=dict(user_env(), PYTHONPATH=str(clone)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    ok(proc)
+    assert (clone / "tests/output/digits_mlp_tfrecord/ckpt-10.index").is_file()
+
+
+@pytest.mark.parametrize("name", ["diabetes_linear", "diabetes_linear_momentum"])
+def test_diabetes_experiments_reach_the_closed_form(clone, name):
+    proc = ok(sh(f"python3 -m trainer --gin_file experiments/{name}.gin", clone))
+    mse = check_promise(name, proc.stdout)
+    assert mse == pytest.approx(closed_form_eval_mse(), rel=0.01)
+
+
+def test_digits_alexnet_keeps_its_promise(clone):
+    proc = ok(sh("python3 -m trainer --gin_file experiments/digits_alexnet.gin", clone))
+    assert proc.stderr == ""  # not reported input-bound: its data is in memory
+    check_promise("digits_alexnet", proc.stdout)
+
+
+@pytest.mark.parametrize("name", NEEDS_DOWNLOAD)
+def test_tfds_experiments_without_their_data_say_how_to_get_it(clone, name):
+    started = time.monotonic()
+    proc = sh(f"python3 -m trainer --gin_file experiments/{name}.gin", clone, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and "tfds build" in lines[0], lines
+    assert not (clone / "output").exists()
+    assert time.monotonic() - started < 120
+
+
+def test_help_as_written(clone):
+    proc = ok(sh("python3 -m trainer --help", clone))
+    assert proc.stdout.startswith("usage: python3 -m trainer --gin_file")
+
+
+def test_every_command_shown_is_run_here():
+    """Each command shown is one the tests above run, or one NOT_RUN excuses."""
+    covered = {
+        DIGITS,
+        f"{DIGITS} --gin_file experiments/smoke.gin",
+        "python3 -m trainer --help",
+        "python3 -m datasets.prepare --dataset digits --out data/digits --shards 4",
+        "python3 -m datasets.prepare --verify data/digits",
+        *(f"python3 -m trainer --gin_file experiments/{n}.gin" for n in NEEDS_DOWNLOAD),
+        *(
+            f"python3 -m trainer --gin_file experiments/{n}.gin"
+            for n in ("digits_alexnet", "digits_mlp_tfrecord", "diabetes_linear")
+        ),
+        "python3 -m trainer --gin_file experiments/diabetes_linear_momentum.gin",
+    }
+    shown = shown_commands()
+    polyfit = {c for c in shown if "polyfit.gin" in c}
+    multi_worker = {c for c in shown if c.startswith(MULTI_WORKER)}
+    left = shown - covered - polyfit - multi_worker - set(NOT_RUN)
+    assert not left, f"commands shown but not run by tests/test_as_written.py: {sorted(left)}"
+    assert len(polyfit) == 2 and len(multi_worker) == 2
