@@ -29,6 +29,7 @@ from trainer import (
     evaluation,
     files,
     gin_config,
+    gin_errors,
     parallel,
     summaries,
     writer_lock,
@@ -214,7 +215,7 @@ def _run() -> tuple[str, int, str] | None:
     except UserError as error:
         return errors.first_line(error), error.exit_code, "error"
     except (TypeError, ValueError, RuntimeError) as error:  # raised through gin's calls
-        message = gin_config.call_error(error)
+        message = gin_errors.call_error(error)
         if message is None:
             raise
         return message, UserError.exit_code, "error"

@@ -4,24 +4,20 @@ Importing this module registers the configurables every experiment may use:
 ``Estimator`` (all but what the run itself gives), Keras optimizers under
 ``optimizers.`` and learning-rate schedules under ``schedules.``. ``parse`` reads
 the gin files and bindings and turns gin's errors into one line with file, line and
-the closest real name. ``check_resumable`` compares two operative configs before a
+the closest real name (``gin_errors``). ``check_resumable`` compares two operative configs before a
 run resumes under a checkpoint.
 """
 
 from __future__ import annotations
 
-import difflib
-import importlib.util
-import inspect
 import os
-import re
 import tokenize
 
 import gin
 import keras
 from gin import config_parser
 
-from trainer import errors, estimator, optimization
+from trainer import estimator, gin_errors, optimization
 from trainer.errors import UserError
 
 ConfiguredEstimator = gin.external_configurable(  # the Estimator with its gin bindings
@@ -96,52 +92,10 @@ def parse(files: list[str], params: list[str]) -> None:
             TypeError,
             tokenize.TokenError,
         ) as error:
-            raise UserError(_gin_error(error, source)) from None
-    unused = _unused_macro(params)
+            raise UserError(gin_errors.parse_error(error, source)) from None
+    unused = gin_errors.unused_macro(params)
     if unused:
         raise UserError(unused)
-
-
-def _unused_macro(params: list[str]) -> str | None:
-    """A ``--gin_param 'name = value'`` that sets nothing: gin made it a macro no one uses."""
-    used = set()
-
-    def collect(value):
-        selector = getattr(value, "_scoped_selector", None)  # %name is a reference to name
-        if isinstance(selector, str) and selector.endswith("/gin.macro"):
-            used.add(selector[: -len("/gin.macro")])
-        for item in value.values() if isinstance(value, dict) else []:
-            collect(item)
-        for item in value if isinstance(value, (list, tuple)) else []:
-            collect(item)
-
-    for bindings in gin.config._CONFIG.values():  # noqa: SLF001 - no public listing
-        collect(dict(bindings))
-    for param in params:
-        binding = re.fullmatch(r"\s*([A-Za-z_]\w*)\s*=\s*(.*?)\s*", param, re.S)
-        if binding and binding.group(1) not in used:
-            name, value = binding.groups()
-            owners = _owners_of(name)
-            fix = " or ".join(f"'{owner}.{name} = {value}'" for owner in owners[:3])
-            fix = f"write {fix}" if fix else f"name its configurable, or use it as %{name}"
-            return (
-                f"--gin_param '{param}' sets nothing: without a 'Configurable.' in front, "
-                f"{name} is a macro no setting uses ({fix})"
-            )
-    return None
-
-
-def _owners_of(parameter: str) -> list[str]:
-    """The configurables (by their shortest name) that take a ``parameter`` so named."""
-    owners = []
-    for selector, configurable in gin.config._REGISTRY.items():  # noqa: SLF001
-        try:
-            names = _parameters(configurable.wrapped)
-        except (TypeError, ValueError):  # no signature to read
-            continue
-        if parameter in names:
-            owners.append(selector.split(".")[-1])
-    return sorted(set(owners), key=lambda owner: (owner != "experiment", owner))
 
 
 def _above(files: list[str]) -> list[str]:
@@ -153,167 +107,6 @@ def _above(files: list[str]) -> list[str]:
             found.append(directory)
             directory = os.path.dirname(directory)
     return [d for d in found if d not in gin.config._LOCATION_PREFIXES]  # noqa: SLF001
-
-
-def _gin_error(error: Exception, source: str) -> str:
-    """Turns gin's multi-line parse error into ``file:line: message (hint)``."""
-    if isinstance(error, tokenize.TokenError):  # gin reports only where the text ended
-        line = _unclosed_bracket_line(source)
-        if line:
-            return f"{source}:{line}: gin syntax error: a bracket opened here is never closed"
-        return f"{source}: gin syntax error: {error.args[0]} (is a bracket or quote unclosed?)"
-    text = str(error)
-    if isinstance(error, SyntaxError):
-        line = f":{error.lineno}" if error.lineno else ""
-        return f"{error.filename or source}{line}: gin syntax error: {_syntax_hint(error)}"
-    where = re.search(r'In file "([^"]+)", line (\d+)', text)
-    location = f"{where.group(1)}:{where.group(2)}" if where else source
-    message = text.splitlines()[0].rstrip(".")
-    # gin shows the failing line; an include of a file not there fails as an OSError.
-    include = re.search(r"^\s*include\s+['\"]([^'\"]+)['\"]\s*$", text, re.M)
-    if include and not os.path.isfile(include.group(1)):
-        return (
-            f"{location}: include {include.group(1)!r} not found in the working directory "
-            f"{os.getcwd()} nor above the gin file: run from the directory it is relative "
-            "to, or include it by its absolute path"
-        )
-    return f"{location}: {message}{_closest_name_hint(message)}"
-
-
-def _syntax_hint(error: SyntaxError) -> str:
-    """Gin's syntax error, said in terms of the line the user wrote and its fix."""
-    text = (error.text or "").strip()
-    token = re.search(r"Failed to parse token '([^']+)'", error.msg)
-    if token:
-        name = token.group(1)
-        return (
-            f"{name} is not a value gin knows (in {text!r}): write @{name}() for a new "
-            f"instance of a configurable, @{name} for the class or function itself, or "
-            f"'{name}' with quotes for a string"
-        )
-    colon = re.fullmatch(r"([\w./]+)\s*:\s*(.+)", text)
-    if colon:
-        return f"a binding is 'name = value': write '{colon.group(1)} = {colon.group(2)}'"
-    return re.sub(r"\s*<[^>]* at 0x[0-9a-f]+>", "", errors.first_line(error.msg))
-
-
-def _unclosed_bracket_line(source: str) -> int | None:
-    """The line of the first bracket a gin file (or binding) opens and never closes."""
-    if not os.path.isfile(source):
-        return None
-    with open(source) as f:
-        text = f.read()
-    opened: list[int] = []
-    quote = None
-    for number, line in enumerate(text.splitlines(), 1):
-        for char in line:
-            if quote:
-                quote = None if char == quote else quote
-            elif char in "'\"":
-                quote = char
-            elif char == "#":
-                break
-            elif char in "([{":
-                opened.append(number)
-            elif char in ")]}" and opened:
-                opened.pop()
-    return opened[0] if opened else None
-
-
-def _closest_name_hint(message: str) -> str:
-    """Names the nearest real configurable, module or parameter for a misspelt one."""
-    registry = gin.config._REGISTRY  # noqa: SLF001 - gin has no public listing
-    missing = re.search(r"No configurable matching (?:reference )?'@?([\w.]+)", message)
-    if missing:
-        return _configurable_hint(missing.group(1), registry)
-    param = re.search(r"Configurable '([^']+)' doesn't have a parameter named '([^']+)'", message)
-    if param:
-        configurable = registry.get_match(param.group(1))
-        if configurable is not None:
-            names = _parameters(configurable.wrapped)
-            close = _did_you_mean(param.group(2), names)
-            return close or f"; it takes {', '.join(names)}"
-    module = re.search(r"No module named '([\w.]+)'", message)
-    if module:
-        modules = sorted({*_project_modules(), "models", "datasets", "trainer"})
-        return _did_you_mean(module.group(1), modules)
-    return ""
-
-
-def _configurable_hint(name: str, registry) -> str:
-    """``name`` is not registered: the closest that are, or the module to import."""
-    known = {}  # each way gin accepts a name ('digits.input_fn'), to the configurable
-    for selector, _ in registry.items():
-        parts = selector.split(".")
-        known.update({".".join(parts[i:]): selector for i in range(len(parts))})
-    elsewhere = {}  # configurables of this project whose module the config does not import
-    for module, names in _project_modules().items():
-        for short in names:
-            for form in (short, f"{module.split('.')[-1]}.{short}", f"{module}.{short}"):
-                if form not in known:
-                    elsewhere.setdefault(form, module)
-    if name in elsewhere:
-        return f"; it is in {elsewhere[name]}: add 'import {elsewhere[name]}' to the .gin file"
-    close = _did_you_mean(name, known)
-    if close:
-        return close
-    close = difflib.get_close_matches(name, sorted(elsewhere), n=1)
-    if close:
-        module = elsewhere[close[0]]
-        return (
-            f"; did you mean {close[0]!r}? It is in {module}: add 'import {module}' "
-            "to the .gin file"
-        )
-    return "; is the module that defines it imported in the .gin file?"
-
-
-def _did_you_mean(name: str, names: list[str] | dict[str, str]) -> str:
-    """``"; did you mean 'a' or 'b'?"``: the (at most three) names closest to ``name``.
-
-    ``names`` may map each name to what it names; one name is given of each.
-    """
-    meaning = names if isinstance(names, dict) else {n: n for n in names}
-    spelt = {}  # lower case to the names spelt so ('smallcnn' finds 'SmallCNN')
-    for candidate in sorted(meaning):
-        spelt.setdefault(candidate.lower(), candidate)
-    close, seen = [], set()
-    for lower in difflib.get_close_matches(name.lower(), list(spelt), n=20, cutoff=0.6):
-        candidate = spelt[lower]
-        if meaning[candidate] not in seen and len(close) < 3:
-            seen.add(meaning[candidate])
-            close.append(repr(candidate))
-    if not close:
-        return ""
-    listed = close[0] if len(close) == 1 else f"{', '.join(close[:-1])} or {close[-1]}"
-    return f"; did you mean {listed}?"
-
-
-def _project_modules() -> dict[str, list[str]]:
-    """The gin configurables of each module of ``models`` and ``datasets``, by module.
-
-    Read from the source, so without importing anything.
-    """
-    found = {}
-    for package in ("models", "datasets"):
-        spec = importlib.util.find_spec(package)
-        for directory in (spec.submodule_search_locations or []) if spec else []:
-            for filename in sorted(os.listdir(directory)):
-                if filename.endswith(".py") and not filename.startswith("_"):
-                    with open(os.path.join(directory, filename)) as f:
-                        names = CONFIGURABLE.findall(f.read())
-                    found[f"{package}.{filename[:-3]}"] = [a or b for a, b in names]
-    return found
-
-
-# A ``@gin.configurable`` (optionally named) ``class`` or ``def`` in a source file.
-CONFIGURABLE = re.compile(
-    r'^@gin\.configurable(?:\((?:"([\w.]+)")?[^)]*\))?\s*\n(?:@.*\n)*(?:class|def) (\w+)', re.M
-)
-
-
-def _parameters(fn) -> list[str]:
-    target = fn.__init__ if isinstance(fn, type) else fn
-    return [p for p in inspect.signature(target).parameters if p not in ("self", "args", "kwargs")]
 
 
 def check_resumable(saved: str, new: str, resumable: set[str]) -> None:
@@ -363,45 +156,6 @@ def _value_text(value) -> str:
     if selector is not None:
         return f"@{selector}{'()' if getattr(value, '_evaluate', False) else ''}"
     return repr(value)
-
-
-def call_error(error: Exception) -> str | None:
-    """One line for a gin configurable that could not be called with its settings.
-
-    A macro without a value, required settings left out, a class whose constructor
-    refused its settings, an input_fn called in the gin file (``@fn()``). None for
-    any other error (a bug in the user's code keeps its traceback).
-    """
-    text = str(error)
-    macro = re.search(r"In call to configurable 'macro' .* in scope '([^']+)'", text)
-    if macro:
-        name = macro.group(1)
-        return f"%{name} is used but never given a value: add '{name} = ...' to a .gin file"
-    missing = re.search(r"Required bindings for `([^`]+)` not provided in config: \[(.*)\]", text)
-    if missing:
-        name, params = missing.group(1), missing.group(2).replace("'", "").split(", ")
-        return (
-            f"{name} needs values for {', '.join(params)}: add e.g. "
-            f"'{name}.{params[0]} = ...' to the .gin file, or --gin_param"
-        )
-    called = re.search(r"In call to configurable '([^']+)' \((<class|<function)", text)
-    if not called or called.group(1) == "experiment":
-        return None
-    name, why = called.group(1), errors.first_line(error)
-    if called.group(2) == "<function":  # a function gin called itself: only @fn() does
-        if "required positional arguments: 'mode' and 'params'" not in why:
-            return None
-        return f"{name} is called in the gin file ({why}): name an input_fn without parentheses"
-    settings = ", ".join(f"{k}={v!r}" for k, v in _settings_of(name).items())
-    return f"{name}({settings}) failed: {why}"
-
-
-def _settings_of(name: str) -> dict:
-    """The gin settings of configurable ``name`` (unscoped)."""
-    for (scope, selector), params in gin.config._CONFIG.items():  # noqa: SLF001 - no public listing
-        if not scope and selector.rsplit(".", 1)[-1] == name:
-            return dict(params)
-    return {}
 
 
 def query(name: str, default):
