@@ -42,7 +42,7 @@ from absl import logging
 
 from datasets.order import Order, pipeline_positions
 from trainer import InputParams, Mode, UserError, errors
-from trainer.model_fn import positioned
+from trainer.model_fn import counted, positioned
 
 Preprocess = Callable[[dict], tuple[dict, dict]]
 Augment = Callable[[dict, dict, tf.Tensor], tuple[dict, dict]]
@@ -215,7 +215,7 @@ def build(
             single = rows.map(data.gather, num_parallel_calls=tf.data.AUTOTUNE)
         dataset = single.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
         dataset = dataset.batch(params.batch_size)
-    return _finish(dataset, knobs)
+    return counted(_finish(dataset, knobs), int(rows.cardinality()))
 
 
 def _by_index(

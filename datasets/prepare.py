@@ -17,7 +17,7 @@ import sys
 import tensorflow_datasets as tfds
 from absl import app, flags
 
-from trainer import UserError, console, errors
+from trainer import UserError, errors, logs
 
 flags.DEFINE_string("dataset", None, "'digits', or a TFDS image dataset present in --data_dir.")
 flags.DEFINE_string("out", None, "Directory to write the shards and dataset.json to.")
@@ -49,7 +49,7 @@ def main(argv: list[str]) -> None:
     del argv
     from datasets import tfrecord
 
-    console.use_console()  # its own lines, plainly; TFDS's INFO lines stay off
+    logs.use_console()  # its own lines, plainly; TFDS's INFO lines stay off
 
     try:
         if FLAGS.verify:

@@ -13,6 +13,7 @@ import termios
 
 import keras
 import pandas
+import pyte
 import pytest
 
 from datasets import digits
@@ -23,16 +24,22 @@ from trainer import Estimator
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # anything but tab and newline
 
 
-def run_in_terminal(args, columns=120):
-    """Runs ``python -m trainer ARGS`` with stdout on a pseudo-terminal; (code, out, err)."""
+def run_in_terminal(args, columns=120, interrupt_after=None):
+    """Runs ``python -m trainer ARGS`` on a pseudo-terminal (stdin and stdout; stderr piped).
+
+    ``interrupt_after``: type Ctrl-C once that many "Saved checkpoint" lines are out.
+    Returns (exit code, the terminal's bytes as text, stderr).
+    """
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
     proc = subprocess.Popen(
         [sys.executable, "-m", "trainer", *args],
         cwd=REPO,
+        stdin=follower,
         stdout=follower,
         stderr=subprocess.PIPE,
-        text=False,
+        start_new_session=True,  # the terminal becomes its controlling one: Ctrl-C is SIGINT
+        preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
     )
     os.close(follower)
     out = b""
@@ -46,6 +53,9 @@ def run_in_terminal(args, columns=120):
             if not chunk:
                 break
             out += chunk
+            if interrupt_after and out.count(b"Saved checkpoint") == interrupt_after:
+                os.write(leader, b"\x03")  # Ctrl-C, as typed: the terminal echoes ^C
+                interrupt_after = None
         elif proc.poll() is not None:
             break
     os.close(leader)
@@ -53,19 +63,41 @@ def run_in_terminal(args, columns=120):
     return proc.wait(timeout=60), out.decode(), err
 
 
-def test_a_terminal_gets_a_live_bar_that_ends_at_max_steps(tmp_path, data_dir):
+def screen_lines(out, columns=120):
+    """What a terminal ``columns`` wide shows of ``out``, scrolled-off lines included."""
+    screen = pyte.HistoryScreen(columns, 40, history=10_000)
+    pyte.Stream(screen).feed(out.replace("\n", "\r\n"))  # the pty's own newline handling
+    rows = [*screen.history.top, *(screen.buffer[y] for y in range(screen.lines))]
+    lines = ["".join(row[x].data for x in range(columns)).rstrip() for row in rows]
+    return [line for line in lines if line]
+
+
+def test_a_terminal_shows_one_bar_with_whole_lines_above_it_and_a_clean_ctrl_c(tmp_path, data_dir):
+    every = ["experiment.eval_every_steps = 250", "Estimator.save_checkpoints_steps = 250"]
+    args = digits_args(data_dir, tmp_path / "run", "--gin_param", "experiment.max_steps = 2000")
     code, out, err = run_in_terminal(
-        digits_args(data_dir, tmp_path / "run", "--gin_param", "experiment.max_steps = 300")
+        [*args, *(a for e in every for a in ("--gin_param", e))], 120, 3
     )
-    assert code == 0, err[-3000:]
-    assert err == ""
-    frames = re.findall(r"\rtrain (\d+)/300 \|", out)
-    assert frames[0] == "0" and frames[-1] == "300" and len(set(frames)) >= 3
-    assert re.search(r"\rtrain 300/300 \|█+\| [\d.]+step/s ETA 00:00, loss [\d.]+  accuracy", out)
-    assert "step 200/300  loss" not in out  # the bar says it; the log file keeps the line
-    assert re.search(r"\reval 'eval' 360/360 \|█+\|", out)  # an evaluation has one too
-    # Lines logged during training are written above the bar, each whole.
-    assert re.search(r"(\r\n|\r\s*\r)Saved checkpoint \S+/ckpt-300\r\n", out)
+    assert code == 75, err[-3000:]
+    assert re.fullmatch(r"preempted: SIGINT received: saved \S+/ckpt-\d+ at step \d+; .*\n", err)
+    lines = screen_lines(out)
+    bar = re.compile(r"^(train \d+/2000|eval 'eval' \d+/360) \|")
+    logged = ("Saved checkpoint", "Evaluation of", "Training MLP", "Input:")
+    for line in lines:  # each line is a bar or a message, never both, never a bar's remains
+        assert not (bar.search(line) and any(m in line for m in logged)), line
+        assert "ETA ?" not in line and "^C" not in line, line
+        assert not any(m in line and not line.startswith(m) for m in logged), line
+    assert [line for line in lines if line.startswith("Saved checkpoint")][:3] == [
+        f"Saved checkpoint {tmp_path}/run/ckpt-{s}" for s in (250, 500, 750)
+    ]
+    assert len([line for line in lines if line.startswith("Evaluation of 'eval'")]) >= 3
+    assert [line for line in lines if bar.search(line)] == [lines[-1]]  # one bar, left at the end
+    assert re.match(r"train \d+/2000 \|█+ *\| [\d.]+step/s ETA [\d:]+, loss [\d.]+", lines[-1])
+    assert all(len(line) < 120 for line in lines if bar.search(line))  # it never wraps
+    # The bars drawn: training's, moving; evaluation's, counting to the real total.
+    assert len(set(re.findall(r"train (\d+)/2000 \|", out))) >= 3
+    assert set(re.findall(r"eval 'eval' [\d.]+/(\d+) \|", out)) == {"360"}
+    assert "step 200/2000  loss" not in out  # the bar says it; the log file keeps the line
     assert "Downloading and preparing" not in out  # TFDS's, as the digits are first built
 
 
@@ -108,11 +140,27 @@ def digits_estimator(model_dir, **kwargs):
 def test_training_from_python_shows_progress_unless_asked_not_to(
     tmp_path, data_dir, capsys, progress
 ):
+    """From a script or notebook the CLI's lines show, and trainer.log is written."""
     input_fn = lambda mode, params: digits.input_fn(mode, params, data_dir=data_dir)  # noqa: E731
-    digits_estimator(tmp_path, progress=progress).train(input_fn, max_steps=20)
-    out = capsys.readouterr().out
+    estimator = digits_estimator(tmp_path, progress=progress)
+    estimator.train_and_evaluate(input_fn, input_fn, max_steps=20)
+    out, err = capsys.readouterr()
     lines = re.findall(r"^step (\d+)/20  loss .* examples/s  ETA .*$", out, re.M)
     assert lines == (["10", "20"] if progress else [])
+    said = [
+        f"Training MLP (1,210 parameters) from step 0 to 20 on 1 device (CPU:0) in new {tmp_path}",
+        f"Saved checkpoint {tmp_path}/ckpt-20",
+        "Evaluation of 'eval' at step 20 (360 examples, ",
+    ]
+    assert [any(line.startswith(s) for line in out.splitlines()) for s in said] == [progress] * 3
+    assert err == ""
+    log = tmp_path / "trainer.log"
+    assert log.exists() == progress
+    if progress:
+        assert all(s in log.read_text() for s in said)
+    estimator.evaluate(input_fn)  # a second call speaks again, the log appended to
+    out = capsys.readouterr().out
+    assert out.startswith("Evaluation of 'eval' at step 20") == progress
 
 
 def test_metrics_file_holds_each_step_once_after_a_resume(tmp_path, data_dir):

@@ -27,7 +27,7 @@ def _is_the_command_line() -> bool:
     return module in ("trainer", "trainer.__main__") or script == "tf-trainer"
 
 
-if not _is_the_command_line() and "tensorflow" not in sys.modules:
+if not _is_the_command_line():  # TensorFlow may be in already: its devices are probed here
     from trainer import console
 
     console.quiet_tensorflow_import()

@@ -24,12 +24,12 @@ from absl import logging
 import trainer
 from trainer import (
     command,
-    console,
     errors,
     evaluation,
     files,
     gin_config,
     gin_errors,
+    logs,
     parallel,
     summaries,
     writer_lock,
@@ -158,7 +158,7 @@ def main() -> None:
     The flags are parsed (``command.parse_flags``) before this module is imported.
     """
     _CLOCK["imports"] = time.perf_counter() - trainer.STARTED
-    console.use_console()
+    logs.use_console()
     failure = _run()
     if failure:
         _remove_unused(_CREATED_DIRS)  # a run that failed before training leaves no directory
@@ -205,12 +205,12 @@ def _run() -> tuple[str, int, str] | None:
             overwrite_config=FLAGS.overwrite_config,
             profile_steps=profile,
         )
-        console.keep_log(model_dir)
+        logs.keep_log(model_dir)
         _report(result, FLAGS.schedule, FLAGS.results)
     except Preempted as error:
         return errors.first_line(error), error.exit_code, "preempted"
     except TrainingDiverged as error:  # training ran: its log says how it got there
-        console.keep_log(model_dir)
+        logs.keep_log(model_dir)
         return errors.first_line(error), error.exit_code, "error"
     except UserError as error:
         return errors.first_line(error), error.exit_code, "error"
@@ -334,7 +334,7 @@ def summary(result: dict) -> list[str]:
         where.append(("exported", result["export_dir"]))
         where.append(("serve it", f"saved_model_cli show --dir {result['export_dir']} --all"))
     where.append(("model_dir", model_dir))
-    for label, name in (("metrics", summaries.METRICS), ("log", console.LOG_NAME)):
+    for label, name in (("metrics", summaries.METRICS), ("log", logs.LOG_NAME)):
         if os.path.exists(os.path.join(model_dir, name)):
             where.append((label, os.path.join(model_dir, name)))
     where.append(("tensorboard", f"tensorboard --logdir {model_dir}"))

@@ -1,4 +1,4 @@
-"""What ``python -m trainer`` shows: a quiet start, and log lines a person reads.
+"""What a person sees of a run: a quiet start, and live progress bars.
 
 TensorFlow's C++ runtime writes start-up chatter straight to file descriptor 2
 (CUDA probing on machines without a GPU, CPU feature notes, absl's own
@@ -6,10 +6,9 @@ TensorFlow's C++ runtime writes start-up chatter straight to file descriptor 2
 ``quiet_tensorflow_import`` imports TensorFlow with that descriptor pointed at a
 buffer, keeps the lines for the run's log, and passes through any line it does not
 know to be noise, so that a real problem (a GPU driver that fails on a GPU machine)
-still shows. ``use_console`` gives the command line concise log lines: information
-on stdout without absl's prefix, warnings and errors on stderr. ``ProgressBar`` is
-training's live bar on a terminal, ``Watched`` an evaluation's; log lines are
-written above them.
+still shows. ``ProgressBar`` is training's live bar on a terminal, ``Watched`` an
+evaluation's; log lines (``logs``) are written above them. ``hushed`` keeps a
+library's chatter off the console while it works.
 
 Both stand aside when the user asks for everything: ``--verbosity`` on the command
 line, or ``TF_CPP_MIN_LOG_LEVEL=0`` in the environment.
@@ -86,96 +85,138 @@ def hushed():
     """
     from absl import logging
 
-    verbosity = logging.get_verbosity()
-    logging.set_verbosity(logging.ERROR)
+    absl_logger = logging.get_absl_logger()  # its level, not absl's verbosity flag,
+    level = absl_logger.level  # which a call of the Python API sets (logs.speaking)
+    absl_logger.setLevel(pylogging.ERROR)
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             yield
     finally:
-        logging.set_verbosity(verbosity)
-
-
-class _OwnInfo(pylogging.Filter):
-    """INFO and below, except what libraries log at INFO through absl.
-
-    (TensorFlow logs "Sharding callback duration" after every checkpoint, gin each
-    include it looks for.)
-    """
-
-    LIBRARIES = re.compile(
-        r"[/\\](site|dist)-packages[/\\](tensorflow|keras|tensorflow_datasets|gin)[/\\]"
-    )
-
-    def filter(self, record: pylogging.LogRecord) -> bool:
-        if getattr(record, "console", True) is False:  # shown by the progress display
-            return False
-        return record.levelno < pylogging.WARNING and not self.LIBRARIES.search(record.pathname)
+        absl_logger.setLevel(level)
 
 
 class ProgressBar:
-    """Training's live bar on a terminal: step/max, steps/s, ETA and the last metrics.
+    """A live bar on the terminal's last line: step/max, rate, ETA and the last metrics.
 
-    Drawn by tqdm (which comes with tensorflow-datasets; rich, which Keras brings,
-    redraws on a timer thread, and a step loop wants nothing running beside it). It
-    is moved at block boundaries, from numbers the loop has anyway.
+    tqdm formats it (``tqdm.format_meter``); it is drawn here, one line, cut to the
+    terminal's width, so that it never wraps. Bars stack: an evaluation's bar takes
+    the line while it runs and gives it back to training's when it closes. Log lines
+    are written above (``_AboveTheBar``): the line is erased, the message written,
+    the bar drawn again. Training's bar is moved at block boundaries, from numbers
+    the loop has anyway; nothing runs beside the steps.
     """
 
-    active: ProgressBar | None = None  # the bar on screen, which log lines go above
+    shown: list[ProgressBar] = []  # open bars, the last one on screen
+    lock = threading.RLock()  # an evaluation's bar is moved from a thread
 
     def __init__(self, start: int, total: int | None, description: str, unit="step", scale=False):
-        from tqdm import tqdm
-
-        tqdm.monitor_interval = 0  # no watchdog thread beside the steps
-        try:  # a terminal that reports no size (a bare pty) gets 100 columns
-            follows_width = os.get_terminal_size(sys.stdout.fileno()).columns > 0
-        except OSError:
-            follows_width = False
-        self.bar = tqdm(
-            total=total,
-            initial=start,
-            desc=description,
-            unit=unit,
-            unit_scale=scale,  # 96.0k/96.0k and 139k examples/s for counts that large
-            dynamic_ncols=follows_width,
-            ncols=None if follows_width else 100,
-            nrows=None if follows_width else 24,  # tqdm draws nothing with no rows
-            file=sys.stdout,
-            bar_format=(
-                "{desc} {n_fmt}/{total_fmt} |{bar}| {rate_fmt} ETA {remaining}{postfix}"
-                if total is not None
-                else "{desc} {n_fmt}{unit}, {rate_fmt}{postfix}"
-            ),
+        self.n, self.start, self.total = start, start, total
+        self.description, self.unit, self.scale = description, unit, scale
+        self.postfix = ""
+        self.started = time.perf_counter()
+        self.format = (
+            "{desc} {n_fmt}/{total_fmt} |{bar}| {rate_fmt} ETA {remaining}{postfix}"
+            if total is not None
+            else "{desc} {n_fmt}{unit}, {rate_fmt}{postfix}"
         )
-        ProgressBar.active = self
+        with self.lock:
+            self.shown.append(self)
+            self.draw()
 
-    def update(self, step: int, metrics: str | None = None) -> None:
-        """Moves the bar to ``step``; ``metrics`` (a formatted line) replaces the shown ones."""
-        if metrics is not None:
-            self.bar.set_postfix_str(metrics, refresh=False)
-        self.bar.update(step - self.bar.n)
+    def update(self, n: int, metrics: str | None = None) -> None:
+        """Moves the bar to ``n``; ``metrics`` (a formatted line) replaces the shown ones."""
+        with self.lock:
+            self.n = n
+            if metrics is not None:
+                self.postfix = metrics
+            if self.shown and self.shown[-1] is self:
+                self.draw()
 
-    def close(self) -> None:
-        """Leaves the bar on screen at its last state; log lines go below it again."""
-        self.bar.close()
-        ProgressBar.active = None
+    def close(self, leave: bool = True) -> None:
+        """Takes the bar off the screen; ``leave`` keeps its last state as a line."""
+        with self.lock:
+            if self not in self.shown:
+                return
+            on_top = self.shown[-1] is self
+            self.shown.remove(self)
+            if on_top and leave:
+                self.draw()
+                _write(sys.stdout, "\n")
+            elif on_top:
+                _write(sys.stdout, ERASE)
+            if on_top and self.shown:
+                self.shown[-1].draw()
+
+    def text(self) -> str:
+        """The bar as one line of the terminal's width, less one column."""
+        from tqdm import tqdm
+        from tqdm.utils import disp_trim
+
+        width = _columns() - 1  # the last column would leave the cursor waiting to wrap
+        line = tqdm.format_meter(
+            self.n,
+            self.total,
+            time.perf_counter() - self.started,
+            ncols=width,
+            prefix=self.description,
+            unit=self.unit,
+            unit_scale=self.scale,  # 96.0k/96.0k and 139k examples/s for large counts
+            bar_format=self.format,
+            postfix=self.postfix or None,
+            initial=self.start,
+        )
+        return disp_trim(line, width)
+
+    def draw(self) -> None:
+        """Draws the bar over the terminal's current line."""
+        _write(sys.stdout, ERASE + self.text())
+
+    @classmethod
+    def above(cls, write) -> None:
+        """Calls ``write()`` with the line erased, then draws the shown bar again."""
+        with cls.lock:
+            if not cls.shown:
+                write()
+                return
+            _write(sys.stdout, ERASE)
+            write()
+            cls.shown[-1].draw()
+
+
+ERASE = "\r\x1b[K"  # to the start of the line, and clear it
+
+
+def _write(stream, text: str) -> None:
+    stream.write(text)
+    stream.flush()
+
+
+def _columns() -> int:
+    """The terminal's width; 100 for a terminal that reports none (a bare pty)."""
+    try:
+        return os.get_terminal_size(sys.stdout.fileno()).columns or 100
+    except (OSError, ValueError):
+        return 100
 
 
 class Watched:
     """A bar for work done in one compiled call (an evaluation), read from beside it.
 
     A thread reads ``count()`` (a variable the call adds to) every ``every`` seconds
-    and moves the bar; the call itself does nothing more.
+    and moves the bar; the call itself does nothing more. When the work ends the bar
+    is taken off the screen: the caller logs the result in its place.
 
     Args:
       count: returns how much is done so far.
-      total: how much there is (an estimate is fine; None if unknown).
+      total: how much there is (None if unknown).
       description: the bar's label.
       unit: what ``count`` counts, after a space: " examples".
     """
 
     def __init__(self, count, total: int | None, description: str, unit: str, every=0.25):
         self.count, self.every = count, every
-        self.bar = ProgressBar(0, total, description, unit, scale=True)
+        large = total is None or total >= 10_000  # 96.0k/96.0k, but 0/360 rather than 0.00/360
+        self.bar = ProgressBar(0, total, description, unit, scale=large)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._watch, daemon=True)
 
@@ -186,123 +227,8 @@ class Watched:
     def __exit__(self, *exc) -> None:
         self.stop.set()
         self.thread.join()
-        done = int(self.count())
-        if exc[0] is None:
-            self.bar.bar.total = done  # the estimate made exact
-        self.bar.update(done)
-        self.bar.close()
+        self.bar.close(leave=False)
 
     def _watch(self) -> None:
         while not self.stop.wait(self.every):
             self.bar.update(int(self.count()))
-
-
-class _AboveTheBar(pylogging.StreamHandler):
-    """Writes each line above the progress bar, if one is drawn (tqdm.write)."""
-
-    def emit(self, record: pylogging.LogRecord) -> None:
-        if ProgressBar.active is None:
-            super().emit(record)
-            return
-        from tqdm import tqdm
-
-        try:
-            tqdm.write(self.format(record), file=self.stream)
-        except Exception:  # noqa: BLE001 - a log line must not end the run
-            self.handleError(record)
-
-
-LOG_NAME = "trainer.log"  # in model_dir: every run's full log, absl's prefixes kept
-
-
-class _HeldLog(pylogging.Handler):
-    """The run's full log, held in memory until the run has really started.
-
-    Then appended to ``model_dir/trainer.log``; a run that fails first leaves no trace.
-    """
-
-    def __init__(self):
-        super().__init__()
-        from absl import logging
-
-        self.setFormatter(logging.PythonFormatter())
-        self.held: list[str] = []
-        self.file = None
-
-    def emit(self, record: pylogging.LogRecord) -> None:
-        line = self.format(record) + "\n"
-        if self.file is None:
-            self.held.append(line)
-            return
-        self.file.write(line)
-        self.file.flush()
-
-    def keep(self, model_dir: str) -> None:
-        if self.file is not None or "://" in model_dir:  # object stores cannot append
-            return
-        self.file = open(os.path.join(model_dir, LOG_NAME), "a")  # noqa: SIM115 - for the run
-        started = time.strftime("%Y-%m-%d %H:%M:%S")
-        command = ["python -m trainer" if sys.argv[0].endswith("__main__.py") else sys.argv[0]]
-        self.file.write(f"--- {started}: {' '.join(command + sys.argv[1:])}\n")
-        self.file.writelines(line + "\n" for line in STARTUP_LOG)
-        self.file.writelines(self.held)
-        self.file.flush()
-        self.held = []
-
-
-_LOG: list[_HeldLog] = []  # the CLI's, once use_console made it
-
-
-def keep_log(model_dir: str) -> None:
-    """The run has really started in ``model_dir``: its log goes to trainer.log there.
-
-    Called at a training run's first checkpoint and at the end of the others; does
-    nothing outside the command line, or when called again.
-    """
-    for held in _LOG:
-        held.keep(model_dir)
-
-
-def use_console() -> None:
-    """Log lines without absl's prefix: INFO to stdout, warnings and errors to stderr.
-
-    The full log, prefixes kept, goes to ``model_dir/trainer.log`` (``keep_log``).
-    """
-    if not _LOG:
-        _LOG.append(_HeldLog())
-        pylogging.getLogger().addHandler(_LOG[0])
-    if wants_everything():
-        return
-    from absl import logging
-
-    root = pylogging.getLogger()
-    root.removeHandler(logging.get_absl_handler())
-    info = _AboveTheBar(sys.stdout)
-    info.addFilter(_OwnInfo())
-    info.setFormatter(pylogging.Formatter("%(message)s"))
-    problems = _AboveTheBar(sys.stderr)
-    problems.setLevel(pylogging.WARNING)
-    problems.addFilter(_NotAProblem())
-    problems.setFormatter(_LevelPrefix())
-    root.addHandler(info)
-    root.addHandler(problems)
-    tf_logger = pylogging.getLogger("tensorflow")  # it has a handler of its own too
-    for handler in list(tf_logger.handlers):
-        tf_logger.removeHandler(handler)
-
-
-class _NotAProblem(pylogging.Filter):
-    """Drops what libraries log as errors that are not the run's problem.
-
-    gin logs "Path not found" while it probes an include as a package resource, and
-    then raises the error the user gets (one line, with the file and line).
-    """
-
-    def filter(self, record: pylogging.LogRecord) -> bool:
-        probe = record.pathname.endswith(os.path.join("gin", "resource_reader.py"))
-        return not (probe and record.getMessage().startswith("Path not found"))
-
-
-class _LevelPrefix(pylogging.Formatter):
-    def format(self, record: pylogging.LogRecord) -> str:
-        return f"{record.levelname.lower()}: {record.getMessage()}"

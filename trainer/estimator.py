@@ -10,6 +10,7 @@ stream's position), ``training.TrainingRun`` (one call of ``train``) and
 from __future__ import annotations
 
 import collections
+import functools
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -18,7 +19,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from trainer import checkpoints, errors, evaluation, export, hooks, precision, training
+from trainer import checkpoints, errors, evaluation, export, hooks, logs, precision, training
 from trainer.distribution import Placement
 from trainer.inputs import InputFn, Inputs
 from trainer.model_fn import Mode, ModelFn
@@ -52,6 +53,17 @@ RESUMABLE_SETTINGS = (
     "prefetch_to_device",
     "progress",
 )
+
+
+def _speaking(method):
+    """The call shows what the command line shows (``logs.speaking``) unless progress=False."""
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        with logs.speaking(self.settings.progress and self.placement.worker is None):
+            return method(self, *args, **kwargs)
+
+    return call
 
 
 class Estimator:
@@ -120,8 +132,10 @@ class Estimator:
       prefetch_to_device: copy each batch to the device while the step before it runs;
         None: on when training on one GPU without jit_compile (the only case it
         applies to).
-      progress: show training's progress on stdout: a live bar on a terminal, else a
-        line every ``log_every_steps``; False for silence (the log has the lines).
+      progress: show what the command line shows: the start line, checkpoints and
+        evaluations on stdout, warnings on stderr, training's progress as a live bar
+        on a terminal (else a line every ``log_every_steps``), and the full log in
+        ``model_dir/trainer.log``; False for silence.
     """
 
     def __init__(
@@ -229,6 +243,7 @@ class Estimator:
 
     # ---------------------------------------------------------------- public API
 
+    @_speaking
     def train(self, input_fn: InputFn, max_steps: int, hooks_: Sequence[hooks.Hook] = ()) -> int:
         """Trains until ``global_step`` reaches ``max_steps``, resuming from ``model_dir``.
 
@@ -242,6 +257,7 @@ class Estimator:
         """
         return self._train(input_fn, max_steps, extra=[], hooks_=hooks_)
 
+    @_speaking
     def evaluate(
         self, input_fn: InputFn, steps: int | None = None, name: str = "eval"
     ) -> dict[str, float]:
@@ -268,6 +284,7 @@ class Estimator:
             for i in range(len(next(iter(batch.values())))):
                 yield {k: v[i] for k, v in batch.items()}
 
+    @_speaking
     def continuous_evaluate(
         self,
         eval_input_fns: InputFn | Mapping[str, InputFn],
@@ -311,6 +328,7 @@ class Estimator:
             results = {n: self._evaluate(d, eval_steps, n) for n, d in eval_sets.items()}
         return results
 
+    @_speaking
     def export(self, input_fn: InputFn, export_dir: str | None = None) -> str:
         """Writes a SavedModel whose ``serving_default`` maps PREDICT features to predictions.
 
@@ -335,6 +353,7 @@ class Estimator:
         with self.model.averaged_weights():
             return export.save(self.model_fn, features_spec, export_dir)
 
+    @_speaking
     def train_and_evaluate(
         self,
         train_input_fn: InputFn,

@@ -23,7 +23,7 @@ from absl import logging
 
 from trainer import checkpoints, console, errors, export, files, hooks, monitoring
 from trainer.errors import UserError
-from trainer.model_fn import Mode
+from trainer.model_fn import Mode, num_examples
 from trainer.model_state import ModelState
 from trainer.summaries import Writers
 
@@ -121,16 +121,15 @@ def evaluate(
     """
     compiled = model.build(dataset.element_spec, Mode.EVAL)
     model.restore_for_inference(model_dir)
+    watched = contextlib.nullcontext()
+    if bar and sys.stdout.isatty():  # the eval set's examples, counted as they are added
+        count = compiled.eval_metrics.count.numpy
+        total = _examples(dataset, steps, batch_size)
+        watched = console.Watched(count, total, f"eval {name!r}", " examples")
     if steps is not None:
         dataset = dataset.take(steps)
     compiled.eval_metrics.reset()
     start = time.perf_counter()
-    watched = contextlib.nullcontext()
-    if bar and sys.stdout.isatty():  # the eval set's examples, counted as they are added
-        batches = int(dataset.cardinality())
-        total = batches * batch_size if batches >= 0 and batch_size else None
-        count = compiled.eval_metrics.count.numpy
-        watched = console.Watched(count, total or None, f"eval {name!r}", " examples")
     with errors.runtime_errors(f"eval set {name!r}"), model.averaged_weights(), watched:
         compiled.evaluate(dataset)
     model.seconds["evaluation"] += time.perf_counter() - start
@@ -147,6 +146,18 @@ def evaluate(
         monitoring.format_metrics(metrics),
     )
     return metrics
+
+
+def _examples(dataset: tf.data.Dataset, steps: int | None, batch_size: int | None) -> int | None:
+    """How many examples an evaluation reads: exact if the dataset is ``counted``, else at most."""
+    exact = num_examples(dataset)
+    batches = int(dataset.cardinality())
+    if steps is not None:
+        batches = steps if batches < 0 else min(batches, steps)
+    at_most = batches * batch_size if batches >= 0 and batch_size else None
+    if exact is not None and at_most is not None:
+        return min(exact, at_most)
+    return exact if steps is None else at_most
 
 
 def new_checkpoints(

@@ -74,6 +74,24 @@ def is_positioned(dataset: tf.data.Dataset) -> bool:
     return bool(getattr(dataset, _POSITIONED, False))
 
 
+_NUM_EXAMPLES = "_trainer_num_examples"
+
+
+def counted(dataset: tf.data.Dataset, num_examples: int) -> tf.data.Dataset:
+    """Marks an eval or predict dataset with how many examples it yields in all.
+
+    An evaluation's progress bar then counts to the real total, not to its batches
+    times the batch size (the last batch may be partial).
+    """
+    setattr(dataset, _NUM_EXAMPLES, int(num_examples))
+    return dataset
+
+
+def num_examples(dataset: tf.data.Dataset) -> int | None:
+    """The count ``counted`` gave ``dataset``, or None."""
+    return getattr(dataset, _NUM_EXAMPLES, None)
+
+
 @dataclasses.dataclass
 class Spec:
     """What a ``ModelFn`` returns for one batch.

@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from trainer import checkpoints, console, divergence, errors, hooks, monitoring, preemption
+from trainer import checkpoints, divergence, errors, hooks, logs, monitoring, preemption
 from trainer.distribution import Placement
 from trainer.errors import Preempted, TrainingDiverged, UserError
 from trainer.inputs import InputFn, Inputs
@@ -160,7 +160,7 @@ class TrainingRun:
         if not self.config_written:
             self.config_written = True
             self.writers.metrics.start()
-            console.keep_log(self.model_dir)
+            logs.keep_log(self.model_dir)
             text = self.config.write()
             if text is not None:
                 self.writers.text("train", "operative_config", text, step)
