@@ -118,6 +118,15 @@ def input_fn(
 ) -> tf.data.Dataset:
     """Digits batches for ``mode``: 'train' split for TRAIN, 'test' otherwise.
 
+    Yields ``(features, labels)``, two dicts of batched tensors (PREDICT too):
+
+    - ``features['image']``: float32 ``[batch, 8, 8, 1]``, grey levels in [0, 1]
+      (0 background, 1 ink);
+    - ``labels['label']``: int64 ``[batch]``, the digit, 0..9.
+
+    TRAIN batches are exactly ``params.batch_size`` and repeat forever; EVAL and
+    PREDICT read the 360 test examples once, the last batch partial.
+
     Args:
       mode: the mode asked for.
       params: batch size and seed, from the framework.

@@ -178,6 +178,11 @@ def input_fn(
 ) -> tf.data.Dataset:
     """Batches of ``({'image': [b, h, w, c] in [0, 1]}, {'label': [b]})``.
 
+    ``features['image']``: float32, the dataset's own ``h, w, c`` (mnist and
+    fashion_mnist 28x28x1, cifar10 and cifar100 32x32x3; ``image_size`` squares them),
+    scaled to [0, 1], or mean 0 and deviation 1 with ``standardize``.
+    ``labels['label']``: int64 ``[b]``, the class id, 0..num_classes-1.
+
     Args:
       mode: TRAIN reads ``train_split``; EVAL and PREDICT read ``eval_split``.
       params: batch size and seed, from the framework.

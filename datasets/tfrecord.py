@@ -434,7 +434,14 @@ def input_fn(
     skip_corrupt: bool = False,
     by_index: bool = True,
 ) -> tf.data.Dataset:
-    """An input_fn over a prepared TFRecord directory (see ``read``)."""
+    """An input_fn over a prepared TFRecord directory (see ``read``).
+
+    Yields ``({'image': float32 [batch, h, w, c] in [0, 1]}, {'label': int64 [batch]})``,
+    with ``h, w, c`` and the number of classes from the directory's ``dataset.json``
+    (digits: ``[batch, 8, 8, 1]``, labels 0..9): the same keys, types and ranges as
+    ``digits.input_fn`` and ``tfds_images.input_fn``, so one model reads all three.
+    TRAIN reads ``train_split`` forever, EVAL and PREDICT ``eval_split`` once.
+    """
     split = train_split if mode == Mode.TRAIN else eval_split
     return read(
         data_dir,

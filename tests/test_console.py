@@ -188,3 +188,14 @@ def test_metrics_file_holds_each_step_once_after_a_resume(tmp_path, data_dir):
     evals = records[records.writer == "eval_eval"]
     assert evals.step.tolist() == [100, 200, 300]
     assert (evals.accuracy > 0.5).all()
+
+
+def test_importing_the_framework_prints_nothing():
+    """A script's or notebook's ``import trainer`` holds TensorFlow's start-up lines back."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    code = "import trainer, trainer.estimator, datasets.pipeline, keras, tensorflow"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (proc.stdout, proc.stderr) == ("", "")

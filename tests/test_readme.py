@@ -54,3 +54,39 @@ def test_every_experiment_has_a_header_with_its_command():
             text = f.read()
         assert text.startswith("#"), name
         assert f"--gin_file experiments/{name}" in text and "Expected" in text, name
+
+
+def test_data_table_says_what_the_offline_input_fns_yield(data_dir):
+    """README's data table (and the docstrings it copies) against the real batches."""
+    import numpy as np
+    import tensorflow as tf
+
+    from datasets import diabetes, digits
+    from trainer import InputParams, Mode
+
+    rows = {r.split("|")[1].strip(" `"): r for r in readme().splitlines() if r.startswith("| `")}
+    params = InputParams(batch_size=512, global_batch_size=512, seed=0)
+    cases = [
+        (lambda m, p: digits.input_fn(m, p, data_dir=data_dir), "digits", ("image", "label")),
+        (diabetes.input_fn, "diabetes", ("x", "y")),
+    ]
+    for input_fn, name, (feature, label) in cases:
+        row = rows[f"{name}.input_fn"]
+        ranges = {}
+        for mode in (Mode.TRAIN, Mode.EVAL):
+            features, labels = next(iter(input_fn(mode, params)))
+            assert list(features) == [feature] and list(labels) == [label]
+            x, y = features[feature], labels[label]
+            shape = ", ".join(["batch", *map(str, x.shape[1:])])
+            assert f"'{feature}'`: {x.dtype.name} `[{shape}]`" in row
+            assert f"'{label}'`: {y.dtype.name} `[batch]`" in row
+            ranges[mode] = (float(tf.reduce_min(x)), float(tf.reduce_max(x)), y.numpy())
+        if name == "digits":
+            assert "float32 ``[batch, 8, 8, 1]``" in digits.input_fn.__doc__
+            assert all(lo >= 0 and hi <= 1 for lo, hi, _ in ranges.values())
+            labels = np.concatenate([r[2] for r in ranges.values()])
+            assert set(labels) == set(range(10)) and "0..9" in row
+        else:
+            assert "float32 ``[batch, 10]``" in diabetes.input_fn.__doc__
+            y_all = np.concatenate([diabetes.arrays(s)[1] for s in ("train", "test")])
+            assert f"{y_all.min():.0f}..{y_all.max():.0f}" in row
