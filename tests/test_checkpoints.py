@@ -80,3 +80,37 @@ def test_a_warm_start_takes_only_the_weights_its_pattern_names(tmp_path):
     assert float(model.head.kernel.numpy()[0, 0]) == 0.0
     with pytest.raises(UserError, match="cannot warm-start from .*nowhere"):
         checkpoints.warm_start(model, os.path.join(str(tmp_path), "nowhere"))
+
+
+def test_a_relative_model_dir_lists_restores_warm_starts_and_names_damage(tmp_path, monkeypatch):
+    """As a user types it: ``output/run``, relative to the working directory."""
+    monkeypatch.chdir(tmp_path)
+    model, step = built(value=1.0), tf.Variable(0, dtype=tf.int64)
+    saver = checkpoints.Checkpointer("output/run", 5, model=model, step=step)
+    for s in (10, 20):
+        step.assign(s)
+        saver.save(s)
+    assert checkpoints.all_checkpoints("output/run") == ["output/run/ckpt-10", "output/run/ckpt-20"]
+    assert checkpoints.latest_checkpoint("output/run") == "output/run/ckpt-20"
+    again = checkpoints.Checkpointer("output/run", 5, model=built(value=0.0), step=step)
+    assert again.restore_latest() == "output/run/ckpt-20"
+    warm = built(value=0.0)
+    checkpoints.warm_start(warm, "output/run", "^body")
+    assert float(warm.body.kernel[0, 0]) == 1.0 and float(warm.head.kernel[0, 0]) == 0.0
+    os.remove("output/run/ckpt-20.index")
+    with pytest.raises(UserError) as raised:
+        checkpoints.latest_checkpoint("output/run")
+    assert str(raised.value) == (
+        "checkpoint output/run/ckpt-20 is damaged (ckpt-20.index is missing); intact: "
+        "ckpt-10; move ckpt-20.* out of output/run to resume from ckpt-10"
+    )
+
+
+@pytest.mark.parametrize(
+    "pointer", [b"", b"\xff\xfe\x00binary", b'model_checkpoint_path: "../../etc/passwd"\n']
+)
+def test_an_empty_binary_or_foreign_checkpoint_list_is_rebuilt_from_the_files(tmp_path, pointer):
+    model, step = built(value=1.0), tf.Variable(10, dtype=tf.int64)
+    checkpoints.Checkpointer(str(tmp_path), 5, model=model, step=step).save(10)
+    (tmp_path / "checkpoint").write_bytes(pointer)
+    assert checkpoints.latest_checkpoint(str(tmp_path)) == f"{tmp_path}/ckpt-10"
