@@ -237,16 +237,17 @@ def test_two_workers_train_one_model_that_restores_on_one_device(tmp_path, data_
     for w, (_, err) in zip(workers, outputs, strict=True):
         assert w.returncode == 0, err[-3000:]
 
-    # The chief wrote the run; worker 1 kept its own, identical copy.
-    chief, other = (
-        tf.train.latest_checkpoint(model_dir),
-        tf.train.latest_checkpoint(model_dir / "worker_1"),
-    )
-    assert chief.endswith("ckpt-60") and other.endswith("ckpt-60")
+    # The chief wrote the run, one set of checkpoints; worker 1 removed what it saved.
+    assert tf.train.latest_checkpoint(model_dir).endswith("ckpt-60")
     assert (model_dir / "operative_config.gin").exists() and (model_dir / "train").is_dir()
-    chief_reader, other_reader = tf.train.load_checkpoint(chief), tf.train.load_checkpoint(other)
-    for name in chief_reader.get_variable_to_shape_map():
-        np.testing.assert_array_equal(chief_reader.get_tensor(name), other_reader.get_tensor(name))
+    written = [
+        os.path.relpath(os.path.join(r, n), model_dir)
+        for r, _, ns in os.walk(model_dir)
+        for n in ns
+    ]
+    assert sorted(p for p in written if "ckpt-" in p) == [
+        f"ckpt-{s}.{e}" for s in (30, 60) for e in ("data-00000-of-00001", "index")
+    ]
 
     # The chief's checkpoint restores into a one-device evaluate, and the two-worker
     # run (each worker reads its half of the data) learned as much as one process.

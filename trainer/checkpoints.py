@@ -285,8 +285,14 @@ class Checkpointer:
       **trackables: what to save: model, optimizer, step, input iterator, RNG state.
     """
 
-    def __init__(self, model_dir: str, max_to_keep: int = 5, **trackables):
+    def __init__(
+        self, model_dir: str, max_to_keep: int = 5, save_dir: str | None = None, **trackables
+    ):
         self.model_dir = model_dir
+        # Another worker than the chief saves to a scratch directory and removes it:
+        # what every worker restores is the chief's, in model_dir (trainer/workers.py).
+        self.scratch = save_dir if save_dir not in (None, model_dir) else None
+        self.saved: str | None = None
         self.checkpoint = tf.train.Checkpoint(**trackables)
         model = trackables.get("model")
         self._variables = [  # to name a mismatched variable by its Keras path
@@ -295,12 +301,17 @@ class Checkpointer:
         ]
         self.found = latest_checkpoint(model_dir)  # checked whole; found by its files if need be
         self.manager = tf.train.CheckpointManager(
-            self.checkpoint, model_dir, max_to_keep=max_to_keep, checkpoint_name=CHECKPOINT_NAME
+            self.checkpoint,
+            self.scratch or model_dir,
+            max_to_keep=max_to_keep,
+            checkpoint_name=CHECKPOINT_NAME,
         )
 
     @property
     def latest(self) -> str | None:
         """The newest checkpoint's path prefix, or None."""
+        if self.scratch:
+            return self.saved or self.found
         return self.manager.latest_checkpoint or self.found
 
     def restore_latest(self, partial: bool = False) -> str | None:
@@ -350,18 +361,23 @@ class Checkpointer:
         try:
             path = self.manager.save(checkpoint_number=step)
         except (tf.errors.OpError, OSError) as error:
-            self._remove_partial(step)
+            self._remove_partial(step, self.scratch or self.model_dir)
             reason = errors.first_line(error)
             raise UserError(
                 f"could not write checkpoint {CHECKPOINT_NAME}-{step} in {self.model_dir} "
                 f"({reason}); free space or choose another --model_dir. The newest complete "
                 f"checkpoint is still {self.latest}"
             ) from None
+        if self.scratch:  # the chief's copy is the one kept
+            self._remove_partial(step, self.scratch)
+            self.saved = path = os.path.join(self.model_dir, os.path.basename(path))
+            return path
         logging.info("Saved checkpoint %s", path)
         return path
 
-    def _remove_partial(self, step: int) -> None:
-        prefix = os.path.join(self.model_dir, f"{CHECKPOINT_NAME}-{step}")
+    @staticmethod
+    def _remove_partial(step: int, directory: str) -> None:
+        prefix = os.path.join(directory, f"{CHECKPOINT_NAME}-{step}")
         for path in tf.io.gfile.glob(prefix + ".*") + tf.io.gfile.glob(prefix + "_temp*"):
             if tf.io.gfile.isdir(path):
                 tf.io.gfile.rmtree(path)

@@ -10,7 +10,7 @@ writes. Three kinds (``Estimator.distribution``):
 * ``'mirrored'``: ``tf.distribute.MirroredStrategy`` over this machine's devices;
 * ``'multi_worker'``: ``MultiWorkerMirroredStrategy`` over the machines in TF_CONFIG
   (each machine's GPUs, or its CPU); the chief writes checkpoints and summaries,
-  and every other worker keeps its own copy in ``model_dir/worker_<i>``.
+  which every worker restores (``trainer/workers.py``).
 
 Towers may split a batch unevenly (shards differ by one example; gradients are
 averaged weighted by shard size). Under both strategies ``global_batch_size`` must
@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 from collections.abc import Callable, Sequence
 
 import keras
 import tensorflow as tf
 from absl import logging
 
-from trainer import errors, optimization, parallel
+from trainer import errors, optimization, parallel, workers
 from trainer.errors import UserError
 from trainer.model_fn import InputParams, Mode, ModelFn, is_positioned
 
@@ -72,6 +71,9 @@ class Placement:
         )
         # The chief (or a single process) is None; other workers are 'worker_1', ...
         self.worker = parallel.worker_name(self.strategy)
+        self.workers = (
+            workers.Workers(self.strategy, self.worker) if distribution == "multi_worker" else None
+        )
 
     @property
     def description(self) -> str:
@@ -140,13 +142,19 @@ class Placement:
         """The strategy's scope, where variables must be created; or no scope."""
         return self.strategy.scope() if self.strategy else contextlib.nullcontext()
 
-    def worker_dir(self, model_dir: str) -> str:
-        """This worker's directory: ``model_dir`` for the chief, which holds the run.
+    def write_dir(self, model_dir: str) -> str:
+        """Where this worker writes: ``model_dir`` for the chief, which holds the run.
 
-        Every worker saves (a save may need them all); the others keep their copy in
-        ``model_dir/worker_<i>``.
+        Every worker saves (a save may need them all); the others write to a scratch
+        directory of their own and remove what they wrote (``workers.Workers``).
         """
-        return os.path.join(model_dir, self.worker) if self.worker else model_dir
+        return self.workers.write_dir(model_dir) if self.workers else model_dir
+
+    def signalled(self, signals: list[str]) -> str | None:
+        """The signal that stops the run: this process's, or under multi_worker any worker's."""
+        if self.workers is None:
+            return f"{signals[0]} received" if signals else None
+        return self.workers.signalled(signals)
 
     def adopt(self, optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
         """The optimizer, made again inside the strategy's scope if there is one."""

@@ -209,7 +209,8 @@ class Estimator:
             prefetch_to_device=prefetch_to_device,
         )
         self.model_fn = model_fn
-        self.model_dir = self.placement.worker_dir(model_dir)
+        self.model_dir = model_dir  # what every worker restores from
+        self.write_dir = self.placement.write_dir(model_dir)  # model_dir but on other workers
         precision.check(model_fn, mixed_precision)
         optimizer = precision.scaled(optimizer or keras.optimizers.Adam(), mixed_precision)
         self.optimizer = self.placement.adopt(optimizer)
@@ -232,10 +233,10 @@ class Estimator:
         self.inputs = Inputs(
             self.placement, global_batch_size, self.eval_batch_size, seed, self.seconds
         )
-        self.writers = Writers(self.model_dir)
-        self.config = checkpoints.ConfigRecord(self.model_dir, config_text_fn, config_guard)
+        self.writers = Writers(self.write_dir)
+        self.config = checkpoints.ConfigRecord(self.write_dir, config_text_fn, config_guard)
         self.best_exporter = evaluation.best_exporter(
-            self.model_dir, export_best_metric, export_best_keep, export_best_higher
+            self.write_dir, export_best_metric, export_best_keep, export_best_higher
         )
         self.early_stopping = evaluation.early_stopping(
             early_stopping_metric, early_stopping_patience, early_stopping_higher
@@ -404,8 +405,8 @@ class Estimator:
         extra: Sequence[hooks.Periodic] = (),
         hooks_: Sequence[hooks.Hook] = (),
     ) -> int:
-        tf.io.gfile.makedirs(self.model_dir)
-        with WriterLock(self.model_dir):  # one trainer per model_dir
+        tf.io.gfile.makedirs(self.write_dir)
+        with WriterLock(self.write_dir):  # one trainer per model_dir
             run = training.TrainingRun(
                 self.settings,
                 self.model,

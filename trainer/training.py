@@ -160,7 +160,7 @@ class TrainingRun:
         if not self.config_written:
             self.config_written = True
             self.writers.metrics.start()
-            logs.keep_log(self.model_dir)
+            logs.keep_log(self.placement.write_dir(self.model_dir))
             text = self.config.write()
             if text is not None:
                 self.writers.text("train", "operative_config", text, step)
@@ -177,7 +177,10 @@ class TrainingRun:
         starts where the checkpoint's input stands (read before restoring, so that the
         dataset is built once).
         """
-        latest = checkpoints.latest_checkpoint(self.model_dir, repair=True)
+        chief = self.placement.worker is None
+        latest = checkpoints.latest_checkpoint(self.model_dir, repair=chief)
+        if self.placement.workers is not None:
+            self.placement.workers.check_same_start(latest, self.model_dir)
         self.inputs.resume_from(latest)
         self.dataset = self.inputs.dataset(input_fn, Mode.TRAIN)
         self.positioned = is_positioned(self.dataset)
@@ -188,7 +191,10 @@ class TrainingRun:
             state.update(self.inputs.iterator_state(self.iterator, latest))
             self.check_saved_input = True
         self.checkpointer = checkpoints.Checkpointer(
-            self.model_dir, self.settings.keep_checkpoint_max, **state
+            self.model_dir,
+            self.settings.keep_checkpoint_max,
+            save_dir=self.placement.write_dir(self.model_dir),
+            **state,
         )
         if self.checkpointer.latest is not None:
             self.config.check()
@@ -243,10 +249,11 @@ class TrainingRun:
                 progress.advance(step)
                 if hooks.run_due(actions, step):
                     break
-                if signals:
+                signalled = self.placement.signalled(signals)  # any worker's, under multi_worker
+                if signalled:
                     path = self.save(step)
                     raise Preempted(
-                        f"{signals[0]} received: saved {path} at step {step}; rerun the same "
+                        f"{signalled}: saved {path} at step {step}; rerun the same "
                         "command to resume"
                     )
         return step
@@ -287,7 +294,7 @@ class TrainingRun:
         """Histograms, labelled images and the profiler, at the steps asked for."""
         every = self.settings
         actions = monitoring.profiler_actions(
-            every.profile_steps, os.path.join(self.model_dir, "train")
+            every.profile_steps, os.path.join(self.placement.write_dir(self.model_dir), "train")
         )
         if every.histogram_every_steps or every.image_every_steps:
             batch = next(iter(self.inputs.dataset(input_fn, Mode.EVAL)))
