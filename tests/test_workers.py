@@ -1,0 +1,94 @@
+"""Several workers as one run, through the CLI: real processes on 127.0.0.1, real signals."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO, digits_args
+from tests.helpers import checkpoint_steps
+from tests.test_parallel import free_ports
+
+
+def start_workers(data_dir, model_dir, count, *settings, ports=None):
+    """``count`` multi_worker trainers on 127.0.0.1 (digits MLP); returns the processes."""
+    ports = ports or free_ports(count)
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    bindings = [
+        "Estimator.distribution = 'multi_worker'",
+        "Estimator.global_batch_size = 64",
+        "Estimator.steps_per_loop = 10",
+        "Estimator.log_every_steps = 50",
+        "MLP.dropout_rate = 0.0",
+        *settings,
+    ]
+    args = digits_args(data_dir, model_dir, "--schedule", "train")
+    args += [arg for binding in bindings for arg in ("--gin_param", binding)]
+    return [
+        subprocess.Popen(
+            [sys.executable, "-m", "trainer", *args],
+            cwd=REPO,
+            env=dict(
+                os.environ,
+                TF_CPP_MIN_LOG_LEVEL="2",
+                TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}),
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(count)
+    ]
+
+
+def finish(workers, timeout=240):
+    """Waits for every worker; returns [(exit code, stderr)], killing any left."""
+    try:
+        return [(w.wait(timeout=timeout), w.communicate()[1]) for w in workers]
+    finally:
+        for w in workers:
+            w.kill()
+
+
+def wait_for_checkpoint(model_dir, workers, timeout=180):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if model_dir.is_dir() and checkpoint_steps(model_dir):
+            return
+        assert all(w.poll() is None for w in workers), "a worker ended before its first checkpoint"
+        time.sleep(0.2)
+    pytest.fail("no checkpoint in time")
+
+
+def test_sigterm_to_one_worker_stops_all_at_one_checkpoint_and_a_rerun_finishes(tmp_path, data_dir):
+    model_dir = tmp_path / "run"
+    settings = ("experiment.max_steps = 3000", "Estimator.save_checkpoints_steps = 100")
+    workers = start_workers(data_dir, model_dir, 2, *settings)
+    wait_for_checkpoint(model_dir, workers)
+    workers[1].send_signal(signal.SIGTERM)  # a cluster's preemption notice to one worker
+    (chief_code, chief_err), (code, err) = finish(workers, timeout=120)
+    assert (chief_code, code) == (75, 75), chief_err[-3000:] + err[-3000:]
+    where = re.escape(str(model_dir))
+    saved = rf"saved {where}/ckpt-(\d+) at step \1; rerun the same command to resume\n"
+    chief_line = re.fullmatch(f"preempted: worker 1 received SIGTERM: {saved}", chief_err)
+    worker_line = re.fullmatch(f"preempted: SIGTERM received: {saved}", err)
+    assert chief_line and worker_line, (chief_err, err)
+    step = int(chief_line.group(1))
+    assert int(worker_line.group(1)) == step == checkpoint_steps(model_dir)[-1]
+    written = [
+        os.path.relpath(os.path.join(r, n), model_dir)
+        for r, _, ns in os.walk(model_dir)
+        for n in ns
+    ]
+    assert all("/" not in p for p in written if "ckpt-" in p)  # one set, the chief's
+
+    # Rerun both, as the message says: they resume from that checkpoint and finish.
+    settings = (f"experiment.max_steps = {step + 20}", "Estimator.save_checkpoints_steps = 100")
+    results = finish(start_workers(data_dir, model_dir, 2, *settings))
+    assert [code for code, _ in results] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
+    assert checkpoint_steps(model_dir)[-1] == step + 20
