@@ -160,6 +160,7 @@ def main() -> None:
     _CLOCK["imports"] = time.perf_counter() - trainer.STARTED
     logs.use_console()
     failure = _run()
+    logs.keep_native()
     if failure:
         _remove_unused(_CREATED_DIRS)  # a run that failed before training leaves no directory
         # Free the failed run (its iterators log from C++ as they die) before the last line.
@@ -188,6 +189,7 @@ def _run() -> tuple[str, int, str] | None:
         precision = gin_config.query("Estimator.mixed_precision", None)
         set_precision(precision)  # before the model is made
         if gin_config.query("Estimator.distribution", "towers") == "multi_worker":
+            logs.hold_native_stderr()  # a lost peer's gRPC errors go to trainer.log
             parallel.make_strategy("multi_worker", [])  # before any op runs
         seed = gin_config.query("experiment.seed", 0)
         if seed is not None:
@@ -207,8 +209,8 @@ def _run() -> tuple[str, int, str] | None:
         )
         logs.keep_log(model_dir)
         _report(result, FLAGS.schedule, FLAGS.results)
-    except Preempted as error:
-        return errors.first_line(error), error.exit_code, "preempted"
+    except Preempted as error:  # or a lost peer: restarting resumes either
+        return errors.first_line(error), error.exit_code, error.prefix
     except TrainingDiverged as error:  # training ran: its log says how it got there
         logs.keep_log(model_dir)
         return errors.first_line(error), error.exit_code, "error"

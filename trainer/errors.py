@@ -53,6 +53,13 @@ class Preempted(Exception):
     """SIGTERM or SIGINT arrived; a checkpoint was saved and the run stopped early."""
 
     exit_code = EXIT_PREEMPTED
+    prefix = "preempted"
+
+
+class PeerLost(Preempted):
+    """Another worker died or stopped answering; restarting all workers resumes the run."""
+
+    prefix = "error"
 
 
 def first_line(error: Exception | str) -> str:

@@ -15,6 +15,7 @@ import logging as pylogging
 import os
 import re
 import sys
+import tempfile
 import time
 
 from trainer.console import STARTUP_LOG, ProgressBar, wants_everything
@@ -69,10 +70,10 @@ class _HeldLog(pylogging.Handler):
         self.file.write(line)
         self.file.flush()
 
-    def keep(self, model_dir: str) -> None:
+    def keep(self, model_dir: str, name: str) -> None:
         if self.file is not None or "://" in model_dir:  # object stores cannot append
             return
-        self.file = open(os.path.join(model_dir, LOG_NAME), "a")  # noqa: SIM115 - for the run
+        self.file = open(os.path.join(model_dir, name), "a")  # noqa: SIM115 - for the run
         started = time.strftime("%Y-%m-%d %H:%M:%S")
         command = ["python -m trainer" if sys.argv[0].endswith("__main__.py") else sys.argv[0]]
         self.file.write(f"--- {started}: {' '.join(command + sys.argv[1:])}\n")
@@ -91,14 +92,15 @@ class _HeldLog(pylogging.Handler):
 _LOG: list[_HeldLog] = []  # the CLI's (use_console), or a Python call's (speaking)
 
 
-def keep_log(model_dir: str) -> None:
+def keep_log(model_dir: str, name: str = LOG_NAME) -> None:
     """The run has really started in ``model_dir``: its log goes to trainer.log there.
 
     Called at a training run's first checkpoint and at the end of the others; does
-    nothing when no console is set up, or when called again.
+    nothing when no console is set up, or when called again. Workers other than the
+    chief keep theirs beside it, as ``trainer-worker_<i>.log``.
     """
     for held in _LOG:
-        held.keep(model_dir)
+        held.keep(model_dir, name)
 
 
 def use_console() -> None:
@@ -120,6 +122,46 @@ def use_console() -> None:
     tf_logger = pylogging.getLogger("tensorflow")  # it has a handler of its own too
     for handler in list(tf_logger.handlers):
         tf_logger.removeHandler(handler)
+
+
+def hold_native_stderr() -> None:
+    """From now on the C++ runtime's stderr goes to trainer.log; Python's stays on the console.
+
+    Under multi_worker a lost peer makes every collective on the way down log gRPC
+    errors from C++ straight to file descriptor 2. The descriptor is pointed at a
+    file, whose lines are appended to ``trainer.log`` at the end (``keep_native``);
+    ``sys.stderr`` and the console's handlers move to a copy of the real one.
+    """
+    if wants_everything() or NATIVE:
+        return
+    sys.stderr.flush()
+    real = os.fdopen(os.dup(2), "w", buffering=1)
+    held = tempfile.NamedTemporaryFile(prefix="trainer-native-", suffix=".log", delete=False)
+    os.dup2(held.fileno(), 2)
+    held.close()
+    NATIVE.append(held.name)
+    for handler in pylogging.getLogger().handlers:
+        if isinstance(handler, pylogging.StreamHandler) and handler.stream is sys.stderr:
+            handler.setStream(real)
+    sys.stderr = real
+
+
+NATIVE: list[str] = []  # the file hold_native_stderr points file descriptor 2 at
+
+
+def keep_native() -> None:
+    """Appends what the C++ runtime wrote to stderr to trainer.log, if the run kept one."""
+    for path in NATIVE:
+        kept = [held.file for held in _LOG if held.file is not None]
+        with open(path, errors="replace") as f:
+            text = f.read()
+        for file in kept:
+            file.write(text)
+            file.flush()
+        if not kept and text.strip():
+            os.dup2(sys.stderr.fileno(), 2)  # no log to keep them in: the console's
+            sys.stderr.write(text)
+        os.truncate(path, 0)
 
 
 def _concise() -> list[pylogging.Handler]:

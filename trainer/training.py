@@ -19,7 +19,16 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from trainer import checkpoints, divergence, errors, hooks, logs, monitoring, preemption
+from trainer import (
+    checkpoints,
+    divergence,
+    errors,
+    hooks,
+    logs,
+    monitoring,
+    preemption,
+    workers,
+)
 from trainer.distribution import Placement
 from trainer.errors import Preempted, TrainingDiverged, UserError
 from trainer.inputs import InputFn, Inputs
@@ -140,9 +149,15 @@ class TrainingRun:
             step = self._loop(input_fn, start, actions, max_steps, log.progress)
             if not actions[0].is_due(step):  # the end: log and save unless just done
                 log(step)
+            self.save(step)
+        except workers.PEER_ERRORS as error:
+            if self.placement.workers is None:
+                raise
+            raise self.placement.workers.lost(
+                error, self.model.step, self.checkpointer.latest
+            ) from None
         finally:
             log.progress.close()
-        self.save(step)
         self.input_wait.report()
         return step
 
@@ -160,7 +175,8 @@ class TrainingRun:
         if not self.config_written:
             self.config_written = True
             self.writers.metrics.start()
-            logs.keep_log(self.placement.write_dir(self.model_dir))
+            worker = self.placement.worker
+            logs.keep_log(self.model_dir, f"trainer-{worker}.log" if worker else logs.LOG_NAME)
             text = self.config.write()
             if text is not None:
                 self.writers.text("train", "operative_config", text, step)

@@ -30,8 +30,9 @@ import tempfile
 from collections.abc import Sequence
 
 import tensorflow as tf
+from absl import logging
 
-from trainer.errors import UserError
+from trainer.errors import PeerLost, UserError
 
 
 class Workers:
@@ -103,6 +104,33 @@ class Workers:
                     f"{name} received" if index == self.index else f"worker {index} received {name}"
                 )
         return None
+
+    def lost(self, error: Exception, step: int, latest: str | None) -> PeerLost:
+        """The one line for a collective that failed because a peer died or hung.
+
+        The error itself (a gRPC status, a traceback) goes to the log, not the console.
+        """
+        logging.info("A collective failed:", exc_info=error, extra={"console": False})
+        peer = lost_peer(error, self.index)
+        if peer is None:
+            who = "a peer worker"
+        else:
+            address = self.addresses[peer] if peer < len(self.addresses) else "?"
+            who = f"worker {peer} ({address})"
+        resume = f"every worker resumes from {latest}" if latest else "no checkpoint yet"
+        return PeerLost(
+            f"lost {who} after step {step}: it died or stopped answering; {resume} when all "
+            f"{len(self.addresses)} are started again with the same command"
+        )
+
+
+# What a collective raises when a peer dies or stops answering.
+PEER_ERRORS = (
+    tf.errors.UnavailableError,
+    tf.errors.AbortedError,
+    tf.errors.CancelledError,
+    tf.errors.DeadlineExceededError,
+)
 
 
 def _addresses() -> list[str]:
