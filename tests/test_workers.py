@@ -92,3 +92,37 @@ def test_sigterm_to_one_worker_stops_all_at_one_checkpoint_and_a_rerun_finishes(
     results = finish(start_workers(data_dir, model_dir, 2, *settings))
     assert [code for code, _ in results] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
     assert checkpoint_steps(model_dir)[-1] == step + 20
+
+
+@pytest.mark.parametrize("victim", [1, 0], ids=["worker", "chief"])
+def test_a_killed_worker_is_named_by_the_survivor_in_one_line_and_a_rerun_finishes(
+    tmp_path, data_dir, victim
+):
+    model_dir = tmp_path / "run"
+    settings = ("experiment.max_steps = 3000", "Estimator.save_checkpoints_steps = 100")
+    workers = start_workers(data_dir, model_dir, 2, *settings)
+    wait_for_checkpoint(model_dir, workers)
+    killed = time.monotonic()
+    workers[victim].kill()
+    [(code, err)] = finish([workers[1 - victim]], timeout=60)
+    seconds = time.monotonic() - killed
+    workers[victim].wait()
+    assert code == 75, err[-3000:]
+    newest = checkpoint_steps(model_dir)[-1]
+    assert re.fullmatch(
+        rf"error: lost worker {victim} \(127\.0\.0\.1:\d+\) after step \d+: it died or stopped "
+        rf"answering; every worker resumes from {re.escape(str(model_dir))}/ckpt-{newest} when "
+        r"all 2 are started again with the same command\n",
+        err,
+    ), err
+    assert seconds < 60
+    log = "trainer.log" if victim == 1 else "trainer-worker_1.log"
+    assert "Traceback" in (model_dir / log).read_text()  # the details are kept, off the console
+    if victim == 0:
+        settings = (
+            f"experiment.max_steps = {newest + 20}",
+            "Estimator.save_checkpoints_steps = 100",
+        )
+        results = finish(start_workers(data_dir, model_dir, 2, *settings))
+        assert [c for c, _ in results] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
+        assert checkpoint_steps(model_dir)[-1] == newest + 20
