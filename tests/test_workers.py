@@ -15,8 +15,11 @@ from tests.helpers import checkpoint_steps
 from tests.test_parallel import free_ports
 
 
-def start_workers(data_dir, model_dir, count, *settings, ports=None):
-    """``count`` multi_worker trainers on 127.0.0.1 (digits MLP); returns the processes."""
+def start_workers(data_dir, model_dir, count, *settings, ports=None, only=None):
+    """``count`` multi_worker trainers on 127.0.0.1 (digits MLP); returns the processes.
+
+    ``only``: start just these task indices (the others are started by another call).
+    """
     ports = ports or free_ports(count)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     bindings = [
@@ -42,7 +45,7 @@ def start_workers(data_dir, model_dir, count, *settings, ports=None):
             stderr=subprocess.PIPE,
             text=True,
         )
-        for i in range(count)
+        for i in (range(count) if only is None else only)
     ]
 
 
@@ -126,3 +129,22 @@ def test_a_killed_worker_is_named_by_the_survivor_in_one_line_and_a_rerun_finish
         results = finish(start_workers(data_dir, model_dir, 2, *settings))
         assert [c for c, _ in results] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
         assert checkpoint_steps(model_dir)[-1] == newest + 20
+
+
+def test_workers_that_see_different_checkpoints_stop_before_training(tmp_path, data_dir):
+    """A model_dir that is not shared: the worker that cannot see ckpt-20 is named."""
+    model_dir, elsewhere = tmp_path / "run", tmp_path / "not_shared"
+    settings = ("experiment.max_steps = 20", "Estimator.save_checkpoints_steps = 100")
+    assert [c for c, _ in finish(start_workers(data_dir, model_dir, 2, *settings))] == [0, 0]
+    before = sorted(os.listdir(model_dir))
+    ports = free_ports(2)
+    (chief,) = start_workers(data_dir, model_dir, 2, *settings, ports=ports, only=[0])
+    (other,) = start_workers(data_dir, elsewhere, 2, *settings, ports=ports, only=[1])
+    results = finish([chief, other], timeout=120)
+    line = (
+        "error: the workers see different checkpoints in {} (worker 0 ckpt-20, worker 1 "
+        "none): model_dir must be one directory every worker sees (shared storage), or pass "
+        "each worker the same --model_dir\n"
+    )
+    assert results == [(2, line.format(model_dir)), (2, line.format(elsewhere))]
+    assert sorted(os.listdir(model_dir)) == before and not elsewhere.exists()
