@@ -6,7 +6,6 @@ in subprocesses (tests/parallel_runs.py, and the CLI for multi-worker).
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -17,7 +16,8 @@ import tensorflow as tf
 
 import datasets.digits
 from models.mlp import MLP
-from tests.conftest import REPO, digits_args, run_cli
+from tests.conftest import REPO, run_cli
+from tests.workers import finish, start_workers
 from trainer import Estimator, UserError, parallel
 from trainer.distribution import check_devices
 
@@ -168,16 +168,6 @@ def test_device_settings_that_cannot_run_are_refused():
         Estimator(MLP(num_classes=10), "/tmp/unused", distribution="mirror")
 
 
-def free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 def train_locally(data_dir, model_dir, max_steps):
     """The same MLP and global batch as the workers' run, in this process."""
     keras.utils.set_random_seed(0)
@@ -196,46 +186,10 @@ def train_locally(data_dir, model_dir, max_steps):
 
 def test_two_workers_train_one_model_that_restores_on_one_device(tmp_path, data_dir):
     model_dir = tmp_path / "run"
-    ports = free_ports(2)
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-    common = digits_args(
-        data_dir,
-        model_dir,
-        "--schedule",
-        "train",
-        "--gin_param",
-        "Estimator.distribution = 'multi_worker'",
-        "--gin_param",
-        "Estimator.global_batch_size = 64",
-        "--gin_param",
-        "experiment.max_steps = 60",
-        "--gin_param",
-        "Estimator.save_checkpoints_steps = 30",
-        "--gin_param",
-        "MLP.dropout_rate = 0.0",
-    )
-    workers = [
-        subprocess.Popen(
-            [sys.executable, "-m", "trainer", *common],
-            cwd=REPO,
-            env=dict(
-                os.environ,
-                TF_CPP_MIN_LOG_LEVEL="2",
-                TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}),
-            ),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    try:
-        outputs = [w.communicate(timeout=240) for w in workers]
-    finally:
-        for w in workers:
-            w.kill()
-    for w, (_, err) in zip(workers, outputs, strict=True):
-        assert w.returncode == 0, err[-3000:]
+    settings = ("experiment.max_steps = 60", "Estimator.save_checkpoints_steps = 30")
+    results = finish(start_workers(data_dir, model_dir, 2, *settings))
+    for code, err in results:
+        assert code == 0, err[-3000:]
 
     # The chief wrote the run, one set of checkpoints; worker 1 removed what it saved.
     assert tf.train.latest_checkpoint(model_dir).endswith("ckpt-60")

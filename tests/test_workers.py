@@ -1,71 +1,14 @@
 """Several workers as one run, through the CLI: real processes on 127.0.0.1, real signals."""
 
-import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
-from tests.conftest import REPO, digits_args
 from tests.helpers import checkpoint_steps
-from tests.test_parallel import free_ports
-
-
-def start_workers(data_dir, model_dir, count, *settings, ports=None, only=None):
-    """``count`` multi_worker trainers on 127.0.0.1 (digits MLP); returns the processes.
-
-    ``only``: start just these task indices (the others are started by another call).
-    """
-    ports = ports or free_ports(count)
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-    bindings = [
-        "Estimator.distribution = 'multi_worker'",
-        "Estimator.global_batch_size = 64",
-        "Estimator.steps_per_loop = 10",
-        "Estimator.log_every_steps = 50",
-        "MLP.dropout_rate = 0.0",
-        *settings,
-    ]
-    args = digits_args(data_dir, model_dir, "--schedule", "train")
-    args += [arg for binding in bindings for arg in ("--gin_param", binding)]
-    return [
-        subprocess.Popen(
-            [sys.executable, "-m", "trainer", *args],
-            cwd=REPO,
-            env=dict(
-                os.environ,
-                TF_CPP_MIN_LOG_LEVEL="2",
-                TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}),
-            ),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in (range(count) if only is None else only)
-    ]
-
-
-def finish(workers, timeout=240):
-    """Waits for every worker; returns [(exit code, stderr)], killing any left."""
-    try:
-        return [(w.wait(timeout=timeout), w.communicate()[1]) for w in workers]
-    finally:
-        for w in workers:
-            w.kill()
-
-
-def wait_for_checkpoint(model_dir, workers, timeout=180):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if model_dir.is_dir() and checkpoint_steps(model_dir):
-            return
-        assert all(w.poll() is None for w in workers), "a worker ended before its first checkpoint"
-        time.sleep(0.2)
-    pytest.fail("no checkpoint in time")
+from tests.workers import finish, free_ports, start_workers, wait_for_checkpoint
 
 
 def test_sigterm_to_one_worker_stops_all_at_one_checkpoint_and_a_rerun_finishes(tmp_path, data_dir):
