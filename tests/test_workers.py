@@ -74,8 +74,11 @@ def test_a_killed_worker_is_named_by_the_survivor_in_one_line_and_a_rerun_finish
         assert checkpoint_steps(model_dir)[-1] == newest + 20
 
 
-def test_workers_that_see_different_checkpoints_stop_before_training(tmp_path, data_dir):
-    """A model_dir that is not shared: the worker that cannot see ckpt-20 is named."""
+def test_workers_that_see_other_checkpoints_or_a_changed_config_stop_before_training(
+    tmp_path, data_dir
+):
+    """A model_dir that is not shared names the worker that cannot see ckpt-20; a changed
+    model under the checkpoints is refused by every worker, not by the chief alone."""
     model_dir, elsewhere = tmp_path / "run", tmp_path / "not_shared"
     settings = ("experiment.max_steps = 20", "Estimator.save_checkpoints_steps = 100")
     assert [c for c, _ in finish(start_workers(data_dir, model_dir, 2, *settings))] == [0, 0]
@@ -91,3 +94,13 @@ def test_workers_that_see_different_checkpoints_stop_before_training(tmp_path, d
     )
     assert results == [(2, line.format(model_dir)), (2, line.format(elsewhere))]
     assert sorted(os.listdir(model_dir)) == before and not elsewhere.exists()
+
+    changed = (*settings, "MLP.hidden_units = [128]")
+    results = finish(start_workers(data_dir, model_dir, 2, *changed))
+    refusal = (
+        "error: the config differs from the one the checkpoints in this model_dir were trained "
+        "with: MLP.hidden_units: [256, 256] -> [128]. Use a new --model_dir, or "
+        "--overwrite_config to resume anyway\n"
+    )
+    assert results == [(2, refusal), (2, refusal)]
+    assert sorted(os.listdir(model_dir)) == before

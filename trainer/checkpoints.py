@@ -35,6 +35,8 @@ class ConfigRecord:
       text_fn: returns the run's configuration as text (None: nothing is kept).
       guard: ``guard(saved_text, new_text)`` raises UserError when the change is not
         safe to resume with (None: any change is).
+      writes: False on workers other than the chief, which check against its record
+        but leave the writing to it.
     """
 
     def __init__(
@@ -42,9 +44,10 @@ class ConfigRecord:
         model_dir: str,
         text_fn: Callable[[], str] | None,
         guard: Callable[[str, str], None] | None,
+        writes: bool = True,
     ):
         self.path = os.path.join(model_dir, OPERATIVE_CONFIG)
-        self.text_fn, self.guard = text_fn, guard
+        self.text_fn, self.guard, self.writes = text_fn, guard, writes
 
     def check(self) -> None:
         """Lets ``guard`` refuse to resume under a changed configuration."""
@@ -58,7 +61,8 @@ class ConfigRecord:
         if self.text_fn is None:
             return None
         text = self.text_fn()
-        files.write_atomically(self.path, text)
+        if self.writes:
+            files.write_atomically(self.path, text)
         return text
 
 

@@ -234,7 +234,9 @@ class Estimator:
             self.placement, global_batch_size, self.eval_batch_size, seed, self.seconds
         )
         self.writers = Writers(self.write_dir)
-        self.config = checkpoints.ConfigRecord(self.write_dir, config_text_fn, config_guard)
+        self.config = checkpoints.ConfigRecord(  # every worker checks the chief's record
+            model_dir, config_text_fn, config_guard, writes=self.placement.worker is None
+        )
         self.best_exporter = evaluation.best_exporter(
             self.write_dir, export_best_metric, export_best_keep, export_best_higher
         )
