@@ -148,11 +148,13 @@ class ProgressBar:
                 self.shown[-1].draw()
 
     def text(self) -> str:
-        """The bar as one line of the terminal's width, less one column."""
+        """The bar as one line of the terminal's width, less three columns."""
         from tqdm import tqdm
         from tqdm.utils import disp_trim
 
-        width = _columns() - 1  # the last column would leave the cursor waiting to wrap
+        # Three columns spare: the "^C" a terminal echoes when Ctrl-C is typed lands
+        # after the bar, and the last column would leave the cursor waiting to wrap.
+        width = _columns() - 3
         line = tqdm.format_meter(
             self.n,
             self.total,
