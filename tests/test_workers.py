@@ -40,18 +40,24 @@ def test_sigterm_to_one_worker_stops_all_at_one_checkpoint_and_a_rerun_finishes(
     assert checkpoint_steps(model_dir)[-1] == step + 20
 
 
-@pytest.mark.parametrize("victim", [1, 0], ids=["worker", "chief"])
-def test_a_killed_worker_is_named_by_the_survivor_in_one_line_and_a_rerun_finishes(
-    tmp_path, data_dir, victim
+@pytest.mark.parametrize(
+    ("victim", "fault"),
+    [(1, signal.SIGKILL), (0, signal.SIGKILL), (0, signal.SIGSTOP)],
+    ids=["killed worker", "killed chief", "stopped chief"],
+)
+def test_a_lost_worker_is_named_by_the_survivor_in_one_line_and_a_rerun_finishes(
+    tmp_path, data_dir, victim, fault
 ):
+    """Killed, or stopped (a hung machine: its collectives would wait forever)."""
     model_dir = tmp_path / "run"
     settings = ("experiment.max_steps = 3000", "Estimator.save_checkpoints_steps = 100")
     workers = start_workers(data_dir, model_dir, 2, *settings)
     wait_for_checkpoint(model_dir, workers)
     killed = time.monotonic()
-    workers[victim].kill()
+    workers[victim].send_signal(fault)
     [(code, err)] = finish([workers[1 - victim]], timeout=60)
     seconds = time.monotonic() - killed
+    workers[victim].kill()
     workers[victim].wait()
     assert code == 75, err[-3000:]
     newest = checkpoint_steps(model_dir)[-1]
@@ -64,7 +70,7 @@ def test_a_killed_worker_is_named_by_the_survivor_in_one_line_and_a_rerun_finish
     assert seconds < 60
     log = "trainer.log" if victim == 1 else "trainer-worker_1.log"
     assert "Traceback" in (model_dir / log).read_text()  # the details are kept, off the console
-    if victim == 0:
+    if fault == signal.SIGKILL and victim == 0:
         settings = (
             f"experiment.max_steps = {newest + 20}",
             "Estimator.save_checkpoints_steps = 100",
@@ -104,3 +110,50 @@ def test_workers_that_see_other_checkpoints_or_a_changed_config_stop_before_trai
     )
     assert results == [(2, refusal), (2, refusal)]
     assert sorted(os.listdir(model_dir)) == before
+
+
+def test_workers_given_different_configs_or_clusters_stop_in_one_line(tmp_path, data_dir):
+    """What differs between workers is named on every worker, before anything is written."""
+    model_dir, settings = tmp_path / "run", ("experiment.max_steps = 20",)
+    ports = free_ports(3)
+    chief = start_workers(data_dir, model_dir, 2, *settings, ports=ports[:2], only=[0])
+    other = start_workers(
+        data_dir, model_dir, 2, *settings, "MLP.hidden_units = [128]", ports=ports[:2], only=[1]
+    )
+    line = (
+        "error: worker 1 was started with another config than worker 0: MLP.hidden_units: "
+        "[256, 256] -> [128] (worker 0 -> 1); start every worker with the same --gin_file and "
+        "--gin_param (only a data_dir may differ)\n"
+    )
+    assert finish(chief + other, timeout=120) == [(2, line), (2, line)]
+
+    # Worker 1 was told of another address for itself: without the check, both hang.
+    chief = start_workers(data_dir, model_dir, 2, *settings, ports=ports[:2], only=[0])
+    other = start_workers(data_dir, model_dir, 2, *settings, ports=ports[::2], only=[1])
+    results = finish(chief + other, timeout=120)
+    clusters = [f'{{"worker": ["127.0.0.1:{ports[0]}", "127.0.0.1:{p}"]}}' for p in ports[1:]]
+    line = (
+        "error: TF_CONFIG's cluster differs between workers: worker {} has {}, worker {} has "
+        "{}; give every worker the same cluster (only task.index differs)\n"
+    )
+    assert results == [
+        (2, line.format(0, clusters[0], 1, clusters[1])),
+        (2, line.format(1, clusters[1], 0, clusters[0])),
+    ]
+    assert not model_dir.exists()  # nothing written, not even the directory
+
+    # Two workers given index 0: the second cannot take the first one's port.
+    first = start_workers(data_dir, model_dir, 2, *settings, ports=ports[:2], only=[0])
+    time.sleep(3)  # the first one listens
+    second = start_workers(data_dir, model_dir, 2, *settings, ports=ports[:2], only=[1], index=0)
+    assert finish(second, timeout=120) == [
+        (
+            2,
+            f"error: could not listen on 127.0.0.1:{ports[0]}, worker 0 of 2's address in "
+            "TF_CONFIG: is another worker using the same task index, or another program the "
+            "same port?\n",
+        )
+    ]
+    first[0].kill()  # it waits for worker 1, as a worker started before the others does
+    assert "Joining the cluster as worker 0 of 2" in first[0].communicate()[0]
+    assert not model_dir.exists() or not os.listdir(model_dir)

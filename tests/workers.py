@@ -23,10 +23,12 @@ def free_ports(count):
     return ports
 
 
-def start_workers(data_dir, model_dir, count, *settings, ports=None, only=None):
+def start_workers(data_dir, model_dir, count, *settings, ports=None, only=None, index=None):
     """``count`` multi_worker trainers on 127.0.0.1 (digits MLP); returns the processes.
 
     ``only``: start just these task indices (the others are started by another call).
+    ``ports``: the cluster's, one a worker (``count`` free ones by default).
+    ``index``: the task index every started worker is given (each its own by default).
     """
     ports = ports or free_ports(count)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
@@ -47,7 +49,12 @@ def start_workers(data_dir, model_dir, count, *settings, ports=None, only=None):
             env=dict(
                 os.environ,
                 TF_CPP_MIN_LOG_LEVEL="2",
-                TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}),
+                TF_CONFIG=json.dumps(
+                    {
+                        "cluster": cluster,
+                        "task": {"type": "worker", "index": i if index is None else index},
+                    }
+                ),
             ),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -32,6 +32,7 @@ from trainer import (
     logs,
     parallel,
     summaries,
+    workers,
     writer_lock,
 )
 from trainer.command import FLAGS
@@ -209,6 +210,11 @@ def _run() -> tuple[str, int, str] | None:
         )
         logs.keep_log(model_dir)
         _report(result, FLAGS.schedule, FLAGS.results)
+    except workers.PEER_ERRORS as error:  # the training loop names its own lost peers
+        if not parallel.multi_worker_started():
+            raise
+        error = workers.lost_before_training(error)
+        return errors.first_line(error), error.exit_code, error.prefix
     except Preempted as error:  # or a lost peer: restarting resumes either
         return errors.first_line(error), error.exit_code, error.prefix
     except TrainingDiverged as error:  # training ran: its log says how it got there

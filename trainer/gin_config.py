@@ -15,9 +15,8 @@ import tokenize
 
 import gin
 import keras
-from gin import config_parser
 
-from trainer import estimator, gin_errors, optimization
+from trainer import config_diff, estimator, gin_errors, optimization
 from trainer.errors import UserError
 
 ConfiguredEstimator = gin.external_configurable(  # the Estimator with its gin bindings
@@ -119,43 +118,13 @@ def check_resumable(saved: str, new: str, resumable: set[str]) -> None:
         often, where: declared next to what they configure); so may any
         ``data_dir`` parameter (where the data is, not what it is).
     """
-    old_bindings, new_bindings = _bindings(saved), _bindings(new)
-    changes = []
-    for key in sorted(set(old_bindings) | set(new_bindings)):
-        short = key.split("/")[-1]
-        configurable, param = short.rsplit(".", 1)
-        short = configurable.split(".")[-1] + "." + param
-        if short in resumable or param == "data_dir":
-            continue
-        before, after = old_bindings.get(key, "(unset)"), new_bindings.get(key, "(unset)")
-        if before != after:
-            changes.append(f"{key}: {before} -> {after}")
+    changes = config_diff.differences(saved, new, resumable)
     if changes:
         raise UserError(
             "the config differs from the one the checkpoints in this model_dir were trained "
             f"with: {'; '.join(changes)}. Use a new --model_dir, or --overwrite_config to "
             "resume anyway"
         )
-
-
-def _bindings(text: str) -> dict[str, str]:
-    """``{'scope/Configurable.param': value text}`` of a gin config text."""
-    delegate = gin.config.ParserDelegate(skip_unknown=True)
-    found = {}
-    for statement in config_parser.ConfigParser(text, delegate):
-        if isinstance(statement, config_parser.BindingStatement):
-            scope = f"{statement.scope}/" if statement.scope else ""
-            found[f"{scope}{statement.selector}.{statement.arg_name}"] = _value_text(
-                statement.value
-            )
-    return found
-
-
-def _value_text(value) -> str:
-    selector = getattr(value, "_selector", None)  # a @reference: gin keeps its name here
-    if selector is not None:
-        return f"@{selector}{'()' if getattr(value, '_evaluate', False) else ''}"
-    return repr(value)
 
 
 def query(name: str, default):

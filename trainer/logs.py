@@ -150,18 +150,19 @@ NATIVE: list[str] = []  # the file hold_native_stderr points file descriptor 2 a
 
 
 def keep_native() -> None:
-    """Appends what the C++ runtime wrote to stderr to trainer.log, if the run kept one."""
+    """Appends what the C++ runtime wrote to stderr to trainer.log, if the run kept one.
+
+    A run that kept none failed before training, with a line of its own that says why;
+    the runtime's lines (a port it could not bind, say) are dropped with the file.
+    """
     for path in NATIVE:
-        kept = [held.file for held in _LOG if held.file is not None]
         with open(path, errors="replace") as f:
             text = f.read()
-        for file in kept:
+        for file in (held.file for held in _LOG if held.file is not None):
             file.write(text)
             file.flush()
-        if not kept and text.strip():
-            os.dup2(sys.stderr.fileno(), 2)  # no log to keep them in: the console's
-            sys.stderr.write(text)
-        os.truncate(path, 0)
+        os.remove(path)  # what the runtime writes after this is lost: the run is over
+    NATIVE.clear()
 
 
 def _concise() -> list[pylogging.Handler]:

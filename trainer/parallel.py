@@ -18,7 +18,9 @@ import os
 from collections.abc import Callable, Sequence
 
 import tensorflow as tf
+from absl import logging
 
+from trainer import workers
 from trainer.errors import UserError
 
 DISTRIBUTIONS = ("towers", "mirrored", "multi_worker")
@@ -201,9 +203,17 @@ def make_strategy(distribution: str, devices: Sequence[str]) -> tf.distribute.St
             f"distribution must be one of {', '.join(DISTRIBUTIONS)}, got {distribution!r}"
         )
     if _multi_worker is None:
-        _check_tf_config()
+        name, address = _check_tf_config()
+        logging.info("Joining the cluster as %s (%s); waiting for every worker", name, address)
         try:
             _multi_worker = tf.distribute.MultiWorkerMirroredStrategy()
+        except tf.errors.UnknownError as error:
+            if "Could not start gRPC server" not in str(error):
+                raise
+            raise UserError(
+                f"could not listen on {address}, {name}'s address in TF_CONFIG: is another "
+                "worker using the same task index, or another program the same port?"
+            ) from None
         except RuntimeError as error:
             if "program startup" not in str(error):
                 raise
@@ -212,11 +222,20 @@ def make_strategy(distribution: str, devices: Sequence[str]) -> tf.distribute.St
                 "call trainer.parallel.make_strategy('multi_worker', []) at the start of "
                 "the program (python -m trainer does)"
             ) from None
+        workers.check_same_cluster()
     return _multi_worker
 
 
-def _check_tf_config() -> None:
-    """One line for a missing or malformed TF_CONFIG, instead of a hang or a traceback."""
+def multi_worker_started() -> bool:
+    """Whether this process joined a multi-worker cluster (``make_strategy``)."""
+    return _multi_worker is not None
+
+
+def _check_tf_config() -> tuple[str, str]:
+    """One line for a missing or malformed TF_CONFIG, instead of a hang or a traceback.
+
+    Returns this worker's name and address: ``('worker 1 of 2', '10.0.0.2:2222')``.
+    """
     text = os.environ.get("TF_CONFIG")
     if not text:
         raise UserError(
@@ -225,15 +244,18 @@ def _check_tf_config() -> None:
         )
     try:
         config = json.loads(text)
-        workers = config["cluster"]["worker"]
+        addresses = config["cluster"]["worker"]
         index = config["task"]["index"]
     except (json.JSONDecodeError, KeyError, TypeError) as error:
         raise UserError(
             f'TF_CONFIG must be JSON like {{"cluster": {{"worker": ["host:port", ...]}}, '
             f'"task": {{"type": "worker", "index": 0}}}}; reading it failed at {error}'
         ) from None
-    if config["task"].get("type", "worker") == "worker" and not 0 <= index < len(workers):
-        raise UserError(f"TF_CONFIG task index {index} is outside its {len(workers)} workers")
+    task_type = config["task"].get("type", "worker")
+    if task_type == "worker" and not 0 <= index < len(addresses):
+        raise UserError(f"TF_CONFIG task index {index} is outside its {len(addresses)} workers")
+    count = len(addresses) + len(config["cluster"].get("chief", []))
+    return f"{task_type} {index} of {count}", config["cluster"][task_type][index]
 
 
 def worker_name(strategy: tf.distribute.Strategy | None) -> str | None:

@@ -196,7 +196,8 @@ class TrainingRun:
         chief = self.placement.worker is None
         latest = checkpoints.latest_checkpoint(self.model_dir, repair=chief)
         if self.placement.workers is not None:
-            self.placement.workers.check_same_start(latest, self.model_dir)
+            config = self.config.text_fn() if self.config.text_fn else ""
+            self.placement.workers.check_same_start(latest, self.model_dir, config)
         self.inputs.resume_from(latest)
         self.dataset = self.inputs.dataset(input_fn, Mode.TRAIN)
         self.positioned = is_positioned(self.dataset)

@@ -7,9 +7,11 @@ Under ``'multi_worker'`` every worker runs the same loop. What keeps them one ru
   TensorFlow requires). The others write what a save needs to a scratch directory of
   their own and remove it (TensorFlow's recommended pattern), so ``model_dir`` holds
   one set of checkpoints whatever the worker count.
-* **The same start.** Before the first step the workers compare the step each would
-  resume from; if they differ (a worker that cannot see the chief's checkpoints),
-  every worker stops in one line before training.
+* **The same start.** Before the first step the workers compare their configs
+  (through the coordination service's key-value store, which MultiWorkerMirroredStrategy
+  starts) and the step each would resume from; if either differs (a worker given
+  another gin file, one that cannot see the chief's checkpoints), every worker stops
+  in one line before training.
 * **A stop they agree on.** At each block boundary the workers share whether any of
   them was sent SIGTERM or SIGINT (one all-reduce of a few integers per block), so a
   signal to any one worker makes every worker save the same step and exit 75.
@@ -32,6 +34,7 @@ from collections.abc import Sequence
 import tensorflow as tf
 from absl import logging
 
+from trainer import config_diff
 from trainer.errors import PeerLost, UserError
 
 
@@ -45,9 +48,8 @@ class Workers:
 
     def __init__(self, strategy: tf.distribute.Strategy, worker: str | None):
         self.strategy, self.worker = strategy, worker
-        resolver = strategy.cluster_resolver
-        self.index = resolver.task_id or 0
-        self.addresses = _addresses()
+        self.addresses = _addresses()  # the chief first, as the replicas are ordered
+        self.index = _task_index(json.loads(os.environ["TF_CONFIG"]))
         self.per_worker = max(strategy.num_replicas_in_sync // max(len(self.addresses), 1), 1)
         self._gather = None
         self.scratch: str | None = None
@@ -79,8 +81,13 @@ class Workers:
         rows = self._gather(tf.constant(list(values), tf.int64)).numpy().tolist()
         return rows[:: self.per_worker]
 
-    def check_same_start(self, latest: str | None, model_dir: str) -> None:
-        """Refuses, on every worker, a run whose workers would resume from different steps."""
+    def check_same_start(self, latest: str | None, model_dir: str, config: str) -> None:
+        """Refuses, on every worker, workers given different configs or checkpoints.
+
+        ``config`` is this worker's configuration as text; ``latest`` the checkpoint
+        it would resume from.
+        """
+        self._check_same_config(config)
         step = int(latest.rsplit("-", 1)[1]) if latest else -1
         steps = [row[0] for row in self.gather([step])]
         if len(set(steps)) == 1:
@@ -93,6 +100,24 @@ class Workers:
             "be one directory every worker sees (shared storage), or pass each worker the "
             "same --model_dir"
         )
+
+    def _check_same_config(self, config: str) -> None:
+        from tensorflow.python.eager import context  # the key-value store has no public API
+
+        store = context.context()
+        store.set_config_key_value(f"trainer/config/{self.index}", config)
+        texts = [store.get_config_key_value(f"trainer/config/{i}") for i in range(len(self))]
+        for index, text in enumerate(texts[1:], 1):
+            changes = config_diff.differences(texts[0], text)
+            if changes:
+                raise UserError(
+                    f"worker {index} was started with another config than worker 0: "
+                    f"{'; '.join(changes)} (worker 0 -> {index}); start every worker with the "
+                    "same --gin_file and --gin_param (only a data_dir may differ)"
+                )
+
+    def __len__(self) -> int:
+        return len(self.addresses)
 
     def signalled(self, signals: list[str]) -> str | None:
         """Whether any worker was sent SIGTERM or SIGINT: ``'worker 1 received SIGTERM'``."""
@@ -111,17 +136,60 @@ class Workers:
         The error itself (a gRPC status, a traceback) goes to the log, not the console.
         """
         logging.info("A collective failed:", exc_info=error, extra={"console": False})
-        peer = lost_peer(error, self.index)
-        if peer is None:
-            who = "a peer worker"
-        else:
-            address = self.addresses[peer] if peer < len(self.addresses) else "?"
-            who = f"worker {peer} ({address})"
+        who = _named_peer(error, self.index, self.addresses)
         resume = f"every worker resumes from {latest}" if latest else "no checkpoint yet"
         return PeerLost(
             f"lost {who} after step {step}: it died or stopped answering; {resume} when all "
-            f"{len(self.addresses)} are started again with the same command"
+            f"{len(self)} are started again with the same command"
         )
+
+
+def check_same_cluster(timeout_seconds: int = 60) -> None:
+    """Refuses, on every worker, a TF_CONFIG whose cluster differs between workers.
+
+    Once the strategy is made every worker has joined the coordination service; each
+    puts its cluster in the service's key-value store and compares the others' with
+    its own, the chief's first. Without this a worker given another address hangs, and
+    one given another worker count dies in a collective.
+    """
+    from tensorflow.python.eager import context  # the key-value store has no public API
+
+    config = json.loads(os.environ["TF_CONFIG"])
+    mine = json.dumps(config["cluster"], sort_keys=True)
+    addresses, index = _addresses(), _task_index(config)
+    store = context.context()
+    try:
+        store.set_config_key_value(f"trainer/cluster/{index}", mine)
+    except tf.errors.AlreadyExistsError:
+        raise UserError(
+            f"two workers were given TF_CONFIG task index {index}: give each worker its own "
+            f"index, 0 to {len(addresses) - 1}"
+        ) from None
+    for other in sorted(set(range(len(addresses))) - {index}):
+        try:
+            theirs = store.get_config_key_value(
+                f"trainer/cluster/{other}", timeout_in_ms=timeout_seconds * 1000
+            )
+        except tf.errors.DeadlineExceededError:
+            raise UserError(
+                f"worker {other} ({addresses[other]}) of TF_CONFIG's cluster did not join in "
+                f"{timeout_seconds}s: give every worker the same cluster in TF_CONFIG"
+            ) from None
+        if theirs != mine:
+            raise UserError(
+                f"TF_CONFIG's cluster differs between workers: worker {index} has {mine}, "
+                f"worker {other} has {theirs}; give every worker the same cluster (only "
+                "task.index differs)"
+            )
+
+
+def _task_index(config: dict) -> int:
+    """This worker's place in ``_addresses()``: the chief first, then the workers."""
+    task = config.get("task", {})
+    index = int(task.get("index", 0))
+    if task.get("type", "worker") == "worker" and "chief" in config["cluster"]:
+        index += len(config["cluster"]["chief"])
+    return index
 
 
 # What a collective raises when a peer dies or stops answering.
@@ -139,9 +207,32 @@ def _addresses() -> list[str]:
     return [*cluster.get("chief", []), *cluster.get("worker", [])]
 
 
+def lost_before_training(error: Exception) -> PeerLost:
+    """The one line for a peer lost while the workers start (the loop's own is ``lost``)."""
+    addresses = _addresses()
+    who = _named_peer(error, _task_index(json.loads(os.environ["TF_CONFIG"])), addresses)
+    return PeerLost(
+        f"lost {who} before training: it died or stopped answering; start all "
+        f"{len(addresses)} workers again with the same command"
+    )
+
+
+def _named_peer(error: Exception, index: int, addresses: list[str]) -> str:
+    peer = lost_peer(error, index)
+    if peer is None:
+        return "a peer worker"
+    return f"worker {peer} ({addresses[peer] if peer < len(addresses) else '?'})"
+
+
 def lost_peer(error: Exception, index: int) -> int | None:
-    """The task index of the peer a collective error names, if it names one but this one."""
+    """The task index of the peer a collective error names, if it names one but this one.
+
+    A heartbeat to the coordination service that went unanswered names its leader,
+    the chief: it stopped (a process stopped, a machine hung) rather than died.
+    """
     for task in re.findall(r"/job:(?:worker|chief)/replica:\d+/task:(\d+)", str(error)):
         if int(task) != index:
             return int(task)
+    if "CoordinationService/Heartbeat" in str(error) and index != 0:
+        return 0
     return None
