@@ -1,8 +1,14 @@
-"""Reading back what a run wrote: event files (with TensorBoard's own loader), files."""
+"""Reading back what a run wrote (event files with TensorBoard's own loader, files), and
+the id-table runs of tests/resume_runs.py."""
 
+import json
 import os
+import subprocess
+import sys
 
 from tensorboard.backend.event_processing import event_accumulator
+
+from tests.conftest import REPO
 
 
 def event_tags(log_dir):
@@ -39,3 +45,29 @@ def dir_hash(directory):
             with open(path, "rb") as f:
                 found[os.path.relpath(path, directory)] = f.read()
     return found
+
+
+def resume_run(model_dir, setup, max_steps, env=None):
+    """Starts tests/resume_runs.py: the id-table model trained to ``max_steps``."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            os.path.join(REPO, "tests", "resume_runs.py"),
+            str(model_dir),
+            setup,
+            str(max_steps),
+        ],
+        cwd=REPO,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO, **(env or {})),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(process, stops=1):
+    """The run's last table (a list of its last ``stops`` tables if more than one)."""
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err[-3000:]
+    tables = [json.loads(line) for line in out.splitlines() if line.startswith("{")][-stops:]
+    return tables if stops > 1 else tables[0]

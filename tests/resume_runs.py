@@ -5,12 +5,15 @@ before TensorFlow starts (and strategies of different sizes cannot share a proce
 
     python tests/resume_runs.py MODEL_DIR DISTRIBUTION:DEVICES MAX_STEPS[,MAX_STEPS...]
 
-(several MAX_STEPS: train to each in turn, printing a table at each).
+(several MAX_STEPS: train to each in turn, printing a table at each). Under
+``multi_worker:1`` each worker process runs it with its TF_CONFIG.
 
 The model holds one weight per example id, its loss is the mean weight of the batch,
 and plain SGD's learning rate at step t is t + 1: each id's final weight is
-``-(sum of (t + 1) over the steps t that read it) / global_batch``, exact in float32,
-so two runs end with equal weights only if every step read the same examples.
+``-(sum of (t + 1) / global_batch over the steps t that read it)``. Every replica adds
+the same float32 numbers in the same order, whatever the replica count (an id is read
+by one replica in a step; the others add zeros), so two runs end with bit-equal
+weights exactly when every step read the same examples.
 """
 
 import json
@@ -18,7 +21,10 @@ import sys
 
 from trainer import parallel
 
-parallel.split_cpu(4)
+SETUP = sys.argv[2].partition(":")
+parallel.split_cpu(4 if SETUP[0] != "multi_worker" else int(SETUP[2]))
+if SETUP[0] == "multi_worker":
+    parallel.make_strategy("multi_worker", [])  # before any op runs
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -29,7 +35,7 @@ from datasets import pipeline  # noqa: E402
 from trainer import Estimator, ModelFn, Spec  # noqa: E402
 
 EXAMPLES = 50
-GLOBAL_BATCH = 8
+GLOBAL_BATCH = 12  # divides over 1, 2, 3 and 4 replicas
 MAX_STEPS = 40
 
 
@@ -51,8 +57,8 @@ def input_fn(mode, params):
     return pipeline.build(ids, mode, params, lambda e: ({"id": e["id"]}, {"id": e["id"]}))
 
 
-def main(model_dir: str, setup: str, stops: list[int]) -> None:
-    distribution, _, devices = setup.partition(":")
+def main(model_dir: str, stops: list[int]) -> None:
+    distribution, _, devices = SETUP
     rates = keras.optimizers.schedules.PiecewiseConstantDecay(
         list(range(MAX_STEPS - 1)), [float(t + 1) for t in range(MAX_STEPS)]
     )
@@ -66,7 +72,7 @@ def main(model_dir: str, setup: str, stops: list[int]) -> None:
         seed=0,
         write_graph=False,
         distribution=distribution,
-        num_devices=int(devices),
+        num_devices="auto" if distribution == "multi_worker" else int(devices),
     )
     for max_steps in stops:
         estimator.train(input_fn, max_steps)
@@ -76,4 +82,4 @@ def main(model_dir: str, setup: str, stops: list[int]) -> None:
 
 if __name__ == "__main__":
     logging.set_verbosity(logging.WARNING)
-    main(sys.argv[1], sys.argv[2], [int(stop) for stop in sys.argv[3].split(",")])
+    main(sys.argv[1], [int(stop) for stop in sys.argv[3].split(",")])

@@ -1,11 +1,8 @@
 """Exact resume at scale: the index-based order, what checkpoints hold, resume by arithmetic."""
 
 import io
-import json
 import os
 import re
-import subprocess
-import sys
 
 import keras
 import numpy as np
@@ -15,7 +12,7 @@ import tensorflow as tf
 from datasets import pipeline
 from datasets.order import MIX_BLOCK, Order, pipeline_positions
 from models.mlp import MLP
-from tests.conftest import REPO
+from tests.helpers import finish, resume_run
 from trainer import Estimator, InputParams, Mode, ModelFn, Spec, UserError, monitoring
 from trainer.model_fn import is_positioned
 
@@ -187,31 +184,6 @@ def test_a_user_pipeline_with_a_shuffle_buffer_still_resumes_exactly(tmp_path):
 
 
 # ---------------------------------------------------------------- other device counts
-
-
-def resume_run(model_dir, setup, max_steps):
-    return subprocess.Popen(
-        [
-            sys.executable,
-            os.path.join(REPO, "tests", "resume_runs.py"),
-            str(model_dir),
-            setup,
-            str(max_steps),
-        ],
-        cwd=REPO,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def finish(process, stops=1):
-    """The run's last table (a list of its last ``stops`` tables if more than one)."""
-    out, err = process.communicate(timeout=300)
-    assert process.returncode == 0, err[-3000:]
-    tables = [json.loads(line) for line in out.splitlines() if line.startswith("{")][-stops:]
-    return tables if stops > 1 else tables[0]
 
 
 def test_resuming_on_other_device_counts_reads_exactly_the_same_examples(tmp_path):

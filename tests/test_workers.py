@@ -5,10 +5,12 @@ import re
 import signal
 import time
 
+import numpy as np
 import pytest
 
-from tests.helpers import checkpoint_steps
-from tests.workers import finish, free_ports, start_workers, wait_for_checkpoint
+from tests.helpers import checkpoint_steps, resume_run
+from tests.helpers import finish as table
+from tests.workers import finish, free_ports, start_workers, tf_config, wait_for_checkpoint
 
 
 def test_sigterm_to_one_worker_stops_all_at_one_checkpoint_and_a_rerun_finishes(tmp_path, data_dir):
@@ -157,3 +159,21 @@ def test_workers_given_different_configs_or_clusters_stop_in_one_line(tmp_path, 
     first[0].kill()  # it waits for worker 1, as a worker started before the others does
     assert "Joining the cluster as worker 0 of 2" in first[0].communicate()[0]
     assert not model_dir.exists() or not os.listdir(model_dir)
+
+
+def test_reruns_on_fewer_or_more_workers_read_what_one_uninterrupted_run_reads(tmp_path):
+    """Stopped at step 6 on 2 workers, resumed on 3 to step 12 and on 1 to step 16: every
+    step reads the examples one uninterrupted process reads, and the weights are bit-equal
+    (the id-table model of tests/resume_runs.py)."""
+    straight = resume_run(tmp_path / "straight", "towers:1", "6,12,16")
+    model_dir, tables = tmp_path / "run", []
+    for count, steps in ((2, 6), (3, 12), (1, 16)):
+        ports = free_ports(count)
+        env = [{"TF_CONFIG": tf_config(ports, i)} for i in range(count)]
+        runs = [resume_run(model_dir, "multi_worker:1", steps, env[i]) for i in range(count)]
+        tables.append([table(run) for run in runs])
+    expected = table(straight, stops=3)
+    assert np.std(expected[-1]["table"]) > 0.1  # the table tells steps and examples apart
+    for seen, wanted in zip(tables, expected, strict=True):
+        assert all(worker == wanted for worker in seen)  # every worker holds the same weights
+    assert checkpoint_steps(model_dir)[-1] == 16

@@ -23,6 +23,12 @@ def free_ports(count):
     return ports
 
 
+def tf_config(ports, index):
+    """The TF_CONFIG of worker ``index`` in a cluster on 127.0.0.1 ``ports``."""
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    return json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+
+
 def start_workers(data_dir, model_dir, count, *settings, ports=None, only=None, index=None):
     """``count`` multi_worker trainers on 127.0.0.1 (digits MLP); returns the processes.
 
@@ -31,7 +37,6 @@ def start_workers(data_dir, model_dir, count, *settings, ports=None, only=None, 
     ``index``: the task index every started worker is given (each its own by default).
     """
     ports = ports or free_ports(count)
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     bindings = [
         "Estimator.distribution = 'multi_worker'",
         "Estimator.global_batch_size = 64",
@@ -49,12 +54,7 @@ def start_workers(data_dir, model_dir, count, *settings, ports=None, only=None, 
             env=dict(
                 os.environ,
                 TF_CPP_MIN_LOG_LEVEL="2",
-                TF_CONFIG=json.dumps(
-                    {
-                        "cluster": cluster,
-                        "task": {"type": "worker", "index": i if index is None else index},
-                    }
-                ),
+                TF_CONFIG=tf_config(ports, i if index is None else index),
             ),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
