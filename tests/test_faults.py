@@ -482,23 +482,6 @@ def test_a_damaged_newest_checkpoint_is_named_and_nothing_is_overwritten(
     assert dir_hash(model_dir) == before
 
 
-def test_a_damaged_checkpoint_list_resumes_from_the_newest_checkpoint_on_disk(
-    model_dir, faulty_gin
-):
-    (model_dir / "checkpoint").write_text("garbage\n\x00\x01")
-    kept = {k: v for k, v in dir_hash(model_dir).items() if k.startswith("ckpt-")}
-    proc = rerun_to_150(model_dir, faulty_gin)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stderr.strip() == (
-        f"warning: {model_dir}/checkpoint is missing or unreadable; found 2 checkpoints by "
-        "their files, the newest ckpt-100 (the list is rewritten)"
-    )
-    assert "from step 100 to 150" in proc.stdout
-    assert checkpoint_steps(model_dir) == [50, 100, 150]
-    after = dir_hash(model_dir)
-    assert all(after[k] == v for k, v in kept.items())  # the earlier run's files untouched
-
-
 def test_a_batch_size_change_resumes_a_positioned_input_at_its_example(tmp_path, data_dir):
     """digits is read by position: batch 64 goes on from the example batch 128 reached."""
     model_dir = tmp_path / "run"

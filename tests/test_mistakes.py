@@ -57,6 +57,13 @@ def changed(*bindings):
     return lambda m: [*gin(*bindings, "experiment.max_steps = 200")(m), "--overwrite_config"]
 
 
+def record(m, appended):
+    """Appends to the trained run's config record; no arguments."""
+    path = m.model_dir / "operative_config.gin"
+    path.write_text(path.read_text() + appended)
+    return []
+
+
 def flags(*args):
     return lambda m: list(args)
 
@@ -70,6 +77,13 @@ ROWS = {
     "gin_syntax_error": (
         lambda m: ["--gin_file", m.file("bad.gin", "# header\nMLP.hidden_units = [256,\n 256\n")],
         r"{tmp}/bad\.gin:2: gin syntax error: a bracket opened here is never closed",
+    ),
+    "bracket_left_open_before_a_binding": (
+        lambda m: [
+            "--gin_file",
+            m.file("open.gin", "# header\nMLP.hidden_units = [256, 256\nAdam.epsilon = 1e-7\n"),
+        ],
+        r"{tmp}/open\.gin:2: gin syntax error: a bracket opened here is never closed",
     ),
     "missing_include": (
         lambda m: ["--gin_file", m.file("inc.gin", "# header\ninclude 'experiments/base.gin'\n")],
@@ -236,6 +250,21 @@ ROWS = {
         lambda m: ["--results", m.file("afile", "") + "/results.json"],
         r"--results={tmp}/afile is a file, not a directory; choose a directory",
     ),
+    "results_a_directory": (
+        lambda m: ["--results", str(m.tmp)],
+        r"--results={tmp} is a directory; name a file in it, e\.g\. {tmp}/results\.json",
+    ),
+    "results_over_the_runs_own_file": (
+        lambda m: ["--results", str(m.model_dir / "checkpoint")],
+        r"--results={model_dir}/checkpoint would overwrite a file of the run in {model_dir}: "
+        r"name another file, e\.g\. {model_dir}/results\.json",
+    ),
+    "config_record_unreadable": (
+        lambda m: [*record(m, "MLP.hidden_units = [256,\n"), *gin("experiment.max_steps = 150")(m)],
+        r"{model_dir}/operative_config\.gin:\d+: gin syntax error: a bracket opened here is "
+        r"never closed; it records the config this model_dir was trained with: restore it, or "
+        r"pass --overwrite_config to resume with this run's config",
+    ),
     "model_dir_through_a_file": (
         lambda m: ["--gin_file", m.faulty_gin, "--model_dir", m.file("afile", "") + "/run"],
         r"--model_dir={tmp}/afile/run is not writable \(Not a directory\); "
@@ -338,7 +367,7 @@ def test_a_mistake_is_one_line_and_changes_nothing(row, model_dir, faulty_gin, d
 
 # README rows whose mistake needs more than one run, a signal or a resource limit:
 # their tests live beside the other faults.
-FAULT_TESTS = "tests/test_faults.py"
+FAULT_TESTS = ("tests/test_faults.py", "tests/test_damaged_files.py")
 
 
 def test_readme_table_and_the_tests_agree():
@@ -348,9 +377,11 @@ def test_readme_table_and_the_tests_agree():
     named = re.findall(r"^\|.*\| `([\w:.]+)` \|$", table, re.M)
     rows = [name for name in named if "::" not in name]
     assert sorted(rows) == sorted(ROWS)
-    with open(os.path.join(REPO, FAULT_TESTS)) as f:
-        faults = f.read()
+    faults = {}
+    for path in FAULT_TESTS:
+        with open(os.path.join(REPO, path)) as f:
+            faults[os.path.basename(path)] = f.read()
     for name in set(named) - set(rows):
         path, test = name.split("::")
-        assert path == os.path.basename(FAULT_TESTS) and f"def {test}(" in faults, name
+        assert f"def {test}(" in faults.get(path, ""), name
     assert len(named) >= 30

@@ -50,9 +50,19 @@ class ConfigRecord:
         self.text_fn, self.guard, self.writes = text_fn, guard, writes
 
     def check(self) -> None:
-        """Lets ``guard`` refuse to resume under a changed configuration."""
-        if self.guard is None or self.text_fn is None or not tf.io.gfile.exists(self.path):
+        """Lets ``guard`` refuse to resume under a changed configuration.
+
+        Checkpoints without a record to check against are refused too: a change
+        could not be seen (``guard`` None, as --overwrite_config makes it, resumes).
+        """
+        if self.guard is None or self.text_fn is None:
             return
+        if not tf.io.gfile.exists(self.path):
+            raise UserError(
+                f"{os.path.dirname(self.path)} has checkpoints but no {OPERATIVE_CONFIG} to "
+                "check this run's config against: restore it, or pass --overwrite_config to "
+                "resume with this config"
+            )
         with tf.io.gfile.GFile(self.path) as f:
             self.guard(f.read(), self.text_fn())
 

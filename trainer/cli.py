@@ -8,11 +8,13 @@ one schedule. Bad input ends in one line on stderr and exit code 2.
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
 import shutil
 import time
+import tokenize
 import uuid
 
 import gin
@@ -23,6 +25,7 @@ from absl import logging
 
 import trainer
 from trainer import (
+    checkpoints,
     command,
     errors,
     evaluation,
@@ -35,6 +38,7 @@ from trainer import (
     workers,
     writer_lock,
 )
+from trainer.checkpoints import OPERATIVE_CONFIG
 from trainer.command import FLAGS
 from trainer.errors import Preempted, TrainingDiverged, UserError
 from trainer.estimator import RESUMABLE_SETTINGS
@@ -97,7 +101,7 @@ def experiment(
         model_dir=model_dir,
         seed=seed,
         config_text_fn=gin.operative_config_str,
-        config_guard=None if overwrite_config else _config_guard,
+        config_guard=None if overwrite_config else functools.partial(_config_guard, model_dir),
         **({"profile_steps": profile_steps} if profile_steps else {}),
     )
     eval_input_fns = evaluation.eval_sets(eval_input_fns or input_fn)
@@ -183,7 +187,7 @@ def _run() -> tuple[str, int, str] | None:
         if FLAGS.schedule == "predict" and not FLAGS.results:
             raise UserError("--schedule=predict needs --results=PATH.jsonl to write to")
         if FLAGS.results:
-            _check_writable(os.path.dirname(os.path.abspath(FLAGS.results)), "--results")
+            _check_results(FLAGS.results, model_dir)
         if FLAGS.num_devices:
             value = FLAGS.num_devices
             gin.bind_parameter("Estimator.num_devices", int(value) if value.isdigit() else value)
@@ -246,11 +250,21 @@ def _profile_steps(values: list[str] | None) -> tuple[int, int] | None:
     return start, stop
 
 
-def _config_guard(saved: str, new: str) -> None:
-    """Refuses to resume when what is trained changed (``gin_config.check_resumable``)."""
+def _config_guard(model_dir: str, saved: str, new: str) -> None:
+    """Refuses to resume when what is trained changed (``gin_config.check_resumable``).
+
+    ``saved`` is model_dir's record; one that does not parse is named with its line.
+    """
     resumable = {f"experiment.{name}" for name in RESUMABLE}
     resumable |= {f"Estimator.{name}" for name in RESUMABLE_SETTINGS}
-    gin_config.check_resumable(saved, new, resumable)
+    try:
+        gin_config.check_resumable(saved, new, resumable)
+    except (SyntaxError, ValueError, tokenize.TokenError) as error:
+        where = gin_errors.parse_error(error, os.path.join(model_dir, OPERATIVE_CONFIG))
+        raise UserError(
+            f"{where}; it records the config this model_dir was trained with: restore it, "
+            "or pass --overwrite_config to resume with this run's config"
+        ) from None
 
 
 def _default_model_dir(files: list[str]) -> str:
@@ -296,6 +310,31 @@ def _check_writable(directory: str, flag: str) -> None:
             f"{flag}={directory} is not writable ({error.strerror}); "
             "choose a directory you can write to"
         ) from None
+
+
+def _check_results(path: str, model_dir: str) -> None:
+    """Refuses a ``--results`` path that is a directory or one of the run's own files."""
+    if os.path.isdir(path):
+        example = os.path.join(path, "results.json")
+        raise UserError(f"--results={path} is a directory; name a file in it, e.g. {example}")
+    inside = os.path.relpath(os.path.abspath(path), os.path.abspath(model_dir))
+    if not inside.startswith("..") and _runs_own(inside):
+        example = os.path.join(model_dir, "results.json")
+        raise UserError(
+            f"--results={path} would overwrite a file of the run in {model_dir}: name "
+            f"another file, e.g. {example}"
+        )
+    _check_writable(os.path.dirname(os.path.abspath(path)), "--results")
+
+
+def _runs_own(relative: str) -> bool:
+    """Whether a path inside model_dir is one the trainer writes or reads there."""
+    if os.sep in relative:  # summaries, exports and their like live in subdirectories
+        return True
+    own = {"checkpoint", checkpoints.OPERATIVE_CONFIG, logs.LOG_NAME, evaluation.PROGRESS_FILE}
+    return relative in own | {summaries.METRICS} or relative.startswith(
+        ("ckpt-", "events.out.tfevents", "trainer-", ".")
+    )
 
 
 def _report(result: dict, schedule: str, results_path: str | None) -> None:

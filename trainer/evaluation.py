@@ -160,6 +160,19 @@ def _examples(dataset: tf.data.Dataset, steps: int | None, batch_size: int | Non
     return exact if steps is None else at_most
 
 
+def _evaluated_step(path: str) -> int:
+    """The last step the side-car finished, from its record (-1: none, or unreadable)."""
+    try:
+        record = files.read_json(path, {})
+        step = record.get("step", -1) if isinstance(record, dict) else None
+        if not isinstance(step, int):
+            raise files.Unreadable(path, ValueError(f"no step in {record!r:.40}"))
+    except files.Unreadable as error:
+        logging.warning("%s; evaluating every checkpoint again", error)
+        return -1
+    return step
+
+
 def new_checkpoints(
     model_dir: str, max_steps: int, poll_seconds: float, timeout_seconds: float | None
 ) -> Iterator[str]:
@@ -173,7 +186,7 @@ def new_checkpoints(
       UserError: no new checkpoint came for ``timeout_seconds``.
     """
     progress_path = os.path.join(model_dir, PROGRESS_FILE)
-    done = files.read_json(progress_path, {}).get("step", -1)
+    done = _evaluated_step(progress_path)
     waited = 0.0
     while done < max_steps:
         pending = [

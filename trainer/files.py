@@ -13,6 +13,8 @@ from collections.abc import Iterable
 
 import tensorflow as tf
 
+from trainer.errors import UserError, first_line
+
 
 def write_atomically(path: str, chunks: str | Iterable[str]) -> int:
     """Writes ``chunks`` (one string, or many) to ``path``; returns how many were written."""
@@ -37,8 +39,23 @@ def write_json(path: str, value) -> None:
 
 
 def read_json(path: str, default=None):
-    """The JSON value at ``path``, or ``default`` when there is no such file."""
+    """The JSON value at ``path``, or ``default`` when there is no such file.
+
+    Raises:
+      Unreadable: the file is there but is not JSON (damaged, or not ours).
+    """
     if not tf.io.gfile.exists(path):
         return default
-    with tf.io.gfile.GFile(path) as f:
-        return json.load(f)
+    try:
+        with tf.io.gfile.GFile(path) as f:
+            return json.load(f)
+    except (ValueError, UnicodeDecodeError) as error:  # JSONDecodeError is a ValueError
+        raise Unreadable(path, error) from None
+
+
+class Unreadable(UserError):
+    """A file the trainer wrote (or a user gave) that does not parse; names it and why."""
+
+    def __init__(self, path: str, error: Exception):
+        super().__init__(f"{path} is unreadable ({first_line(error)})")
+        self.path = path

@@ -63,11 +63,16 @@ def _owners_of(parameter: str) -> list[str]:
 
 
 def parse_error(error: Exception, source: str) -> str:
-    """Turns gin's multi-line parse error into ``file:line: message (hint)``."""
-    if isinstance(error, tokenize.TokenError):  # gin reports only where the text ended
+    """Turns gin's multi-line parse error into ``file:line: message (hint)``.
+
+    A bracket left open makes gin read on and fail where the text ends or on a later
+    line; the line named is then the bracket's.
+    """
+    if isinstance(error, (tokenize.TokenError, SyntaxError)):
         line = _unclosed_bracket_line(source)
-        if line:
+        if line and line <= (getattr(error, "lineno", None) or line):
             return f"{source}:{line}: gin syntax error: a bracket opened here is never closed"
+    if isinstance(error, tokenize.TokenError):
         return f"{source}: gin syntax error: {error.args[0]} (is a bracket or quote unclosed?)"
     text = str(error)
     if isinstance(error, SyntaxError):
