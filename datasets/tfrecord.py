@@ -14,36 +14,31 @@ every shard against ``dataset.json`` first (a missing or truncated file is named
 once), reads a batch of serialized records at a time and parses it with one
 vectorised ``tf.io.parse_example``.
 
-Training reads records **by index** (``RecordSource``): the record offsets of each
-shard let one ``pread`` fetch any record, and its CRC is checked, so the training
-order is a global permutation per epoch and a checkpoint holds no input state (see
-``datasets/order.py``). ``write`` saves the offsets beside each shard; a directory
-prepared without them (or by other tools) is indexed once, by one checked pass over
-its records. GZIP shards cannot be read by offset: they are read in sequence with a
-shuffle buffer. Evaluation reads every record once, in order.
+Training reads records **by index** (``records.RecordSource``): the record offsets
+of each shard let one ``pread`` fetch any record, and its CRC is checked, so the
+training order is a global permutation per epoch and a checkpoint holds no input
+state (see ``datasets/order.py``). ``write`` saves the offsets beside each shard,
+checksummed; a directory prepared without them (or by other tools), or with a
+damaged index, is indexed once, by one checked pass over its records. GZIP shards
+cannot be read by offset: they are read in sequence with a shuffle buffer.
+Evaluation reads every record once, in order.
 """
 
 from __future__ import annotations
 
-import io
 import os
-import struct
-import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 import gin
-import google_crc32c
 import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from datasets import pipeline
-from trainer import InputParams, Mode, UserError, errors, files
+from datasets import pipeline, records
+from trainer import InputParams, Mode, UserError, files
 from trainer.model_fn import check_class_ids
 
 METADATA = "dataset.json"
-INDEX_SUFFIX = ".index"  # beside each shard: its records' byte offsets, as a .npy array
-_HEADER = 12  # a record: uint64 length, uint32 masked CRC of it, data, uint32 masked CRC
 FORMATS = ("png", "raw")
 
 
@@ -104,10 +99,10 @@ def write(
                 record = _example(image, label, image_format)
                 writer.write(record)
                 offsets.append(offset)
-                offset += _HEADER + len(record) + 4
+                offset += records.HEADER + len(record) + 4
         tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
         if not compression:
-            _write_index(path, np.asarray(offsets, np.int64))
+            records.write_index(path, np.asarray(offsets, np.int64))
         shards.append({"file": name, "count": len(block), "bytes": tf.io.gfile.stat(path).length})
     entry = {"shards": shards, "count": len(examples)}
     metadata = _read_metadata(out_dir, missing_ok=True) or {}
@@ -124,7 +119,13 @@ def write(
 
 def _read_metadata(data_dir: str, missing_ok: bool = False) -> dict | None:
     path = os.path.join(data_dir, METADATA)
-    metadata = files.read_json(path)
+    try:
+        metadata = files.read_json(path)
+    except files.Unreadable as error:
+        raise UserError(
+            f"{error}: it describes the prepared data in {data_dir}; re-copy it, or prepare "
+            f"the data again with `python3 -m datasets.prepare --out {data_dir} ...`"
+        ) from None
     if metadata is None and not missing_ok:
         raise UserError(
             f"{path} not found: prepare the data with "
@@ -178,119 +179,29 @@ def verify(data_dir: str, split: str) -> list[str]:
     return problems
 
 
-def _write_index(path: str, offsets: np.ndarray) -> None:
-    buffer = io.BytesIO()
-    np.save(buffer, offsets)
-    tmp = f"{path}{INDEX_SUFFIX}.tmp-{os.getpid()}"
-    with tf.io.gfile.GFile(tmp, "wb") as f:
-        f.write(buffer.getvalue())
-    tf.io.gfile.rename(tmp, path + INDEX_SUFFIX, overwrite=True)
+def check_shape(path: str, metadata: dict) -> None:
+    """Refuses records whose images are not of ``dataset.json``'s shape (reads one).
 
-
-def record_offsets(path: str, expected: int, skip_corrupt: bool = False) -> np.ndarray:
-    """The byte offset of each record of an uncompressed shard, from its index file.
-
-    A shard without one is indexed by one pass that checks every record; the index
-    is saved beside it when the directory is writable. With ``skip_corrupt`` that
-    pass is always made, and records from a corrupt one on are left out (and counted
-    in the log); otherwise a corrupt record is refused here, or when it is read.
+    A corrupt or unparsable first record is left for the reading to report.
     """
-    index = path + INDEX_SUFFIX
-    fresh = tf.io.gfile.exists(index) and (  # not older than a shard rewritten since
-        tf.io.gfile.stat(index).mtime_nsec >= tf.io.gfile.stat(path).mtime_nsec
-    )
-    if fresh and not skip_corrupt:
-        with tf.io.gfile.GFile(index, "rb") as f:
-            offsets = np.load(io.BytesIO(f.read()))
-        if len(offsets) == expected:
-            return offsets
-    logging.info("Indexing the records of %s (once)", path)
-    offsets, offset = [], 0
+    shape, image_format = metadata["image_shape"], metadata["image_format"]
+    first = tf.data.TFRecordDataset(path, compression_type=metadata["compression"] or "")
     try:
-        for record in tf.data.TFRecordDataset(path):
-            offsets.append(offset)
-            offset += _HEADER + len(record.numpy()) + 4
-    except tf.errors.DataLossError as error:
-        if not skip_corrupt:
-            raise UserError(
-                f"{path}: input data is corrupt ({errors.op_error_text(error)}) after "
-                f"{len(offsets)} records; re-copy it, prepare the data again, or set "
-                "tfrecord.input_fn.skip_corrupt = True"
-            ) from None
-        logging.warning(
-            "Skipping %d unreadable records of %d in %s", expected - len(offsets), expected, path
+        for record in first.take(1):
+            feature = {"image": tf.io.FixedLenFeature([], tf.string)}
+            image = tf.io.parse_single_example(record, feature)["image"]
+            if image_format == "raw":
+                found, expected = f"{len(image.numpy())} bytes", f"{int(np.prod(shape))} bytes"
+            else:
+                found, expected = str(tf.io.decode_png(image).shape.as_list()), str(shape)
+    except tf.errors.OpError:
+        return
+    if found != expected:
+        raise UserError(
+            f"the records of {path} hold images of {found}, where {METADATA} says {shape}"
+            f"{f' ({expected})' if image_format == 'raw' else ''}: {METADATA} does not "
+            "describe these files; prepare the data again, or re-copy the whole directory"
         )
-        return np.asarray(offsets, np.int64)  # not saved: the file may be repaired
-    offsets = np.asarray(offsets, np.int64)
-    try:
-        _write_index(path, offsets)
-    except (OSError, tf.errors.OpError):
-        logging.info("Could not save the index of %s; it is rebuilt at each start", path)
-    return offsets
-
-
-class RecordSource(pipeline.RandomAccess):
-    """The records of one split's uncompressed shards, read by index.
-
-    Args:
-      paths: the shards, in order.
-      offsets: each shard's record offsets (``record_offsets``).
-    """
-
-    def __init__(self, paths: Sequence[str], offsets: Sequence[np.ndarray]):
-        self.paths = list(paths)
-        self.offsets = [np.asarray(o, np.int64) for o in offsets]
-        self.starts = np.concatenate([[0], np.cumsum([len(o) for o in self.offsets])])
-        self._files: dict[int, object] = {}
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return int(self.starts[-1])
-
-    def _read(self, rows: np.ndarray) -> tuple[np.ndarray, str]:
-        shards = np.searchsorted(self.starts, rows, side="right") - 1
-        records = []
-        for row, shard in zip(rows.tolist(), shards.tolist(), strict=True):
-            offset = int(self.offsets[shard][row - self.starts[shard]])
-            header = self._pread(shard, _HEADER, offset)
-            (length,) = struct.unpack("<Q", header[:8]) if len(header) == _HEADER else (-1,)
-            body = self._pread(shard, length + 4, offset + _HEADER) if length >= 0 else b""
-            data, crc = body[:-4], body[-4:]
-            if (
-                length < 0
-                or len(body) != length + 4
-                or _masked_crc(header[:8]) != struct.unpack("<I", header[8:])[0]
-                or _masked_crc(data) != struct.unpack("<I", crc)[0]
-            ):
-                where = f"corrupted record at {offset} in {self.paths[shard]}"
-                return np.asarray(records + [b""] * (len(rows) - len(records)), object), where
-            records.append(data)
-        return np.asarray(records, object), ""
-
-    def _pread(self, shard: int, size: int, offset: int) -> bytes:
-        handle = self._files.get(shard)
-        if handle is None:
-            with self._lock:
-                handle = self._files.get(shard) or _open(self.paths[shard])
-                self._files[shard] = handle
-        if isinstance(handle, int):  # a local file: positional reads need no lock
-            return os.pread(handle, size, offset)
-        with self._lock:
-            handle.seek(offset)
-            return handle.read(size)
-
-
-def _open(path: str):
-    """A file descriptor for local paths, else a tf.io.gfile handle (cloud storage)."""
-    if "://" not in path:
-        return os.open(path, os.O_RDONLY)
-    return tf.io.gfile.GFile(path, "rb")
-
-
-def _masked_crc(data: bytes) -> int:
-    """TFRecord's masked CRC-32C of ``data``."""
-    crc = google_crc32c.value(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
 @tf.autograph.experimental.do_not_convert
@@ -380,15 +291,16 @@ def read(
     parse = lambda batch: scale_batch(*parse_batch(batch, metadata))  # noqa: E731
     augment_fn = crop_flip_batch if augment and training else None
     counts = [shard["count"] for shard in metadata["splits"][split]["shards"]]
-    if training and by_index and not compression:
-        offsets = [record_offsets(p, n, skip_corrupt) for p, n in zip(paths, counts, strict=True)]
+    check_shape(paths[0], metadata)
+    if (by_index or not training) and not compression:
+        offsets = [
+            records.record_offsets(p, n, skip_corrupt) for p, n in zip(paths, counts, strict=True)
+        ]
+        source = records.RecordSource(paths, offsets)
+        if not training:  # in order, by offset: a corrupt record is named with its shard
+            source = records.in_order(source, params.num_input_pipelines, params.input_pipeline_id)
         return pipeline.batched(
-            RecordSource(paths, offsets),
-            mode,
-            params,
-            parse=parse,
-            augment=augment_fn,
-            name=f"tfrecord-{split}",
+            source, mode, params, parse=parse, augment=augment_fn, name=f"tfrecord-{split}"
         )
     if skip_corrupt:
         for path, shard in zip(paths, metadata["splits"][split]["shards"], strict=True):
@@ -406,14 +318,14 @@ def read(
     if training:
         files = files.shuffle(len(paths), seed=params.seed)
 
-    def records(path):
+    def shard_records(path):
         dataset = tf.data.TFRecordDataset(path, compression_type=compression)
         return dataset.ignore_errors() if skip_corrupt else dataset
 
     # Training reads up to 8 shards at once; eval and predict read them in order, so
     # that results line up with the data.
     dataset = files.interleave(
-        records,
+        shard_records,
         cycle_length=min(len(paths), 8) if training else 1,
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=True,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from datasets import pipeline
+from datasets import pipeline, records
 from datasets.order import MIX_BLOCK, Order, pipeline_positions
 from models.mlp import MLP
 from tests.helpers import finish, resume_run
@@ -298,11 +298,11 @@ def test_sources_that_cannot_be_held_or_indexed_are_one_line(tmp_path):
     ]
     tfrecord.write(examples, str(tmp_path), "train", 1, "raw", num_classes=10)
     shard = str(tmp_path / tfrecord.shard_name("train", 0, 1, None))
-    index = shard + tfrecord.INDEX_SUFFIX
+    index = shard + records.INDEX_SUFFIX
     stale = open(index, "rb").read()
     tfrecord.write(examples[::-1], str(tmp_path), "train", 1, "png", num_classes=10)
     with open(index, "wb") as f:
         f.write(stale)
     os.utime(index, ns=(0, 0))
-    offsets = tfrecord.record_offsets(shard, 20)
+    offsets = records.record_offsets(shard, 20)
     assert not np.array_equal(offsets, np.load(io.BytesIO(stale)))

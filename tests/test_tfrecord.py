@@ -1,6 +1,7 @@
 """TFRecord shards: lossless round trip, order, seeds, accuracy, and damaged data."""
 
 import functools
+import json
 import os
 import re
 import subprocess
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from datasets import digits, pipeline, tfrecord
+from datasets import digits, pipeline, records, tfrecord
 from models.mlp import MLP
 from tests.conftest import REPO
 from trainer import Estimator, InputParams, Mode, UserError
@@ -50,7 +51,7 @@ def test_round_trip_is_lossless_and_in_order(tmp_path, shards, compression, imag
     assert len(entry["shards"]) == shards and entry["count"] == 50
     suffix = ".tfrecord.gz" if compression else ".tfrecord"
     names = [f"train-{i:05d}-of-{shards:05d}{suffix}" for i in range(shards)]
-    indexes = [] if compression else [name + tfrecord.INDEX_SUFFIX for name in names]
+    indexes = [] if compression else [name + records.INDEX_SUFFIX for name in names]
     assert sorted(os.listdir(tmp_path)) == sorted(["dataset.json", *names, *indexes])
     images, labels = read_all(tmp_path)
     np.testing.assert_array_equal(images, np.stack([e["image"] for e in examples]))
@@ -58,9 +59,9 @@ def test_round_trip_is_lossless_and_in_order(tmp_path, shards, compression, imag
     if not compression:  # the written offsets are the ones a checked pass finds
         for name, shard in zip(names, entry["shards"], strict=True):
             path = str(tmp_path / name)
-            written = tfrecord.record_offsets(path, shard["count"])
-            os.remove(path + tfrecord.INDEX_SUFFIX)
-            np.testing.assert_array_equal(written, tfrecord.record_offsets(path, shard["count"]))
+            written = records.record_offsets(path, shard["count"])
+            os.remove(path + records.INDEX_SUFFIX)
+            np.testing.assert_array_equal(written, records.record_offsets(path, shard["count"]))
 
 
 def first_labels(data_dir, seed):
@@ -247,3 +248,85 @@ def test_file_cache_and_determinism_are_gin_knobs(tmp_path):
     assert [len(f["v"]) for f, _ in dataset] == [4, 4, 2]
     assert any(name.startswith("train-0") for name in os.listdir(tmp_path / "cache"))
     assert dataset.options().deterministic is False
+
+
+def flip(path, at):
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_index_is_rebuilt_with_a_warning(tmp_path, caplog):
+    """A bit flipped in the .npy header or in an offset: found by the index's checksum."""
+    tfrecord.write(random_examples(), str(tmp_path), "train", 1, "raw")
+    shard = tmp_path / tfrecord.shard_name("train", 0, 1, None)
+    index = tmp_path / (shard.name + records.INDEX_SUFFIX)
+    expected = read_all(tmp_path, mode=Mode.EVAL)
+    sound = index.read_bytes()
+    for at in (20, len(sound) - 8 * 30):  # the header's shape; an offset of the array
+        index.write_bytes(sound)
+        flip(index, at)
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            images, labels = read_all(tmp_path, mode=Mode.EVAL)
+        warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert warned == [f"{index} is damaged or out of date; indexing {shard} again"]
+        np.testing.assert_array_equal(images, expected[0])
+        np.testing.assert_array_equal(labels, expected[1])
+        assert index.read_bytes() == sound  # rebuilt, the same as prepare wrote
+
+
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_corrupt_shards_are_named_in_training_and_evaluation(digits_records, tmp_path, split):
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-a", str(digits_records), str(copy)], check=True)
+    shard = copy / f"{split}-00001-of-00004.tfrecord"
+    flip(shard, shard.stat().st_size // 2)
+    os.utime(copy / (shard.name + records.INDEX_SUFFIX))  # its index stays the newer
+    estimator = Estimator(MLP(hidden_units=[8]), str(tmp_path / "run"), global_batch_size=32)
+    fn = functools.partial(tfrecord.input_fn, data_dir=str(copy))
+    with pytest.raises(UserError, match=rf"corrupted record at \d+ in {shard}\)"):
+        if split == "train":
+            estimator.train(fn, 100)
+        else:
+            estimator.train(functools.partial(tfrecord.input_fn, data_dir=str(digits_records)), 1)
+            estimator.evaluate(fn)
+
+
+def test_a_description_that_does_not_fit_the_files_is_refused(digits_records, tmp_path):
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-a", str(digits_records), str(copy)], check=True)
+    meta = copy / "dataset.json"
+    sound = meta.read_text()
+    first = copy / "train-00000-of-00004.tfrecord"
+
+    doubled = json.loads(sound)
+    for shard in doubled["splits"]["train"]["shards"]:
+        shard["count"] *= 2
+    meta.write_text(json.dumps(doubled))
+    with pytest.raises(UserError) as error:
+        tfrecord.read(str(copy), "train", Mode.TRAIN, params())
+    assert str(error.value) == (
+        f"{first} holds 360 records where dataset.json lists 720: re-copy the data files, or "
+        "prepare the data again"
+    )
+
+    meta.write_text(
+        sound.replace('"image_shape": [\n    8,\n    8,', '"image_shape": [\n    16,\n    16,')
+    )
+    with pytest.raises(UserError) as error:
+        tfrecord.read(str(copy), "train", Mode.TRAIN, params())
+    assert str(error.value) == (
+        f"the records of {first} hold images of [8, 8, 1], where dataset.json says [16, 16, 1]: "
+        "dataset.json does not describe these files; prepare the data again, or re-copy the "
+        "whole directory"
+    )
+
+    meta.write_text(sound[:-20])
+    with pytest.raises(UserError) as error:
+        tfrecord.read(str(copy), "train", Mode.TRAIN, params())
+    assert re.fullmatch(
+        rf"{meta} is unreadable \(.*\): it describes the prepared data in {copy}; re-copy it, "
+        rf"or prepare the data again with `python3 -m datasets.prepare --out {copy} \.\.\.`",
+        str(error.value),
+    )
