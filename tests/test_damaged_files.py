@@ -80,3 +80,28 @@ def test_a_missing_config_record_refuses_a_resume_it_cannot_check(model_dir, fau
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert checkpoint_steps(model_dir)[-1] == 150
     assert "Adam.learning_rate" in (model_dir / "operative_config.gin").read_text()
+
+
+def test_an_evaluation_that_fails_keeps_the_steps_trained_before_it(model_dir, faulty_gin):
+    """Corrupt eval data found at the final evaluation: the steps since the last
+    checkpoint are saved first; with the data repaired, a rerun only evaluates."""
+    final = ("--gin_param", "experiment.eval_every_steps = 130", "--overwrite_config")
+    proc = run(
+        model_dir,
+        faulty_gin,
+        *final,
+        "--gin_param",
+        "faulty_digits.fault = 'corrupt_eval'",
+        max_steps=130,
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr == (
+        "error: eval set 'eval': input data is corrupt (corrupted record at 4917 in "
+        "test.tfrecord); rebuild or re-copy the data files\n"
+    )
+    assert checkpoint_steps(model_dir) == [50, 100, 130], proc.stdout
+
+    proc = run(model_dir, faulty_gin, *final, max_steps=130)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Evaluation of 'eval' at step 130" in proc.stdout
+    assert "Training" not in proc.stdout and checkpoint_steps(model_dir) == [50, 100, 130]

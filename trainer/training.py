@@ -264,8 +264,12 @@ class TrainingRun:
                 self.inputs.advance(self.model.step - step)
                 step = self.model.step
                 progress.advance(step)
-                if hooks.run_due(actions, step):
-                    break
+                try:
+                    if hooks.run_due(actions, step):
+                        break
+                except Exception:
+                    self._keep_trained_steps(step)
+                    raise
                 signalled = self.placement.signalled(signals)  # any worker's, under multi_worker
                 if signalled:
                     path = self.save(step)
@@ -274,6 +278,20 @@ class TrainingRun:
                         "command to resume"
                     )
         return step
+
+    def _keep_trained_steps(self, step: int) -> None:
+        """Checkpoints ``step`` as an action between blocks (an evaluation, say) fails.
+
+        The weights are whole at a block boundary, so what was trained since the last
+        checkpoint is kept. Under multi_worker saving takes every worker, and the others
+        may not be failing: the run stops at the last checkpoint there.
+        """
+        if self.placement.workers is not None:
+            return
+        try:
+            self.save(step)
+        except UserError:  # the failing action was a save, and it failed again
+            return
 
     def _check_finite(self, nonfinite: divergence.Divergence, first: int, n: int) -> int | None:
         """``Divergence.check``, marking the weights in memory stale if training diverged.

@@ -7,6 +7,8 @@ import tensorflow as tf
 from datasets import digits
 from trainer import Mode, ModelFn, Spec
 
+CORRUPT = "input data is corrupt"  # what datasets.records.RecordSource checks say
+
 
 @gin.configurable
 def faulty_digits(mode, params, fault=None, at_batch=0):
@@ -15,11 +17,20 @@ def faulty_digits(mode, params, fault=None, at_batch=0):
     Faults: 'label' (labels out of range), 'float_label' (float32 labels, whole
     numbers), 'half_label' (float32 labels, 0.5 added), 'nan' (infinite pixels), 'nan_once'
     (the same in batch ``at_batch`` only), 'empty' (no data), 'shape' (4x4 images),
-    'not_a_dataset' (a list of batches instead of a dataset).
+    'not_a_dataset' (a list of batches instead of a dataset); and one of EVAL batches,
+    'corrupt_eval' (each fails as a corrupt record read lazily does).
     The pipeline has the same structure with or without a fault, so a checkpointed
     input iterator restores into it.
     """
     dataset = digits.input_fn(mode, params)
+    if mode != Mode.TRAIN and fault == "corrupt_eval":  # as a shard read lazily would fail
+
+        def corrupt(features, labels):
+            where = "corrupted record at 4917 in test.tfrecord"
+            with tf.control_dependencies([tf.debugging.Assert(False, [CORRUPT, where])]):
+                return {"image": tf.identity(features["image"])}, labels
+
+        return dataset.map(corrupt)
     if mode != Mode.TRAIN:
         return dataset
     if fault == "not_a_dataset":
