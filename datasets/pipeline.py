@@ -197,6 +197,7 @@ def build(
         return _sequential(sources, mode, params, preprocess, augment, weights, name, knobs)
     if training:  # an empty source is refused before any work
         order = Order([len(h) for h in held], weights, params.seed)
+        _warn_if_over_an_epoch(sum(len(h) for h in held), params, name)
     data = _concat(held, name)
     examples = None  # preprocessed examples in memory, when they fit
     if isinstance(data, ArraySource) and knobs["cache"] and len(data):
@@ -299,6 +300,7 @@ def batched(
     training = mode == Mode.TRAIN
     if training and isinstance(records, RandomAccess):
         order = Order([len(records)], seed=params.seed)
+        _warn_if_over_an_epoch(len(records), params, name)
 
         def batch(positions):
             features, labels = parse(records.read(order.rows(positions)))
@@ -549,6 +551,24 @@ def _sequential(sources, mode, params, preprocess, augment, weights, name, knobs
         )
     dataset = dataset.batch(params.batch_size, drop_remainder=training)
     return _finish(dataset, knobs)
+
+
+_WARNED: set[str] = set()  # sources warned of, once a process
+
+
+def _warn_if_over_an_epoch(examples: int, params: InputParams, name: str) -> None:
+    """Warns once when one training batch holds more examples than the data has."""
+    if params.global_batch_size <= examples or name in _WARNED:
+        return
+    _WARNED.add(name)
+    logging.warning(
+        "a batch of %s examples is larger than the training data (%s examples in %r): each "
+        "step repeats examples, and an epoch is less than a step; lower "
+        "Estimator.global_batch_size",
+        f"{params.global_batch_size:,}",
+        f"{examples:,}",
+        name,
+    )
 
 
 def _check_batch(params: InputParams) -> None:

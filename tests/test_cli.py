@@ -105,3 +105,21 @@ def test_flag_mistakes_exit_with_the_user_error_code():
     from trainer import UserError, command
 
     assert command.EXIT_USER_ERROR == UserError.exit_code == 2
+
+
+def test_a_batch_larger_than_the_training_set_is_warned_of_once(tmp_path, data_dir):
+    args = [
+        "--gin_param",
+        "experiment.max_steps = 3",
+        "--gin_param",
+        "Estimator.steps_per_loop = 1",
+    ]
+    args += ["--gin_param", "Estimator.global_batch_size = 5000"]
+    proc = run_cli(*digits_args(data_dir, tmp_path / "run", *args))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.fullmatch(
+        r"warning: a batch of 5,000 examples is larger than the training data \(1,437 "
+        r"examples in 'train'\): each step repeats examples, and an epoch is less than a "
+        r"step; lower Estimator\.global_batch_size\n",
+        proc.stderr,
+    ), proc.stderr

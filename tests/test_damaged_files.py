@@ -5,6 +5,8 @@ Each case runs against a copy of a trained model_dir (``model_dir``: checkpoints
 fix, and that every other file in model_dir is byte for byte what it was.
 """
 
+import json
+
 import pytest
 
 from tests.conftest import ENV, run_cli
@@ -105,3 +107,19 @@ def test_an_evaluation_that_fails_keeps_the_steps_trained_before_it(model_dir, f
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Evaluation of 'eval' at step 130" in proc.stdout
     assert "Training" not in proc.stdout and checkpoint_steps(model_dir) == [50, 100, 130]
+
+
+def test_metrics_lines_cut_short_by_a_kill_are_dropped_with_a_warning(model_dir, faulty_gin):
+    metrics = model_dir / "metrics.jsonl"
+    good = metrics.read_bytes()
+    metrics.write_bytes(good + b'{"step": 100, "time": 1.0, "wri\xff\n{"step": 1')
+    proc = run(model_dir, faulty_gin)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    count = len(good.splitlines())
+    assert proc.stderr == (
+        f"warning: {metrics}: dropped 2 unreadable line(s), the first line {count + 1}; kept "
+        f"the other {count}\n"
+    )
+    lines = metrics.read_bytes().splitlines()
+    assert lines[:count] == good.splitlines()
+    assert {json.loads(line)["step"] for line in lines[count:]} == {150}  # train, eval

@@ -9,6 +9,7 @@ complete, so a reader never sees half an export.
 from __future__ import annotations
 
 import os
+import socket
 import uuid
 
 import tensorflow as tf
@@ -44,17 +45,51 @@ class _Serving(tf.Module):
 
 
 def save(model_fn: ModelFn, features_spec, export_dir: str) -> str:
-    """Writes a SavedModel of ``model_fn`` to ``export_dir`` (replacing it); returns the dir."""
+    """Writes a SavedModel of ``model_fn`` to ``export_dir`` (replacing it); returns the dir.
+
+    It is written under a temporary name beside it and renamed when complete. Such
+    leftovers of exports that were killed on this host are removed first.
+    """
     parent = os.path.dirname(export_dir.rstrip("/")) or "."
     tf.io.gfile.makedirs(parent)
-    tmp = os.path.join(parent, f".tmp-{uuid.uuid4().hex}")
+    _remove_abandoned(parent)
+    tmp = os.path.join(parent, f"{_TMP}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex}")
     module = _Serving(model_fn, features_spec)
-    tf.saved_model.save(module, tmp, signatures={"serving_default": module.serve})
+    try:
+        tf.saved_model.save(module, tmp, signatures={"serving_default": module.serve})
+    except BaseException:
+        if tf.io.gfile.exists(tmp):
+            tf.io.gfile.rmtree(tmp)
+        raise
     if tf.io.gfile.exists(export_dir):
         tf.io.gfile.rmtree(export_dir)
     tf.io.gfile.rename(tmp, export_dir)
     logging.info("Exported SavedModel to %s", export_dir)
     return export_dir
+
+
+_TMP = ".tmp-"  # then the writing process's host and pid
+
+
+def _remove_abandoned(parent: str) -> None:
+    """Removes temporary exports in ``parent`` whose writer on this host is gone."""
+    host = socket.gethostname()
+    for name in tf.io.gfile.listdir(parent):
+        name = name.rstrip("/")
+        fields = name[len(_TMP) :].rsplit("-", 2) if name.startswith(_TMP) else []
+        if len(fields) == 3 and fields[0] == host and fields[1].isdigit():
+            if not _alive(int(fields[1])):
+                tf.io.gfile.rmtree(os.path.join(parent, name))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 class BestExporter:

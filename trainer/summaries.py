@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 from trainer import files
 
@@ -36,7 +37,22 @@ class MetricsFile:
 
     def resume(self, step: int) -> None:
         """A training run starts from ``step``: hold lines until it has really started."""
-        self.held = [line for line in self._lines() if json.loads(line)["step"] <= step]
+        kept, unreadable = [], []
+        for number, line in enumerate(self._lines(), 1):
+            record = _record(line)
+            if record is None:
+                unreadable.append(number)
+            elif record["step"] <= step:
+                kept.append(line)
+        if unreadable:  # a line cut short by a kill, say: the others are still good
+            logging.warning(
+                "%s: dropped %d unreadable line(s), the first line %d; kept the other %d",
+                self.path,
+                len(unreadable),
+                unreadable[0],
+                len(kept),
+            )
+        self.held = kept
 
     def start(self) -> None:
         """The run really started: rewrite the file with the held lines (atomically)."""
@@ -60,8 +76,19 @@ class MetricsFile:
     def _lines(self) -> list[str]:
         if not tf.io.gfile.exists(self.path):
             return []
-        with tf.io.gfile.GFile(self.path) as f:
-            return [line if line.endswith("\n") else line + "\n" for line in f if line.strip()]
+        with tf.io.gfile.GFile(self.path, "rb") as f:
+            text = f.read().decode("utf-8", errors="replace")
+        return [line + "\n" for line in text.splitlines() if line.strip()]
+
+
+def _record(line: str) -> dict | None:
+    """A metrics line as a dict with an integer step, or None when it is not one."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    ok = isinstance(record, dict) and isinstance(record.get("step"), int)
+    return record if ok else None
 
 
 class Writers:
