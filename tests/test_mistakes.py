@@ -64,6 +64,14 @@ def record(m, appended):
     return []
 
 
+def written(m, name, text):
+    """Writes ``text`` to a file of the trained run's model_dir; no arguments."""
+    path = m.model_dir / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return []
+
+
 def flags(*args):
     return lambda m: list(args)
 
@@ -265,6 +273,14 @@ ROWS = {
         r"never closed; it records the config this model_dir was trained with: restore it, or "
         r"pass --overwrite_config to resume with this run's config",
     ),
+    "best_export_ranking_unreadable": (
+        lambda m: [
+            *written(m, "export/best/best.json", '[{"step": 50, "val'),
+            *gin("Estimator.export_best_metric = 'accuracy'", "experiment.max_steps = 150")(m),
+        ],
+        r"{model_dir}/export/best/best\.json is unreadable \(.*\): it ranks the best exports; "
+        r"restore it, or move it and the exports beside it away to rank anew",
+    ),
     "model_dir_through_a_file": (
         lambda m: ["--gin_file", m.faulty_gin, "--model_dir", m.file("afile", "") + "/run"],
         r"--model_dir={tmp}/afile/run is not writable \(Not a directory\); "
@@ -367,7 +383,7 @@ def test_a_mistake_is_one_line_and_changes_nothing(row, model_dir, faulty_gin, d
 
 # README rows whose mistake needs more than one run, a signal or a resource limit:
 # their tests live beside the other faults.
-FAULT_TESTS = ("tests/test_faults.py", "tests/test_damaged_files.py")
+FAULT_TESTS = ("tests/test_faults.py", "tests/test_damaged_files.py", "tests/test_tfrecord.py")
 
 
 def test_readme_table_and_the_tests_agree():

@@ -16,6 +16,7 @@ import tensorflow as tf
 from absl import logging
 
 from trainer import files
+from trainer.errors import UserError
 from trainer.model_fn import Mode, ModelFn
 
 BEST_STATE = "best.json"
@@ -104,7 +105,7 @@ class BestExporter:
         self.metric = metric
         self.keep = keep
         self.higher_is_better = higher_is_better
-        self.kept: list[dict] = files.read_json(os.path.join(directory, BEST_STATE), [])
+        self.kept: list[dict] = _ranking(os.path.join(directory, BEST_STATE))
 
     def maybe_export(self, step: int, metrics: dict, export) -> str | None:
         """Exports (via ``export(dir)``) when ``metrics`` ranks among the best; returns the dir."""
@@ -128,3 +129,19 @@ class BestExporter:
         self.kept = ranked[: self.keep]
         files.write_json(os.path.join(self.directory, BEST_STATE), self.kept)
         return export_dir
+
+
+def _ranking(path: str) -> list[dict]:
+    """The kept exports' ``[{'step', 'value'}]`` from ``best.json``; refused if damaged."""
+    fix = "restore it, or move it and the exports beside it away to rank anew"
+    try:
+        kept = files.read_json(path, [])
+    except files.Unreadable as error:
+        raise UserError(f"{error}: it ranks the best exports; {fix}") from None
+    sound = isinstance(kept, list) and all(
+        isinstance(e, dict) and isinstance(e.get("step"), int) and "value" in e for e in kept
+    )
+    if not sound:
+        raise UserError(f"{path} is not a ranking of exports ({kept!r:.60}); {fix}")
+    return kept
+
