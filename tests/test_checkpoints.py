@@ -63,7 +63,8 @@ def test_a_checkpoint_of_another_model_is_named_in_one_line(tmp_path):
 def test_the_config_record_guards_resume_and_keeps_the_text(tmp_path):
     seen = []
     record = checkpoints.ConfigRecord(str(tmp_path), lambda: "a = 1\n", lambda *t: seen.append(t))
-    record.check()  # nothing saved yet: nothing to compare
+    with pytest.raises(UserError, match="has checkpoints but no operative_config.gin"):
+        record.check()  # called when checkpoints exist: without a record, nothing to check
     assert seen == []
     assert record.write() == "a = 1\n"
     assert (tmp_path / checkpoints.OPERATIVE_CONFIG).read_text() == "a = 1\n"

@@ -117,9 +117,9 @@ def test_a_batch_larger_than_the_training_set_is_warned_of_once(tmp_path, data_d
     args += ["--gin_param", "Estimator.global_batch_size = 5000"]
     proc = run_cli(*digits_args(data_dir, tmp_path / "run", *args))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert re.fullmatch(
-        r"warning: a batch of 5,000 examples is larger than the training data \(1,437 "
-        r"examples in 'train'\): each step repeats examples, and an epoch is less than a "
-        r"step; lower Estimator\.global_batch_size\n",
-        proc.stderr,
-    ), proc.stderr
+    warned = [line for line in proc.stderr.splitlines() if "larger than" in line]
+    assert warned == [
+        "warning: a batch of 5,000 examples is larger than the training data (1,437 examples "
+        "in 'train'): each step repeats examples, and an epoch is less than a step; lower "
+        "Estimator.global_batch_size"
+    ]  # once; a loaded machine may add that training waited for input
