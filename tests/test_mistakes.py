@@ -241,11 +241,6 @@ ROWS = {
         flags("--num_devices", "two"),
         r"num_devices must be 'auto' or a number, got 'two'",
     ),
-    "too_many_devices": (
-        flags("--num_devices", "64"),
-        r"num_devices=64 but this machine has 1 CPU device and no GPU: /device:CPU:0; "
-        r"ask for at most 1 or use 'auto'",
-    ),
     "profile_steps_not_a_range": (
         flags("--profile_steps", "10"),
         r"--profile_steps=10: give START,STOP global steps with START < STOP, e\.g\. 100,110",

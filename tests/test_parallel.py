@@ -16,7 +16,7 @@ import tensorflow as tf
 
 import datasets.digits
 from models.mlp import MLP
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, digits_args, run_cli
 from tests.workers import finish, start_workers
 from trainer import Estimator, UserError, parallel
 from trainer.distribution import check_devices
@@ -156,8 +156,13 @@ def test_one_two_and_four_devices_train_alike(tmp_path, data_dir):
 
 
 def test_device_settings_that_cannot_run_are_refused():
-    with pytest.raises(UserError, match="has 1 CPU device and no GPU: .*CPU:0; ask for at most 1"):
+    with pytest.raises(UserError) as error:  # from Python, with the CPU not split
         parallel.choose_devices(3)
+    assert str(error.value) == (
+        "num_devices=3 but this machine has 1 CPU device and no GPU: /device:CPU:0; ask for "
+        "at most 1 or use 'auto' (or call trainer.parallel.split_cpu(3) before TensorFlow "
+        "starts, as python -m trainer --num_devices does, to try it on logical CPUs)"
+    )
     with pytest.raises(UserError, match="global_batch_size 3 is smaller than the 4 devices"):
         check_devices("towers", 4, 3, None, False)
     with pytest.raises(UserError, match="30 does not divide over the 4 replicas.*'towers'"):
@@ -225,3 +230,15 @@ def test_multi_worker_without_tf_config_is_one_line(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("error: TF_CONFIG must be JSON like")
     assert not list((tmp_path / "run").glob("ckpt-*"))
+
+
+def test_num_devices_on_a_machine_without_gpus_splits_its_cpu(tmp_path, data_dir):
+    """The command line splits the CPU before TensorFlow starts, and says why."""
+    args = digits_args(data_dir, tmp_path / "run", "--gin_param", "experiment.max_steps = 20")
+    proc = run_cli(*args, "--num_devices", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith(
+        "No GPU here: the CPU is split into 2 logical devices to try multi-device training on "
+        "(for trying and testing: it is not faster than one)\n"
+    )
+    assert "on 2 devices (CPU:0, CPU:1), towers" in proc.stdout

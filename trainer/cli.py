@@ -191,6 +191,13 @@ def _run() -> tuple[str, int, str] | None:
         if FLAGS.num_devices:
             value = FLAGS.num_devices
             gin.bind_parameter("Estimator.num_devices", int(value) if value.isdigit() else value)
+        devices = gin_config.query("Estimator.num_devices", "auto")
+        if parallel.split_cpu_for(devices):  # before any op runs
+            logging.info(
+                "No GPU here: the CPU is split into %d logical devices to try multi-device "
+                "training on (for trying and testing: it is not faster than one)",
+                devices,
+            )
         precision = gin_config.query("Estimator.mixed_precision", None)
         set_precision(precision)  # before the model is made
         if gin_config.query("Estimator.distribution", "towers") == "multi_worker":

@@ -144,4 +144,3 @@ def _ranking(path: str) -> list[dict]:
     if not sound:
         raise UserError(f"{path} is not a ranking of exports ({kept!r:.60}); {fix}")
     return kept
-

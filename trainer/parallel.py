@@ -38,6 +38,23 @@ def split_cpu(num_devices: int) -> None:
     )
 
 
+def split_cpu_for(num_devices: int | str) -> bool:
+    """On a machine without GPUs, splits the CPU for ``num_devices`` > 1 (see ``split_cpu``).
+
+    Returns whether it did: not with GPUs, not for 'auto' or 1, and not once
+    TensorFlow has started (``choose_devices`` then says what to do).
+    """
+    if not isinstance(num_devices, int) or num_devices < 2:
+        return False
+    if tf.config.list_physical_devices("GPU"):
+        return False
+    try:
+        split_cpu(num_devices)
+    except RuntimeError:  # the runtime has started: its devices are fixed
+        return False
+    return True
+
+
 def choose_devices(num_devices: int | str = "auto") -> list[str]:
     """The device names to train on.
 
@@ -57,9 +74,15 @@ def choose_devices(num_devices: int | str = "auto") -> list[str]:
         raise UserError(f"num_devices must be >= 1, got {num_devices}")
     if num_devices > len(pool):
         kind = f"{len(pool)} GPU(s)" if gpus else f"{len(pool)} CPU device and no GPU"
+        split = (
+            ""
+            if gpus
+            else f" (or call trainer.parallel.split_cpu({num_devices}) before TensorFlow "
+            "starts, as python -m trainer --num_devices does, to try it on logical CPUs)"
+        )
         raise UserError(
             f"num_devices={num_devices} but this machine has {kind}: {', '.join(pool)}; "
-            f"ask for at most {len(pool)} or use 'auto'"
+            f"ask for at most {len(pool)} or use 'auto'{split}"
         )
     return pool[:num_devices]
 
