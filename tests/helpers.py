@@ -47,7 +47,7 @@ def dir_hash(directory):
     return found
 
 
-def resume_run(model_dir, setup, max_steps, env=None):
+def resume_run(model_dir, setup, max_steps, env=None, clip=None):
     """Starts tests/resume_runs.py: the id-table model trained to ``max_steps``."""
     return subprocess.Popen(
         [
@@ -56,6 +56,7 @@ def resume_run(model_dir, setup, max_steps, env=None):
             str(model_dir),
             setup,
             str(max_steps),
+            *([str(clip)] if clip else []),
         ],
         cwd=REPO,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO, **(env or {})),

@@ -7,7 +7,8 @@ configured before TensorFlow starts:
 
 RUN is ``DISTRIBUTION:DEVICES@GLOBAL_BATCH``, e.g. ``towers:4@30``; ``towers:1`` is the
 single-device reference. A ``/keras`` suffix trains with Keras's own Adam update
-instead of the fused kernel the framework uses where it can (strategies use Keras's).
+instead of the fused kernel the framework uses where it can (strategies use Keras's);
+``/clip`` (or ``/keras+clip``) clips the gradient's global norm to 0.1.
 Every run trains 50 steps from the same seed; the JSON maps each RUN to its train-loss
 curve (every 10 steps), final weights and eval metrics.
 """
@@ -35,13 +36,15 @@ class KerasAdam(keras.optimizers.Adam):
 
 def train(out_dir: str, data_dir: str, run: str) -> dict:
     setup, _, batch = run.partition("@")
-    batch, _, update = batch.partition("/")
+    batch, _, options = batch.partition("/")
+    options = options.split("+")
     distribution, _, devices = setup.partition(":")
     keras.utils.set_random_seed(0)
     estimator = Estimator(
         MLP(num_classes=10, hidden_units=[64, 64], dropout_rate=0.0),
-        os.path.join(out_dir, run.replace(":", "_").replace("@", "_").replace("/", "_")),
-        optimizer=(KerasAdam if update == "keras" else keras.optimizers.Adam)(1e-3),
+        os.path.join(out_dir, "".join(c if c.isalnum() else "_" for c in run)),
+        optimizer=(KerasAdam if "keras" in options else keras.optimizers.Adam)(1e-3),
+        clip_gradient_norm=0.1 if "clip" in options else None,
         global_batch_size=int(batch),
         steps_per_loop=10,
         log_every_steps=10,

@@ -3,9 +3,10 @@
 Run by tests/test_order.py as a subprocess, because logical CPU devices must be set up
 before TensorFlow starts (and strategies of different sizes cannot share a process):
 
-    python tests/resume_runs.py MODEL_DIR DISTRIBUTION:DEVICES MAX_STEPS[,MAX_STEPS...]
+    python tests/resume_runs.py MODEL_DIR DISTRIBUTION:DEVICES MAX_STEPS[,MAX_STEPS...] [CLIP]
 
-(several MAX_STEPS: train to each in turn, printing a table at each). Under
+(several MAX_STEPS: train to each in turn, printing a table at each; CLIP: clip the
+gradient's global norm to it). Under
 ``multi_worker:1`` each worker process runs it with its TF_CONFIG.
 
 The model holds one weight per example id, its loss is the mean weight of the batch,
@@ -73,6 +74,7 @@ def main(model_dir: str, stops: list[int]) -> None:
         write_graph=False,
         distribution=distribution,
         num_devices="auto" if distribution == "multi_worker" else int(devices),
+        clip_gradient_norm=float(sys.argv[4]) if len(sys.argv) > 4 else None,
     )
     for max_steps in stops:
         estimator.train(input_fn, max_steps)

@@ -133,13 +133,14 @@ def assert_same_training(run, reference, rtol=1e-5):
 
 
 def test_one_two_and_four_devices_train_alike(tmp_path, data_dir):
-    """50 steps at one global batch: same loss curve and weights on 1, 2 and 4 devices."""
+    """50 steps at one global batch: same loss curve and weights on 1, 2 and 4 devices,
+    with and without clipping the gradient's global norm."""
     runs = device_runs(
         tmp_path,
         data_dir,
         ["towers:1@128", "towers:2@128", "towers:4@128", "mirrored:2@128"]
         + ["towers:1@30", "towers:4@30"]  # 30 examples on 4 towers: shards of 8, 8, 7, 7
-        + ["towers:1@128/keras"],
+        + ["towers:1@128/keras", "towers:1@128/keras+clip", "mirrored:2@128/clip"],
         # Two MirroredStrategies of different sizes cannot share a process's collectives.
         ["mirrored:4@128"],
     )
@@ -153,6 +154,11 @@ def test_one_two_and_four_devices_train_alike(tmp_path, data_dir):
     # (1e-4 relative in some weights after 50 steps). So they compare with Keras's.
     for run in ["mirrored:2@128", "mirrored:4@128"]:
         assert_same_training(runs[run], runs["towers:1@128/keras"])
+    # Clipping acts on the summed gradient under a strategy too: the same weights.
+    clipped = runs["towers:1@128/keras+clip"]
+    unclipped = runs["towers:1@128/keras"]
+    assert abs(clipped["losses"][-1] - unclipped["losses"][-1]) > 0.01  # the clipping acted
+    assert_same_training(runs["mirrored:2@128/clip"], clipped)
 
 
 def test_device_settings_that_cannot_run_are_refused():
@@ -164,11 +170,11 @@ def test_device_settings_that_cannot_run_are_refused():
         "starts, as python -m trainer --num_devices does, to try it on logical CPUs)"
     )
     with pytest.raises(UserError, match="global_batch_size 3 is smaller than the 4 devices"):
-        check_devices("towers", 4, 3, None, False)
+        check_devices("towers", 4, 3, False)
     with pytest.raises(UserError, match="30 does not divide over the 4 replicas.*'towers'"):
-        check_devices("mirrored", 4, 30, None, False)
+        check_devices("mirrored", 4, 30, False)
     with pytest.raises(UserError, match="jit_compile"):
-        check_devices("towers", 2, 32, None, True)
+        check_devices("towers", 2, 32, True)
     with pytest.raises(UserError, match="distribution must be one of towers, mirrored"):
         Estimator(MLP(num_classes=10), "/tmp/unused", distribution="mirror")
 

@@ -177,3 +177,19 @@ def test_reruns_on_fewer_or_more_workers_read_what_one_uninterrupted_run_reads(t
     for seen, wanted in zip(tables, expected, strict=True):
         assert all(worker == wanted for worker in seen)  # every worker holds the same weights
     assert checkpoint_steps(model_dir)[-1] == 16
+
+
+def test_two_workers_clip_the_summed_gradient_as_one_process_does(tmp_path):
+    """The global norm of the gradient summed over the workers is clipped: the id-table
+    model's weights equal one process's, and differ from unclipped training."""
+    straight = resume_run(tmp_path / "straight", "towers:1", 8, clip=0.1)
+    unclipped = resume_run(tmp_path / "unclipped", "towers:1", 8)
+    ports = free_ports(2)
+    runs = [
+        resume_run(tmp_path / "run", "multi_worker:1", 8, {"TF_CONFIG": tf_config(ports, i)}, 0.1)
+        for i in range(2)
+    ]
+    expected = table(straight)["table"]
+    for run in runs:
+        np.testing.assert_allclose(table(run)["table"], expected, rtol=1e-6, atol=1e-7)
+    assert np.abs(np.subtract(table(unclipped)["table"], expected)).max() > 0.1

@@ -44,8 +44,8 @@ class Placement:
       distribution: ``'towers'``, ``'mirrored'`` or ``'multi_worker'``.
       num_devices: ``'auto'`` (every GPU, else one CPU) or how many devices to use.
       global_batch_size: examples per step over all devices and workers.
-      clip_gradient_norm, jit_compile, prefetch_to_device: the Estimator's settings
-        that only some placements can run; refused here, before anything is built.
+      jit_compile, prefetch_to_device: the Estimator's settings that only some
+        placements can run; refused here, before anything is built.
     """
 
     def __init__(
@@ -54,7 +54,6 @@ class Placement:
         num_devices: int | str,
         *,
         global_batch_size: int,
-        clip_gradient_norm: float | None = None,
         jit_compile: bool = False,
         prefetch_to_device: bool | None = None,
     ):
@@ -63,9 +62,7 @@ class Placement:
         self.num_replicas = (
             self.strategy.num_replicas_in_sync if self.strategy else len(self.devices)
         )
-        check_devices(
-            distribution, self.num_replicas, global_batch_size, clip_gradient_norm, jit_compile
-        )
+        check_devices(distribution, self.num_replicas, global_batch_size, jit_compile)
         self.prefetch_device = _prefetch_device(
             prefetch_to_device, self.devices, distribution, jit_compile
         )
@@ -100,19 +97,30 @@ class Placement:
             return parallel.Towers(self.devices, model_fn.non_trainable_variables)
         return None
 
-    def update_fn(self, optimizer: keras.optimizers.Optimizer) -> Callable:
+    def update_fn(self, optimizer: keras.optimizers.Optimizer, summed: bool = False) -> Callable:
         """``update(gradients, variables)``: the optimizer's step.
 
         Fused kernels in one process; under a strategy Keras's ``apply_gradients``,
-        which sums the replicas' gradients.
+        which sums the replicas' gradients, unless ``summed``: the step has summed them
+        already (``sum_gradients``, to clip their global norm), and the optimizer is
+        told not to sum them again (Keras 2's ``skip_gradients_aggregation``).
         """
         if self.strategy is None:
             return optimization.fused_update(optimizer)
+        if summed:
+            inner = getattr(optimizer, "inner_optimizer", optimizer)  # under loss scaling
+            inner._all_reduce_sum_gradients = lambda grads_and_vars: list(grads_and_vars)
 
         def update(gradients, variables):
             optimizer.apply_gradients(zip(gradients, variables, strict=True))
 
         return update
+
+    def sum_gradients(self, gradients: list[tf.Tensor]) -> list[tf.Tensor]:
+        """Under a strategy, every replica's gradients summed (one all-reduce); else as given."""
+        if self.strategy is None:
+            return gradients
+        return tf.distribute.get_replica_context().all_reduce("sum", gradients)
 
     def run(self, step: Callable, args: tuple) -> tf.Tensor:
         """``step(*args)``, in every replica under a strategy; returns the first's result."""
@@ -265,7 +273,6 @@ def check_devices(
     distribution: str,
     replicas: int,
     global_batch_size: int,
-    clip_gradient_norm: float | None,
     jit_compile: bool,
 ) -> None:
     """Refuses settings the chosen devices cannot run, before anything is built."""
@@ -286,11 +293,6 @@ def check_devices(
             f"Estimator.global_batch_size {global_batch_size} does not divide over the "
             f"{replicas} replicas of {distribution!r}: use a multiple of {replicas}, or "
             "distribution 'towers', which splits batches unevenly"
-        )
-    if clip_gradient_norm:
-        raise UserError(
-            f"Estimator.clip_gradient_norm needs the summed gradient, which {distribution!r} "
-            "forms inside the optimizer: use distribution 'towers' to clip"
         )
 
 

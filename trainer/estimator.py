@@ -204,7 +204,6 @@ class Estimator:
             distribution,
             num_devices,
             global_batch_size=global_batch_size,
-            clip_gradient_norm=clip_gradient_norm,
             jit_compile=jit_compile,
             prefetch_to_device=prefetch_to_device,
         )

@@ -150,7 +150,7 @@ class Steps:
         ]
         self.has_regularization = bool(model_fn.regularization_losses)
         self.towers = placement.towers(model_fn)
-        self.update = placement.update_fn(optimizer)
+        self.update = placement.update_fn(optimizer, summed=bool(clip_gradient_norm))
         train_scalars = ["loss"] + (["regularization_loss"] if self.has_regularization else [])
         self.train_metrics = MetricSums(metric_names, train_scalars, placement.per_replica)
         self.eval_metrics = MetricSums(metric_names)
@@ -224,12 +224,14 @@ class Steps:
         pairs = [(g, v) for g, v in zip(gradients, self.variables, strict=True) if g is not None]
         gradients = [g for g, _ in pairs]
         scale = self.optimizer.scale_loss(tf.constant(1.0))  # mixed float16's loss scale
-        if self.clip_gradient_norm:
+        if self.clip_gradient_norm:  # of the summed gradient, under every distribution
+            gradients = self.placement.sum_gradients(gradients)
             norm = tf.linalg.global_norm(gradients)
             gradients, _ = tf.clip_by_global_norm(
                 gradients, self.clip_gradient_norm * scale, use_norm=norm
             )
-            self.gradient_norm.assign(norm / scale)
+            if self.placement.measures_gradient_norm:  # a replica cannot assign it
+                self.gradient_norm.assign(norm / scale)
         elif last_of_block and self.placement.measures_gradient_norm:
             self.gradient_norm.assign(tf.linalg.global_norm(gradients) / scale)
         self.update(gradients, [v for _, v in pairs])
