@@ -17,7 +17,7 @@ import tensorflow as tf
 import datasets.digits
 from models.mlp import MLP
 from tests.conftest import REPO, digits_args, run_cli
-from tests.workers import finish, start_workers
+from tests.workers import finish, free_ports, start_workers, tf_config
 from trainer import Estimator, UserError, parallel
 from trainer.distribution import check_devices
 
@@ -248,3 +248,50 @@ def test_num_devices_on_a_machine_without_gpus_splits_its_cpu(tmp_path, data_dir
         "(for trying and testing: it is not faster than one)\n"
     )
     assert "on 2 devices (CPU:0, CPU:1), towers" in proc.stdout
+
+
+def eval_run(model_dir, data_dir, setup, train_steps=0, env=None):
+    """Starts tests/eval_runs.py: evaluates (after training, with ``train_steps``)."""
+    args = [str(model_dir), data_dir, setup, *([str(train_steps)] if train_steps else [])]
+    return subprocess.Popen(
+        [sys.executable, os.path.join(REPO, "tests", "eval_runs.py"), *args],
+        cwd=REPO,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO, **(env or {})),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def evaluated(process):
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_evaluation_is_split_over_replicas_and_workers_and_counts_each_example_once(
+    tmp_path, data_dir
+):
+    """One checkpoint evaluated on 1 device, 2 and 4 replicas and 2 workers: the same
+    metrics, each of the 360 examples once (batches of 50 split unevenly, a last batch
+    of 10), and each replica evaluating about its share."""
+    model_dir = tmp_path / "run"
+    reference = evaluated(eval_run(model_dir, data_dir, "towers:1", train_steps=30))
+    assert reference["counts"] == [360.0]
+    ports = free_ports(2)
+    runs = {
+        "mirrored:2": [eval_run(model_dir, data_dir, "mirrored:2")],
+        "mirrored:4": [eval_run(model_dir, data_dir, "mirrored:4")],
+        "2 workers": [
+            eval_run(model_dir, data_dir, "multi_worker:1", env={"TF_CONFIG": tf_config(ports, i)})
+            for i in range(2)
+        ],
+    }
+    for name, processes in runs.items():
+        results = [evaluated(p) for p in processes]
+        counts = [c for result in results for c in result["counts"]]
+        assert sum(counts) == 360, (name, counts)
+        assert all(abs(c - 360 / len(counts)) <= 50 for c in counts), (name, counts)
+        for result in results:  # every worker reports the metrics of the whole set
+            for metric, value in reference["metrics"].items():
+                assert result["metrics"][metric] == pytest.approx(value, rel=1e-6), name

@@ -14,7 +14,8 @@ writes. Three kinds (``Estimator.distribution``):
 
 Towers may split a batch unevenly (shards differ by one example; gradients are
 averaged weighted by shard size). Under both strategies ``global_batch_size`` must
-divide evenly over the replicas, and evaluation runs on each worker's first device.
+divide evenly over the replicas; evaluation is split over every replica and worker
+(``eval_input``), prediction runs on each worker's first device.
 A positioned input resumes at its position on any number of devices; any other is
 resumed by skipping the batches already trained on (TF cannot checkpoint a
 distributed iterator). ``prefetch_to_device`` applies to one device only:
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import warnings
 from collections.abc import Callable, Sequence
 
 import keras
@@ -201,6 +203,25 @@ class Placement:
         if mode == Mode.TRAIN and self.strategy is not None:
             return batch_size // self.num_replicas
         return batch_size
+
+    def eval_input(self, dataset: tf.data.Dataset):
+        """The eval batches, under a strategy split over every replica and worker.
+
+        Each worker keeps every W-th batch (sharding by data: any input_fn works), and
+        each batch is split over the worker's replicas; a last partial batch leaves
+        some replicas an empty share, and workers without a batch wait for the others
+        (``tf.distribute``'s own handling), so every example counts once.
+        """
+        if self.strategy is None:
+            return dataset
+        # Iterating it in a tf.function makes TF read its options in graph mode, which
+        # warns that they might not be the ones set: they are (set here, not traced).
+        warnings.filterwarnings("ignore", "To make it possible to preserve tf.data options")
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = (
+            tf.data.experimental.AutoShardPolicy.DATA
+        )
+        return self.strategy.experimental_distribute_dataset(dataset.with_options(options))
 
     def saved_iterator(self, dataset: tf.data.Dataset):
         """An iterator a checkpoint can hold, made before restoring.

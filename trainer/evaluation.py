@@ -122,7 +122,9 @@ def evaluate(
     compiled = model.build(dataset.element_spec, Mode.EVAL)
     model.restore_for_inference(model_dir)
     watched = contextlib.nullcontext()
-    if bar and sys.stdout.isatty():  # the eval set's examples, counted as they are added
+    placement = model.placement
+    if bar and sys.stdout.isatty() and placement.workers is None:  # counted as they come
+        # (under multi_worker reading the count is a collective: not from a thread)
         count = compiled.eval_metrics.count.numpy
         total = _examples(dataset, steps, batch_size)
         watched = console.Watched(count, total, f"eval {name!r}", " examples")
@@ -131,7 +133,7 @@ def evaluate(
     compiled.eval_metrics.reset()
     start = time.perf_counter()
     with errors.runtime_errors(f"eval set {name!r}"), model.averaged_weights(), watched:
-        compiled.evaluate(dataset)
+        compiled.evaluate(placement.eval_input(dataset))
     model.seconds["evaluation"] += time.perf_counter() - start
     metrics = compiled.eval_metrics.result()
     if not metrics:

@@ -86,8 +86,9 @@ class MetricSums:
 
     def update(self, per_example, per_batch, batch_size: tf.Tensor) -> None:
         """Adds one batch: dicts of ``[batch]`` values and of scalars."""
-        for name in self.per_batch:
-            self.sums[name].assign_add(tf.cast(per_batch[name], tf.float64) * batch_size)
+        for name in self.per_batch:  # a replica's empty share of a last batch adds 0, not NaN
+            value = tf.cast(per_batch[name], tf.float64) * tf.cast(batch_size, tf.float64)
+            self.sums[name].assign_add(tf.where(batch_size > 0, value, tf.zeros_like(value)))
         for name in self.per_example:
             self.sums[name].assign_add(tf.reduce_sum(tf.cast(per_example[name], tf.float64)))
         self.count.assign_add(batch_size)
@@ -120,8 +121,8 @@ class Steps:
       global_step: incremented once per applied training step.
       metric_names: the per-example metrics the model's Spec returns.
       placement: where the steps run: towers over this process's devices, a
-        strategy's replicas (evaluation and prediction then run on each worker's
-        first device), and the device batches are prefetched to.
+        strategy's replicas (evaluation is split over them; prediction runs on each
+        worker's first device), and the device batches are prefetched to.
       clip_gradient_norm: clip gradients to this global norm (None: no clipping).
       ema: a WeightAverage to update after each step, or None.
       jit_compile: compile each block of steps with XLA as one computation, fed by
@@ -153,7 +154,7 @@ class Steps:
         self.update = placement.update_fn(optimizer, summed=bool(clip_gradient_norm))
         train_scalars = ["loss"] + (["regularization_loss"] if self.has_regularization else [])
         self.train_metrics = MetricSums(metric_names, train_scalars, placement.per_replica)
-        self.eval_metrics = MetricSums(metric_names)
+        self.eval_metrics = MetricSums(metric_names, per_replica=placement.per_replica)
         self.times_input = not _op_determinism()  # tf.timestamp is refused under it
         with tf.init_scope():
             # A step's loss was NaN or Inf: the block ended there, the step not counted.
@@ -366,11 +367,20 @@ class Steps:
         loss, _, metrics = forward(features, labels)
         return loss, metrics
 
-    def _evaluate(self, dataset: tf.data.Dataset) -> None:
+    def _evaluate(self, dataset) -> None:
+        """Adds every batch of ``dataset`` to ``eval_metrics``.
+
+        Under a strategy ``dataset`` is distributed (``Placement.eval_input``): each
+        replica evaluates its share of every batch, and keeps its own sums.
+        """
         for element in dataset:
-            features, labels = split_element(element, Mode.EVAL)
-            loss, metrics = self._eval_batch(features, labels)
-            self.eval_metrics.update(metrics, {"loss": loss}, batch_size_of(features))
+            self.placement.run(self._eval_update, (element,))
+
+    def _eval_update(self, element) -> tf.Tensor:
+        features, labels = split_element(element, Mode.EVAL)
+        loss, metrics = self._eval_batch(features, labels)
+        self.eval_metrics.update(metrics, {"loss": loss}, batch_size_of(features))
+        return tf.constant(True)
 
     def _predict(self, features):
         def predictions(features):
