@@ -18,7 +18,7 @@ import datasets.digits
 from models.mlp import MLP
 from tests.conftest import REPO, digits_args, run_cli
 from tests.workers import finish, free_ports, start_workers, tf_config
-from trainer import Estimator, UserError, parallel
+from trainer import Estimator, UserError, cluster, parallel
 from trainer.distribution import check_devices
 
 DEVICES = ["/CPU:0"] * 3  # the shard logic does not care that they are one device
@@ -295,3 +295,31 @@ def test_evaluation_is_split_over_replicas_and_workers_and_counts_each_example_o
         for result in results:  # every worker reports the metrics of the whole set
             for metric, value in reference["metrics"].items():
                 assert result["metrics"][metric] == pytest.approx(value, rel=1e-6), name
+
+
+def test_the_cluster_is_found_in_a_slurm_job_step_or_its_absence_named(monkeypatch):
+    """srun's variables for a 2-task step on two nodes, no TF_CONFIG and no SLURM here."""
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    for name in [n for n in os.environ if n.startswith("SLURM_")]:
+        monkeypatch.delenv(name)
+    with pytest.raises(UserError) as error:
+        cluster.find()
+    assert str(error.value) == (
+        "distribution 'multi_worker' needs its cluster: TF_CONFIG is not set and this is not "
+        "a task of a SLURM job step (SLURM_PROCID and SLURM_STEP_NODELIST are not set); set "
+        "TF_CONFIG on each worker (see README, 'Several machines'), or start the workers "
+        "with srun"
+    )
+    step = {
+        "SLURM_PROCID": "1",
+        "SLURM_STEP_NUM_TASKS": "2",
+        "SLURM_STEP_NODELIST": "gpu-node[07-08]",
+        "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+    }
+    for name, value in step.items():
+        monkeypatch.setenv(name, value)
+    assert cluster.find() == ("worker 1 of 2", "gpu-node08:8888")
+    assert json.loads(os.environ["TF_CONFIG"]) == {
+        "cluster": {"worker": ["gpu-node07:8888", "gpu-node08:8888"]},
+        "task": {"type": "worker", "index": 1},
+    }

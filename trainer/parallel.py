@@ -13,14 +13,12 @@ For scale-out the Estimator uses tf.distribute instead (``mirrored``,
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 from absl import logging
 
-from trainer import workers
+from trainer import cluster, workers
 from trainer.errors import UserError
 
 DISTRIBUTIONS = ("towers", "mirrored", "multi_worker")
@@ -226,7 +224,7 @@ def make_strategy(distribution: str, devices: Sequence[str]) -> tf.distribute.St
             f"distribution must be one of {', '.join(DISTRIBUTIONS)}, got {distribution!r}"
         )
     if _multi_worker is None:
-        name, address = _check_tf_config()
+        name, address = cluster.find()
         logging.info("Joining the cluster as %s (%s); waiting for every worker", name, address)
         try:
             _multi_worker = tf.distribute.MultiWorkerMirroredStrategy()
@@ -252,33 +250,6 @@ def make_strategy(distribution: str, devices: Sequence[str]) -> tf.distribute.St
 def multi_worker_started() -> bool:
     """Whether this process joined a multi-worker cluster (``make_strategy``)."""
     return _multi_worker is not None
-
-
-def _check_tf_config() -> tuple[str, str]:
-    """One line for a missing or malformed TF_CONFIG, instead of a hang or a traceback.
-
-    Returns this worker's name and address: ``('worker 1 of 2', '10.0.0.2:2222')``.
-    """
-    text = os.environ.get("TF_CONFIG")
-    if not text:
-        raise UserError(
-            "distribution 'multi_worker' needs the TF_CONFIG environment variable naming "
-            "the cluster and this worker (see README, 'Several machines')"
-        )
-    try:
-        config = json.loads(text)
-        addresses = config["cluster"]["worker"]
-        index = config["task"]["index"]
-    except (json.JSONDecodeError, KeyError, TypeError) as error:
-        raise UserError(
-            f'TF_CONFIG must be JSON like {{"cluster": {{"worker": ["host:port", ...]}}, '
-            f'"task": {{"type": "worker", "index": 0}}}}; reading it failed at {error}'
-        ) from None
-    task_type = config["task"].get("type", "worker")
-    if task_type == "worker" and not 0 <= index < len(addresses):
-        raise UserError(f"TF_CONFIG task index {index} is outside its {len(addresses)} workers")
-    count = len(addresses) + len(config["cluster"].get("chief", []))
-    return f"{task_type} {index} of {count}", config["cluster"][task_type][index]
 
 
 def worker_name(strategy: tf.distribute.Strategy | None) -> str | None:

@@ -1,0 +1,76 @@
+"""Where the workers of a ``multi_worker`` run are: TF_CONFIG, else SLURM's job step.
+
+``TF_CONFIG`` names the cluster and this worker, as TensorFlow reads it. Started by
+``srun`` without one, each task finds the cluster in SLURM's variables (TensorFlow's
+``SlurmClusterResolver``: the step's nodes, its tasks per node, this task's rank)
+and writes it as TF_CONFIG, so that the rest of the run reads one description.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import tensorflow as tf
+from absl import logging
+
+from trainer.errors import UserError
+
+SLURM_VARIABLES = ("SLURM_PROCID", "SLURM_STEP_NODELIST")  # a task of a job step has them
+
+
+def find() -> tuple[str, str]:
+    """This worker's name and address: ``('worker 1 of 2', '10.0.0.2:2222')``.
+
+    TF_CONFIG is set from SLURM's job step first when it is unset.
+
+    Raises:
+      UserError: no cluster is described, or TF_CONFIG is malformed; one line each.
+    """
+    if not os.environ.get("TF_CONFIG"):
+        if not all(name in os.environ for name in SLURM_VARIABLES):
+            raise UserError(
+                "distribution 'multi_worker' needs its cluster: TF_CONFIG is not set and "
+                f"this is not a task of a SLURM job step ({' and '.join(SLURM_VARIABLES)} "
+                "are not set); set TF_CONFIG on each worker (see README, 'Several "
+                "machines'), or start the workers with srun"
+            )
+        os.environ["TF_CONFIG"] = slurm_tf_config()
+        logging.info("TF_CONFIG from SLURM's job step: %s", os.environ["TF_CONFIG"])
+    return _check_tf_config()
+
+
+def slurm_tf_config(port: int = 8888) -> str:
+    """The TF_CONFIG that SLURM's variables describe: a worker per task, ports from ``port``."""
+    gpus = len(tf.config.list_physical_devices("GPU"))
+    # With GPUs the resolver shares them out over a node's tasks; without, it is told
+    # of enough not to refuse, and sets nothing.
+    shares = {"gpus_per_node": gpus} if gpus else {"gpus_per_node": 1 << 16, "gpus_per_task": 1}
+    resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
+        port_base=port, auto_set_gpu=gpus > 0, **shares
+    )
+    try:
+        spec = resolver.cluster_spec().as_dict()
+    except (RuntimeError, ValueError, KeyError) as error:
+        raise UserError(f"SLURM's variables do not describe a cluster: {error}") from None
+    task = {"type": resolver.task_type, "index": resolver.task_id}
+    return json.dumps({"cluster": spec, "task": task})
+
+
+def _check_tf_config() -> tuple[str, str]:
+    """One line for a malformed TF_CONFIG, instead of a hang or a traceback; see ``find``."""
+    text = os.environ["TF_CONFIG"]
+    try:
+        config = json.loads(text)
+        addresses = config["cluster"]["worker"]
+        index = config["task"]["index"]
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise UserError(
+            f'TF_CONFIG must be JSON like {{"cluster": {{"worker": ["host:port", ...]}}, '
+            f'"task": {{"type": "worker", "index": 0}}}}; reading it failed at {error}'
+        ) from None
+    task_type = config["task"].get("type", "worker")
+    if task_type == "worker" and not 0 <= index < len(addresses):
+        raise UserError(f"TF_CONFIG task index {index} is outside its {len(addresses)} workers")
+    count = len(addresses) + len(config["cluster"].get("chief", []))
+    return f"{task_type} {index} of {count}", config["cluster"][task_type][index]
