@@ -277,6 +277,13 @@ def test_tfds_experiments_without_their_data_say_how_to_get_it(clone, name):
     assert time.monotonic() - started < 120
 
 
+def test_readmes_local_workers_train_one_model_as_promised(clone):
+    """README's ``--workers 2``: two worker processes on this machine, one run."""
+    proc = ok(sh(f"{DIGITS} --workers 2", clone))
+    assert "multi_worker over 2 replicas" in proc.stdout
+    check_promise("digits_mlp", proc.stdout)
+
+
 def test_help_as_written(clone):
     proc = ok(sh("python3 -m trainer --help", clone))
     assert proc.stdout.startswith("usage: python3 -m trainer --gin_file")
@@ -287,6 +294,7 @@ def test_every_command_shown_is_run_here():
     covered = {
         DIGITS,
         f"{DIGITS} --gin_file experiments/smoke.gin",
+        f"{DIGITS} --workers 2",
         "python3 -m trainer --help",
         "python3 -m datasets.prepare --dataset digits --out data/digits --shards 4",
         "python3 -m datasets.prepare --verify data/digits",

@@ -3,11 +3,14 @@
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
 import pytest
 
+from tests.conftest import REPO, digits_args
 from tests.helpers import checkpoint_steps, resume_run
 from tests.helpers import finish as table
 from tests.workers import finish, free_ports, start_workers, tf_config, wait_for_checkpoint
@@ -193,3 +196,54 @@ def test_two_workers_clip_the_summed_gradient_as_one_process_does(tmp_path):
     for run in runs:
         np.testing.assert_allclose(table(run)["table"], expected, rtol=1e-6, atol=1e-7)
     assert np.abs(np.subtract(table(unclipped)["table"], expected)).max() > 0.1
+
+
+def workers_command(data_dir, model_dir, count, *settings):
+    """``python -m trainer ... --workers COUNT``, as a user starts local workers."""
+    args = digits_args(data_dir, model_dir, "--schedule", "train", "--workers", str(count))
+    bindings = ["Estimator.global_batch_size = 64", "MLP.dropout_rate = 0.0", *settings]
+    return [
+        sys.executable,
+        "-m",
+        "trainer",
+        *args,
+        *(a for b in bindings for a in ("--gin_param", b)),
+    ]
+
+
+def test_workers_flag_starts_local_workers_passes_signals_on_and_says_things_once(
+    tmp_path, data_dir
+):
+    """--workers 2: one run over two processes; SIGTERM to the command stops both at one
+    checkpoint (exit 75); a mistake both workers make is said once."""
+    model_dir = tmp_path / "run"
+    settings = ("experiment.max_steps = 3000", "Estimator.save_checkpoints_steps = 100")
+    job = subprocess.Popen(
+        workers_command(data_dir, model_dir, 2, *settings),
+        cwd=REPO,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for_checkpoint(model_dir, [job])
+    job.send_signal(signal.SIGTERM)
+    out, err = job.communicate(timeout=120)
+    assert job.returncode == 75, err[-3000:]
+    step = checkpoint_steps(model_dir)[-1]
+    assert err == (
+        f"preempted: SIGTERM received: saved {model_dir}/ckpt-{step} at step {step}; rerun "
+        "the same command to resume\n"
+    )
+    assert "over 2 replicas" in out  # the chief's start line: one run of two workers
+
+    proc = subprocess.run(
+        workers_command(data_dir, model_dir, 2, "Estimator.global_batch_size = 65"),
+        cwd=REPO,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "does not divide over the 2 replicas" in proc.stderr

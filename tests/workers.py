@@ -1,8 +1,6 @@
 """Worker processes of a multi_worker run on 127.0.0.1, started through the CLI."""
 
-import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -11,22 +9,7 @@ import pytest
 
 from tests.conftest import REPO, digits_args
 from tests.helpers import checkpoint_steps
-
-
-def free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
-def tf_config(ports, index):
-    """The TF_CONFIG of worker ``index`` in a cluster on 127.0.0.1 ``ports``."""
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-    return json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+from trainer.launcher import free_ports, tf_config
 
 
 def start_workers(data_dir, model_dir, count, *settings, ports=None, only=None, index=None):

@@ -37,7 +37,26 @@ def find() -> tuple[str, str]:
             )
         os.environ["TF_CONFIG"] = slurm_tf_config()
         logging.info("TF_CONFIG from SLURM's job step: %s", os.environ["TF_CONFIG"])
-    return _check_tf_config()
+    found = _check_tf_config()
+    _bypass_proxies(json.loads(os.environ["TF_CONFIG"])["cluster"])
+    return found
+
+
+PROXIES = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "grpc_proxy")
+
+
+def _bypass_proxies(spec: dict) -> None:
+    """Keeps the workers' traffic off an HTTP proxy the environment names.
+
+    gRPC follows ``http_proxy`` and its like: the workers would talk through the proxy,
+    or hang where it cannot reach them. Their hosts are added to ``no_grpc_proxy``.
+    """
+    if not any(os.environ.get(name) for name in PROXIES):
+        return
+    hosts = sorted({address.rsplit(":", 1)[0] for tasks in spec.values() for address in tasks})
+    kept = [h for h in os.environ.get("no_grpc_proxy", "").split(",") if h]
+    os.environ["no_grpc_proxy"] = ",".join(dict.fromkeys([*kept, *hosts]))
+    logging.info("An HTTP proxy is set: the workers reach each other without it (%s)", hosts)
 
 
 def slurm_tf_config(port: int = 8888) -> str:

@@ -60,6 +60,12 @@ flags.DEFINE_string(
     "'auto' (every GPU, else one CPU) or how many devices to train on; sets "
     "Estimator.num_devices. How they share a step is Estimator.distribution.",
 )
+flags.DEFINE_integer(
+    "workers",
+    None,
+    "Start this many worker processes of one multi_worker run on this machine (each "
+    "with a free port and its TF_CONFIG); to try and test multi-worker training.",
+)
 FLAGS = flags.FLAGS
 
 EXIT_USER_ERROR = 2  # errors.UserError.exit_code, without importing TensorFlow
@@ -72,10 +78,26 @@ def main(argv: list[str]) -> None:
     missing = missing_gin_file(FLAGS.gin_file)
     if missing:
         fail(missing)
+    if FLAGS.workers is not None:
+        sys.exit(_launch(FLAGS.workers))
     console.quiet_tensorflow_import()
     from trainer import cli  # noqa: PLC0415 - TensorFlow loads here, after the flags
 
     cli.main()
+
+
+def _launch(count: int) -> int:
+    """``--workers N``: this command as N local workers (``launcher.run``)."""
+    if count < 1:
+        fail(f"--workers={count}: give the number of worker processes, 1 or more")
+    if os.environ.get("TF_CONFIG"):
+        fail(
+            "--workers starts its own workers on this machine, but TF_CONFIG is set: unset "
+            "it, or drop --workers to run as the worker TF_CONFIG names"
+        )
+    from trainer import launcher  # noqa: PLC0415 - only this command needs it
+
+    return launcher.run(count, sys.argv[1:])
 
 
 def _unexpected(arguments: list[str]) -> str:

@@ -122,12 +122,12 @@ class Workers:
     def signalled(self, signals: list[str]) -> str | None:
         """Whether any worker was sent SIGTERM or SIGINT: ``'worker 1 received SIGTERM'``."""
         mine = int(getattr(signal, signals[0])) if signals else 0
-        for index, (number,) in enumerate(self.gather([mine])):
+        received = [number for (number,) in self.gather([mine])]
+        if mine:  # its own first: under --workers every worker is sent it
+            return f"{signal.Signals(mine).name} received"
+        for index, number in enumerate(received):
             if number:
-                name = signal.Signals(number).name
-                return (
-                    f"{name} received" if index == self.index else f"worker {index} received {name}"
-                )
+                return f"worker {index} received {signal.Signals(number).name}"
         return None
 
     def lost(self, error: Exception, step: int, latest: str | None) -> PeerLost:

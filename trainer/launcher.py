@@ -1,0 +1,148 @@
+"""``--workers N``: the N worker processes of one multi_worker run, on this machine.
+
+Each worker is ``python -m trainer`` with the same flags, ``Estimator.distribution =
+'multi_worker'``, and a TF_CONFIG naming a free port on 127.0.0.1 for every worker
+and its own index. The chief's output is shown as it comes (its bar included); the
+other workers' lines on stderr are shown at the end, prefixed with their worker,
+unless the chief said the same. SIGINT and SIGTERM are passed on to every worker,
+which then save one checkpoint together and exit 75 (a second one kills them); the
+job exits with the code that says the most: a mistake (2), divergence (3), a crash,
+restart me (75), done (0). A worker dies with the command if it is killed.
+
+Nothing here imports TensorFlow: the workers do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+# Exit codes from the most to the least telling; any other non-zero one is a crash.
+PRECEDENCE = (2, 3, None, 75, 0)
+
+
+def run(count: int, argv: list[str]) -> int:
+    """Runs ``count`` workers of the command ``argv``; returns the job's exit code.
+
+    ``argv`` is the command's own arguments; its ``--workers`` is dropped.
+    """
+    ports = free_ports(count)
+    args = [*without_workers(argv), "--gin_param", "Estimator.distribution = 'multi_worker'"]
+    workers = [_start(args, ports, index) for index in range(count)]
+    chief_said: set[str] = set()
+    readers = [threading.Thread(target=_relay, args=(workers[0].stderr, chief_said))]
+    others = [[] for _ in workers[1:]]
+    readers += [
+        threading.Thread(target=_collect, args=(w.stderr, lines))
+        for w, lines in zip(workers[1:], others, strict=True)
+    ]
+    for reader in readers:
+        reader.start()
+    previous = {s: signal.signal(s, _forward(workers)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        codes = [worker.wait() for worker in workers]
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    for reader in readers:
+        reader.join()
+    for index, lines in enumerate(others, 1):
+        for line in lines:
+            if line not in chief_said:
+                sys.stderr.write(f"[worker {index}] {line}")
+    sys.stderr.flush()
+    return job_code(codes)
+
+
+def job_code(codes: list[int]) -> int:
+    """The job's exit code from its workers': the most telling one."""
+    crashes = [c for c in codes if c not in PRECEDENCE]
+    for code in PRECEDENCE:
+        if code is None and crashes:
+            return crashes[0]
+        if code in codes:
+            return code
+    return 0
+
+
+def without_workers(argv: list[str]) -> list[str]:
+    """``argv`` without its ``--workers N`` or ``--workers=N``."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--workers":
+            skip = True
+        elif not arg.startswith("--workers="):
+            kept.append(arg)
+    return kept
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` TCP ports on 127.0.0.1 that were free a moment ago."""
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def tf_config(ports: list[int], index: int) -> str:
+    """The TF_CONFIG of worker ``index`` of a cluster on 127.0.0.1 ``ports``."""
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    return json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+
+
+def _start(args: list[str], ports: list[int], index: int) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "trainer", *args],
+        env=dict(os.environ, TF_CONFIG=tf_config(ports, index)),
+        stdout=None if index == 0 else subprocess.DEVNULL,  # the chief shows the progress
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # signals reach the workers once, from here
+        preexec_fn=_end_with_parent,
+    )
+
+
+def _end_with_parent() -> None:
+    """Linux: the worker is killed if the command dies (killed itself), not left running."""
+    if sys.platform.startswith("linux"):
+        import ctypes  # noqa: PLC0415
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _relay(stream, said: set[str]) -> None:
+    for line in stream:
+        said.add(line)
+        sys.stderr.write(line)
+        sys.stderr.flush()
+
+
+def _collect(stream, lines: list[str]) -> None:
+    lines.extend(stream)
+
+
+def _forward(workers: list[subprocess.Popen]):
+    """Passes the first SIGINT or SIGTERM on; a second one kills the workers.
+
+    (A worker still waiting for its peers cannot act on SIGTERM: TensorFlow's
+    coordination service takes it then.)
+    """
+    received = []
+
+    def forward(number, _frame):
+        received.append(number)
+        for worker in workers:
+            if worker.poll() is None:
+                worker.send_signal(number if len(received) == 1 else signal.SIGKILL)
+
+    return forward
