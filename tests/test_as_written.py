@@ -19,10 +19,12 @@ import sys
 import time
 
 import pytest
+import yaml
 
 from tests.conftest import REPO
 from tests.helpers import checkpoint_steps, event_tags
 from tests.test_linear import closed_form_eval_mse
+from trainer.launcher import free_ports
 
 HEADER_COMMAND = re.compile(r"^#\s+((?:PYTHONPATH=\S+ )?python3? -m .*)$", re.M)
 
@@ -282,6 +284,67 @@ def test_readmes_local_workers_train_one_model_as_promised(clone):
     proc = ok(sh(f"{DIGITS} --workers 2", clone))
     assert "multi_worker over 2 replicas" in proc.stdout
     check_promise("digits_mlp", proc.stdout)
+
+
+def test_kubernetes_recipe_describes_its_cluster_and_runs_as_each_pod(clone, tmp_path):
+    """README's manifest: its TF_CONFIG names the Job's pods; its script trains as written."""
+    with open(os.path.join(REPO, "README.md")) as f:
+        service, job = yaml.safe_load_all(re.search(r"```yaml\n(.*?)```", f.read(), re.S)[1])
+    spec, pod = job["spec"], job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    script = container["args"][0]
+    count = spec["completions"]
+
+    def pods_tf_config(index):
+        export = next(line for line in script.splitlines() if "TF_CONFIG=" in line)
+        shown = subprocess.run(
+            ["bash", "-c", f'{export}; echo "$TF_CONFIG"'],
+            env={"JOB_COMPLETION_INDEX": str(index)},
+            capture_output=True,
+            text=True,
+        )
+        return json.loads(shown.stdout)
+
+    name, domain = job["metadata"]["name"], service["metadata"]["name"]
+    for index in range(count):
+        config = pods_tf_config(index)
+        assert config["task"] == {"type": "worker", "index": index}
+        hosts = [address.rsplit(":", 1)[0] for address in config["cluster"]["worker"]]
+        assert hosts == [f"{name}-{i}.{domain}" for i in range(count)]  # Indexed Job names
+    assert spec["completionMode"] == "Indexed" and spec["parallelism"] == count == 2
+    assert service["spec"]["clusterIP"] == "None" and pod["subdomain"] == domain
+    assert service["spec"]["selector"] == {"job-name": name}
+    assert pod["restartPolicy"] == "Never"  # what a podFailurePolicy requires
+    actions = {
+        code: rule["action"]
+        for rule in spec["podFailurePolicy"]["rules"]
+        if "onExitCodes" in rule and rule["onExitCodes"]["containerName"] == container["name"]
+        for code in rule["onExitCodes"]["values"]
+    }
+    assert actions == {2: "FailJob", 3: "FailJob", 75: "Ignore"}  # README's exit codes
+
+    # Each pod's script, as written but for where the cluster and the shared volume are.
+    local = script
+    for index, port in enumerate(free_ports(count)):
+        local = local.replace(f"{name}-{index}.{domain}:2222", f"127.0.0.1:{port}")
+    local = local.replace("experiments/cifar10_alexnet.gin", "experiments/digits_mlp.gin")
+    local = local.replace("/shared/runs/c10", str(tmp_path / "c10"))
+    local = local.rstrip() + " --gin_param experiment.max_steps=40\n"
+    pods = [
+        subprocess.Popen(
+            ["bash", "-c", local],
+            cwd=clone,
+            env={**user_env(), "JOB_COMPLETION_INDEX": str(index)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for index in range(count)
+    ]
+    outputs = [p.communicate(timeout=300) for p in pods]
+    assert [p.returncode for p in pods] == [0, 0], outputs[0][1][-2000:] + outputs[1][1][-2000:]
+    assert "multi_worker over 2 replicas" in outputs[0][0]
+    assert checkpoint_steps(tmp_path / "c10") == [40]
 
 
 def test_help_as_written(clone):

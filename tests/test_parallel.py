@@ -18,7 +18,7 @@ import datasets.digits
 from models.mlp import MLP
 from tests.conftest import REPO, digits_args, run_cli
 from tests.workers import finish, free_ports, start_workers, tf_config
-from trainer import Estimator, UserError, cluster, parallel
+from trainer import Estimator, UserError, cluster, distribution, parallel
 from trainer.distribution import check_devices
 
 DEVICES = ["/CPU:0"] * 3  # the shard logic does not care that they are one device
@@ -175,8 +175,21 @@ def test_device_settings_that_cannot_run_are_refused():
         check_devices("mirrored", 4, 30, False)
     with pytest.raises(UserError, match="jit_compile"):
         check_devices("towers", 2, 32, True)
-    with pytest.raises(UserError, match="distribution must be one of towers, mirrored"):
+    with pytest.raises(UserError, match="distribution must be one of auto, towers, mirrored"):
         Estimator(MLP(num_classes=10), "/tmp/unused", distribution="mirror")
+
+
+def test_auto_is_all_reduce_over_gpus_and_towers_elsewhere(caplog):
+    gpus = [f"/job:localhost/replica:0/task:0/device:GPU:{i}" for i in range(8)]
+    cpus = [f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(4)]
+    assert distribution.choose("auto", gpus, 256) == "mirrored"
+    assert distribution.choose("auto", gpus[:2], 128) == "mirrored"
+    assert distribution.choose("auto", gpus[:1], 128) == "towers"  # one device: no split
+    assert distribution.choose("auto", cpus, 128) == "towers"  # logical CPUs share memory
+    assert distribution.choose("towers", gpus, 256) == "towers"  # what is asked is kept
+    caplog.set_level("INFO")
+    assert distribution.choose("auto", gpus, 100) == "towers"  # 100 does not divide by 8
+    assert "Global batch 100 does not divide over 8 GPUs: towers" in caplog.text
 
 
 def train_locally(data_dir, model_dir, max_steps):

@@ -61,6 +61,9 @@ def wait_for_checkpoint(model_dir, workers, timeout=180):
     while time.monotonic() < deadline:
         if model_dir.is_dir() and checkpoint_steps(model_dir):
             return
-        assert all(w.poll() is None for w in workers), "a worker ended before its first checkpoint"
+        for w in workers:
+            if w.poll() is not None:
+                said = w.communicate()[1] if w.stderr else ""
+                pytest.fail(f"a worker ended ({w.returncode}) before its first checkpoint: {said}")
         time.sleep(0.2)
     pytest.fail("no checkpoint in time")

@@ -200,7 +200,7 @@ def _run() -> tuple[str, int, str] | None:
             )
         precision = gin_config.query("Estimator.mixed_precision", None)
         set_precision(precision)  # before the model is made
-        if gin_config.query("Estimator.distribution", "towers") == "multi_worker":
+        if gin_config.query("Estimator.distribution", "auto") == "multi_worker":
             logs.hold_native_stderr()  # a lost peer's gRPC errors go to trainer.log
             parallel.make_strategy("multi_worker", [])  # before any op runs
         seed = gin_config.query("experiment.seed", 0)

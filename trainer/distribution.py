@@ -3,7 +3,8 @@
 ``Placement`` is the one object that knows the kind of distribution. The rest of the
 framework asks it: which scope variables are made in, how big a batch one input
 pipeline yields, how the training input is iterated, which directory this worker
-writes. Three kinds (``Estimator.distribution``):
+writes. Three kinds (``Estimator.distribution``; ``'auto'``, the default, is
+all-reduce over several GPUs and towers otherwise: ``choose``):
 
 * ``'towers'``: one process splits each batch over its devices (``parallel.Towers``),
   or runs on its one device;
@@ -43,7 +44,8 @@ class Placement:
     """The devices of this worker, the strategy over them (None for towers), and checks.
 
     Args:
-      distribution: ``'towers'``, ``'mirrored'`` or ``'multi_worker'``.
+      distribution: ``'auto'`` (see ``choose``), ``'towers'``, ``'mirrored'`` or
+        ``'multi_worker'``.
       num_devices: ``'auto'`` (every GPU, else one CPU) or how many devices to use.
       global_batch_size: examples per step over all devices and workers.
       jit_compile, prefetch_to_device: the Estimator's settings that only some
@@ -59,8 +61,10 @@ class Placement:
         jit_compile: bool = False,
         prefetch_to_device: bool | None = None,
     ):
+        self.strategy, self.devices, distribution = _strategy_and_devices(
+            distribution, num_devices, global_batch_size
+        )
         self.distribution = distribution
-        self.strategy, self.devices = _strategy_and_devices(distribution, num_devices)
         self.num_replicas = (
             self.strategy.num_replicas_in_sync if self.strategy else len(self.devices)
         )
@@ -267,9 +271,9 @@ class Placement:
 
 
 def _strategy_and_devices(
-    distribution: str, num_devices: int | str
-) -> tuple[tf.distribute.Strategy | None, list[str]]:
-    """The strategy (None for towers) and the devices of this worker."""
+    distribution: str, num_devices: int | str, global_batch_size: int
+) -> tuple[tf.distribute.Strategy | None, list[str], str]:
+    """The strategy (None for towers), the devices of this worker, and the distribution."""
     if distribution == "multi_worker":
         if num_devices != "auto":
             raise UserError(
@@ -278,16 +282,43 @@ def _strategy_and_devices(
             )
         # Created before anything else touches TensorFlow's runtime, as it must be.
         strategy = parallel.make_strategy(distribution, [])
-        return strategy, list(strategy.extended.worker_devices)
+        return strategy, list(strategy.extended.worker_devices), distribution
     if distribution not in parallel.DISTRIBUTIONS:
         raise UserError(
             f"Estimator.distribution must be one of {', '.join(parallel.DISTRIBUTIONS)}, "
             f"got {distribution!r}"
         )
     devices = parallel.choose_devices(num_devices)
+    distribution = choose(distribution, devices, global_batch_size)
     if distribution == "towers":
-        return None, devices
-    return parallel.make_strategy(distribution, devices), devices
+        return None, devices, distribution
+    return parallel.make_strategy(distribution, devices), devices, distribution
+
+
+def choose(distribution: str, devices: Sequence[str], global_batch_size: int) -> str:
+    """What ``'auto'`` means on these devices: all-reduce over GPUs, else towers.
+
+    Over n GPUs towers bring every gradient to the first one and the variables back:
+    its link carries (n - 1) x the gradient each way per step, against 2 (n - 1) / n
+    for MirroredStrategy's all-reduce (4x less at 8 GPUs; see README, "What a step
+    costs on many GPUs"). Towers stay for one device, for logical CPU devices (which
+    share one memory, and where towers cost less: benchmarks/devices.py), and for a
+    global batch that does not divide over the GPUs (towers split it unevenly).
+    """
+    if distribution != "auto":
+        return distribution
+    gpus = all(tf.DeviceSpec.from_string(d).device_type == "GPU" for d in devices)
+    if len(devices) < 2 or not gpus:
+        return "towers"
+    if global_batch_size % len(devices) == 0:
+        return "mirrored"
+    logging.info(
+        "Global batch %d does not divide over %d GPUs: towers, which split it unevenly, "
+        "instead of all-reduce (mirrored), which would move less per step",
+        global_batch_size,
+        len(devices),
+    )
+    return "towers"
 
 
 def check_devices(

@@ -121,9 +121,10 @@ class Estimator:
         ``model_dir/operative_config.gin`` and to TensorBoard once training starts.
       config_guard: ``guard(saved_text, new_text)`` called before resuming from a
         checkpoint; raises UserError when the change is not safe to resume with.
-      distribution: how several devices share a step: ``'towers'`` (each batch split
-        over this process's devices), ``'mirrored'`` (tf.distribute.MirroredStrategy)
-        or ``'multi_worker'`` (over the machines in ``TF_CONFIG``); see
+      distribution: how several devices share a step: ``'auto'`` (all-reduce over
+        several GPUs, towers otherwise), ``'towers'`` (each batch split over this
+        process's devices), ``'mirrored'`` (tf.distribute.MirroredStrategy) or
+        ``'multi_worker'`` (over the machines in ``TF_CONFIG``); see
         ``trainer/distribution.py``.
       num_devices: ``'auto'`` (every GPU, else one CPU) or how many devices to use.
       mixed_precision: ``'mixed_bfloat16'`` or ``'mixed_float16'`` (with loss scaling)
@@ -171,7 +172,7 @@ class Estimator:
         export_best_higher: bool = True,
         config_text_fn: Callable[[], str] | None = None,
         config_guard: Callable[[str, str], None] | None = None,
-        distribution: str = "towers",
+        distribution: str = "auto",
         num_devices: int | str = "auto",
         mixed_precision: str | None = None,
         prefetch_to_device: bool | None = None,

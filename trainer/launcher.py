@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -84,14 +85,38 @@ def without_workers(argv: list[str]) -> list[str]:
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` TCP ports on 127.0.0.1 that were free a moment ago."""
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
+    """``count`` TCP ports on 127.0.0.1 that were free a moment ago.
+
+    Drawn at random below the kernel's range of ephemeral ports: a port from that
+    range (what binding port 0 gives) can be taken, before a worker listens on it, as
+    the local end of any program's outgoing connection, other workers' included.
+    """
+    low, _ = _ephemeral_ports()
+    draw = random.SystemRandom()
+    ports: list[int] = []
+    for _ in range(100 * count):
+        port = draw.randrange(10000, low) if low > 11000 else 0
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            port = s.getsockname()[1]
+        if port not in ports:
+            ports.append(port)
+        if len(ports) == count:
+            return ports
+    raise OSError(f"found no {count} free TCP ports on 127.0.0.1")
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of ports for outgoing connections (Linux; else IANA's)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = map(int, f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 49152, 65535
 
 
 def tf_config(ports: list[int], index: int) -> str:

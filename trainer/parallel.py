@@ -21,7 +21,7 @@ from absl import logging
 from trainer import cluster, workers
 from trainer.errors import UserError
 
-DISTRIBUTIONS = ("towers", "mirrored", "multi_worker")
+DISTRIBUTIONS = ("auto", "towers", "mirrored", "multi_worker")
 
 
 def split_cpu(num_devices: int) -> None:
