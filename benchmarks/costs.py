@@ -18,8 +18,8 @@ with 2 (N - 1) / N G each way (N devices in all); gathering on one device would 
 Compute per step: training FLOPs of one example (3x the forward pass's multiply-adds
 x 2) x examples per device, at a fraction ``UTILIZATION`` of the GPU's dense bf16
 peak. Communication is not overlapped with compute (Keras's optimizer reduces after
-the backward pass), so a step takes compute + bytes / bandwidth + the fixed cost of
-one reduction, which ``devices.py`` measures on logical CPUs.
+the backward pass), so a step takes compute + bytes / bandwidth. A fixed cost per
+reduction (NCCL's latency, tens of microseconds) is left out: it is alike for both.
 """
 
 from __future__ import annotations
@@ -81,6 +81,26 @@ def describe(name: str, model_fn, image_shape: tuple[int, ...]) -> Network:
     return Network(name, int(parameters), int(flops))
 
 
+def networks() -> list[Network]:
+    """README's two: the ImageNet AlexNet (experiments/alexnet_imagenet.gin) and the MLP."""
+    from models.alexnet import AlexNet
+    from models.mlp import MLP
+
+    alexnet = AlexNet(
+        num_classes=1000,
+        conv_filters=[96, 256, 384, 384, 256],
+        kernel_size=[11, 5, 3, 3, 3],
+        strides=[4, 1, 1, 1, 1],
+        pool_size=[3, 3, 0, 0, 3],
+        pool_strides=2,
+        dense_units=[4096, 4096],
+    )
+    return [
+        describe("AlexNet (ImageNet)", alexnet, (224, 224, 3)),
+        describe("MLP 784-512-512-10", MLP(hidden_units=[512, 512]), (28, 28, 1)),
+    ]
+
+
 @dataclasses.dataclass(frozen=True)
 class Step:
     """One step's model on one layout, link and GPU; times in seconds."""
@@ -91,8 +111,9 @@ class Step:
     towers: float  # communication time
     ring: float
 
-    def efficiency(self, comm: float, fixed: float) -> float:
-        return self.compute / (self.compute + comm + fixed)
+    def efficiency(self, comm: float) -> float:
+        """The share of the step spent computing."""
+        return self.compute / (self.compute + comm)
 
 
 def step(network: Network, per_machine: int, machines: int, link: float, gpu: float) -> Step:
@@ -105,13 +126,11 @@ def step(network: Network, per_machine: int, machines: int, link: float, gpu: fl
     return Step(compute, towers, ring, towers / link, ring / link)
 
 
-def table(networks: list[Network], fixed: dict[str, float] | None = None) -> list[str]:
+def table(networks: list[Network]) -> list[str]:
     """README's table: per layout and link, bytes and time of towers and all-reduce.
 
-    ``fixed`` adds a measured fixed cost per step ({'towers': s, 'ring': s}).
     Within one machine the link is NVLink or PCIe; across machines the network card.
     """
-    fixed = fixed or {"towers": 0.0, "ring": 0.0}
     lines = [
         "| model | GPUs | link | busiest link per step, towers / all-reduce | "
         "communication, towers / all-reduce | H100 step efficiency, towers / all-reduce |",
@@ -126,9 +145,8 @@ def table(networks: list[Network], fixed: dict[str, float] | None = None) -> lis
                 lines.append(
                     f"| {network.name} | {where} | {link} | "
                     f"{_bytes(s.towers_bytes)} / {_bytes(s.ring_bytes)} | "
-                    f"{_ms(s.towers + fixed['towers'])} / {_ms(s.ring + fixed['ring'])} | "
-                    f"{s.efficiency(s.towers, fixed['towers']):.0%} / "
-                    f"{s.efficiency(s.ring, fixed['ring']):.0%} |"
+                    f"{_time(s.towers)} / {_time(s.ring)} | "
+                    f"{s.efficiency(s.towers):.0%} / {s.efficiency(s.ring):.0%} |"
                 )
     return lines
 
@@ -138,7 +156,7 @@ def compute_lines(networks: list[Network]) -> list[str]:
     lines = []
     for network in networks:
         times = ", ".join(
-            f"{gpu} {_ms(PER_DEVICE_BATCH * network.train_flops / (peak * UTILIZATION))}"
+            f"{gpu} {_time(PER_DEVICE_BATCH * network.train_flops / (peak * UTILIZATION))}"
             for gpu, peak in GPUS.items()
         )
         lines.append(
@@ -154,7 +172,7 @@ def _bytes(count: float) -> str:
     return f"{count / 1e9:.2f} GB" if count >= 1e9 else f"{count / 1e6:.1f} MB"
 
 
-def _ms(seconds: float) -> str:
+def _time(seconds: float) -> str:
     if seconds < 1e-3:
         return f"{seconds * 1e6:.0f} µs"
     return f"{seconds * 1e3:.2f} ms" if seconds < 0.1 else f"{seconds * 1e3:.0f} ms"

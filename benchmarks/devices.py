@@ -2,19 +2,19 @@
 
     python benchmarks/devices.py [--seconds 3] [--json out.json] [--model_only]
 
-Measured: the MLP (784-H-H-10, Adam, global batch 128, H = 512 and 2048) on
-in-memory synthetic data, trained by Estimator.train on one device, with towers on
-2 and 4 logical CPU devices, and with MirroredStrategy on 2 and 4, each set-up in a
-fresh process (logical devices are fixed when TensorFlow starts). The global batch
-is the same, so the extra time per step is what the split, the gathering or
-all-reduce of the gradient and the devices' coordination cost; the two widths part
-it into a fixed cost per step and a cost per gradient byte. Logical CPU devices share
-one memory and two cores: nothing here is a speed-up, and a byte costs a copy, not a
-link's transfer.
+Measured: the MLP (784-512-512-10, Adam, global batch 128) on in-memory synthetic
+data, trained by Estimator.train on one device, with towers on 2 and 4 logical CPU
+devices and with MirroredStrategy on 2 and 4, each set-up in a fresh process
+(logical devices are fixed when TensorFlow starts). The global batch is the same, so
+the extra time per step is what the split, the reduction of the gradient and the
+coordination of the devices cost. Logical CPU devices share one memory and two
+cores: nothing here is a speed-up, MirroredStrategy reduces on one device (NCCL's
+ring is for GPUs), and a byte costs a memory copy, not a link's transfer. These
+figures choose the default on logical CPUs (``distribution.choose``).
 
 Modelled (``costs.py``): bytes through the busiest link and the step's efficiency
-for AlexNet (ImageNet, 62M parameters) and the MLP on 2, 8 and 8 x 4 GPUs, with the
-fixed costs measured here added.
+for AlexNet (ImageNet, 62M parameters) and the MLP on 2, 8 and 8 x 4 GPUs, which
+choose the default on GPUs.
 """
 
 from __future__ import annotations
@@ -27,14 +27,16 @@ import sys
 import tempfile
 import time
 
-import costs
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import trainer  # noqa: E402, F401, I001 - first: TensorFlow loads without its start-up lines
+import costs  # noqa: E402
 
 SETUPS = ["towers:1", "towers:2", "towers:4", "mirrored:2", "mirrored:4"]
-WIDTHS = [512, 2048]
 BATCH = 128
 
 
-def measure(setup: str, width: int, seconds: float) -> float:
+def measure(setup: str, seconds: float) -> float:
     """Examples/s of one set-up, in this process (which must be fresh)."""
     from trainer import parallel
 
@@ -57,7 +59,7 @@ def measure(setup: str, width: int, seconds: float) -> float:
 
     with tempfile.TemporaryDirectory() as model_dir:
         estimator = Estimator(
-            MLP(hidden_units=[width, width]),
+            MLP(hidden_units=[512, 512]),
             model_dir,
             global_batch_size=BATCH,
             progress=False,
@@ -77,78 +79,28 @@ def measure(setup: str, width: int, seconds: float) -> float:
         return steps * BATCH / (time.perf_counter() - start)
 
 
-def measure_all(seconds: float) -> dict[str, dict[str, float]]:
-    """Examples/s of every set-up and width, each in a child process."""
+def measure_all(seconds: float) -> dict[str, float]:
+    """Examples/s of every set-up, each in a child process."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    results: dict[str, dict[str, float]] = {}
-    for width in WIDTHS:
-        for setup in SETUPS:
-            command = [sys.executable, __file__, "--setup", f"{setup}@{width}"]
-            child = subprocess.run(
-                [*command, "--seconds", str(seconds)],
-                env=env,
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            if child.returncode:
-                sys.exit(f"{setup} failed:\n{child.stderr[-2000:]}")
-            rate = float(child.stdout.strip().splitlines()[-1])
-            results.setdefault(str(width), {})[setup] = rate
-            print(f"MLP {width:<5} {setup:<11} {rate:>9,.0f} examples/s", flush=True)
+    results = {}
+    for setup in SETUPS:
+        child = subprocess.run(
+            [sys.executable, __file__, "--setup", setup, "--seconds", str(seconds)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if child.returncode:
+            sys.exit(f"{setup} failed:\n{child.stderr[-2000:]}")
+        results[setup] = float(child.stdout.strip().splitlines()[-1])
+        print(f"{setup:<11} {results[setup]:>9,.0f} examples/s", flush=True)
+    one = BATCH / results["towers:1"]
+    print(f"\nagainst one device ({one * 1e3:.2f} ms per step), extra time per step:")
+    for setup, rate in list(results.items())[1:]:
+        extra = BATCH / rate - one
+        print(f"  {setup:<11} {extra * 1e3:+6.2f} ms  ({rate / results['towers:1']:.2f}x the rate)")
     return results
-
-
-def fixed_costs(results: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
-    """Extra seconds per step against one device, split into fixed + per gradient byte.
-
-    A straight line through the two widths' extra time against their gradient bytes:
-    its value at zero bytes is the fixed cost of a step on that set-up.
-    """
-    fits = {}
-    sizes = {w: 4 * ((784 + 1) * w + (w + 1) * w + (w + 1) * 10) for w in WIDTHS}
-    for setup in SETUPS[1:]:
-        extra = {
-            w: BATCH / results[str(w)][setup] - BATCH / results[str(w)]["towers:1"] for w in WIDTHS
-        }
-        small, large = WIDTHS
-        per_byte = (extra[large] - extra[small]) / (sizes[large] - sizes[small])
-        fixed = extra[small] - per_byte * sizes[small]
-        fits[setup] = {"extra": extra, "fixed": fixed, "per_byte": per_byte}
-    return fits
-
-
-def print_measured(results, fits) -> None:
-    one = {w: BATCH / results[str(w)]["towers:1"] for w in WIDTHS}
-    print("\nMeasured on logical CPUs, extra time per step against one device (same batch):")
-    for w in WIDTHS:
-        print(f"  MLP {w}: one device {one[w] * 1e3:.2f} ms per step")
-    for setup, fit in fits.items():
-        extras = ", ".join(f"MLP {w} {fit['extra'][w] * 1e3:+.2f} ms" for w in WIDTHS)
-        rate = "n/a" if fit["per_byte"] <= 0 else f"{1 / fit['per_byte'] / 1e9:.1f} GB/s"
-        print(f"  {setup:<11} {extras}; fixed {fit['fixed'] * 1e3:+.2f} ms, per byte as {rate}")
-
-
-def networks() -> list[costs.Network]:
-    from trainer import parallel
-
-    parallel.split_cpu(1)
-    from models.alexnet import AlexNet
-    from models.mlp import MLP
-
-    alexnet = AlexNet(  # experiments/alexnet_imagenet.gin
-        num_classes=1000,
-        conv_filters=[96, 256, 384, 384, 256],
-        kernel_size=[11, 5, 3, 3, 3],
-        strides=[4, 1, 1, 1, 1],
-        pool_size=[3, 3, 0, 0, 3],
-        pool_strides=2,
-        dense_units=[4096, 4096],
-    )
-    return [
-        costs.describe("AlexNet (ImageNet)", alexnet, (224, 224, 3)),
-        costs.describe("MLP 784-512-512-10", MLP(hidden_units=[512, 512]), (28, 28, 1)),
-    ]
 
 
 def main() -> None:
@@ -159,38 +111,19 @@ def main() -> None:
     parser.add_argument("--setup", help=argparse.SUPPRESS)  # one set-up, in a child process
     args = parser.parse_args()
     if args.setup:
-        setup, _, width = args.setup.partition("@")
-        print(json.dumps(measure(setup, int(width), args.seconds)))
+        print(json.dumps(measure(args.setup, args.seconds)))
         return
-    fixed = {"towers": 0.0, "ring": 0.0}
-    results, fits = {}, {}
-    if not args.model_only:
-        results = measure_all(args.seconds)
-        fits = fixed_costs(results)
-        print_measured(results, fits)
-        fixed = {
-            "towers": max(fits["towers:2"]["fixed"], 0.0),
-            "ring": max(fits["mirrored:2"]["fixed"], 0.0),
-        }
-    nets = networks()
+    results = {} if args.model_only else measure_all(args.seconds)
+    nets = costs.networks()
     print(
-        "\nModelled on GPUs (benchmarks/costs.py), per-GPU batch "
-        f"{costs.PER_DEVICE_BATCH}, {costs.UTILIZATION:.0%} of bf16 peak:"
+        f"\nModelled on GPUs (benchmarks/costs.py), {costs.PER_DEVICE_BATCH} examples per GPU "
+        f"at {costs.UTILIZATION:.0%} of bf16 peak:"
     )
     print("\n".join(costs.compute_lines(nets)))
-    if not args.model_only:
-        print(
-            f"fixed cost per step, measured above on 2 devices: towers "
-            f"{fixed['towers'] * 1e3:.2f} ms, all-reduce {fixed['ring'] * 1e3:.2f} ms"
-        )
-    print("\n".join(costs.table(nets, fixed)))
+    print("\n".join(costs.table(nets)))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(
-                {"examples_per_sec": results, "global_batch": BATCH, "fixed_seconds": fixed},
-                f,
-                indent=2,
-            )
+            json.dump({"examples_per_sec": results, "global_batch": BATCH}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ NOT_RUN = {
     "python3 -m pytest -q -n 2": "this suite",
     "python3 -m trainer --gin_file experiments/cifar10_alexnet.gin --num_devices 8": "8 GPUs",
     "python3 -m trainer --gin_file experiments/cifar10_alexnet.gin --num_devices 8 "
-    "--gin_param \"Estimator.distribution = 'mirrored'\"": "8 GPUs",
+    "--gin_param \"Estimator.distribution = 'towers'\"": "8 GPUs",
 }
 # Two machines (host1, host2, /shared): tests/test_parallel.py runs these workers on 127.0.0.1.
 MULTI_WORKER = "TF_CONFIG="

@@ -336,3 +336,28 @@ def test_the_cluster_is_found_in_a_slurm_job_step_or_its_absence_named(monkeypat
         "cluster": {"worker": ["gpu-node07:8888", "gpu-node08:8888"]},
         "task": {"type": "worker", "index": 1},
     }
+
+
+def test_cost_model_counts_what_towers_and_the_ring_move():
+    """benchmarks/costs.py: README's table of what a step costs on many GPUs."""
+    from benchmarks import costs
+
+    mlp = costs.describe("MLP", MLP(num_classes=10, hidden_units=[512, 512]), (28, 28, 1))
+    assert mlp.parameters == 784 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10
+    assert mlp.forward_flops == 2 * (784 * 512 + 512 * 512 + 512 * 10)  # the matmuls
+    g = mlp.gradient_bytes
+    one = costs.step(mlp, 8, 1, link=1e9, gpu=1e12)
+    assert one.towers_bytes == 7 * g and one.ring_bytes == 2 * 7 / 8 * g
+    assert one.towers == 7 * g / 1e9
+    four = costs.step(mlp, 8, 4, link=1e9, gpu=1e12)  # the first machine's card
+    assert four.towers_bytes == 24 * g and four.ring_bytes == 2 * 31 / 32 * g
+    two = costs.step(mlp, 2, 1, link=1e9, gpu=1e12)
+    assert two.towers_bytes == two.ring_bytes == g  # alike at 2 devices
+    rows = costs.table([mlp])
+    assert len(rows) == 2 + 5 and rows[4].startswith("| MLP | 8 | NVLink 4 | 18.8 MB / 4.7 MB")
+    with open(os.path.join(REPO, "README.md")) as f:
+        readme = f.read()
+    shown = costs.table(costs.networks())  # what benchmarks/devices.py prints
+    assert "\n".join(shown) in readme
+    alexnet = costs.networks()[0]
+    assert alexnet.parameters == 62_378_344  # experiments/alexnet_imagenet.gin's count
