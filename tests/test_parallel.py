@@ -17,7 +17,7 @@ import tensorflow as tf
 import datasets.digits
 from models.mlp import MLP
 from tests.conftest import REPO, digits_args, run_cli
-from tests.workers import finish, free_ports, start_workers, tf_config
+from tests.workers import free_ports, run_local_workers, tf_config
 from trainer import Estimator, UserError, cluster, distribution, parallel
 from trainer.distribution import check_devices
 
@@ -211,9 +211,8 @@ def train_locally(data_dir, model_dir, max_steps):
 def test_two_workers_train_one_model_that_restores_on_one_device(tmp_path, data_dir):
     model_dir = tmp_path / "run"
     settings = ("experiment.max_steps = 60", "Estimator.save_checkpoints_steps = 30")
-    results = finish(start_workers(data_dir, model_dir, 2, *settings))
-    for code, err in results:
-        assert code == 0, err[-3000:]
+    proc = run_local_workers(data_dir, model_dir, 2, *settings)
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
     # The chief wrote the run, one set of checkpoints; worker 1 removed what it saved.
     assert tf.train.latest_checkpoint(model_dir).endswith("ckpt-60")
@@ -312,7 +311,7 @@ def test_evaluation_is_split_over_replicas_and_workers_and_counts_each_example_o
 
 def test_the_cluster_is_found_in_a_slurm_job_step_or_its_absence_named(monkeypatch):
     """srun's variables for a 2-task step on two nodes, no TF_CONFIG and no SLURM here."""
-    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.setenv("TF_CONFIG", "")  # as unset, and restored after the find below sets it
     for name in [n for n in os.environ if n.startswith("SLURM_")]:
         monkeypatch.delenv(name)
     with pytest.raises(UserError) as error:

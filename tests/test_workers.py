@@ -4,16 +4,24 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, digits_args
+from tests.conftest import REPO
 from tests.helpers import checkpoint_steps, resume_run
 from tests.helpers import finish as table
-from tests.workers import finish, free_ports, start_workers, tf_config, wait_for_checkpoint
+from tests.workers import (
+    ENV,
+    finish,
+    free_ports,
+    run_local_workers,
+    start_workers,
+    tf_config,
+    trainer_command,
+    wait_for_checkpoint,
+)
 
 
 def test_sigterm_to_one_worker_stops_all_at_one_checkpoint_and_a_rerun_finishes(tmp_path, data_dir):
@@ -40,8 +48,9 @@ def test_sigterm_to_one_worker_stops_all_at_one_checkpoint_and_a_rerun_finishes(
 
     # Rerun both, as the message says: they resume from that checkpoint and finish.
     settings = (f"experiment.max_steps = {step + 20}", "Estimator.save_checkpoints_steps = 100")
-    results = finish(start_workers(data_dir, model_dir, 2, *settings))
-    assert [code for code, _ in results] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
+    proc = run_local_workers(data_dir, model_dir, 2, *settings)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"from step {step}" in proc.stdout  # the chief's start line: a resume
     assert checkpoint_steps(model_dir)[-1] == step + 20
 
 
@@ -80,8 +89,8 @@ def test_a_lost_worker_is_named_by_the_survivor_in_one_line_and_a_rerun_finishes
             f"experiment.max_steps = {newest + 20}",
             "Estimator.save_checkpoints_steps = 100",
         )
-        results = finish(start_workers(data_dir, model_dir, 2, *settings))
-        assert [c for c, _ in results] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
+        proc = run_local_workers(data_dir, model_dir, 2, *settings)
+        assert proc.returncode == 0, proc.stderr[-3000:]
         assert checkpoint_steps(model_dir)[-1] == newest + 20
 
 
@@ -92,7 +101,7 @@ def test_workers_that_see_other_checkpoints_or_a_changed_config_stop_before_trai
     model under the checkpoints is refused by every worker, not by the chief alone."""
     model_dir, elsewhere = tmp_path / "run", tmp_path / "not_shared"
     settings = ("experiment.max_steps = 20", "Estimator.save_checkpoints_steps = 100")
-    assert [c for c, _ in finish(start_workers(data_dir, model_dir, 2, *settings))] == [0, 0]
+    assert run_local_workers(data_dir, model_dir, 2, *settings).returncode == 0
     before = sorted(os.listdir(model_dir))
     ports = free_ports(2)
     (chief,) = start_workers(data_dir, model_dir, 2, *settings, ports=ports, only=[0])
@@ -198,19 +207,6 @@ def test_two_workers_clip_the_summed_gradient_as_one_process_does(tmp_path):
     assert np.abs(np.subtract(table(unclipped)["table"], expected)).max() > 0.1
 
 
-def workers_command(data_dir, model_dir, count, *settings):
-    """``python -m trainer ... --workers COUNT``, as a user starts local workers."""
-    args = digits_args(data_dir, model_dir, "--schedule", "train", "--workers", str(count))
-    bindings = ["Estimator.global_batch_size = 64", "MLP.dropout_rate = 0.0", *settings]
-    return [
-        sys.executable,
-        "-m",
-        "trainer",
-        *args,
-        *(a for b in bindings for a in ("--gin_param", b)),
-    ]
-
-
 def test_workers_flag_starts_local_workers_passes_signals_on_and_says_things_once(
     tmp_path, data_dir
 ):
@@ -219,9 +215,9 @@ def test_workers_flag_starts_local_workers_passes_signals_on_and_says_things_onc
     model_dir = tmp_path / "run"
     settings = ("experiment.max_steps = 3000", "Estimator.save_checkpoints_steps = 100")
     job = subprocess.Popen(
-        workers_command(data_dir, model_dir, 2, *settings),
+        [*trainer_command(data_dir, model_dir, *settings), "--workers", "2"],
         cwd=REPO,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+        env=ENV,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -237,13 +233,6 @@ def test_workers_flag_starts_local_workers_passes_signals_on_and_says_things_onc
     )
     assert "over 2 replicas" in out  # the chief's start line: one run of two workers
 
-    proc = subprocess.run(
-        workers_command(data_dir, model_dir, 2, "Estimator.global_batch_size = 65"),
-        cwd=REPO,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_local_workers(data_dir, model_dir, 2, "Estimator.global_batch_size = 65")
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "does not divide over the 2 replicas" in proc.stderr

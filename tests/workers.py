@@ -11,34 +11,59 @@ from tests.conftest import REPO, digits_args
 from tests.helpers import checkpoint_steps
 from trainer.launcher import free_ports, tf_config
 
+BINDINGS = (
+    "Estimator.global_batch_size = 64",
+    "Estimator.steps_per_loop = 10",
+    "Estimator.log_every_steps = 50",
+    "MLP.dropout_rate = 0.0",
+)
+# As a user's shell: no TF_CONFIG of its own (each worker gets one), TensorFlow's start quiet.
+ENV = {name: value for name, value in os.environ.items() if name != "TF_CONFIG"}
+ENV["TF_CPP_MIN_LOG_LEVEL"] = "2"
+
+
+def trainer_command(data_dir, model_dir, *settings):
+    """``python -m trainer`` on the digits MLP with the workers' bindings and ``settings``."""
+    args = digits_args(data_dir, model_dir, "--schedule", "train")
+    bindings = [*BINDINGS, *settings]
+    return [
+        sys.executable,
+        "-m",
+        "trainer",
+        *args,
+        *(a for b in bindings for a in ("--gin_param", b)),
+    ]
+
+
+def run_local_workers(data_dir, model_dir, count, *settings, timeout=240):
+    """``... --workers COUNT``, as a user reruns local workers; the CompletedProcess."""
+    return subprocess.run(
+        [*trainer_command(data_dir, model_dir, *settings), "--workers", str(count)],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
 
 def start_workers(data_dir, model_dir, count, *settings, ports=None, only=None, index=None):
-    """``count`` multi_worker trainers on 127.0.0.1 (digits MLP); returns the processes.
+    """``count`` multi_worker trainers on 127.0.0.1, each its own command with its own
+    TF_CONFIG (to signal, kill or misconfigure one of them); returns the processes.
 
     ``only``: start just these task indices (the others are started by another call).
     ``ports``: the cluster's, one a worker (``count`` free ones by default).
     ``index``: the task index every started worker is given (each its own by default).
     """
     ports = ports or free_ports(count)
-    bindings = [
-        "Estimator.distribution = 'multi_worker'",
-        "Estimator.global_batch_size = 64",
-        "Estimator.steps_per_loop = 10",
-        "Estimator.log_every_steps = 50",
-        "MLP.dropout_rate = 0.0",
-        *settings,
-    ]
-    args = digits_args(data_dir, model_dir, "--schedule", "train")
-    args += [arg for binding in bindings for arg in ("--gin_param", binding)]
+    command = trainer_command(
+        data_dir, model_dir, "Estimator.distribution = 'multi_worker'", *settings
+    )
     return [
         subprocess.Popen(
-            [sys.executable, "-m", "trainer", *args],
+            command,
             cwd=REPO,
-            env=dict(
-                os.environ,
-                TF_CPP_MIN_LOG_LEVEL="2",
-                TF_CONFIG=tf_config(ports, i if index is None else index),
-            ),
+            env=dict(ENV, TF_CONFIG=tf_config(ports, i if index is None else index)),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
