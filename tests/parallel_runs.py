@@ -8,11 +8,13 @@ configured before TensorFlow starts:
 RUN is ``DISTRIBUTION:DEVICES@GLOBAL_BATCH``, e.g. ``towers:4@30``; ``towers:1`` is the
 single-device reference. A ``/keras`` suffix trains with Keras's own Adam update
 instead of the fused kernel the framework uses where it can (strategies use Keras's);
-``/clip`` (or ``/keras+clip``) clips the gradient's global norm to 0.1.
+``/clip`` (or ``/keras+clip``) clips the gradient's global norm to 0.1; ``/compiled``
+gives the Estimator the MLP as a compiled Keras model, its optimizer from ``compile``.
 Every run trains 50 steps from the same seed; the JSON maps each RUN to its train-loss
 curve (every 10 steps), final weights and eval metrics.
 """
 
+import itertools
 import json
 import os
 import sys
@@ -27,11 +29,23 @@ from absl import logging  # noqa: E402
 
 import datasets.digits  # noqa: E402
 from models.mlp import MLP  # noqa: E402
-from trainer import Estimator  # noqa: E402
+from trainer import Estimator, InputParams, Mode  # noqa: E402
 
 
 class KerasAdam(keras.optimizers.Adam):
     """Adam with Keras's update: ``optimization.fused_update`` fuses Adam itself only."""
+
+
+def compiled_mlp(optimizer: keras.optimizers.Optimizer) -> keras.Model:
+    """The MLP as a Keras user writes it: a compiled Sequential."""
+    model = keras.Sequential(
+        [keras.Input((8, 8, 1), name="image"), keras.layers.Flatten()]
+        + [keras.layers.Dense(64, activation="relu") for _ in range(2)]
+        + [keras.layers.Dense(10)]
+    )
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model.compile(optimizer, loss=loss, metrics=["accuracy"])
+    return model
 
 
 def train(out_dir: str, data_dir: str, run: str) -> dict:
@@ -40,10 +54,13 @@ def train(out_dir: str, data_dir: str, run: str) -> dict:
     options = options.split("+")
     distribution, _, devices = setup.partition(":")
     keras.utils.set_random_seed(0)
+    optimizer = (KerasAdam if "keras" in options else keras.optimizers.Adam)(1e-3)
+    compiled = "compiled" in options
+    model = compiled_mlp(optimizer) if compiled else None
     estimator = Estimator(
-        MLP(num_classes=10, hidden_units=[64, 64], dropout_rate=0.0),
+        model or MLP(num_classes=10, hidden_units=[64, 64], dropout_rate=0.0),
         os.path.join(out_dir, "".join(c if c.isalnum() else "_" for c in run)),
-        optimizer=(KerasAdam if "keras" in options else keras.optimizers.Adam)(1e-3),
+        optimizer=None if compiled else optimizer,
         clip_gradient_norm=0.1 if "clip" in options else None,
         global_batch_size=int(batch),
         steps_per_loop=10,
@@ -59,11 +76,17 @@ def train(out_dir: str, data_dir: str, run: str) -> dict:
 
     losses = []
     estimator.train(input_fn, 50, hooks_=[lambda step, logs: losses.append(logs["loss"])])
-    return {
+    result = {
         "losses": losses,
         "weights": [np.asarray(v.numpy()).tolist() for v in estimator.model_fn.trainable_variables],
         "metrics": estimator.evaluate(input_fn),
     }
+    if compiled:  # the user's Keras object holds the trained weights
+        features, _ = next(iter(input_fn(Mode.EVAL, InputParams(8, 8))))
+        result["keras_predict"] = model.predict(features["image"], verbose=0).tolist()
+        ours = itertools.islice(estimator.predict(input_fn), 8)
+        result["predict"] = [p["output"].tolist() for p in ours]
+    return result
 
 
 if __name__ == "__main__":

@@ -268,6 +268,15 @@ def test_digits_alexnet_keeps_its_promise(clone):
     check_promise("digits_alexnet", proc.stdout)
 
 
+def test_digits_keras_keeps_its_promise_resumes_and_exports(clone):
+    """A compiled Keras model through the CLI: trains, reruns to nothing, exports."""
+    command = "python3 -m trainer --gin_file experiments/digits_keras.gin"
+    check_promise("digits_keras", ok(sh(command, clone)).stdout)
+    assert "nothing to train" in ok(sh(command, clone)).stdout
+    ok(sh(f"{command} --schedule export", clone))
+    assert list((clone / "output/digits_keras/export").glob("*/saved_model.pb"))
+
+
 @pytest.mark.parametrize("name", NEEDS_DOWNLOAD)
 def test_tfds_experiments_without_their_data_say_how_to_get_it(clone, name):
     started = time.monotonic()
@@ -364,7 +373,7 @@ def test_every_command_shown_is_run_here():
         *(f"python3 -m trainer --gin_file experiments/{n}.gin" for n in NEEDS_DOWNLOAD),
         *(
             f"python3 -m trainer --gin_file experiments/{n}.gin"
-            for n in ("digits_alexnet", "digits_mlp_tfrecord", "diabetes_linear")
+            for n in ("digits_alexnet", "digits_keras", "digits_mlp_tfrecord", "diabetes_linear")
         ),
         "python3 -m trainer --gin_file experiments/diabetes_linear_momentum.gin",
     }

@@ -302,6 +302,30 @@ ROWS = {
         r"input_fn faulty_digits returned list for mode 'train'; it must return a "
         r"tf\.data\.Dataset of \(features, labels\)",
     ),
+    # ---- a Keras model
+    "keras_inputs_match_no_feature": (
+        changed("experiment.model_fn = @faulty_keras()", "faulty_keras.fault = 'inputs'"),
+        r"Keras model 'two_inputs' has inputs \['pixels', 'ink'\], but the input_fn gives "
+        r"features \['image'\]: name each keras\.Input like the feature it takes "
+        r"\(keras\.Input\(\.\.\., name='image'\)\)",
+    ),
+    "keras_loss_does_not_fit_the_labels": (
+        changed("experiment.model_fn = @faulty_keras()", "faulty_keras.fault = 'loss'"),
+        r"Keras model 'faulty': loss 'categorical_crossentropy' does not fit output 'output' "
+        r"of shape \(128, 10\) and its label of shape \(128,\) \(int64\): compile "
+        r"with a loss for these labels \(class ids take sparse_categorical_crossentropy\)",
+    ),
+    "keras_model_without_loss": (
+        changed("experiment.model_fn = @faulty_keras()", "faulty_keras.fault = 'uncompiled'"),
+        r"Keras model 'faulty' has no loss: compile it with model\.compile\(loss=\.\.\.\), "
+        r"or pass trainer\.KerasModel\(model, loss=\.\.\.\)",
+    ),
+    "keras_metric_misspelt": (
+        changed("experiment.model_fn = @faulty_keras()", "faulty_keras.fault = 'metric'"),
+        r"Keras model 'faulty': metric 'acuracy' is not a Keras metric: did you mean "
+        r"'accuracy'\? \(name a keras\.metrics function or class, or pass a "
+        r"keras\.metrics\.Metric\)",
+    ),
     # ---- the data
     "label_out_of_range": (
         changed("faulty_digits.fault = 'label'"),

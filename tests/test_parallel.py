@@ -140,7 +140,9 @@ def test_one_two_and_four_devices_train_alike(tmp_path, data_dir):
         data_dir,
         ["towers:1@128", "towers:2@128", "towers:4@128", "mirrored:2@128"]
         + ["towers:1@30", "towers:4@30"]  # 30 examples on 4 towers: shards of 8, 8, 7, 7
-        + ["towers:1@128/keras", "towers:1@128/keras+clip", "mirrored:2@128/clip"],
+        + ["towers:1@128/keras", "towers:1@128/keras+clip", "mirrored:2@128/clip"]
+        + ["towers:1@128/compiled+keras", "towers:2@128/compiled+keras"]
+        + ["mirrored:2@128/compiled+keras"],
         # Two MirroredStrategies of different sizes cannot share a process's collectives.
         ["mirrored:4@128"],
     )
@@ -159,6 +161,13 @@ def test_one_two_and_four_devices_train_alike(tmp_path, data_dir):
     unclipped = runs["towers:1@128/keras"]
     assert abs(clipped["losses"][-1] - unclipped["losses"][-1]) > 0.01  # the clipping acted
     assert_same_training(runs["mirrored:2@128/clip"], clipped)
+    # A compiled Keras model trains alike everywhere, and holds the weights afterwards.
+    compiled = runs["towers:1@128/compiled+keras"]
+    assert compiled["losses"][-1] < compiled["losses"][0] - 0.5
+    for run in ["towers:2@128/compiled+keras", "mirrored:2@128/compiled+keras"]:
+        assert_same_training(runs[run], compiled)
+    for run in [r for r in runs if "compiled" in r]:
+        np.testing.assert_allclose(runs[run]["keras_predict"], runs[run]["predict"], atol=1e-5)
 
 
 def test_device_settings_that_cannot_run_are_refused():

@@ -32,7 +32,7 @@ def test_user_module_and_experiment_are_quoted_verbatim():
 
 
 def test_python_api_snippet_runs(tmp_path, monkeypatch):
-    snippet = next(b for b in code_blocks("python") if "trainer.Estimator(" in b)
+    snippet = next(b for b in code_blocks("python") if "trainer.Estimator(\n    PolynomialFit" in b)
     monkeypatch.syspath_prepend(os.path.join(REPO, "tests", "user_project"))
     import keras
     import polyfit
@@ -45,6 +45,23 @@ def test_python_api_snippet_runs(tmp_path, monkeypatch):
     assert estimator.step == 500
     kernel = estimator.model_fn.dense.kernel.numpy()[:, 0]
     assert abs(kernel[1] - 5) < 0.3 and abs(estimator.model_fn.dense.bias.numpy()[0] - 3) < 0.2
+
+
+def test_keras_snippet_trains_the_model_it_compiled(tmp_path, monkeypatch):
+    """README's 'Your Keras model', run as written from a working directory."""
+    snippet = next(b for b in code_blocks("python") if "keras.Sequential(" in b)
+    monkeypatch.chdir(tmp_path)
+    namespace = {}
+    exec(snippet, namespace)
+    assert namespace["est"].step == 600
+    metrics = namespace["est"].evaluate(namespace["digits"].input_fn)
+    assert metrics["accuracy"] >= 0.95
+    import keras
+    import numpy as np
+
+    images = np.random.default_rng(0).uniform(size=(16, 8, 8, 1)).astype("float32")
+    loaded = keras.models.load_model(tmp_path / "output" / "my_keras.keras")
+    np.testing.assert_allclose(loaded.predict(images, verbose=0), namespace["model"](images))
 
 
 def test_every_experiment_has_a_header_with_its_command():

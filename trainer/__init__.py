@@ -35,6 +35,7 @@ if not _is_the_command_line():  # TensorFlow may be in already: its devices are 
 _HOMES = {
     "Estimator": "trainer.estimator",
     "InputParams": "trainer.model_fn",
+    "KerasModel": "trainer.keras_model",
     "Mode": "trainer.model_fn",
     "ModelFn": "trainer.model_fn",
     "Spec": "trainer.model_fn",

@@ -196,7 +196,21 @@ class Placement:
             return tf.fill(shape, "") if spec.dtype == tf.string else tf.zeros(shape, spec.dtype)
 
         with self.scope():
+            self._adopt_variables(model_fn)
             model_fn(tf.nest.map_structure(blank, features_spec), None, Mode.PREDICT)
+
+    def _adopt_variables(self, model_fn: ModelFn) -> None:
+        """Makes the variables made before the strategy again in its scope, values kept.
+
+        A Keras model built before it reaches the Estimator (a compiled Keras model)
+        holds plain variables; each Keras variable takes a distributed one in their
+        place, so the user's model object holds the trained weights afterwards.
+        """
+        for variable in model_fn.trainable_variables + model_fn.non_trainable_variables:
+            inner = getattr(variable, "_value", None)  # Keras 3's tf.Variable within
+            if inner is None or self.strategy.extended.variable_created_in_scope(inner):
+                continue
+            variable._initialize(variable.numpy())  # noqa: SLF001 (Keras has no public way)
 
     def pipeline_batch(self, batch_size: int, mode: Mode) -> int:
         """The batch one input pipeline yields in ``mode``.

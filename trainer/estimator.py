@@ -22,6 +22,7 @@ from absl import logging
 from trainer import checkpoints, errors, evaluation, export, hooks, logs, precision, training
 from trainer.distribution import Placement
 from trainer.inputs import InputFn, Inputs
+from trainer.keras_model import KerasModel
 from trainer.model_fn import Mode, ModelFn
 from trainer.model_state import ModelState
 from trainer.step import split_element
@@ -178,7 +179,12 @@ class Estimator:
         prefetch_to_device: bool | None = None,
         progress: bool = True,
     ):
-        errors.check_instance("model_fn", model_fn, ModelFn, "a trainer.ModelFn")
+        if isinstance(model_fn, keras.Model):  # a Keras model as it is, with its compile()
+            optimizer = optimizer or getattr(model_fn, "optimizer", None)
+            model_fn = KerasModel(model_fn)
+        errors.check_instance(
+            "model_fn", model_fn, ModelFn, "a trainer.ModelFn or a compiled keras.Model"
+        )
         if optimizer is not None:
             errors.check_instance(
                 "optimizer", optimizer, keras.optimizers.Optimizer, "a Keras optimizer"

@@ -1,7 +1,7 @@
 """Gin for the framework: what is configurable, parsing in one line, the resume guard.
 
 Importing this module registers the configurables every experiment may use:
-``Estimator`` (all but what the run itself gives), Keras optimizers under
+``Estimator`` (all but what the run itself gives), ``KerasModel``, Keras optimizers under
 ``optimizers.`` and learning-rate schedules under ``schedules.``. ``parse`` reads
 the gin files and bindings and turns gin's errors into one line with file, line and
 the closest real name (``gin_errors``). ``check_resumable`` compares two operative configs before a
@@ -16,7 +16,7 @@ import tokenize
 import gin
 import keras
 
-from trainer import config_diff, estimator, gin_errors, optimization
+from trainer import config_diff, estimator, gin_errors, keras_model, optimization
 from trainer.errors import UserError
 
 ConfiguredEstimator = gin.external_configurable(  # the Estimator with its gin bindings
@@ -25,6 +25,7 @@ ConfiguredEstimator = gin.external_configurable(  # the Estimator with its gin b
     module="trainer",
     denylist=["model_fn", "model_dir", "seed", "config_text_fn", "config_guard"],
 )
+gin.external_configurable(keras_model.KerasModel, module="trainer")
 for _cls in [
     keras.optimizers.SGD,
     keras.optimizers.Adam,

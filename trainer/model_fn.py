@@ -141,6 +141,10 @@ class ModelFn(tf.Module):
         """Maps a batch to a ``Spec``; ``labels`` is None in PREDICT."""
         raise NotImplementedError(f"{type(self).__name__} must implement __call__")
 
+    def __str__(self) -> str:
+        """How the console names the model: its class."""
+        return type(self).__name__
+
     @property
     def layers(self) -> list[keras.layers.Layer]:
         """The Keras layers held as attributes, at any depth of lists and dicts."""

@@ -120,7 +120,7 @@ class TrainingRun:
         parameters = sum(int(np.prod(v.shape)) for v in self.model.model_fn.trainable_variables)
         logging.info(
             "Training %s (%s parameters) from step %d to %d on %s in %s",
-            type(self.model.model_fn).__name__,
+            self.model.model_fn,
             f"{parameters:,}",
             start,
             max_steps,

@@ -72,3 +72,28 @@ def tuple_digits(mode, params):
     return digits.input_fn(mode, params).map(
         lambda features, labels: (features["image"], labels["label"])
     )
+
+
+@gin.configurable
+def faulty_keras(fault):
+    """A Keras model for digits with one mistake: 'inputs' (two inputs no feature is
+    named like), 'loss' (categorical crossentropy on class ids), 'uncompiled' (no
+    loss at all) or 'metric' (a metric name misspelt)."""
+    if fault == "inputs":
+        pixels, ink = keras.Input((8, 8, 1), name="pixels"), keras.Input((1,), name="ink")
+        hidden = keras.layers.Concatenate()([keras.layers.Flatten()(pixels), ink])
+        model = keras.Model([pixels, ink], keras.layers.Dense(10)(hidden), name="two_inputs")
+    else:
+        model = keras.Sequential(
+            [keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(10)],
+            name="faulty",
+        )
+    if fault != "uncompiled":
+        model.compile(
+            "adam",
+            loss="categorical_crossentropy"
+            if fault == "loss"
+            else "sparse_categorical_crossentropy",
+            metrics=["acuracy"] if fault == "metric" else ["accuracy"],
+        )
+    return model

@@ -1,0 +1,150 @@
+"""Keras models as they are: compiled models train, resume, export and keep their weights."""
+
+import functools
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from sklearn.datasets import load_digits
+
+from datasets import digits
+from trainer import Estimator, InputParams, Mode
+
+
+def digits_cnn(seed=0, learning_rate=3e-3):
+    """A user's compiled Keras CNN for digits, as Keras users write one."""
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential(
+        [
+            keras.Input((8, 8, 1)),
+            keras.layers.Conv2D(16, 3, activation="relu"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(10, activation="softmax"),
+        ],
+        name="digits_cnn",
+    )
+    model.compile(
+        optimizer=keras.optimizers.Adam(learning_rate),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+    )
+    return model
+
+
+SERVE = """
+import json, sys
+import numpy as np, tensorflow as tf
+serve = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
+print(json.dumps(serve(image=tf.constant(np.load(sys.argv[2])))["output"].numpy().argmax(1).tolist()))
+"""
+
+
+def make(model, model_dir, **options):
+    return Estimator(
+        model,
+        str(model_dir),
+        global_batch_size=32,
+        steps_per_loop=50,
+        save_checkpoints_steps=100,
+        seed=0,
+        write_graph=False,
+        progress=False,
+        **options,
+    )
+
+
+@pytest.fixture
+def input_fn(data_dir):
+    return functools.partial(digits.input_fn, data_dir=data_dir)
+
+
+def test_compiled_sequential_trains_resumes_exactly_and_keeps_its_weights(tmp_path, input_fn):
+    model = digits_cnn()
+    estimator = make(model, tmp_path / "run")
+    estimator.train(input_fn, max_steps=300)
+    metrics = estimator.evaluate(input_fn)
+    assert set(metrics) == {"loss", "accuracy"} and metrics["accuracy"] >= 0.95
+    assert isinstance(estimator.optimizer, keras.optimizers.Adam)  # compile()'s optimizer
+
+    # The Keras object holds the trained weights: Keras's predict, and Keras's load of
+    # a saved .keras file, give the framework's predictions; so does the SavedModel.
+    features, _ = next(
+        iter(input_fn(Mode.EVAL, InputParams(batch_size=360, global_batch_size=360)))
+    )
+    ours = np.stack([p["output"] for p in estimator.predict(input_fn)])
+    np.testing.assert_allclose(model.predict(features["image"], verbose=0), ours, atol=1e-6)
+    model.save(tmp_path / "cnn.keras")
+    loaded = keras.models.load_model(tmp_path / "cnn.keras")
+    np.testing.assert_allclose(loaded.predict(features["image"], verbose=0), ours, atol=1e-6)
+    exported = estimator.export(input_fn)
+    np.save(tmp_path / "images.npy", features["image"].numpy())
+    served = subprocess.run(
+        [sys.executable, "-c", SERVE, exported, str(tmp_path / "images.npy")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+        timeout=120,
+    )
+    assert served.returncode == 0, served.stderr[-2000:]
+    assert json.loads(served.stdout.splitlines()[-1]) == ours.argmax(axis=1).tolist()
+
+    # Resume: 150 + 150 steps in two Estimators equal 300 straight, bit for bit.
+    make(digits_cnn(), tmp_path / "split").train(input_fn, max_steps=150)
+    resumed = make(digits_cnn(seed=7), tmp_path / "split")  # other init: all restored
+    resumed.train(input_fn, max_steps=300)
+    for a, b in zip(model.weights, resumed.model_fn.model.weights, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def two_headed(seed=0):
+    """A compiled functional model: two named inputs, two named outputs and losses."""
+    keras.utils.set_random_seed(seed)
+    pixels, ink = keras.Input((64,), name="pixels"), keras.Input((1,), name="ink")
+    hidden = keras.layers.Dense(32, activation="relu")(keras.layers.Concatenate()([pixels, ink]))
+    model = keras.Model(
+        {"pixels": pixels, "ink": ink},
+        {
+            "digit": keras.layers.Dense(10, activation="softmax", name="digit")(hidden),
+            "even": keras.layers.Dense(1, activation="sigmoid", name="even")(hidden),
+        },
+    )
+    model.compile(
+        "adam",
+        loss={"digit": "sparse_categorical_crossentropy", "even": "binary_crossentropy"},
+        loss_weights={"digit": 1.0, "even": 0.5},
+        metrics={"digit": ["accuracy"], "even": ["accuracy", "mae"]},
+    )
+    return model
+
+
+def two_headed_input_fn(mode, params):
+    """Digits as two features (pixels, ink) and two labels (digit, even)."""
+    images, labels = load_digits(return_X_y=True)
+    part = slice(0, 1437) if mode == Mode.TRAIN else slice(1437, None)
+    pixels = (images[part] / 16).astype("float32")
+    features = {"pixels": pixels, "ink": pixels.sum(1, keepdims=True) / 64}
+    targets = {"digit": labels[part], "even": (labels[part] % 2 == 0).astype("float32")}
+    dataset = tf.data.Dataset.from_tensor_slices((features, targets))
+    if mode == Mode.TRAIN:
+        dataset = dataset.shuffle(1437, seed=params.seed).repeat()
+    return dataset.batch(params.batch_size)
+
+
+def test_compiled_functional_model_with_two_heads_evaluates_as_keras_does(tmp_path):
+    model = two_headed()
+    estimator = make(model, tmp_path / "run")
+    estimator.train(two_headed_input_fn, max_steps=200)
+    ours = estimator.evaluate(two_headed_input_fn)
+    features, labels = next(iter(two_headed_input_fn(Mode.EVAL, InputParams(360, 360))))
+    # In one batch: Keras averages its per-output losses over batches unweighted, so a
+    # short last batch would count more there (the framework's are over examples).
+    theirs = model.evaluate(features, labels, batch_size=360, return_dict=True, verbose=0)
+    assert set(ours) == set(theirs)  # loss, digit_loss, even_loss, *_accuracy, even_mae
+    for name, value in theirs.items():
+        assert ours[name] == pytest.approx(value, abs=1e-5), name
+    assert ours["even_accuracy"] > 0.75 and ours["digit_accuracy"] > 0.75  # it learned
