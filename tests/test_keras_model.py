@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from sklearn.datasets import load_digits
+from sklearn.metrics import precision_score, roc_auc_score
 
 from datasets import digits
+from tests.helpers import event_tags
 from trainer import Estimator, InputParams, Mode
 
 
@@ -148,3 +150,47 @@ def test_compiled_functional_model_with_two_heads_evaluates_as_keras_does(tmp_pa
     for name, value in theirs.items():
         assert ours[name] == pytest.approx(value, abs=1e-5), name
     assert ours["even_accuracy"] > 0.75 and ours["digit_accuracy"] > 0.75  # it learned
+
+
+def even_digits(mode, params, data_dir):
+    """Digits as a binary task: is the digit even? (label 1.0 if it is)."""
+    dataset = digits.input_fn(mode, params, data_dir=data_dir)
+    return dataset.map(
+        lambda features, labels: (
+            features,
+            {"even": tf.cast(labels["label"] % 2 == 0, tf.float32)},
+        )
+    )
+
+
+def test_compiled_auc_and_precision_stream_over_the_eval_set(tmp_path, data_dir):
+    """Keras metrics that are not a mean of per-example values, as compile() names them."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(1, "sigmoid")]
+    )
+    model.compile("adam", "binary_crossentropy", metrics=["auc", keras.metrics.Precision()])
+    input_fn = functools.partial(even_digits, data_dir=data_dir)
+    estimator = make(model, tmp_path / "run", export_best_metric="auc")
+    results = estimator.train_and_evaluate(input_fn, input_fn, max_steps=200, eval_every_steps=100)
+    metrics = results["eval"]
+    assert set(metrics) == {"loss", "auc", "precision"}
+
+    even = np.array([p["output"][0] for p in estimator.predict(input_fn)])
+    _, labels = next(iter(input_fn(Mode.EVAL, InputParams(360, 360))))
+    truth = labels["even"].numpy()
+    assert abs(metrics["auc"] - roc_auc_score(truth, even)) < 0.005
+    assert metrics["precision"] == pytest.approx(precision_score(truth, even > 0.5), abs=1e-6)
+    features, _ = next(iter(input_fn(Mode.EVAL, InputParams(360, 360))))
+    keras_metrics = model.evaluate(features["image"], truth, verbose=0, return_dict=True)
+    assert metrics["auc"] == pytest.approx(keras_metrics["auc"], abs=1e-6)
+
+    # Written where every metric goes, and ranked by the best export.
+    lines = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    evaluations = [line for line in lines if line["writer"] == "eval_eval"]
+    assert [line["step"] for line in evaluations] == [100, 200]
+    assert all("auc" in line and "precision" in line for line in evaluations)
+    assert {"auc", "precision"} <= event_tags(str(tmp_path / "run" / "eval_eval"))
+    best = json.loads((tmp_path / "run" / "export" / "best" / "best.json").read_text())
+    assert best == [{"step": 200, "value": evaluations[-1]["auc"]}]  # auc rose: 200's kept
+    assert evaluations[-1]["auc"] > evaluations[0]["auc"]

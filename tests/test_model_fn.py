@@ -51,6 +51,12 @@ def spec_for(loss=None, metrics=None):
         (spec_for(loss=tf.zeros([4])), Mode.EVAL, "must be a scalar"),
         (spec_for(tf.zeros([]), {"acc": tf.zeros([])}), Mode.EVAL, "one value per example"),
         (spec_for(tf.zeros([]), {"loss": tf.zeros([4])}), Mode.EVAL, "reserved"),
+        (
+            spec_for(tf.zeros([]), {"auc": ("AUC", tf.zeros([4]), tf.zeros([4]))}),
+            Mode.EVAL,
+            r"metric 'auc' is a tuple whose first item is str; give a tensor of per-example "
+            r"values, or \(keras.metrics.Metric, \*update_state args\)",
+        ),
         (Spec({}), Mode.PREDICT, "non-empty dict"),
         ({"y": 1}, Mode.PREDICT, "return a trainer.Spec"),
     ],
@@ -62,6 +68,11 @@ def test_check_spec_names_what_is_wrong(spec, mode, message):
 
 def test_check_spec_accepts_predict_without_loss():
     check_spec(spec_for(), Mode.PREDICT, "M")
+
+
+def test_check_spec_accepts_a_streamed_keras_metric():
+    streamed = (keras.metrics.AUC(), tf.zeros([4]), tf.zeros([4]))
+    check_spec(spec_for(tf.zeros([]), {"auc": streamed}), Mode.EVAL, "M")
 
 
 def test_mlp_predicts_without_labels():

@@ -299,8 +299,14 @@ def test_evaluation_is_split_over_replicas_and_workers_and_counts_each_example_o
     model_dir = tmp_path / "run"
     reference = evaluated(eval_run(model_dir, data_dir, "towers:1", train_steps=30))
     assert reference["counts"] == [360.0]
+    # Streamed Keras metrics over the whole set: scikit-learn's of the same predictions
+    # (AUC within Keras's 200 thresholds' approximation; precision exactly).
+    ours, theirs = reference["metrics"], reference["sklearn"]
+    assert abs(ours["even_auc"] - theirs["even_auc"]) < 0.005, (ours, theirs)
+    assert ours["even_precision"] == pytest.approx(theirs["even_precision"], abs=1e-6)
     ports = free_ports(2)
     runs = {
+        "towers:2": [eval_run(model_dir, data_dir, "towers:2")],
         "mirrored:2": [eval_run(model_dir, data_dir, "mirrored:2")],
         "mirrored:4": [eval_run(model_dir, data_dir, "mirrored:4")],
         "2 workers": [

@@ -195,22 +195,30 @@ class Placement:
             shape = [1 if d is None else d for d in spec.shape]
             return tf.fill(shape, "") if spec.dtype == tf.string else tf.zeros(shape, spec.dtype)
 
+        # A Keras model built before it reached the Estimator (a compiled Keras model)
+        # holds plain variables: made again in the scope, values kept, so that the
+        # user's model object holds the trained weights afterwards.
+        self._adopt(model_fn.trainable_variables + model_fn.non_trainable_variables)
         with self.scope():
-            self._adopt_variables(model_fn)
             model_fn(tf.nest.map_structure(blank, features_spec), None, Mode.PREDICT)
 
-    def _adopt_variables(self, model_fn: ModelFn) -> None:
-        """Makes the variables made before the strategy again in its scope, values kept.
+    def adopt_metrics(self, metrics) -> None:
+        """Under a strategy, makes Keras metrics' state per replica (see ``_adopt``).
 
-        A Keras model built before it reaches the Estimator (a compiled Keras model)
-        holds plain variables; each Keras variable takes a distributed one in their
-        place, so the user's model object holds the trained weights afterwards.
+        A metric made outside the strategy's scope (in a ModelFn's ``__init__``) then
+        keeps a state on each replica, which reading adds up over all of them.
         """
-        for variable in model_fn.trainable_variables + model_fn.non_trainable_variables:
-            inner = getattr(variable, "_value", None)  # Keras 3's tf.Variable within
-            if inner is None or self.strategy.extended.variable_created_in_scope(inner):
-                continue
-            variable._initialize(variable.numpy())  # noqa: SLF001 (Keras has no public way)
+        if self.strategy is not None:
+            self._adopt([v for metric in metrics for v in metric.variables])
+
+    def _adopt(self, variables) -> None:
+        """Each Keras variable made outside the strategy's scope, made again in it."""
+        with self.scope():
+            for variable in variables:
+                inner = getattr(variable, "_value", None)  # Keras 3's tf.Variable within
+                if inner is None or self.strategy.extended.variable_created_in_scope(inner):
+                    continue
+                variable._initialize(variable.numpy())  # noqa: SLF001 (no public way)
 
     def pipeline_batch(self, batch_size: int, mode: Mode) -> int:
         """The batch one input pipeline yields in ``mode``.

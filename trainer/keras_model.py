@@ -17,9 +17,10 @@ How a batch meets the model:
 * loss: each output's loss (a ``keras.losses`` name, function or object; ``'crossentropy'``
   chosen by shapes as Keras does), weighted by ``loss_weights`` and added up; the
   layers' regularization losses are added by the framework, as for any ModelFn;
-* metrics: Keras metrics that are means of per-example values (accuracy, MAE, ...),
-  named as Keras names them (``'accuracy'``, or ``'kind_accuracy'`` with several
-  outputs).
+* metrics: named as Keras names them (``'accuracy'``, or ``'kind_accuracy'`` with
+  several outputs). Means of per-example values (accuracy, MAE) are reported in
+  training and evaluation; stateful ``keras.metrics.Metric`` objects (AUC,
+  precision) are streamed over the eval set (see ``Spec.metrics``).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class KerasModel(ModelFn):
         # metrics hold state of their own, which is not the model's.
         self._given = _Given(
             loss,
-            compiled.get("metrics") if metrics is None else metrics,
+            _made_now(compiled.get("metrics") if metrics is None else metrics),
             compiled.get("loss_weights") if loss_weights is None else loss_weights,
         )
 
@@ -97,7 +98,10 @@ class KerasModel(ModelFn):
             if prefix:  # each output's loss, as Keras reports it
                 metrics[f"{name}_loss"] = output_loss
             for metric_name, fn in output_metrics:
-                metrics[prefix + metric_name] = _per_example(fn(y, p), p)
+                streamed = isinstance(fn, keras.metrics.Metric)
+                metrics[prefix + metric_name] = (
+                    (fn, y, p) if streamed else _per_example(fn(y, p), p)
+                )
         return Spec(predictions=predictions, loss=loss, metrics=metrics)
 
     def _loss_of(self, name: str, loss_fn, y: tf.Tensor, p: tf.Tensor) -> tf.Tensor:
@@ -262,6 +266,27 @@ def _same_rank(y_true, y_pred):
     return y_true, y_pred
 
 
+def _made_now(metrics):
+    """``metrics`` with each name of a stateful metric (``'auc'``) made into its object.
+
+    Made now, eagerly: a metric's variables cannot be made while the step is traced.
+    """
+    if isinstance(metrics, Mapping):
+        return {name: _made_now(given) for name, given in metrics.items()}
+    if isinstance(metrics, list | tuple):
+        return [_made_now(given) for given in metrics]
+    if not isinstance(metrics, str) or metrics.lower() in ("accuracy", "acc"):
+        return metrics
+    try:
+        metric = keras.metrics.get(metrics)
+    except ValueError:
+        return metrics  # named in one line when the model is traced
+    stateful = isinstance(metric, keras.metrics.Metric) and not isinstance(
+        metric, keras.metrics.MeanMetricWrapper
+    )
+    return metric if stateful else metrics
+
+
 def _shapes(y_true, y_pred) -> tuple[bool, bool]:
     """(binary, sparse categorical), as Keras tells them apart for 'accuracy'."""
     binary = y_pred.shape[-1] == 1
@@ -313,9 +338,6 @@ def _metric(identifier, y_true, y_pred) -> tuple[str, Any]:
     if isinstance(metric, keras.metrics.MeanMetricWrapper):
         fn, kwargs = metric._fn, metric._fn_kwargs  # the per-example function Keras averages
         return name or metric.name, lambda y, p: fn(y, p, **kwargs)
-    if isinstance(metric, keras.metrics.Metric):
-        raise UserError(
-            f"metric {metric.name!r} ({type(metric).__name__}) is not a mean of per-example "
-            "values; KerasModel reports those only (accuracy, MAE, ...)"
-        )
+    if isinstance(metric, keras.metrics.Metric):  # AUC, precision: streamed
+        return name or metric.name, metric
     return name or getattr(metric, "__name__", "metric"), metric

@@ -101,7 +101,12 @@ class Spec:
       loss: scalar, the mean loss over the batch. Required in TRAIN and EVAL.
       metrics: dict of per-example values, each of shape ``[batch]``. The framework
         streams their mean over the whole eval set (and over all devices), so
-        accuracy is ``tf.cast(tf.equal(predicted, label), tf.float32)``.
+        accuracy is ``tf.cast(tf.equal(predicted, label), tf.float32)``. A metric
+        that is not such a mean (AUC, precision, recall) is a tuple ``(metric,
+        *args)``: a ``keras.metrics.Metric`` the model holds, which the framework
+        updates with ``metric.update_state(*args)`` on every eval batch and reports
+        ``metric.result()`` of over the whole eval set (its state added up over
+        devices, replicas and workers); it is evaluated only, not logged in training.
       activations: optional intermediate outputs by layer name, written as
         TensorBoard histograms when ``Estimator.histogram_every_steps`` is set.
     """
@@ -227,13 +232,27 @@ def check_spec(spec: Spec, mode: Mode, model_name: str) -> None:
                 f"got shape {spec.loss.shape}"
             )
     for name, value in spec.metrics.items():
-        if value.shape.rank != 1:
+        if isinstance(value, tuple) and value and isinstance(value[0], keras.metrics.Metric):
+            pass  # streamed: its update_state takes what it takes
+        elif isinstance(value, tuple | list):
+            raise ValueError(
+                f"{where}: metric {name!r} is a {type(value).__name__} whose first item is "
+                f"{type(value[0]).__name__ if value else 'missing'}; give a tensor of "
+                "per-example values, or (keras.metrics.Metric, *update_state args)"
+            )
+        elif value.shape.rank != 1:
             raise ValueError(
                 f"{where}: metric {name!r} must hold one value per example (shape [batch]), "
                 f"got shape {value.shape}"
             )
         if name == "loss":
             raise ValueError(f"{where}: metric name 'loss' is reserved for Spec.loss")
+
+
+def split_metrics(metrics: Mapping) -> tuple[dict, dict]:
+    """``(per-example values, streamed (metric, *args) tuples)`` of a Spec's metrics."""
+    streamed = {n: v for n, v in metrics.items() if isinstance(v, tuple)}
+    return {n: v for n, v in metrics.items() if n not in streamed}, streamed
 
 
 def check_class_ids(labels: tf.Tensor, num_classes: int, what: str, hint: str = "") -> tf.Tensor:

@@ -21,7 +21,7 @@ import tensorflow as tf
 from trainer import checkpoints, errors
 from trainer.distribution import Placement
 from trainer.errors import UserError
-from trainer.model_fn import Mode, ModelFn, check_spec
+from trainer.model_fn import Mode, ModelFn, check_spec, split_metrics
 from trainer.optimization import WeightAverage
 from trainer.step import Steps, split_element
 
@@ -73,7 +73,8 @@ class ModelState:
         if self.steps is not None:
             return self.steps
         started = time.perf_counter()
-        metrics = self._trace(element_spec, mode)
+        metrics, streamed = self._trace(element_spec, mode)
+        self.placement.adopt_metrics(streamed.values())
         self.seconds["building"] += time.perf_counter() - started
         variables = self.model_fn.trainable_variables
         self._check_variables(variables)
@@ -86,6 +87,7 @@ class ModelState:
                 self.optimizer,
                 self.global_step,
                 metrics,
+                streamed,
                 self.placement,
                 clip_gradient_norm=self.clip_gradient_norm,
                 ema=self.ema,
@@ -120,8 +122,12 @@ class ModelState:
         """Within the block the model holds its EMA weights, if an EMA is kept."""
         return self.ema.swapped_in() if self.ema is not None else contextlib.nullcontext()
 
-    def _trace(self, element_spec, mode: Mode) -> list[str]:
-        """Calls the model once on symbolic inputs; returns the names of its metrics."""
+    def _trace(self, element_spec, mode: Mode) -> tuple[list[str], dict]:
+        """Calls the model once on symbolic inputs; returns its metrics.
+
+        That is the names of its per-example metrics, and its streamed metrics (Keras
+        metric objects) by name.
+        """
         features_spec, labels_spec = split_element(element_spec, mode)
         name = type(self.model_fn).__name__
         found = {}
@@ -139,7 +145,9 @@ class ModelState:
                 check_spec(spec, mode, name)
             except ValueError as error:
                 raise UserError(str(error)) from None
-            found["metrics"] = sorted(spec.metrics)
+            per_example, streamed = split_metrics(spec.metrics)
+            found["metrics"] = sorted(per_example)
+            found["streamed"] = {name: value[0] for name, value in streamed.items()}
             return spec.predictions
 
         args = (features_spec,) if labels_spec is None else (features_spec, labels_spec)
@@ -157,7 +165,7 @@ class ModelState:
             if not isinstance(key, str) or any(key in names for names in given.values()):
                 raise  # not a feature or label the input_fn lacks: a bug to trace back
             raise UserError(self._missing_key_message(key, given)) from None
-        return found.get("metrics", [])
+        return found.get("metrics", []), found.get("streamed", {})
 
     def _missing_key_message(self, key: str, given: dict[str, list[str]]) -> str:
         """The model looked up a feature or label the input_fn does not give."""

@@ -9,14 +9,14 @@ differs between one device, towers and a strategy's replicas is asked of
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import keras
 import tensorflow as tf
 
 from trainer.distribution import Placement
 from trainer.errors import UserError
-from trainer.model_fn import Mode, ModelFn
+from trainer.model_fn import Mode, ModelFn, split_metrics
 from trainer.optimization import WeightAverage
 from trainer.parallel import make_parallel
 
@@ -59,6 +59,10 @@ class MetricSums:
     variables; ``result`` reads them, ``reset`` zeroes them. With ``per_replica``
     (updated inside ``strategy.run``) each replica keeps its own sums and reading
     adds them up over all replicas and workers.
+
+    ``streamed`` metrics (``keras.metrics.Metric`` objects: AUC, precision) keep
+    their own state, which ``stream`` updates; made in a strategy's scope, their
+    variables are kept per replica and added up when read, as the sums are.
     """
 
     def __init__(
@@ -66,8 +70,10 @@ class MetricSums:
         per_example: Sequence[str],
         per_batch: Sequence[str] = ("loss",),
         per_replica: bool = False,
+        streamed: Mapping[str, keras.metrics.Metric] | None = None,
     ):
         self.per_example = list(per_example)
+        self.streamed = dict(streamed or {})
         self.per_batch = list(per_batch)
         sync = (
             dict(
@@ -93,17 +99,26 @@ class MetricSums:
             self.sums[name].assign_add(tf.reduce_sum(tf.cast(per_example[name], tf.float64)))
         self.count.assign_add(batch_size)
 
+    def stream(self, streamed: Mapping[str, tuple]) -> None:
+        """Updates each streamed metric: ``{name: (metric, *update_state args)}``."""
+        for name, (metric, *args) in streamed.items():
+            if name in self.streamed:
+                metric.update_state(*args)
+
     def result(self) -> dict[str, float]:
         """The mean of each value since the last reset (empty if nothing was added)."""
         count = float(self.count.numpy())
         if count == 0:
             return {}
-        return {n: float(v.numpy()) / count for n, v in self.sums.items()}
+        means = {n: float(v.numpy()) / count for n, v in self.sums.items()}
+        return means | {n: float(m.result()) for n, m in self.streamed.items()}
 
     def reset(self) -> None:
         """Zeroes every sum and the count."""
         for v in [*self.sums.values(), self.count]:
             v.assign(tf.zeros_like(v))
+        for metric in self.streamed.values():
+            metric.reset_state()
 
 
 class Steps:
@@ -120,6 +135,7 @@ class Steps:
       optimizer: a built Keras optimizer.
       global_step: incremented once per applied training step.
       metric_names: the per-example metrics the model's Spec returns.
+      streamed_metrics: the Keras metrics it names with their inputs, evaluated only.
       placement: where the steps run: towers over this process's devices, a
         strategy's replicas (evaluation is split over them; prediction runs on each
         worker's first device), and the device batches are prefetched to.
@@ -135,6 +151,7 @@ class Steps:
         optimizer: keras.optimizers.Optimizer,
         global_step: tf.Variable,
         metric_names: Sequence[str],
+        streamed_metrics: Mapping[str, keras.metrics.Metric],
         placement: Placement,
         clip_gradient_norm: float | None = None,
         ema: WeightAverage | None = None,
@@ -154,7 +171,9 @@ class Steps:
         self.update = placement.update_fn(optimizer, summed=bool(clip_gradient_norm))
         train_scalars = ["loss"] + (["regularization_loss"] if self.has_regularization else [])
         self.train_metrics = MetricSums(metric_names, train_scalars, placement.per_replica)
-        self.eval_metrics = MetricSums(metric_names, per_replica=placement.per_replica)
+        self.eval_metrics = MetricSums(
+            metric_names, per_replica=placement.per_replica, streamed=streamed_metrics
+        )
         self.times_input = not _op_determinism()  # tf.timestamp is refused under it
         with tf.init_scope():
             # A step's loss was NaN or Inf: the block ended there, the step not counted.
@@ -193,7 +212,8 @@ class Steps:
             scalars["regularization_loss"] = tf.add_n(self.model_fn.regularization_losses)
             objective += scalars["regularization_loss"] / replicas
         # Mixed float16: scaled up so that small gradients survive (identity otherwise).
-        return self.optimizer.scale_loss(objective), scalars, spec.metrics
+        per_example, _ = split_metrics(spec.metrics)  # streamed ones are evaluated only
+        return self.optimizer.scale_loss(objective), scalars, per_example
 
     def _gradients(self, features, labels):
         """``(objective, scalars, per-example metrics, gradients)`` of one batch.
@@ -357,9 +377,11 @@ class Steps:
     def _eval_batch(self, features, labels):
         """``(loss, per-example metrics)`` of one eval batch, over towers if there are."""
 
-        def forward(features, labels):
+        def forward(features, labels):  # of a batch, or of a tower's shard of it
             spec = self.model_fn(features, labels, Mode.EVAL)
-            return spec.loss, {}, spec.metrics
+            per_example, streamed = split_metrics(spec.metrics)
+            self.eval_metrics.stream(streamed)
+            return spec.loss, {}, per_example
 
         if self.towers is not None:
             loss, _, metrics, _ = self.towers.run(forward, features, labels, training=False)
