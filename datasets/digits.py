@@ -23,8 +23,9 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 from absl import logging
 
-from datasets import pipeline
+from datasets import pipeline, tfrecord
 from trainer import InputParams, Mode, console, errors
+from trainer.serving import serves
 
 NUM_EXAMPLES = 1797
 NUM_TRAIN = 1437
@@ -105,7 +106,18 @@ def source(split: str, data_dir: str | None = None) -> pipeline.ArraySource:
 @tf.autograph.experimental.do_not_convert
 def preprocess(example: dict) -> tuple[dict, dict]:
     """Scales pixels to [0, 1]; returns ``({'image'}, {'label'})``."""
-    return {"image": pipeline.unit_range(example["image"])}, {"label": example["label"]}
+    return pipeline.image_features(example), {"label": example["label"]}
+
+
+def serving(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """``dataset``, marked with how an export serves it (``trainer.serves``).
+
+    The export takes uint8 images as stored (and ``tf.train.Example`` records as
+    ``datasets.prepare`` writes them) and scales them with the function training uses.
+    """
+    stored = {"image": tf.TensorSpec(IMAGE_SHAPE, tf.uint8)}
+    parse = tfrecord.example_parser(IMAGE_SHAPE)
+    return serves(dataset, pipeline.image_features, stored, parse)
 
 
 @gin.configurable
@@ -138,4 +150,7 @@ def input_fn(
     split = split or ("train" if mode == Mode.TRAIN else "test")
     splits = split if isinstance(split, list) else [split]
     sources = [source(s, data_dir) for s in splits]
-    return pipeline.build(sources, mode, params, preprocess, weights=weights, name="+".join(splits))
+    dataset = pipeline.build(
+        sources, mode, params, preprocess, weights=weights, name="+".join(splits)
+    )
+    return serving(dataset)

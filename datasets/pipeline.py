@@ -386,6 +386,16 @@ def unit_range(image: tf.Tensor) -> tf.Tensor:
 
 
 @tf.autograph.experimental.do_not_convert
+def image_features(stored: dict) -> dict:
+    """The model's features of a stored image example (or batch): pixels in [0, 1].
+
+    What training maps over the records and what an export's serving signature
+    applies to the images a client sends (``trainer.serves``): one function.
+    """
+    return {"image": unit_range(stored["image"])}
+
+
+@tf.autograph.experimental.do_not_convert
 def _stateless_seed(seed: int, position: tf.Tensor) -> tf.Tensor:
     """A shape-[2] seed for stateless random ops, unique to (run seed, stream position)."""
     return tf.stack([tf.constant(seed, tf.int64), tf.cast(position, tf.int64)])

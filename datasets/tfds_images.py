@@ -26,8 +26,9 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from datasets import pipeline
+from datasets import pipeline, tfrecord
 from trainer import InputParams, Mode, UserError, console, errors
+from trainer.serving import serves
 
 DOWNLOAD_HOST = "storage.googleapis.com"  # where TFDS keeps its prepared datasets
 
@@ -42,12 +43,22 @@ def preprocess(
     ``image_size``, then cropped to the central ``image_size`` square: images of
     varying sizes (ImageNet) come out of one shape.
     """
+    return features_of(example, standardize, image_size), {"label": example["label"]}
+
+
+@tf.autograph.experimental.do_not_convert
+def features_of(example: dict, standardize: bool = False, image_size: int | None = None):
+    """The model's features of one stored example; see ``preprocess``.
+
+    Training maps it over the records; an export applies it to the images a client
+    sends (``trainer.serves``).
+    """
     image = pipeline.unit_range(example["image"])
     if image_size is not None:
         image = _central_square(image, image_size)
     if standardize:
         image = tf.image.per_image_standardization(image)
-    return {"image": image}, {"label": example["label"]}
+    return {"image": image}
 
 
 @tf.autograph.experimental.do_not_convert
@@ -200,7 +211,7 @@ def input_fn(
     """
     split = train_split if mode == Mode.TRAIN else eval_split
     source = load(name, split, data_dir, download)
-    return pipeline.build(
+    dataset = pipeline.build(
         source,
         mode,
         params,
@@ -209,3 +220,10 @@ def input_fn(
         name=f"{name}-{split}",
         by_index_fix=f"prepare it as ArrayRecord: `tfds build {name} --file_format=array_record`",
     )
+    with console.hushed():
+        image = tfds.builder(name, data_dir=data_dir).info.features["image"]
+    stored = {"image": tf.TensorSpec(image.shape, tf.uint8)}
+    # Records of this dataset that datasets.prepare writes: images of one size only.
+    parse = tfrecord.example_parser(image.shape) if None not in image.shape else None
+    features = functools.partial(features_of, standardize=standardize, image_size=image_size)
+    return serves(dataset, features, stored, parse)

@@ -27,7 +27,7 @@ Evaluation reads every record once, in order.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import gin
 import numpy as np
@@ -37,9 +37,14 @@ from absl import logging
 from datasets import pipeline, records
 from trainer import InputParams, Mode, UserError, files
 from trainer.model_fn import check_class_ids
+from trainer.serving import serves
 
 METADATA = "dataset.json"
 FORMATS = ("png", "raw")
+_FEATURES = {  # of each record: PNG or raw uint8 bytes, and the class id
+    "image": tf.io.FixedLenFeature([], tf.string),
+    "label": tf.io.FixedLenFeature([], tf.int64),
+}
 
 
 def shard_name(split: str, index: int, count: int, compression: str | None) -> str:
@@ -207,13 +212,7 @@ def check_shape(path: str, metadata: dict) -> None:
 @tf.autograph.experimental.do_not_convert
 def parse_batch(records: tf.Tensor, metadata: dict) -> tuple[dict, dict]:
     """Parses a batch of serialized examples into ``({'image': uint8}, {'label'})``."""
-    parsed = tf.io.parse_example(
-        records,
-        {
-            "image": tf.io.FixedLenFeature([], tf.string),
-            "label": tf.io.FixedLenFeature([], tf.int64),
-        },
-    )
+    parsed = tf.io.parse_example(records, _FEATURES)
     shape = metadata["image_shape"]
     if metadata["image_format"] == "raw":
         images = tf.reshape(tf.io.decode_raw(parsed["image"], tf.uint8), [-1, *shape])
@@ -232,7 +231,32 @@ def parse_batch(records: tf.Tensor, metadata: dict) -> tuple[dict, dict]:
 @tf.autograph.experimental.do_not_convert
 def scale_batch(features: dict, labels: dict) -> tuple[dict, dict]:
     """uint8 images to float32 in [0, 1]."""
-    return {"image": pipeline.unit_range(features["image"])}, labels
+    return pipeline.image_features(features), labels
+
+
+def example_parser(shape) -> Callable[[tf.Tensor], dict]:
+    """Serialized records ``[batch]`` -> ``{'image': uint8 [batch, *shape]}``, for serving.
+
+    Reads the records ``write`` makes, in either format: PNG is told from raw bytes
+    by its signature, so a client may send either. Labels are not needed.
+    """
+    shape = list(shape)
+
+    @tf.autograph.experimental.do_not_convert
+    def decode(data: tf.Tensor) -> tf.Tensor:
+        return tf.cond(
+            tf.equal(tf.strings.substr(data, 0, 4), b"\x89PNG"),
+            lambda: tf.ensure_shape(tf.io.decode_png(data, channels=shape[-1]), shape),
+            lambda: tf.reshape(tf.io.decode_raw(data, tf.uint8), shape),
+        )
+
+    @tf.autograph.experimental.do_not_convert
+    def parse(records: tf.Tensor) -> dict:
+        image = tf.io.parse_example(records, {"image": _FEATURES["image"]})["image"]
+        spec = tf.TensorSpec(shape, tf.uint8)
+        return {"image": tf.map_fn(decode, image, fn_output_signature=spec)}
+
+    return parse
 
 
 @tf.autograph.experimental.do_not_convert
@@ -355,7 +379,7 @@ def input_fn(
     TRAIN reads ``train_split`` forever, EVAL and PREDICT ``eval_split`` once.
     """
     split = train_split if mode == Mode.TRAIN else eval_split
-    return read(
+    dataset = read(
         data_dir,
         split,
         mode,
@@ -364,3 +388,6 @@ def input_fn(
         skip_corrupt=skip_corrupt,
         by_index=by_index,
     )
+    shape = _read_metadata(data_dir)["image_shape"]  # read checks it: it parses
+    stored = {"image": tf.TensorSpec(shape, tf.uint8)}
+    return serves(dataset, pipeline.image_features, stored, example_parser(shape))

@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from datasets import digits, prepare, tfrecord  # noqa: F401 (digits: bound in gin below)
 from tests.conftest import REPO, digits_args, run_cli
 from trainer import cli
 
@@ -20,10 +21,17 @@ LOAD_AND_PREDICT = """
 import json, sys
 import numpy as np, tensorflow as tf
 from datasets import digits
-serve = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
+signatures = tf.saved_model.load(sys.argv[1]).signatures
+# The images as digits.py stores them (uint8, 0-255): the export scales them itself.
 images = np.stack([e["image"] for e in digits.load("test", sys.argv[2]).as_numpy_iterator()])
-out = serve(image=tf.constant(images.astype("float32") / 255.0))
-print(json.dumps({k: v.numpy().tolist() for k, v in out.items()}))
+out = {k: v.numpy().tolist() for k, v in signatures["serving_default"](image=images).items()}
+# tf.Example records of datasets.prepare shards, PNG and raw, in the test split's order.
+for shards in sys.argv[3:]:
+    records = tf.data.TFRecordDataset(sorted(tf.io.gfile.glob(shards + "/test-*.tfrecord")))
+    examples = tf.constant(list(records.as_numpy_iterator()))
+    served = signatures["serving_examples"](examples=examples)["classes"].numpy().tolist()
+    out[shards] = served
+print(json.dumps(out))
 """
 
 
@@ -47,8 +55,13 @@ def test_saved_model_in_a_fresh_process_predicts_like_the_framework(tmp_path, da
         exported.stdout
     )
 
+    shards = []
+    for image_format in ("png", "raw"):  # as `python -m datasets.prepare` writes them
+        rows, num_classes = prepare.examples("digits", "test", data_dir)
+        tfrecord.write(rows, str(tmp_path / image_format), "test", 2, image_format, None, 10)
+        shards.append(str(tmp_path / image_format))
     proc = subprocess.run(
-        [sys.executable, "-c", LOAD_AND_PREDICT, str(export_dir), data_dir],
+        [sys.executable, "-c", LOAD_AND_PREDICT, str(export_dir), data_dir, *shards],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -59,6 +72,8 @@ def test_saved_model_in_a_fresh_process_predicts_like_the_framework(tmp_path, da
     served = json.loads(proc.stdout.strip().splitlines()[-1])
     framework = [json.loads(line) for line in predictions.read_text().splitlines()]
     assert served["classes"] == [p["classes"] for p in framework]
+    for directory in shards:
+        assert served[directory] == served["classes"], directory
     np.testing.assert_allclose(
         served["probabilities"], [p["probabilities"] for p in framework], rtol=1e-5, atol=1e-7
     )
@@ -80,19 +95,22 @@ def test_signature_matches_the_data(tmp_path, data_dir, experiment, shape):
     with tfds.testing.mock_data(num_examples=16):
         cli.experiment(model_dir=str(tmp_path), schedule="train")
         result = cli.experiment(model_dir=str(tmp_path), schedule="export")
-    signature = tf.saved_model.load(result["export_dir"]).signatures["serving_default"]
-    inputs = signature.structured_input_signature[1]
-    assert list(inputs) == ["image"]
-    assert inputs["image"].shape.as_list() == shape and inputs["image"].dtype == tf.float32
-    assert set(signature.structured_outputs) == {"classes", "probabilities"}
+    signatures = tf.saved_model.load(result["export_dir"]).signatures
+    # serving_default takes the images as stored, serving_features as the model sees them.
+    for name, dtype in [("serving_default", tf.uint8), ("serving_features", tf.float32)]:
+        inputs = signatures[name].structured_input_signature[1]
+        assert list(inputs) == ["image"]
+        assert inputs["image"].shape.as_list() == shape and inputs["image"].dtype == dtype
+        assert set(signatures[name].structured_outputs) == {"classes", "probabilities"}
+    signature = signatures["serving_default"]
     one = [1, *shape[1:]]
-    assert signature(image=tf.zeros(one))["classes"].shape == [1]
+    assert signature(image=tf.zeros(one, tf.uint8))["classes"].shape == [1]
     expected = "[?," + ",".join(str(d) for d in shape[1:]) + "]"
     for wrong in (shape[1:], [*one, 1], [1, *shape[1:-1], shape[-1] + 1]):
         # Without a check, a conv net aborts the process on a rank-3 image, and an MLP
         # reshapes [1, 8, 8] silently.
         with pytest.raises(tf.errors.InvalidArgumentError, match=re.escape(expected)):
-            signature(image=tf.zeros(wrong))
+            signature(image=tf.zeros(wrong, tf.uint8))
 
 
 def test_best_exporter_keeps_the_top_k_across_restarts(tmp_path, data_dir):
@@ -121,3 +139,21 @@ def test_best_exporter_keeps_the_top_k_across_restarts(tmp_path, data_dir):
     )
     for entry in kept:
         assert tf.saved_model.contains_saved_model(str(best / str(entry["step"])))
+
+
+def test_an_input_fn_that_declares_no_serving_is_exported_as_its_features(tmp_path, capsys):
+    """Without trainer.serves the export takes the model's features, and says so."""
+    from datasets import diabetes
+    from models.linear import LinearRegression
+    from trainer import Estimator
+
+    estimator = Estimator(LinearRegression(), str(tmp_path / "run"), seed=0, write_graph=False)
+    estimator.train(diabetes.input_fn, max_steps=5)
+    path = estimator.export(diabetes.input_fn)
+    assert list(tf.saved_model.load(path).signatures) == ["serving_default"]
+    said = capsys.readouterr().out
+    assert (
+        f"Exported SavedModel to {path}; serving_default takes the features as the model sees "
+        "them (x float32 [?, 10]): the input_fn declares no serving preprocessing "
+        "(trainer.serves), so a client preprocesses as the input_fn does"
+    ) in said

@@ -84,7 +84,8 @@ def test_compiled_sequential_trains_resumes_exactly_and_keeps_its_weights(tmp_pa
     loaded = keras.models.load_model(tmp_path / "cnn.keras")
     np.testing.assert_allclose(loaded.predict(features["image"], verbose=0), ours, atol=1e-6)
     exported = estimator.export(input_fn)
-    np.save(tmp_path / "images.npy", features["image"].numpy())
+    stored = np.round(features["image"].numpy() * 255).astype("uint8")  # as the records hold them
+    np.save(tmp_path / "images.npy", stored)
     served = subprocess.run(
         [sys.executable, "-c", SERVE, exported, str(tmp_path / "images.npy")],
         capture_output=True,

@@ -39,6 +39,7 @@ _HOMES = {
     "Mode": "trainer.model_fn",
     "ModelFn": "trainer.model_fn",
     "Spec": "trainer.model_fn",
+    "serves": "trainer.serving",
     "UserError": "trainer.errors",
     "set_precision": "trainer.precision",
 }

@@ -19,7 +19,17 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from trainer import checkpoints, errors, evaluation, export, hooks, logs, precision, training
+from trainer import (
+    checkpoints,
+    errors,
+    evaluation,
+    export,
+    hooks,
+    logs,
+    precision,
+    serving,
+    training,
+)
 from trainer.distribution import Placement
 from trainer.inputs import InputFn, Inputs
 from trainer.keras_model import KerasModel
@@ -339,7 +349,7 @@ class Estimator:
 
     @_speaking
     def export(self, input_fn: InputFn, export_dir: str | None = None) -> str:
-        """Writes a SavedModel whose ``serving_default`` maps PREDICT features to predictions.
+        """Writes a SavedModel whose signatures map examples to predictions (``trainer.serving``).
 
         Uses the weights in memory after training, otherwise the newest checkpoint (and
         the moving average of the weights when ``ema_decay`` is set).
@@ -354,13 +364,14 @@ class Estimator:
         dataset = self.inputs.dataset(input_fn, Mode.PREDICT)
         self.model.build(dataset.element_spec, Mode.PREDICT)
         self.model.restore_for_inference(self.model_dir)
-        features_spec, _ = split_element(dataset.element_spec, Mode.PREDICT)
         target = export_dir or os.path.join(self.model_dir, "export", str(self.step))
-        return self._save_model(features_spec, target)
+        return self._save_model(dataset, Mode.PREDICT, target)
 
-    def _save_model(self, features_spec, export_dir: str) -> str:
+    def _save_model(self, dataset: tf.data.Dataset, mode: Mode, export_dir: str) -> str:
+        """Exports for the features of ``dataset`` and the serving it declares."""
+        features_spec, _ = split_element(dataset.element_spec, mode)
         with self.model.averaged_weights():
-            return export.save(self.model_fn, features_spec, export_dir)
+            return export.save(self.model_fn, features_spec, export_dir, serving.declared(dataset))
 
     @_speaking
     def train_and_evaluate(
@@ -386,12 +397,11 @@ class Estimator:
         """
         eval_sets = self.inputs.eval_datasets(eval_input_fns)
         first = next(iter(eval_sets.values()))
-        features_spec, _ = split_element(first.element_spec, Mode.EVAL)
         evaluations = evaluation.Evaluations(
             lambda name: self._evaluate(eval_sets[name], eval_steps, name),
             list(eval_sets),
             self.best_exporter,
-            lambda path: self._save_model(features_spec, path),
+            lambda path: self._save_model(first, Mode.EVAL, path),
             self.early_stopping,
         )
         self._train(

@@ -1,9 +1,11 @@
-"""SavedModel export: a ``serving_default`` signature from raw features to predictions.
+"""SavedModel export: signatures from examples to predictions.
 
-The signature's inputs are the features the input_fn yields in PREDICT mode, with a
-free batch dimension (so channels and sizes match the data: 1 channel for digits and
-MNIST, 3 for CIFAR). Exports are written to a temporary directory and renamed when
-complete, so a reader never sees half an export.
+``serving_default`` takes the examples as the input_fn's data stores them and
+preprocesses them as training does, when the input_fn declares how
+(``trainer.serving``); otherwise it takes the features the input_fn yields in PREDICT
+mode. Shapes have a free batch dimension (channels and sizes match the data: 1
+channel for digits and MNIST, 3 for CIFAR). Exports are written to a temporary
+directory and renamed when complete, so a reader never sees half an export.
 """
 
 from __future__ import annotations
@@ -18,36 +20,65 @@ from absl import logging
 from trainer import files
 from trainer.errors import UserError
 from trainer.model_fn import Mode, ModelFn
+from trainer.serving import Serving
 
 BEST_STATE = "best.json"
 
 
 class _Serving(tf.Module):
-    """What is saved: the model's variables and one serving function."""
+    """What is saved: the model's variables and its serving functions (``signatures``)."""
 
-    def __init__(self, model_fn: ModelFn, features_spec):
+    def __init__(self, model_fn: ModelFn, features_spec, serving: Serving | None):
         super().__init__(name="serving")
-        self.model_fn = model_fn
+        self.model_fn, self.serving = model_fn, serving
         signature = tf.nest.map_structure(
             lambda s: tf.TensorSpec([None, *s.shape[1:]], s.dtype), features_spec
         )
         if isinstance(signature, dict):  # name the inputs after the feature keys
             signature = {k: tf.TensorSpec(s.shape, s.dtype, name=k) for k, s in signature.items()}
         self.signature = signature
-        self.serve = tf.function(self._serve, input_signature=[signature])
+        self.serve_features = tf.function(self._serve_features, input_signature=[signature])
+        if serving is not None:
+            stored = serving.signature()
+            self.serve_stored = tf.function(
+                lambda features: self._serve_features(serving.features(_checked(features, stored))),
+                input_signature=[stored],
+            )
+            if serving.parse_examples is not None:
+                self.serve_examples = tf.function(
+                    lambda examples: self.serve_stored(serving.parse_examples(examples)),
+                    input_signature=[tf.TensorSpec([None], tf.string, name="examples")],
+                )
 
-    def _serve(self, features):
-        # A signature alone lets a tensor of another rank through (into a reshape,
-        # silently, or into a convolution, which aborts the process): check it here.
-        features = tf.nest.map_structure(
-            lambda tensor, spec: tf.ensure_shape(tensor, spec.shape), features, self.signature
-        )
+    def signatures(self) -> dict:
+        """The SavedModel's signatures by name (see ``trainer.serving``)."""
+        if self.serving is None:
+            return {"serving_default": self.serve_features}
+        found = {"serving_default": self.serve_stored, "serving_features": self.serve_features}
+        if self.serving.parse_examples is not None:
+            found["serving_examples"] = self.serve_examples
+        return found
+
+    def _serve_features(self, features):
+        features = _checked(features, self.signature)
         return dict(self.model_fn(features, None, Mode.PREDICT).predictions)
 
 
-def save(model_fn: ModelFn, features_spec, export_dir: str) -> str:
+def _checked(tensors, signature):
+    """``tensors``, checked to have the signature's shapes.
+
+    A signature alone lets a tensor of another rank through (into a reshape, silently,
+    or into a convolution, which aborts the process).
+    """
+    return tf.nest.map_structure(
+        lambda tensor, spec: tf.ensure_shape(tensor, spec.shape), tensors, signature
+    )
+
+
+def save(model_fn: ModelFn, features_spec, export_dir: str, serving: Serving | None = None) -> str:
     """Writes a SavedModel of ``model_fn`` to ``export_dir`` (replacing it); returns the dir.
 
+    ``serving``: how the input_fn's stored examples become features, if it declares it.
     It is written under a temporary name beside it and renamed when complete. Such
     leftovers of exports that were killed on this host are removed first.
     """
@@ -55,18 +86,44 @@ def save(model_fn: ModelFn, features_spec, export_dir: str) -> str:
     tf.io.gfile.makedirs(parent)
     _remove_abandoned(parent)
     tmp = os.path.join(parent, f"{_TMP}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex}")
-    module = _Serving(model_fn, features_spec)
+    module = _Serving(model_fn, features_spec, serving)
+    level = logging.get_absl_logger().level
     try:
-        tf.saved_model.save(module, tmp, signatures={"serving_default": module.serve})
+        tf.saved_model.save(module, tmp, signatures=module.signatures())
     except BaseException:
         if tf.io.gfile.exists(tmp):
             tf.io.gfile.rmtree(tmp)
         raise
+    finally:
+        logging.get_absl_logger().setLevel(level)  # the save sets WARNING, silencing the rest
     if tf.io.gfile.exists(export_dir):
         tf.io.gfile.rmtree(export_dir)
     tf.io.gfile.rename(tmp, export_dir)
-    logging.info("Exported SavedModel to %s", export_dir)
+    logging.info("Exported SavedModel to %s; %s", export_dir, _described(module))
     return export_dir
+
+
+def _described(module: _Serving) -> str:
+    """What the export's serving_default takes, in words."""
+
+    def inputs(signature) -> str:
+        return ", ".join(
+            f"{name} {spec.dtype.name} {spec.shape.as_list()}".replace("None", "?")
+            for name, spec in (signature.items() if isinstance(signature, dict) else [])
+        )
+
+    features = inputs(module.signature)
+    if module.serving is None:
+        return (
+            f"serving_default takes the features as the model sees them ({features}): "
+            "the input_fn declares no serving preprocessing (trainer.serves), so a client "
+            "preprocesses as the input_fn does"
+        )
+    extra = ", serving_examples serialized tf.Examples" if module.serving.parse_examples else ""
+    return (
+        f"serving_default takes examples as stored ({inputs(module.serving.signature())}){extra}, "
+        f"serving_features the model's features ({features})"
+    )
 
 
 _TMP = ".tmp-"  # then the writing process's host and pid
