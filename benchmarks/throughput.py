@@ -6,7 +6,8 @@ One process, one run. For each model -- the seed's MLP (784-512-512-10) and the
 CIFAR-shaped AlexNet (32x32x3, convolutions 64-128-256, Dense 512), Adam, batch 128 --
 on the same in-memory synthetic batch (so the input side is not what is measured), it
 reports examples/s of: the framework's Estimator.train (steps_per_loop=100; for the
-MLP also with XLA over each block of steps), Keras Model.fit (steps_per_execution 1
+MLP also with XLA over each block of steps; and the Keras model, compiled, given to
+the Estimator as it is), Keras Model.fit (steps_per_execution 1
 and 50, jit_compile off and on), and a plain tf.function step called once per step;
 each row runs ``--repeats`` times, rows taking turns, and the median is reported.
 Then the framework and Keras fit under the mixed_bfloat16 policy. Each
@@ -132,9 +133,26 @@ class Marks:
         return (s1 - s0) * BATCH / (t1 - t0)
 
 
-def framework(model: str, seconds: float, chunk: int, jit: bool, precision=None) -> float:
-    """One Estimator.train call, as a user runs it; timed between its log steps."""
-    shape, make_model, _ = MODELS[model]
+def compiled(make_keras) -> keras.Model:
+    """The Keras model compiled as for ``keras_fit``, to be given to the Estimator as it is."""
+    net = make_keras()
+    net.compile(
+        optimizer=keras.optimizers.Adam(),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    return net
+
+
+def framework(
+    model: str, seconds: float, chunk: int, jit: bool, precision=None, keras_model=False
+) -> float:
+    """One Estimator.train call, as a user runs it; timed between its log steps.
+
+    ``keras_model``: the model is the Keras one, compiled, given as it is.
+    """
+    shape, make_model, make_keras = MODELS[model]
+    if keras_model:
+        make_model = lambda: compiled(make_keras)  # noqa: E731
     images, labels = data(shape)
     marks = Marks(seconds)
 
@@ -234,6 +252,9 @@ def measure(model: str, seconds: float, repeats: int) -> dict[str, float]:
     chunk = 200 if model == "mlp" else 20  # steps between marks (and per plain-loop call)
     bf16 = "mixed_bfloat16"
     rows = {"framework": lambda: framework(model, seconds, chunk, jit=False)}
+    rows["compiled_keras_in_framework"] = lambda: framework(
+        model, seconds, chunk, jit=False, keras_model=True
+    )
     if model == "mlp":  # XLA's CPU convolutions in a compiled loop: a few examples/s
         rows["framework_xla"] = lambda: framework(model, seconds, chunk, jit=True)
     rows |= {
@@ -277,6 +298,8 @@ def main() -> None:
         ratios = {
             "framework_best_over_keras_best": best / best_keras,
             "framework_best_over_plain": best / results["plain_tf_function"],
+            "compiled_keras_over_framework": results["compiled_keras_in_framework"]
+            / results["framework"],
         }
         best_bf16 = max(v for k, v in results.items() if k.startswith("framework") and "bf16" in k)
         keras_bf16 = max(v for k, v in results.items() if k.startswith("keras") and "bf16" in k)

@@ -141,19 +141,30 @@ def test_best_exporter_keeps_the_top_k_across_restarts(tmp_path, data_dir):
         assert tf.saved_model.contains_saved_model(str(best / str(entry["step"])))
 
 
-def test_an_input_fn_that_declares_no_serving_is_exported_as_its_features(tmp_path, capsys):
-    """Without trainer.serves the export takes the model's features, and says so."""
+def test_tabular_data_is_served_in_its_units_and_undeclared_input_as_its_features(tmp_path, capsys):
+    """diabetes is served its ten variables as stored (standardised inside the export);
+    an input_fn that declares nothing is exported as its features, and says so."""
     from datasets import diabetes
     from models.linear import LinearRegression
     from trainer import Estimator
 
     estimator = Estimator(LinearRegression(), str(tmp_path / "run"), seed=0, write_graph=False)
     estimator.train(diabetes.input_fn, max_steps=5)
-    path = estimator.export(diabetes.input_fn)
+    signatures = tf.saved_model.load(estimator.export(diabetes.input_fn)).signatures
+    x, _ = diabetes.raw("test")
+    served = signatures["serving_default"](x=x)
+    ours = [p for p in estimator.predict(diabetes.input_fn)]
+    for name, values in served.items():
+        np.testing.assert_allclose(values.numpy(), [p[name] for p in ours], rtol=1e-5)
+
+    def mapped(mode, params):  # a dataset made from a marked one is not marked
+        return diabetes.input_fn(mode, params).map(lambda features, labels: (features, labels))
+
+    capsys.readouterr()
+    path = estimator.export(mapped, str(tmp_path / "undeclared"))
     assert list(tf.saved_model.load(path).signatures) == ["serving_default"]
-    said = capsys.readouterr().out
     assert (
         f"Exported SavedModel to {path}; serving_default takes the features as the model sees "
         "them (x float32 [?, 10]): the input_fn declares no serving preprocessing "
         "(trainer.serves), so a client preprocesses as the input_fn does"
-    ) in said
+    ) in capsys.readouterr().out

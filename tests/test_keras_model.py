@@ -15,7 +15,7 @@ from sklearn.metrics import precision_score, roc_auc_score
 
 from datasets import digits
 from tests.helpers import event_tags
-from trainer import Estimator, InputParams, Mode
+from trainer import Estimator, InputParams, Mode, set_precision
 
 
 def digits_cnn(seed=0, learning_rate=3e-3):
@@ -195,3 +195,21 @@ def test_compiled_auc_and_precision_stream_over_the_eval_set(tmp_path, data_dir)
     best = json.loads((tmp_path / "run" / "export" / "best" / "best.json").read_text())
     assert best == [{"step": 200, "value": evaluations[-1]["auc"]}]  # auc rose: 200's kept
     assert evaluations[-1]["auc"] > evaluations[0]["auc"]
+
+
+def test_mixed_precision_and_weight_averaging_take_a_keras_model(tmp_path, input_fn):
+    """A compiled model made under mixed_bfloat16 trains in it; the export holds its EMA."""
+    set_precision("mixed_bfloat16")
+    try:
+        model = digits_cnn()
+    finally:
+        set_precision(None)
+    assert model.layers[0].compute_dtype == "bfloat16"
+    estimator = make(model, tmp_path / "run", mixed_precision="mixed_bfloat16", ema_decay=0.9)
+    estimator.train(input_fn, max_steps=200)
+    assert estimator.evaluate(input_fn)["accuracy"] >= 0.9
+    exported = tf.saved_model.load(estimator.export(input_fn)).signatures["serving_features"]
+    features, _ = next(iter(input_fn(Mode.EVAL, InputParams(360, 360))))
+    served = exported(image=features["image"])["output"].numpy().argmax(1)
+    ours = np.stack([p["output"] for p in estimator.predict(input_fn)]).argmax(1)
+    assert (served == ours).mean() == 1.0  # both the averaged weights

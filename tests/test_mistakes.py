@@ -184,8 +184,8 @@ ROWS = {
     ),
     "model_class_not_instance": (
         gin("experiment.model_fn = @MLP"),
-        r"model_fn must be a trainer\.ModelFn instance, got the class MLP \(in gin, write "
-        r"@MLP\(\) with parentheses\)",
+        r"model_fn must be a trainer\.ModelFn or a keras\.Model instance, got the class MLP "
+        r"\(in gin, write @MLP\(\) with parentheses\)",
     ),
     "constructor_refuses_a_setting": (
         changed("MLP.hidden_units = 256"),

@@ -192,9 +192,7 @@ class Estimator:
         if isinstance(model_fn, keras.Model):  # a Keras model as it is, with its compile()
             optimizer = optimizer or getattr(model_fn, "optimizer", None)
             model_fn = KerasModel(model_fn)
-        errors.check_instance(
-            "model_fn", model_fn, ModelFn, "a trainer.ModelFn or a compiled keras.Model"
-        )
+        errors.check_instance("model_fn", model_fn, ModelFn, "a trainer.ModelFn or a keras.Model")
         if optimizer is not None:
             errors.check_instance(
                 "optimizer", optimizer, keras.optimizers.Optimizer, "a Keras optimizer"

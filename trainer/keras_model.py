@@ -112,7 +112,7 @@ class KerasModel(ModelFn):
         each replica's loss itself. Labels are cast to the loss's type, as Keras does.
         """
         given = y.dtype.name
-        dtype = getattr(loss_fn, "dtype", None) or p.dtype
+        dtype = getattr(loss_fn, "dtype", None) or tf.float32  # under mixed precision too
         y, p = tf.cast(y, dtype), tf.cast(p, dtype)
         try:
             values = loss_fn.call(y, p) if isinstance(loss_fn, keras.losses.Loss) else loss_fn(y, p)
