@@ -1,0 +1,78 @@
+"""What the steps report: streamed sums of the metrics, over batches, devices and workers."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import keras
+import tensorflow as tf
+
+
+class MetricSums:
+    """Streams means: of per-example metrics over examples, of per-batch values over batches.
+
+    Per-batch values (the loss, the gradient norm) are weighted by batch size, so
+    with a short last batch every example still counts once. Sums are float64
+    variables; ``result`` reads them, ``reset`` zeroes them. With ``per_replica``
+    (updated inside ``strategy.run``) each replica keeps its own sums and reading
+    adds them up over all replicas and workers.
+
+    ``streamed`` metrics (``keras.metrics.Metric`` objects: AUC, precision) keep
+    their own state, which ``stream`` updates; made in a strategy's scope, their
+    variables are kept per replica and added up when read, as the sums are.
+    """
+
+    def __init__(
+        self,
+        per_example: Sequence[str],
+        per_batch: Sequence[str] = ("loss",),
+        per_replica: bool = False,
+        streamed: Mapping[str, keras.metrics.Metric] | None = None,
+    ):
+        self.per_example = list(per_example)
+        self.streamed = dict(streamed or {})
+        self.per_batch = list(per_batch)
+        sync = (
+            dict(
+                synchronization=tf.VariableSynchronization.ON_READ,
+                aggregation=tf.VariableAggregation.SUM,
+            )
+            if per_replica
+            else {}
+        )
+        with tf.init_scope():
+            self.sums = {
+                n: tf.Variable(0.0, dtype=tf.float64, trainable=False, name=f"sum_{n}", **sync)
+                for n in self.per_batch + self.per_example
+            }
+            self.count = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="count", **sync)
+
+    def update(self, per_example, per_batch, batch_size: tf.Tensor) -> None:
+        """Adds one batch: dicts of ``[batch]`` values and of scalars."""
+        for name in self.per_batch:  # a replica's empty share of a last batch adds 0, not NaN
+            value = tf.cast(per_batch[name], tf.float64) * tf.cast(batch_size, tf.float64)
+            self.sums[name].assign_add(tf.where(batch_size > 0, value, tf.zeros_like(value)))
+        for name in self.per_example:
+            self.sums[name].assign_add(tf.reduce_sum(tf.cast(per_example[name], tf.float64)))
+        self.count.assign_add(batch_size)
+
+    def stream(self, streamed: Mapping[str, tuple]) -> None:
+        """Updates each streamed metric: ``{name: (metric, *update_state args)}``."""
+        for name, (metric, *args) in streamed.items():
+            if name in self.streamed:
+                metric.update_state(*args)
+
+    def result(self) -> dict[str, float]:
+        """The mean of each value since the last reset (empty if nothing was added)."""
+        count = float(self.count.numpy())
+        if count == 0:
+            return {}
+        means = {n: float(v.numpy()) / count for n, v in self.sums.items()}
+        return means | {n: float(m.result()) for n, m in self.streamed.items()}
+
+    def reset(self) -> None:
+        """Zeroes every sum and the count."""
+        for v in [*self.sums.values(), self.count]:
+            v.assign(tf.zeros_like(v))
+        for metric in self.streamed.values():
+            metric.reset_state()
