@@ -170,3 +170,17 @@ def test_a_missing_feature_is_a_user_error_and_a_bug_keeps_its_key_error(tmp_pat
         Estimator(MLP(num_classes=2), str(tmp_path / "mlp"), global_batch_size=4).train(input_fn, 1)
     with pytest.raises(KeyError):  # 'x' is a feature: the lookup that failed is the model's own
         Estimator(OwnTable(), str(tmp_path / "own"), global_batch_size=4).train(input_fn, 1)
+
+
+def test_a_streamed_metric_must_report_one_number():
+    from trainer.errors import UserError
+    from trainer.metric_sums import MetricSums
+
+    sums = MetricSums([], streamed={"f1": keras.metrics.F1Score(), "auc": keras.metrics.AUC()})
+    y, p = tf.constant([[1.0, 0.0], [0.0, 1.0]]), tf.constant([[0.9, 0.1], [0.2, 0.8]])
+    sums.stream({"f1": (sums.streamed["f1"], y, p), "auc": (sums.streamed["auc"], y, p)})
+    sums.update({}, {"loss": tf.constant(0.5)}, tf.constant(2.0, tf.float64))
+    with pytest.raises(UserError, match=r"metric 'f1' \(F1Score\) has a result of shape \[2\]"):
+        sums.result()
+    del sums.streamed["f1"]
+    assert sums.result() == {"loss": 0.5, "auc": 1.0}

@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 import keras
 import tensorflow as tf
 
+from trainer.errors import UserError
+
 
 class MetricSums:
     """Streams means: of per-example metrics over examples, of per-batch values over batches.
@@ -68,7 +70,7 @@ class MetricSums:
         if count == 0:
             return {}
         means = {n: float(v.numpy()) / count for n, v in self.sums.items()}
-        return means | {n: float(m.result()) for n, m in self.streamed.items()}
+        return means | {n: _scalar(n, m) for n, m in self.streamed.items()}
 
     def reset(self) -> None:
         """Zeroes every sum and the count."""
@@ -76,3 +78,15 @@ class MetricSums:
             v.assign(tf.zeros_like(v))
         for metric in self.streamed.values():
             metric.reset_state()
+
+
+def _scalar(name: str, metric: keras.metrics.Metric) -> float:
+    """A streamed metric's result, which must be one number to be logged and ranked."""
+    value = metric.result()
+    if len(getattr(value, "shape", ())) > 0:
+        raise UserError(
+            f"metric {name!r} ({type(metric).__name__}) has a result of shape "
+            f"{list(value.shape)}: report one number (e.g. F1Score(average='macro')), or "
+            "one metric per class"
+        )
+    return float(value)
