@@ -3,6 +3,7 @@
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -14,6 +15,7 @@ from sklearn.datasets import load_digits
 from sklearn.metrics import precision_score, roc_auc_score
 
 from datasets import digits
+from tests.conftest import run_cli
 from tests.helpers import event_tags
 from trainer import Estimator, InputParams, Mode, set_precision
 
@@ -213,3 +215,33 @@ def test_mixed_precision_and_weight_averaging_take_a_keras_model(tmp_path, input
     served = exported(image=features["image"])["output"].numpy().argmax(1)
     ours = np.stack([p["output"] for p in estimator.predict(input_fn)]).argmax(1)
     assert (served == ours).mean() == 1.0  # both the averaged weights
+
+
+def test_a_compiled_keras_model_trains_alike_on_two_workers(tmp_path, data_dir):
+    """The gin experiment's Keras model across 2 worker processes, as on one: the same
+    examples and updates (the same loss at step 100, to rounding; the sums' order
+    differs, which Adam amplifies later), and the header's accuracy."""
+    args = [
+        "--gin_file",
+        "experiments/digits_keras.gin",
+        "--gin_param",
+        "experiment.max_steps = 200",
+        "--gin_param",
+        f"digits.input_fn.data_dir = '{data_dir}'",
+    ]
+    one = run_cli(*args, "--model_dir", str(tmp_path / "one"), unset=["TF_CONFIG"])
+    two = run_cli(
+        *args, "--model_dir", str(tmp_path / "two"), "--workers", "2", unset=["TF_CONFIG"]
+    )
+    for proc in (one, two):
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "multi_worker over 2 replicas" in two.stdout
+
+    def value(stdout, start, name):
+        line = next(x for x in stdout.splitlines() if x.startswith(start))
+        return float(re.search(rf"\b{name} ([\d.e-]+)", line).group(1))
+
+    train = [value(p.stdout, "step 100/200", "loss") for p in (one, two)]
+    assert train[1] == pytest.approx(train[0], rel=2e-3)
+    for proc in (one, two):
+        assert value(proc.stdout, "Evaluation of 'eval' at step 200", "accuracy") >= 0.95
