@@ -245,3 +245,28 @@ def test_a_compiled_keras_model_trains_alike_on_two_workers(tmp_path, data_dir):
     assert train[1] == pytest.approx(train[0], rel=2e-3)
     for proc in (one, two):
         assert value(proc.stdout, "Evaluation of 'eval' at step 200", "accuracy") >= 0.95
+
+
+class Subclassed(keras.Model):
+    """A subclassed Keras model, as Keras's guides write one."""
+
+    def __init__(self):
+        super().__init__(name="subclassed")
+        self.flatten = keras.layers.Flatten()
+        self.hidden = keras.layers.Dense(32, activation="relu")
+        self.classes = keras.layers.Dense(10, activation="softmax")
+
+    def call(self, image, training=False):
+        return self.classes(self.hidden(self.flatten(image)))
+
+
+def test_a_compiled_subclassed_model_trains_and_holds_its_weights(tmp_path, input_fn):
+    keras.utils.set_random_seed(0)
+    model = Subclassed()
+    model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+    estimator = make(model, tmp_path / "run")
+    estimator.train(input_fn, max_steps=200)
+    assert estimator.evaluate(input_fn)["accuracy"] >= 0.9
+    features, _ = next(iter(input_fn(Mode.EVAL, InputParams(8, 8))))
+    ours = np.stack([p["output"] for p in estimator.predict(input_fn)][:8])
+    np.testing.assert_allclose(model.predict(features["image"], verbose=0), ours, atol=1e-6)
