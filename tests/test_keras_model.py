@@ -17,7 +17,7 @@ from sklearn.metrics import precision_score, roc_auc_score
 from datasets import digits
 from tests.conftest import run_cli
 from tests.helpers import event_tags
-from trainer import Estimator, InputParams, Mode, set_precision
+from trainer import Estimator, InputParams, Mode, UserError, set_precision
 
 
 def digits_cnn(seed=0, learning_rate=3e-3):
@@ -270,3 +270,14 @@ def test_a_compiled_subclassed_model_trains_and_holds_its_weights(tmp_path, inpu
     features, _ = next(iter(input_fn(Mode.EVAL, InputParams(8, 8))))
     ours = np.stack([p["output"] for p in estimator.predict(input_fn)][:8])
     np.testing.assert_allclose(model.predict(features["image"], verbose=0), ours, atol=1e-6)
+
+
+def test_a_keras_model_made_before_the_precision_policy_is_named(tmp_path):
+    with pytest.raises(UserError) as error:
+        make(digits_cnn(), tmp_path / "run", mixed_precision="mixed_bfloat16")
+    assert str(error.value) == (
+        "Estimator.mixed_precision is 'mixed_bfloat16' but the layers of Keras model "
+        "'digits_cnn' compute in 'float32': call trainer.set_precision('mixed_bfloat16') "
+        "before making the model (python -m trainer does)"
+    )
+    assert not (tmp_path / "run").exists()

@@ -35,8 +35,8 @@ def check(model_fn: ModelFn | None, mixed_precision: str | None) -> None:
     # means the model was made before the policy was set.
     if layers and not any(layer.dtype_policy.name == mixed_precision for layer in layers):
         raise UserError(
-            f"Estimator.mixed_precision is {mixed_precision!r} but {type(model_fn).__name__}'s "
-            f"layers compute in {layers[0].dtype_policy.name!r}: call "
+            f"Estimator.mixed_precision is {mixed_precision!r} but the layers of {model_fn} "
+            f"compute in {layers[0].dtype_policy.name!r}: call "
             f"trainer.set_precision({mixed_precision!r}) before making the model "
             "(python -m trainer does)"
         )
