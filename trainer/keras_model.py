@@ -144,7 +144,7 @@ class KerasModel(ModelFn):
                 f"features {sorted(features)}: name each keras.Input like the feature it takes "
                 f"(keras.Input(..., name={sorted(features)[0]!r}))"
             )
-        if isinstance(getattr(self.model, "_inputs_struct", None), Mapping):
+        if isinstance(getattr(self.model, "_inputs_struct", None), Mapping):  # dict inputs
             return {n: features[n] for n in names}
         return [features[n] for n in names]
 
@@ -175,16 +175,16 @@ class KerasModel(ModelFn):
     # ------------------------------------------------------------ loss and metrics
 
     def _resolve(self, targets, predictions):
-        """Per output: (name, loss function, weight, [(metric name, per-example fn)])."""
+        """Per output: (name, loss, weight, [(metric name, per-example fn or Metric)])."""
         given = self._given
         if given.per_output is None:
             try:
-                given.per_output = self._per_output(targets, predictions)
+                given.per_output = self._outputs_resolved(targets, predictions)
             except UserError as error:
                 raise UserError(f"Keras model {self.model.name!r}: {error}") from None
         return given.per_output
 
-    def _per_output(self, targets, predictions):
+    def _outputs_resolved(self, targets, predictions):
         given, names = self._given, list(predictions)
         losses = _per_output("loss", given.loss, names)
         weights = _per_output("loss_weights", given.loss_weights, names, default=1.0)
