@@ -25,7 +25,6 @@ from absl import logging
 
 from datasets import pipeline, tfrecord
 from trainer import InputParams, Mode, console, errors
-from trainer.serving import serves
 
 NUM_EXAMPLES = 1797
 NUM_TRAIN = 1437
@@ -109,17 +108,6 @@ def preprocess(example: dict) -> tuple[dict, dict]:
     return pipeline.image_features(example), {"label": example["label"]}
 
 
-def serving(dataset: tf.data.Dataset) -> tf.data.Dataset:
-    """``dataset``, marked with how an export serves it (``trainer.serves``).
-
-    The export takes uint8 images as stored (and ``tf.train.Example`` records as
-    ``datasets.prepare`` writes them) and scales them with the function training uses.
-    """
-    stored = {"image": tf.TensorSpec(IMAGE_SHAPE, tf.uint8)}
-    parse = tfrecord.example_parser(IMAGE_SHAPE)
-    return serves(dataset, pipeline.image_features, stored, parse)
-
-
 @gin.configurable
 def input_fn(
     mode: Mode,
@@ -153,4 +141,4 @@ def input_fn(
     dataset = pipeline.build(
         sources, mode, params, preprocess, weights=weights, name="+".join(splits)
     )
-    return serving(dataset)
+    return tfrecord.served_as_stored(dataset, IMAGE_SHAPE)

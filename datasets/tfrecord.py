@@ -234,6 +234,16 @@ def scale_batch(features: dict, labels: dict) -> tuple[dict, dict]:
     return pipeline.image_features(features), labels
 
 
+def served_as_stored(dataset: tf.data.Dataset, shape) -> tf.data.Dataset:
+    """``dataset``, marked with how an export serves it (``trainer.serves``).
+
+    The export takes uint8 images of ``shape`` as stored, or records as ``write``
+    makes them, and scales them with the function training uses.
+    """
+    stored = {"image": tf.TensorSpec(shape, tf.uint8)}
+    return serves(dataset, pipeline.image_features, stored, example_parser(shape))
+
+
 def example_parser(shape) -> Callable[[tf.Tensor], dict]:
     """Serialized records ``[batch]`` -> ``{'image': uint8 [batch, *shape]}``, for serving.
 
@@ -296,6 +306,9 @@ def read(
 ) -> tf.data.Dataset:
     """Batches of ``({'image': float32 [b, h, w, c] in [0, 1]}, {'label': [b]})`` from shards.
 
+    Marked with how an export serves them (``trainer.serves``): uint8 images as the
+    records hold them, or the serialized records themselves.
+
     Args:
       data_dir: a directory written by ``write`` (``python -m datasets.prepare``).
       split: which split's shards to read.
@@ -316,6 +329,14 @@ def read(
     augment_fn = crop_flip_batch if augment and training else None
     counts = [shard["count"] for shard in metadata["splits"][split]["shards"]]
     check_shape(paths[0], metadata)
+    shape = metadata["image_shape"]
+
+    def batched(examples) -> tf.data.Dataset:  # marked with how an export serves them
+        dataset = pipeline.batched(
+            examples, mode, params, parse=parse, augment=augment_fn, name=f"tfrecord-{split}"
+        )
+        return served_as_stored(dataset, shape)
+
     if (by_index or not training) and not compression:
         offsets = [
             records.record_offsets(p, n, skip_corrupt) for p, n in zip(paths, counts, strict=True)
@@ -323,9 +344,7 @@ def read(
         source = records.RecordSource(paths, offsets)
         if not training:  # in order, by offset: a corrupt record is named with its shard
             source = records.in_order(source, params.num_input_pipelines, params.input_pipeline_id)
-        return pipeline.batched(
-            source, mode, params, parse=parse, augment=augment_fn, name=f"tfrecord-{split}"
-        )
+        return batched(source)
     if skip_corrupt:
         for path, shard in zip(paths, metadata["splits"][split]["shards"], strict=True):
             count, clean = count_readable(path, compression)
@@ -354,9 +373,7 @@ def read(
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=True,
     )
-    return pipeline.batched(
-        dataset, mode, params, parse=parse, augment=augment_fn, name=f"tfrecord-{split}"
-    )
+    return batched(dataset)
 
 
 @gin.configurable
@@ -379,7 +396,7 @@ def input_fn(
     TRAIN reads ``train_split`` forever, EVAL and PREDICT ``eval_split`` once.
     """
     split = train_split if mode == Mode.TRAIN else eval_split
-    dataset = read(
+    return read(
         data_dir,
         split,
         mode,
@@ -388,6 +405,3 @@ def input_fn(
         skip_corrupt=skip_corrupt,
         by_index=by_index,
     )
-    shape = _read_metadata(data_dir)["image_shape"]  # read checks it: it parses
-    stored = {"image": tf.TensorSpec(shape, tf.uint8)}
-    return serves(dataset, pipeline.image_features, stored, example_parser(shape))
