@@ -7,7 +7,12 @@ shard's size agree; a damaged or stale one is rebuilt by one checked pass over t
 shard's records (with a warning), and a shard whose records are fewer or more than
 ``dataset.json`` lists is refused, as ``prepare --verify`` would. ``RecordSource``
 then fetches any record with one ``pread`` and checks its CRC, naming the shard and
-the offset of a corrupt one.
+the offset of a corrupt one. It keeps at most ``MAX_OPEN_FILES`` shards open at
+once (ImageNet has 1,024 training shards, the usual limit of open files), closing the
+least recently used one that no read is using.
+
+A shard written by other tools may lie in a directory this process cannot write to:
+its index is then kept elsewhere (``index_path``), in the prepared directory.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import io
 import os
 import struct
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import google_crc32c
@@ -28,24 +34,28 @@ from trainer import UserError, errors
 
 INDEX_SUFFIX = ".index"
 HEADER = 12  # a record: uint64 length, uint32 masked CRC of it, data, uint32 masked CRC
+MAX_OPEN_FILES = 128  # shards a RecordSource keeps open at once
 
 
-def write_index(path: str, offsets: np.ndarray) -> None:
-    """Saves ``offsets`` of the shard at ``path`` beside it, with its size and a checksum."""
+def write_index(path: str, offsets: np.ndarray, index_path: str | None = None) -> None:
+    """Saves ``offsets`` of the shard at ``path`` (beside it), with its size and a checksum."""
+    index_path = index_path or path + INDEX_SUFFIX
     body = np.append(np.asarray(offsets, np.int64), tf.io.gfile.stat(path).length)
     buffer = io.BytesIO()
     np.save(buffer, np.append(body, masked_crc(body.tobytes())).astype(np.int64))
-    tmp = f"{path}{INDEX_SUFFIX}.tmp-{os.getpid()}"
+    tmp = f"{index_path}.tmp-{os.getpid()}-{threading.get_ident()}"
     with tf.io.gfile.GFile(tmp, "wb") as f:
         f.write(buffer.getvalue())
-    tf.io.gfile.rename(tmp, path + INDEX_SUFFIX, overwrite=True)
+    tf.io.gfile.rename(tmp, index_path, overwrite=True)
 
 
-def record_offsets(path: str, expected: int, skip_corrupt: bool = False) -> np.ndarray:
+def record_offsets(
+    path: str, expected: int, skip_corrupt: bool = False, index_path: str | None = None
+) -> np.ndarray:
     """The byte offset of each record of an uncompressed shard, from its index file.
 
     A shard without a sound index is indexed by one pass that checks every record;
-    the index is saved beside it when the directory is writable. With
+    the index is saved beside it (or at ``index_path``) when that is writable. With
     ``skip_corrupt`` that pass is always made, and records from a corrupt one on are
     left out (and counted in the log); otherwise a corrupt record is refused here,
     or when it is read.
@@ -53,9 +63,10 @@ def record_offsets(path: str, expected: int, skip_corrupt: bool = False) -> np.n
     Raises:
       UserError: a corrupt record, or a shard holding other than ``expected`` records.
     """
-    offsets = None if skip_corrupt else _saved_offsets(path)
+    index_path = index_path or path + INDEX_SUFFIX
+    offsets = None if skip_corrupt else _saved_offsets(path, index_path)
     if offsets is None:
-        offsets = _index(path, expected, skip_corrupt)
+        offsets = _index(path, expected, skip_corrupt, index_path)
     if len(offsets) != expected and not skip_corrupt:
         raise UserError(
             f"{path} holds {len(offsets)} records where dataset.json lists {expected}: "
@@ -64,9 +75,8 @@ def record_offsets(path: str, expected: int, skip_corrupt: bool = False) -> np.n
     return offsets
 
 
-def _saved_offsets(path: str) -> np.ndarray | None:
+def _saved_offsets(path: str, index: str) -> np.ndarray | None:
     """The offsets in the shard's index, or None when it has none that can be trusted."""
-    index = path + INDEX_SUFFIX
     if not tf.io.gfile.exists(index):
         return None
     if tf.io.gfile.stat(index).mtime_nsec < tf.io.gfile.stat(path).mtime_nsec:
@@ -75,7 +85,7 @@ def _saved_offsets(path: str) -> np.ndarray | None:
     try:
         with tf.io.gfile.GFile(index, "rb") as f:
             saved = np.load(io.BytesIO(f.read()), allow_pickle=False)
-    except (ValueError, OSError, EOFError, MemoryError):  # a damaged .npy header
+    except Exception:  # a damaged .npy header fails in many ways (a TokenError too)
         saved = None
     sound = (
         isinstance(saved, np.ndarray)
@@ -91,7 +101,7 @@ def _saved_offsets(path: str) -> np.ndarray | None:
     return saved[:-2]
 
 
-def _index(path: str, expected: int, skip_corrupt: bool) -> np.ndarray:
+def _index(path: str, expected: int, skip_corrupt: bool, index_path: str) -> np.ndarray:
     """The offsets found by one checked pass over the shard's records; saved if clean."""
     logging.info("Indexing the records of %s (once)", path)
     offsets, offset = [], 0
@@ -112,7 +122,7 @@ def _index(path: str, expected: int, skip_corrupt: bool) -> np.ndarray:
         return np.asarray(offsets, np.int64)  # not saved: the file may be repaired
     offsets = np.asarray(offsets, np.int64)
     try:
-        write_index(path, offsets)
+        write_index(path, offsets, index_path)
     except (OSError, tf.errors.OpError):
         logging.info("Could not save the index of %s; it is rebuilt at each start", path)
     return offsets
@@ -130,43 +140,98 @@ class RecordSource(pipeline.RandomAccess):
         self.paths = list(paths)
         self.offsets = [np.asarray(o, np.int64) for o in offsets]
         self.starts = np.concatenate([[0], np.cumsum([len(o) for o in self.offsets])])
-        self._files: dict[int, object] = {}
-        self._lock = threading.Lock()
+        self.files = OpenFiles(self.paths)
 
     def __len__(self) -> int:
         return int(self.starts[-1])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the records take in their files (headers included)."""
+        return sum(tf.io.gfile.stat(path).length for path in self.paths)
 
     def _read(self, rows: np.ndarray) -> tuple[np.ndarray, str]:
         shards = np.searchsorted(self.starts, rows, side="right") - 1
         records = []
         for row, shard in zip(rows.tolist(), shards.tolist(), strict=True):
             offset = int(self.offsets[shard][row - self.starts[shard]])
-            header = self._pread(shard, HEADER, offset)
-            (length,) = struct.unpack("<Q", header[:8]) if len(header) == HEADER else (-1,)
-            body = self._pread(shard, length + 4, offset + HEADER) if length >= 0 else b""
-            data, crc = body[:-4], body[-4:]
-            if (
-                length < 0
-                or len(body) != length + 4
-                or masked_crc(header[:8]) != struct.unpack("<I", header[8:])[0]
-                or masked_crc(data) != struct.unpack("<I", crc)[0]
-            ):
+            data = self._record(shard, offset)
+            if data is None:
                 where = f"corrupted record at {offset} in {self.paths[shard]}"
                 return np.asarray(records + [b""] * (len(rows) - len(records)), object), where
             records.append(data)
         return np.asarray(records, object), ""
 
-    def _pread(self, shard: int, size: int, offset: int) -> bytes:
-        handle = self._files.get(shard)
-        if handle is None:
-            with self._lock:
-                handle = self._files.get(shard) or _open(self.paths[shard])
-                self._files[shard] = handle
-        if isinstance(handle, int):  # a local file: positional reads need no lock
-            return os.pread(handle, size, offset)
+    def _record(self, shard: int, offset: int) -> bytes | None:
+        """The record at ``offset`` of ``shard``, or None when it is corrupt.
+
+        The length is trusted only once its own CRC holds: a flipped bit there would
+        otherwise be a read of gigabytes.
+        """
+        header = self.files.pread(shard, HEADER, offset)
+        if len(header) != HEADER or masked_crc(header[:8]) != struct.unpack("<I", header[8:])[0]:
+            return None
+        (length,) = struct.unpack("<Q", header[:8])
+        body = self.files.pread(shard, length + 4, offset + HEADER)
+        data, crc = body[:-4], body[-4:]
+        if len(body) != length + 4 or masked_crc(data) != struct.unpack("<I", crc)[0]:
+            return None
+        return data
+
+
+class OpenFiles:
+    """Positional reads from many files, with at most ``MAX_OPEN_FILES`` open at once.
+
+    Reads run in parallel (tf.data calls ``RecordSource.read`` from several threads);
+    a file is closed, least recently used first, only when no read is using it.
+    """
+
+    def __init__(self, paths: Sequence[str]):
+        self.paths = list(paths)
+        self._open: OrderedDict[int, object] = OrderedDict()  # index -> fd or GFile
+        self._using: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def pread(self, index: int, size: int, offset: int) -> bytes:
+        """``size`` bytes at ``offset`` of file ``index`` (fewer at its end)."""
         with self._lock:
-            handle.seek(offset)
-            return handle.read(size)
+            handle = self._open.pop(index, None)
+            if handle is None:
+                handle = _open(self.paths[index])
+            self._open[index] = handle  # the most recently used, last
+            self._using[index] = self._using.get(index, 0) + 1
+            self._close_idle()
+        try:
+            if isinstance(handle, int):  # a local file: positional reads need no lock
+                return os.pread(handle, size, offset)
+            with self._lock:
+                handle.seek(offset)
+                return handle.read(size)
+        finally:
+            with self._lock:
+                self._using[index] -= 1
+
+    def _close_idle(self) -> None:
+        """Closes the least recently used files no read is using, down to the limit."""
+        for index in list(self._open):
+            if len(self._open) <= MAX_OPEN_FILES:
+                return
+            if not self._using.get(index):
+                _close(self._open.pop(index))
+
+    def close(self) -> None:
+        """Closes every file (a later read opens its file again)."""
+        with self._lock:
+            for index in [i for i in self._open if not self._using.get(i)]:
+                _close(self._open.pop(index))
+
+    def __del__(self):
+        self.close()
+
+    @property
+    def open_count(self) -> int:
+        """Files open now."""
+        return len(self._open)
 
 
 def in_order(source: RecordSource, pipelines: int = 1, pipeline_id: int = 0, chunk=1024):
@@ -180,6 +245,13 @@ def _open(path: str):
     if "://" not in path:
         return os.open(path, os.O_RDONLY)
     return tf.io.gfile.GFile(path, "rb")
+
+
+def _close(handle) -> None:
+    if isinstance(handle, int):
+        os.close(handle)
+    else:
+        handle.close()
 
 
 def masked_crc(data: bytes) -> int:

@@ -263,7 +263,8 @@ def test_a_damaged_index_is_rebuilt_with_a_warning(tmp_path, caplog):
     index = tmp_path / (shard.name + records.INDEX_SUFFIX)
     expected = read_all(tmp_path, mode=Mode.EVAL)
     sound = index.read_bytes()
-    for at in (20, len(sound) - 8 * 30):  # the header's shape; an offset of the array
+    # the header's dict opened (numpy's parser then raises TokenError), its shape, an offset
+    for at in (10, 20, len(sound) - 8 * 30):
         index.write_bytes(sound)
         flip(index, at)
         caplog.clear()
@@ -274,6 +275,33 @@ def test_a_damaged_index_is_rebuilt_with_a_warning(tmp_path, caplog):
         np.testing.assert_array_equal(images, expected[0])
         np.testing.assert_array_equal(labels, expected[1])
         assert index.read_bytes() == sound  # rebuilt, the same as prepare wrote
+
+
+def test_a_flipped_bit_in_a_records_length_is_a_corrupt_record(tmp_path):
+    """The length's own CRC is checked before the length is trusted (no 4 GB read)."""
+    tfrecord.write(random_examples(4), str(tmp_path), "train", 1, "raw")
+    shard = tmp_path / tfrecord.shard_name("train", 0, 1, None)
+    offsets = records.record_offsets(str(shard), 4)
+    flip(shard, int(offsets[2]) + 6)  # a high byte of record 2's length
+    os.utime(str(shard) + records.INDEX_SUFFIX)  # its index stays the newer
+    source = records.RecordSource([str(shard)], [offsets])
+    got, problem = source._read(np.arange(4))
+    assert problem == f"corrupted record at {offsets[2]} in {shard}"
+    assert [len(r) > 0 for r in got] == [True, True, False, False]
+
+
+def test_reads_over_many_shards_keep_a_bounded_number_of_files_open(tmp_path, monkeypatch):
+    monkeypatch.setattr(records, "MAX_OPEN_FILES", 5)
+    tfrecord.write(random_examples(40), str(tmp_path), "train", 20, "raw")
+    metadata, paths = tfrecord.check_shards(str(tmp_path), "train")
+    source = records.RecordSource(paths, [records.record_offsets(p, 2) for p in paths])
+    rows = np.random.default_rng(0).permutation(40)
+    got, problem = source._read(rows)
+    assert problem == "" and source.files.open_count == 5
+    want = [r.numpy() for r in tf.data.TFRecordDataset(paths)]
+    assert list(got) == [want[i] for i in rows]
+    source.files.close()
+    assert source.files.open_count == 0
 
 
 @pytest.mark.parametrize("split", ["train", "test"])
@@ -330,3 +358,26 @@ def test_a_description_that_does_not_fit_the_files_is_refused(digits_records, tm
         rf"or prepare the data again with `python3 -m datasets.prepare --out {copy} \.\.\.`",
         str(error.value),
     )
+
+
+def test_training_over_2048_shards_under_an_open_file_limit_of_1024(tmp_path):
+    """ImageNet-scale shard counts: files are closed, not held open one per shard."""
+    data = tmp_path / "data"
+    tfrecord.write(random_examples(4096, (8, 8, 1)), str(data), "train", 2048, "raw", None, 10)
+    tfrecord.write(random_examples(64, (8, 8, 1), 1), str(data), "test", 1, "raw", None, 10)
+    command = (
+        f"ulimit -n 1024 && {sys.executable} -m trainer --gin_file {REPO}/"
+        "experiments/digits_mlp_tfrecord.gin --model_dir run "
+        f"--gin_param \"tfrecord.input_fn.data_dir = '{data}'\" "
+        "--gin_param 'experiment.max_steps = 40' --gin_param 'experiment.eval_every_steps = None'"
+    )
+    proc = subprocess.run(
+        ["bash", "-c", command],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert os.path.exists(tmp_path / "run" / "ckpt-40.index")
