@@ -42,7 +42,7 @@ import tensorflow as tf  # noqa: E402
 import tensorflow_datasets as tfds  # noqa: E402
 from absl import logging  # noqa: E402
 
-from datasets import pipeline, tfds_images, tfrecord  # noqa: E402
+from datasets import pipeline, shards, tfds_images, tfrecord  # noqa: E402
 from models.alexnet import AlexNet  # noqa: E402
 from trainer import Estimator, InputParams, Mode, ModelFn, Spec  # noqa: E402
 
@@ -199,7 +199,7 @@ def main() -> None:
         # 1. Speed of each path.
         for image_format in ("raw", "png"):
             out = os.path.join(root, image_format)
-            tfrecord.write(rows, out, "train", 8, image_format, num_classes=10)
+            shards.write(rows, out, "train", 8, image_format, num_classes=10)
             for by_index in (True, False):
                 dataset = tfrecord.read(
                     out, "train", Mode.TRAIN, params(), augment=True, by_index=by_index

@@ -368,6 +368,11 @@ class RecordExamples:
     def __len__(self) -> int:
         return len(self.records)
 
+    @property
+    def nbytes(self) -> int | None:
+        """Bytes the records take, when their source knows (decided before reading)."""
+        return getattr(self.records, "nbytes", None)
+
     def examples(self, rows: tf.data.Dataset) -> tf.data.Dataset:
         """The examples at ``rows`` (a dataset of row numbers), in their order."""
         records = rows.batch(256).map(self.records.read, num_parallel_calls=tf.data.AUTOTUNE)
@@ -406,7 +411,11 @@ def _in_memory(source, name: str, knobs: dict) -> ArraySource | RecordExamples |
     if isinstance(source, ArraySource):
         return source
     if isinstance(source, RecordExamples):  # in memory if it fits, else read by index
-        held = _in_memory(source.dataset(), name, knobs)
+        size, limit = source.nbytes, _memory_limit(knobs)
+        if size is not None and size > limit and knobs["cache"] is not True:
+            held = f"its records exceed pipeline.memory_limit_mb {limit / 2**20:.4g}"
+        else:
+            held = _in_memory(source.dataset(), name, knobs)
         if not isinstance(held, str):
             return held
         logging.info(

@@ -1,12 +1,16 @@
 """Writes a dataset as sharded TFRecord files, or verifies a written directory.
 
+    python3 -m datasets.prepare --images ~/photos --out data/photos
     python3 -m datasets.prepare --dataset digits --out data/digits --shards 4
     python3 -m datasets.prepare --dataset mnist --data_dir ~/tensorflow_datasets
         --out data/mnist --shards 16 --format raw --compression GZIP   (one line)
     python3 -m datasets.prepare --verify data/digits
 
-``--dataset`` is 'digits' (built offline from scikit-learn) or any TFDS image
-dataset already present in ``--data_dir`` (nothing downloads here). Train with
+``--images`` is a folder of image files, one subfolder per class (see
+``datasets/folders.py``); their encoded bytes are kept. ``--dataset`` is 'digits'
+(built offline from scikit-learn) or any TFDS image dataset already present in
+``--data_dir`` (nothing downloads here); one whose images vary in size (imagenet2012)
+is written encoded, as image folders are. Train with
 ``tfrecord.input_fn.data_dir = 'data/digits'``.
 """
 
@@ -14,24 +18,28 @@ from __future__ import annotations
 
 import sys
 
+import tensorflow as tf
 import tensorflow_datasets as tfds
 from absl import app, flags
 
 from trainer import UserError, errors, logs
 
+flags.DEFINE_string("images", None, "A folder of images, one subfolder per class.")
 flags.DEFINE_string("dataset", None, "'digits', or a TFDS image dataset present in --data_dir.")
 flags.DEFINE_string("out", None, "Directory to write the shards and dataset.json to.")
-flags.DEFINE_integer("shards", 4, "Shards per split.")
-flags.DEFINE_enum("format", "png", ["png", "raw"], "How images are stored.")
+flags.DEFINE_integer("shards", None, "Shards per split (default 4; --images: 1 per 1,000 files).")
+flags.DEFINE_float("eval_fraction", 0.1, "--images without train/: held out per class.")
+flags.DEFINE_integer("max_side", None, "--images: resize larger images to this longer side.")
+flags.DEFINE_enum("format", "png", ["png", "raw"], "How fixed-size images are stored.")
 flags.DEFINE_enum("compression", "none", ["none", "GZIP"], "Record compression.")
-flags.DEFINE_list("splits", ["train", "test"], "Splits to write.")
+flags.DEFINE_list("splits", ["train", "test"], "Splits of --dataset to write.")
 flags.DEFINE_string("data_dir", None, "TFDS data_dir of the source dataset.")
 flags.DEFINE_string("verify", None, "Instead of writing, read every record under this dir.")
 FLAGS = flags.FLAGS
 
 
 def examples(dataset: str, split: str, data_dir: str | None):
-    """``(list of {'image', 'label'} numpy examples, num_classes)`` of a source split."""
+    """``(iterable of {'image', 'label'} numpy examples, their count, num_classes)``."""
     if dataset == "digits":
         from datasets import digits
 
@@ -41,39 +49,67 @@ def examples(dataset: str, split: str, data_dir: str | None):
 
         source = tfds_images.load(dataset, split, data_dir, download=False)
         num_classes = tfds.builder(dataset, data_dir=data_dir).info.features["label"].num_classes
-    return list(tfds.as_numpy(source)), num_classes
+    if not isinstance(source, tf.data.Dataset):
+        source = source.dataset()  # an ArrayRecord source, read in order
+    return tfds.as_numpy(source), int(source.cardinality()), num_classes
 
 
 def main(argv: list[str]) -> None:
     """Writes or verifies; one line and exit 2 on bad input."""
     del argv
-    from datasets import tfrecord
-
     logs.use_console()  # its own lines, plainly; TFDS's INFO lines stay off
-
     try:
         if FLAGS.verify:
-            metadata = tfrecord._read_metadata(FLAGS.verify)  # noqa: SLF001
-            problems = [
-                p for split in metadata["splits"] for p in tfrecord.verify(FLAGS.verify, split)
-            ]
-            for problem in problems:
-                print(problem)
-            print(f"{FLAGS.verify}: {'damaged' if problems else 'all records readable'}")
-            sys.exit(1 if problems else 0)
-        if not FLAGS.dataset or not FLAGS.out:
-            raise UserError("--dataset and --out are required (or --verify DIR)")
-        compression = None if FLAGS.compression == "none" else FLAGS.compression
-        for split in FLAGS.splits:
-            rows, num_classes = examples(FLAGS.dataset, split, FLAGS.data_dir)
-            entry = tfrecord.write(
-                rows, FLAGS.out, split, FLAGS.shards, FLAGS.format, compression, num_classes
+            sys.exit(verify(FLAGS.verify))
+        if not FLAGS.out or bool(FLAGS.images) == bool(FLAGS.dataset):
+            raise UserError("give --out and one of --images or --dataset (or --verify DIR)")
+        if FLAGS.images:
+            from datasets import folders
+
+            metadata = folders.prepare(
+                FLAGS.images, FLAGS.out, FLAGS.shards, FLAGS.eval_fraction, FLAGS.max_side
             )
-            print(f"{split}: {entry['count']} examples in {len(entry['shards'])} shards")
+        else:
+            metadata = write_dataset()
+        for split, entry in metadata["splits"].items():
+            skipped = f", {entry['skipped']} files skipped" if entry.get("skipped") else ""
+            print(f"{split}: {entry['count']} examples in {len(entry['shards'])} shards{skipped}")
         print(f"wrote {FLAGS.out}")
     except UserError as error:
         print(f"error: {errors.first_line(error)}", file=sys.stderr)
         sys.exit(2)
+
+
+def write_dataset() -> dict:
+    """Writes ``--dataset``'s splits; returns the ``dataset.json`` written."""
+    from datasets import shards, tfds_images
+
+    encoded = FLAGS.dataset != "digits" and tfds_images.varies_in_size(
+        FLAGS.dataset, FLAGS.data_dir
+    )
+    if encoded:
+        return tfds_images.prepare_encoded(
+            FLAGS.dataset, FLAGS.data_dir, FLAGS.out, FLAGS.splits, FLAGS.shards or 4
+        )
+    compression = None if FLAGS.compression == "none" else FLAGS.compression
+    for split in FLAGS.splits:
+        rows, count, num_classes = examples(FLAGS.dataset, split, FLAGS.data_dir)
+        shards.write(
+            rows, FLAGS.out, split, FLAGS.shards or 4, FLAGS.format, compression, num_classes, count
+        )
+    return shards.read_metadata(FLAGS.out)
+
+
+def verify(data_dir: str) -> int:
+    """Reads every record; prints what is damaged; 1 if anything is, else 0."""
+    from datasets import shards
+
+    metadata = shards.read_metadata(data_dir)
+    problems = [p for split in metadata["splits"] for p in shards.verify(data_dir, split)]
+    for problem in problems:
+        print(problem)
+    print(f"{data_dir}: {'damaged' if problems else 'all records readable'}")
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

@@ -226,7 +226,10 @@ class OpenFiles:
                 _close(self._open.pop(index))
 
     def __del__(self):
-        self.close()
+        try:
+            self.close()
+        except Exception:  # at interpreter exit the modules it needs may be gone
+            pass
 
     @property
     def open_count(self) -> int:

@@ -27,6 +27,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from datasets import pipeline, tfrecord
+from datasets.images import pad_crop_flip
 from trainer import InputParams, Mode, UserError, console, errors
 from trainer.serving import serves
 
@@ -67,17 +68,6 @@ def _central_square(image: tf.Tensor, size: int) -> tf.Tensor:
     scale = size / tf.reduce_min(shape)
     resized = tf.image.resize(image, tf.cast(tf.math.ceil(shape * scale), tf.int32))
     return tf.image.resize_with_crop_or_pad(resized, size, size)
-
-
-@tf.autograph.experimental.do_not_convert
-def pad_crop_flip(features: dict, labels: dict, seed: tf.Tensor, pad: int = 4):
-    """Pads the image by ``pad`` pixels, crops a random window of its size, maybe flips it."""
-    image = features["image"]
-    height, width, channels = image.shape
-    padded = tf.pad(image, [[pad, pad], [pad, pad], [0, 0]], mode="REFLECT")
-    cropped = tf.image.stateless_random_crop(padded, [height, width, channels], seed=seed)
-    flipped = tf.image.stateless_random_flip_left_right(cropped, seed=seed + 1)
-    return {**features, "image": flipped}, labels
 
 
 def load(
@@ -227,3 +217,56 @@ def input_fn(
     parse = tfrecord.example_parser(image.shape) if None not in image.shape else None
     features = functools.partial(features_of, standardize=standardize, image_size=image_size)
     return serves(dataset, features, stored, parse)
+
+
+def varies_in_size(name: str, data_dir: str | None) -> bool:
+    """Whether the images of TFDS dataset ``name`` vary in size (ImageNet's do)."""
+    return None in tfds.builder(name, data_dir=data_dir).info.features["image"].shape
+
+
+def prepare_encoded(
+    name: str, data_dir: str | None, out_dir: str, splits: list[str], num_shards: int
+) -> dict:
+    """Writes splits of a TFDS dataset keeping its images' encoded bytes (JPEG stays JPEG).
+
+    Read a shard's slice at a time (``split[start:stop]``), so memory stays flat.
+    """
+    from datasets import writing
+
+    builder = tfds.builder(name, data_dir=data_dir)
+    classes = list(builder.info.features["label"].names)
+    skip = {"image": tfds.decode.SkipDecoding()}
+    metadata = writing.start(out_dir)
+    for split in splits:
+
+        def items(start, stop, split=split):
+            part = tfds.load(
+                name,
+                split=f"{split}[{start}:{stop}]",
+                data_dir=data_dir,
+                decoders=skip,
+                download=False,
+            )
+            return ((e["image"], e["label"]) for e in tfds.as_numpy(part.take(stop - start)))
+
+        load(name, split, data_dir, download=False)  # refuses data that is not there
+        count = _count(builder, name, split, data_dir)
+        writing.write_described(
+            out_dir,
+            metadata,
+            split,
+            items,
+            count,
+            min(num_shards, count),
+            writing.plan_of(name, split, count, num_shards),
+            classes,
+            eval_split=[s for s in splits if s != "train"][0] if len(splits) > 1 else split,
+            names=lambda i, split=split: f"{name} {split} example {i}",
+        )
+    return metadata
+
+
+def _count(builder, name: str, split: str, data_dir: str | None) -> int:
+    if split in builder.info.splits:
+        return builder.info.splits[split].num_examples
+    return int(tfds.load(name, split=split, data_dir=data_dir, download=False).cardinality())

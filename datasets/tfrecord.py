@@ -26,162 +26,24 @@ Evaluation reads every record once, in order.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterable
+import functools
+from collections.abc import Callable
 
 import gin
 import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from datasets import pipeline, records
-from trainer import InputParams, Mode, UserError, files
+from datasets import images, pipeline, records
+from datasets.shards import METADATA, check_shards, count_readable, read_metadata
+from trainer import InputParams, Mode, UserError
 from trainer.model_fn import check_class_ids
 from trainer.serving import serves
 
-METADATA = "dataset.json"
-FORMATS = ("png", "raw")
 _FEATURES = {  # of each record: PNG or raw uint8 bytes, and the class id
     "image": tf.io.FixedLenFeature([], tf.string),
     "label": tf.io.FixedLenFeature([], tf.int64),
 }
-
-
-def shard_name(split: str, index: int, count: int, compression: str | None) -> str:
-    """``train-00003-of-00007.tfrecord`` (``.gz`` appended for GZIP)."""
-    suffix = ".tfrecord.gz" if compression == "GZIP" else ".tfrecord"
-    return f"{split}-{index:05d}-of-{count:05d}{suffix}"
-
-
-def _example(image: np.ndarray, label: int, image_format: str) -> bytes:
-    if image_format == "png":
-        data = tf.io.encode_png(image).numpy()
-    else:
-        data = np.ascontiguousarray(image, dtype=np.uint8).tobytes()
-    feature = {
-        "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[data])),
-        "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)])),
-    }
-    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
-
-
-def write(
-    examples: Iterable[dict],
-    out_dir: str,
-    split: str,
-    num_shards: int,
-    image_format: str = "png",
-    compression: str | None = None,
-    num_classes: int | None = None,
-) -> dict:
-    """Writes ``{'image': uint8 [h, w, c], 'label': int}`` examples as ``num_shards`` files.
-
-    Files are written under temporary names and renamed when complete; ``dataset.json``
-    is updated last. Returns this split's metadata.
-    """
-    if image_format not in FORMATS:
-        raise UserError(f"image format must be one of {FORMATS}, got {image_format!r}")
-    examples = [(np.asarray(e["image"], np.uint8), int(e["label"])) for e in examples]
-    if not examples:
-        raise UserError(f"split {split!r} has no examples to write")
-    shape = examples[0][0].shape
-    tf.io.gfile.makedirs(out_dir)
-    options = tf.io.TFRecordOptions(compression_type=compression or "")
-    blocks = np.array_split(np.arange(len(examples)), num_shards)
-    shards = []
-    for index, block in enumerate(blocks):
-        name = shard_name(split, index, num_shards, compression)
-        path = os.path.join(out_dir, name)
-        offsets, offset = [], 0
-        with tf.io.TFRecordWriter(path + ".tmp", options) as writer:
-            for i in block:
-                image, label = examples[i]
-                if image.shape != shape:
-                    raise UserError(
-                        f"example {i} of {split!r} has shape {image.shape}, "
-                        f"the first had {shape}: images must share one shape"
-                    )
-                record = _example(image, label, image_format)
-                writer.write(record)
-                offsets.append(offset)
-                offset += records.HEADER + len(record) + 4
-        tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
-        if not compression:
-            records.write_index(path, np.asarray(offsets, np.int64))
-        shards.append({"file": name, "count": len(block), "bytes": tf.io.gfile.stat(path).length})
-    entry = {"shards": shards, "count": len(examples)}
-    metadata = _read_metadata(out_dir, missing_ok=True) or {}
-    metadata.update(
-        image_shape=list(shape),
-        image_format=image_format,
-        compression=compression,
-        num_classes=num_classes,
-    )
-    metadata.setdefault("splits", {})[split] = entry
-    files.write_json(os.path.join(out_dir, METADATA), metadata)
-    return entry
-
-
-def _read_metadata(data_dir: str, missing_ok: bool = False) -> dict | None:
-    path = os.path.join(data_dir, METADATA)
-    try:
-        metadata = files.read_json(path)
-    except files.Unreadable as error:
-        raise UserError(
-            f"{error}: it describes the prepared data in {data_dir}; re-copy it, or prepare "
-            f"the data again with `python3 -m datasets.prepare --out {data_dir} ...`"
-        ) from None
-    if metadata is None and not missing_ok:
-        raise UserError(
-            f"{path} not found: prepare the data with "
-            f"`python3 -m datasets.prepare --out {data_dir} ...`"
-        )
-    return metadata
-
-
-def check_shards(data_dir: str, split: str) -> tuple[dict, list[str]]:
-    """The metadata and shard paths of ``split``, after checking each file exists at full size."""
-    metadata = _read_metadata(data_dir)
-    splits = metadata.get("splits", {})
-    if split not in splits:
-        raise UserError(f"{data_dir} has no split {split!r}; it has {', '.join(sorted(splits))}")
-    if splits[split]["count"] == 0:
-        raise UserError(f"split {split!r} in {data_dir} is empty")
-    paths = []
-    for shard in splits[split]["shards"]:
-        path = os.path.join(data_dir, shard["file"])
-        if not tf.io.gfile.exists(path):
-            raise UserError(f"shard {path} is missing: re-copy it or prepare the data again")
-        size = tf.io.gfile.stat(path).length
-        if size != shard["bytes"]:
-            raise UserError(
-                f"shard {path} is {size} bytes, {shard['bytes']} were written "
-                "(truncated or overwritten?): re-copy it or prepare the data again"
-            )
-        paths.append(path)
-    return metadata, paths
-
-
-def count_readable(path: str, compression: str | None) -> tuple[int, bool]:
-    """(records read before the first error, whether the file read to its end cleanly)."""
-    count = 0
-    try:
-        for _ in tf.data.TFRecordDataset(path, compression_type=compression or ""):
-            count += 1
-    except tf.errors.DataLossError:
-        return count, False
-    return count, True
-
-
-def verify(data_dir: str, split: str) -> list[str]:
-    """Reads every record of ``split``; returns one line per damaged shard (none: all good)."""
-    metadata, paths = check_shards(data_dir, split)
-    problems = []
-    for path, shard in zip(paths, metadata["splits"][split]["shards"], strict=True):
-        count, clean = count_readable(path, metadata["compression"])
-        if not clean or count != shard["count"]:
-            problems.append(f"{path}: {count} of {shard['count']} records readable")
-    return problems
 
 
 def check_shape(path: str, metadata: dict) -> None:
@@ -229,19 +91,21 @@ def parse_batch(records: tf.Tensor, metadata: dict) -> tuple[dict, dict]:
 
 
 @tf.autograph.experimental.do_not_convert
-def scale_batch(features: dict, labels: dict) -> tuple[dict, dict]:
-    """uint8 images to float32 in [0, 1]."""
-    return pipeline.image_features(features), labels
+def _features(features_of, features: dict, labels: dict) -> tuple[dict, dict]:
+    return features_of(features), labels
 
 
-def served_as_stored(dataset: tf.data.Dataset, shape) -> tf.data.Dataset:
+def served_as_stored(
+    dataset: tf.data.Dataset, shape, features_of=pipeline.image_features
+) -> tf.data.Dataset:
     """``dataset``, marked with how an export serves it (``trainer.serves``).
 
     The export takes uint8 images of ``shape`` as stored, or records as ``write``
-    makes them, and scales them with the function training uses.
+    makes them, and makes the model's features of them with ``features_of``, the
+    function training uses.
     """
     stored = {"image": tf.TensorSpec(shape, tf.uint8)}
-    return serves(dataset, pipeline.image_features, stored, example_parser(shape))
+    return serves(dataset, features_of, stored, example_parser(shape))
 
 
 def example_parser(shape) -> Callable[[tf.Tensor], dict]:
@@ -300,9 +164,10 @@ def read(
     mode: Mode,
     params: InputParams,
     *,
-    augment: bool = False,
+    augment: bool | str = False,
     skip_corrupt: bool = False,
     by_index: bool = True,
+    image_size: int | None = None,
 ) -> tf.data.Dataset:
     """Batches of ``({'image': float32 [b, h, w, c] in [0, 1]}, {'label': [b]})`` from shards.
 
@@ -315,27 +180,52 @@ def read(
       mode: TRAIN shuffles shards and records, repeats and drops the last partial
         batch; EVAL and PREDICT read every record once, in order.
       params: batch size, seed, and this pipeline's share of the shards.
-      augment: random crop and flip per image in TRAIN.
+      augment: in TRAIN, True pads, crops back and flips each image; 'inception' is
+        the random-resized crop of ImageNet training (encoded images only).
       skip_corrupt: skip unreadable records instead of failing; how many are skipped
         in which file is counted once up front and logged.
       by_index: in TRAIN, read records by offset in a global order (uncompressed
         shards); False reads the shards in sequence with a shuffle buffer, for storage
         where random reads are slow (its buffer is then saved in each checkpoint).
+      image_size: give every image this square size. Encoded images of varying sizes
+        are centre-cropped as ImageNet's are (``datasets/images.py``); fixed-size ones
+        are resized so that their shorter side fits, then centre-cropped.
     """
     metadata, paths = check_shards(data_dir, split)
+    if metadata["image_format"] == images.ENCODED:
+        return images.read(
+            data_dir,
+            metadata,
+            paths,
+            split,
+            mode,
+            params,
+            image_size=image_size,
+            augment=augment,
+            skip_corrupt=skip_corrupt,
+        )
+    if augment not in (False, True):
+        raise UserError(
+            f"tfrecord.input_fn.augment = {augment!r} needs encoded images (prepared with "
+            f"--images or --tfrecords); {data_dir} holds {metadata['image_format']} images: "
+            "use augment = True"
+        )
     compression = metadata["compression"] or ""
     training = mode == Mode.TRAIN
-    parse = lambda batch: scale_batch(*parse_batch(batch, metadata))  # noqa: E731
+    shape = metadata["image_shape"]
+    features_of = pipeline.image_features
+    if image_size is not None:
+        features_of = functools.partial(images.square_features, shape=shape, size=image_size)
+    parse = lambda batch: _features(features_of, *parse_batch(batch, metadata))  # noqa: E731
     augment_fn = crop_flip_batch if augment and training else None
     counts = [shard["count"] for shard in metadata["splits"][split]["shards"]]
     check_shape(paths[0], metadata)
-    shape = metadata["image_shape"]
 
     def batched(examples) -> tf.data.Dataset:  # marked with how an export serves them
         dataset = pipeline.batched(
             examples, mode, params, parse=parse, augment=augment_fn, name=f"tfrecord-{split}"
         )
-        return served_as_stored(dataset, shape)
+        return served_as_stored(dataset, shape, features_of)
 
     if (by_index or not training) and not compression:
         offsets = [
@@ -382,10 +272,11 @@ def input_fn(
     params: InputParams,
     data_dir: str = gin.REQUIRED,
     train_split: str = "train",
-    eval_split: str = "test",
-    augment: bool = False,
+    eval_split: str | None = None,
+    augment: bool | str = False,
     skip_corrupt: bool = False,
     by_index: bool = True,
+    image_size: int | None = None,
 ) -> tf.data.Dataset:
     """An input_fn over a prepared TFRecord directory (see ``read``).
 
@@ -395,6 +286,8 @@ def input_fn(
     ``digits.input_fn`` and ``tfds_images.input_fn``, so one model reads all three.
     TRAIN reads ``train_split`` forever, EVAL and PREDICT ``eval_split`` once.
     """
+    if eval_split is None:  # as dataset.json names it ('validation' for ImageNet)
+        eval_split = read_metadata(data_dir).get("eval_split", "test")
     split = train_split if mode == Mode.TRAIN else eval_split
     return read(
         data_dir,
@@ -404,4 +297,21 @@ def input_fn(
         augment=augment,
         skip_corrupt=skip_corrupt,
         by_index=by_index,
+        image_size=image_size,
     )
+
+
+@gin.configurable
+def num_classes(data_dir: str | None = None) -> int:
+    """The number of classes ``dataset.json`` records, for a model's output layer.
+
+    ``MLP.num_classes = @tfrecord.num_classes()`` in gin; ``data_dir`` defaults to
+    ``tfrecord.input_fn.data_dir``'s binding.
+    """
+    data_dir = data_dir or gin.query_parameter("tfrecord.input_fn.data_dir")
+    classes = read_metadata(data_dir).get("num_classes")
+    if not classes:
+        raise UserError(
+            f"{data_dir}/{METADATA} records no number of classes: set the model's num_classes"
+        )
+    return int(classes)

@@ -147,6 +147,7 @@ def check_promise(name, stdout):
 
 
 DIGITS = "python3 -m trainer --gin_file experiments/digits_mlp.gin"
+IMAGES = "python3 -m datasets.prepare --images photos --out data/photos"
 
 
 def test_readmes_first_command_resumes_after_ctrl_c_reruns_and_serves_every_schedule(clone):
@@ -253,6 +254,19 @@ def test_tfrecord_experiment_prepares_trains_verifies_and_runs_from_another_dire
     )
     ok(proc)
     assert (clone / "tests/output/digits_mlp_tfrecord/ckpt-10.index").is_file()
+
+
+def test_your_own_images_prepare_and_train_as_promised(clone):
+    """README's folder of images: prepared, trained with the ImageNet recipe, rerun."""
+    from tests import image_folders
+
+    image_folders.make(str(clone / "photos"), 60, split_folders=())
+    prepared = ok(sh(IMAGES, clone))
+    assert "train: 162 examples in 1 shards, 2 files skipped" in prepared.stdout
+    assert prepared.stderr.count("warning: Skipping photos/at dusk/") == 2, prepared.stderr
+    assert "already written" in ok(sh(IMAGES, clone)).stdout
+    run = ok(sh("python3 -m trainer --gin_file experiments/images_alexnet.gin", clone))
+    check_promise("images_alexnet", run.stdout)
 
 
 @pytest.mark.parametrize("name", ["diabetes_linear", "diabetes_linear_momentum"])
@@ -370,10 +384,17 @@ def test_every_command_shown_is_run_here():
         "python3 -m trainer --help",
         "python3 -m datasets.prepare --dataset digits --out data/digits --shards 4",
         "python3 -m datasets.prepare --verify data/digits",
+        IMAGES,
         *(f"python3 -m trainer --gin_file experiments/{n}.gin" for n in NEEDS_DOWNLOAD),
         *(
             f"python3 -m trainer --gin_file experiments/{n}.gin"
-            for n in ("digits_alexnet", "digits_keras", "digits_mlp_tfrecord", "diabetes_linear")
+            for n in (
+                "digits_alexnet",
+                "digits_keras",
+                "digits_mlp_tfrecord",
+                "diabetes_linear",
+                "images_alexnet",
+            )
         ),
         "python3 -m trainer --gin_file experiments/diabetes_linear_momentum.gin",
     }

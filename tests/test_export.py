@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from datasets import digits, prepare, tfrecord  # noqa: F401 (digits: bound in gin below)
+from datasets import digits, prepare, shards, tfrecord  # noqa: F401 (digits: bound in gin below)
 from tests.conftest import REPO, digits_args, run_cli
 from trainer import cli
 
@@ -55,13 +55,13 @@ def test_saved_model_in_a_fresh_process_predicts_like_the_framework(tmp_path, da
         exported.stdout
     )
 
-    shards = []
+    prepared = []
     for image_format in ("png", "raw"):  # as `python -m datasets.prepare` writes them
-        rows, num_classes = prepare.examples("digits", "test", data_dir)
-        tfrecord.write(rows, str(tmp_path / image_format), "test", 2, image_format, None, 10)
-        shards.append(str(tmp_path / image_format))
+        rows, count, num_classes = prepare.examples("digits", "test", data_dir)
+        shards.write(rows, str(tmp_path / image_format), "test", 2, image_format, None, 10, count)
+        prepared.append(str(tmp_path / image_format))
     proc = subprocess.run(
-        [sys.executable, "-c", LOAD_AND_PREDICT, str(export_dir), data_dir, *shards],
+        [sys.executable, "-c", LOAD_AND_PREDICT, str(export_dir), data_dir, *prepared],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -72,7 +72,7 @@ def test_saved_model_in_a_fresh_process_predicts_like_the_framework(tmp_path, da
     served = json.loads(proc.stdout.strip().splitlines()[-1])
     framework = [json.loads(line) for line in predictions.read_text().splitlines()]
     assert served["classes"] == [p["classes"] for p in framework]
-    for directory in shards:
+    for directory in prepared:
         assert served[directory] == served["classes"], directory
     np.testing.assert_allclose(
         served["probabilities"], [p["probabilities"] for p in framework], rtol=1e-5, atol=1e-7

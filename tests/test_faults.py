@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from datasets import digits, tfrecord
+from datasets import digits, shards
 from tests.conftest import ENV, REPO, digits_args, run_cli
 from tests.helpers import checkpoint_steps, dir_hash
 from trainer import Estimator, ModelFn, Spec, UserError
@@ -266,11 +266,11 @@ def test_sigkill_at_random_steps_then_resume_is_bitwise_exact(tmp_path, data_dir
     Both experiments read their training data by index (in memory, or TFRecord shards
     by offset): a checkpoint holds only how far the stream was read.
     """
-    shards = tmp_path / "shards"
+    shard_dir = tmp_path / "shard_dir"
     if experiment == "digits_mlp_tfrecord":
         for split in ("train", "test"):
             rows = list(digits.load(split, data_dir).as_numpy_iterator())
-            tfrecord.write(rows, str(shards), split, 4, "png", num_classes=10)
+            shards.write(rows, str(shard_dir), split, 4, "png", num_classes=10)
     max_steps = 2000 if experiment == "digits_mlp" else 1500
     common = [
         "--gin_file",
@@ -280,7 +280,7 @@ def test_sigkill_at_random_steps_then_resume_is_bitwise_exact(tmp_path, data_dir
         "--gin_param",
         f"digits.input_fn.data_dir = '{data_dir}'",
         *(
-            ["--gin_param", f"tfrecord.input_fn.data_dir = '{shards}'"]
+            ["--gin_param", f"tfrecord.input_fn.data_dir = '{shard_dir}'"]
             if experiment == "digits_mlp_tfrecord"
             else []
         ),

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from datasets import pipeline, records
+from datasets import pipeline, records, shards
 from datasets.order import MIX_BLOCK, Order, pipeline_positions
 from models.mlp import MLP
 from tests.helpers import finish, resume_run
@@ -275,8 +275,6 @@ def test_rollback_on_a_positioned_input_skips_one_batch_and_keeps_its_place(tmp_
 def test_sources_that_cannot_be_held_or_indexed_are_one_line(tmp_path):
     import gin
 
-    from datasets import tfrecord
-
     ragged = tf.data.Dataset.range(1, 4).map(lambda n: {"x": tf.zeros([n])})
     gin.parse_config(["pipeline.cache = True"])
     with pytest.raises(
@@ -296,11 +294,11 @@ def test_sources_that_cannot_be_held_or_indexed_are_one_line(tmp_path):
     examples = [
         {"image": rng.integers(0, 256, (4, 4, 1), np.uint8), "label": i % 10} for i in range(20)
     ]
-    tfrecord.write(examples, str(tmp_path), "train", 1, "raw", num_classes=10)
-    shard = str(tmp_path / tfrecord.shard_name("train", 0, 1, None))
+    shards.write(examples, str(tmp_path), "train", 1, "raw", num_classes=10)
+    shard = str(tmp_path / shards.shard_name("train", 0, 1, None))
     index = shard + records.INDEX_SUFFIX
     stale = open(index, "rb").read()
-    tfrecord.write(examples[::-1], str(tmp_path), "train", 1, "png", num_classes=10)
+    shards.write(examples[::-1], str(tmp_path), "train", 1, "png", num_classes=10)
     with open(index, "wb") as f:
         f.write(stale)
     os.utime(index, ns=(0, 0))

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from datasets import digits, pipeline, records, tfrecord
+from datasets import digits, pipeline, records, shards, tfrecord
 from models.mlp import MLP
 from tests.conftest import REPO
 from trainer import Estimator, InputParams, Mode, UserError
@@ -40,17 +40,17 @@ def read_all(data_dir, split="train", mode=Mode.EVAL, **kwargs):
     return images, labels
 
 
-@pytest.mark.parametrize("shards", [1, 7])
+@pytest.mark.parametrize("num_shards", [1, 7])
 @pytest.mark.parametrize("compression", [None, "GZIP"])
 @pytest.mark.parametrize("image_format", ["png", "raw"])
-def test_round_trip_is_lossless_and_in_order(tmp_path, shards, compression, image_format):
+def test_round_trip_is_lossless_and_in_order(tmp_path, num_shards, compression, image_format):
     examples = random_examples()
-    entry = tfrecord.write(
-        examples, str(tmp_path), "train", shards, image_format, compression, num_classes=10
+    entry = shards.write(
+        examples, str(tmp_path), "train", num_shards, image_format, compression, num_classes=10
     )
-    assert len(entry["shards"]) == shards and entry["count"] == 50
+    assert len(entry["shards"]) == num_shards and entry["count"] == 50
     suffix = ".tfrecord.gz" if compression else ".tfrecord"
-    names = [f"train-{i:05d}-of-{shards:05d}{suffix}" for i in range(shards)]
+    names = [f"train-{i:05d}-of-{num_shards:05d}{suffix}" for i in range(num_shards)]
     indexes = [] if compression else [name + records.INDEX_SUFFIX for name in names]
     assert sorted(os.listdir(tmp_path)) == sorted(["dataset.json", *names, *indexes])
     images, labels = read_all(tmp_path)
@@ -70,13 +70,13 @@ def first_labels(data_dir, seed):
 
 
 def test_training_order_follows_the_seed(tmp_path):
-    tfrecord.write(random_examples(200), str(tmp_path), "train", 4, "raw")
+    shards.write(random_examples(200), str(tmp_path), "train", 4, "raw")
     np.testing.assert_array_equal(first_labels(tmp_path, 0), first_labels(tmp_path, 0))
     assert not np.array_equal(first_labels(tmp_path, 0), first_labels(tmp_path, 1))
 
 
 def test_augmentation_crops_and_flips_each_image_reproducibly(tmp_path):
-    tfrecord.write(random_examples(64, (32, 32, 3)), str(tmp_path), "train", 2, "raw")
+    shards.write(random_examples(64, (32, 32, 3)), str(tmp_path), "train", 2, "raw")
 
     def first_batch(seed):
         dataset = tfrecord.read(str(tmp_path), "train", Mode.TRAIN, params(32, seed), augment=True)
@@ -94,7 +94,7 @@ def digits_records(tmp_path_factory, data_dir):
     out = tmp_path_factory.mktemp("digits_records")
     for split in ("train", "test"):
         rows = list(digits.load(split, data_dir).as_numpy_iterator())
-        tfrecord.write(rows, str(out), split, 4, "png", num_classes=10)
+        shards.write(rows, str(out), split, 4, "png", num_classes=10)
     return out
 
 
@@ -151,7 +151,7 @@ def test_garbage_fails_training_clearly_or_is_skipped_and_counted(digits_records
     ):
         estimator.train(fn, 100)
 
-    problems = tfrecord.verify(str(copy), "train")
+    problems = shards.verify(str(copy), "train")
     assert len(problems) == 1 and problems[0].startswith(f"{shard}: ")
 
     skipping = Estimator(MLP(hidden_units=[8]), str(tmp_path / "skip"), global_batch_size=32)
@@ -166,7 +166,7 @@ def test_garbage_fails_training_clearly_or_is_skipped_and_counted(digits_records
 def test_label_outside_the_classes_names_the_value(tmp_path):
     examples = random_examples(8)
     examples[3]["label"] = 12
-    tfrecord.write(examples, str(tmp_path), "train", 1, "raw", num_classes=10)
+    shards.write(examples, str(tmp_path), "train", 1, "raw", num_classes=10)
     with pytest.raises(
         tf.errors.InvalidArgumentError,
         match=r"a label in the data out of range \[0, 10\)\] \[12\]",
@@ -176,8 +176,8 @@ def test_label_outside_the_classes_names_the_value(tmp_path):
 
 def test_empty_or_absent_splits_are_clear_errors(tmp_path):
     with pytest.raises(UserError, match="split 'train' has no examples to write"):
-        tfrecord.write([], str(tmp_path), "train", 2)
-    tfrecord.write(random_examples(4), str(tmp_path), "train", 1, "raw")
+        shards.write([], str(tmp_path), "train", 2)
+    shards.write(random_examples(4), str(tmp_path), "train", 1, "raw")
     with pytest.raises(UserError, match="has no split 'test'; it has train"):
         tfrecord.read(str(tmp_path), "test", Mode.EVAL, params())
     with pytest.raises(UserError, match="dataset.json not found: prepare the data"):
@@ -258,8 +258,8 @@ def flip(path, at):
 
 def test_a_damaged_index_is_rebuilt_with_a_warning(tmp_path, caplog):
     """A bit flipped in the .npy header or in an offset: found by the index's checksum."""
-    tfrecord.write(random_examples(), str(tmp_path), "train", 1, "raw")
-    shard = tmp_path / tfrecord.shard_name("train", 0, 1, None)
+    shards.write(random_examples(), str(tmp_path), "train", 1, "raw")
+    shard = tmp_path / shards.shard_name("train", 0, 1, None)
     index = tmp_path / (shard.name + records.INDEX_SUFFIX)
     expected = read_all(tmp_path, mode=Mode.EVAL)
     sound = index.read_bytes()
@@ -279,8 +279,8 @@ def test_a_damaged_index_is_rebuilt_with_a_warning(tmp_path, caplog):
 
 def test_a_flipped_bit_in_a_records_length_is_a_corrupt_record(tmp_path):
     """The length's own CRC is checked before the length is trusted (no 4 GB read)."""
-    tfrecord.write(random_examples(4), str(tmp_path), "train", 1, "raw")
-    shard = tmp_path / tfrecord.shard_name("train", 0, 1, None)
+    shards.write(random_examples(4), str(tmp_path), "train", 1, "raw")
+    shard = tmp_path / shards.shard_name("train", 0, 1, None)
     offsets = records.record_offsets(str(shard), 4)
     flip(shard, int(offsets[2]) + 6)  # a high byte of record 2's length
     os.utime(str(shard) + records.INDEX_SUFFIX)  # its index stays the newer
@@ -292,8 +292,8 @@ def test_a_flipped_bit_in_a_records_length_is_a_corrupt_record(tmp_path):
 
 def test_reads_over_many_shards_keep_a_bounded_number_of_files_open(tmp_path, monkeypatch):
     monkeypatch.setattr(records, "MAX_OPEN_FILES", 5)
-    tfrecord.write(random_examples(40), str(tmp_path), "train", 20, "raw")
-    metadata, paths = tfrecord.check_shards(str(tmp_path), "train")
+    shards.write(random_examples(40), str(tmp_path), "train", 20, "raw")
+    metadata, paths = shards.check_shards(str(tmp_path), "train")
     source = records.RecordSource(paths, [records.record_offsets(p, 2) for p in paths])
     rows = np.random.default_rng(0).permutation(40)
     got, problem = source._read(rows)
@@ -363,8 +363,8 @@ def test_a_description_that_does_not_fit_the_files_is_refused(digits_records, tm
 def test_training_over_2048_shards_under_an_open_file_limit_of_1024(tmp_path):
     """ImageNet-scale shard counts: files are closed, not held open one per shard."""
     data = tmp_path / "data"
-    tfrecord.write(random_examples(4096, (8, 8, 1)), str(data), "train", 2048, "raw", None, 10)
-    tfrecord.write(random_examples(64, (8, 8, 1), 1), str(data), "test", 1, "raw", None, 10)
+    shards.write(random_examples(4096, (8, 8, 1)), str(data), "train", 2048, "raw", None, 10)
+    shards.write(random_examples(64, (8, 8, 1), 1), str(data), "test", 1, "raw", None, 10)
     command = (
         f"ulimit -n 1024 && {sys.executable} -m trainer --gin_file {REPO}/"
         "experiments/digits_mlp_tfrecord.gin --model_dir run "

@@ -1,0 +1,159 @@
+"""Folders of the user's own image files: prepared, kept byte for byte, verified, trained."""
+
+import functools
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from datasets import folders, tfrecord
+from models.mlp import MLP
+from tests import image_folders
+from tests.conftest import REPO
+from trainer import Estimator, InputParams, Mode, UserError
+
+
+def prepare(*args, timeout=300):
+    return subprocess.run(
+        [sys.executable, "-m", "datasets.prepare", *map(str, args)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+    )
+
+
+def stored_images(data_dir, split):
+    metadata = json.loads((data_dir / "dataset.json").read_text())
+    paths = [str(data_dir / s["file"]) for s in metadata["splits"][split]["shards"]]
+    feature = {"image": tf.io.FixedLenFeature([], tf.string)}
+    return [
+        tf.io.parse_single_example(r, feature)["image"].numpy()
+        for r in tf.data.TFRecordDataset(paths)
+    ]
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    """A folder with train/ and val/, every odd kind of file, prepared once."""
+    root = tmp_path_factory.mktemp("photos")
+    broken = image_folders.make(str(root / "photos"), 40, split_folders=("train", "val"))
+    out = root / "prepared"
+    proc = prepare("--images", root / "photos", "--out", out)
+    return root / "photos", out, broken, proc
+
+
+def test_a_folder_is_prepared_with_its_bad_files_named_and_counted(photos):
+    root, out, broken, proc = photos
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[-3:] == [
+        "train: 120 examples in 1 shards, 2 files skipped",
+        "val: 30 examples in 1 shards",
+        f"wrote {out}",
+    ]
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 3, proc.stderr
+    for name, why in zip(broken, ("Invalid JPEG data", "not an image"), strict=True):
+        assert any(f"Skipping {root / name}: " in w and why in w for w in warnings), warnings
+    assert warnings[-1] == (
+        "warning: train: skipped 2 of 122 files that are not readable images (named above)"
+    )
+    metadata = json.loads((out / "dataset.json").read_text())
+    assert metadata["class_names"] == list(image_folders.CLASSES)
+    assert (metadata["num_classes"], metadata["eval_split"]) == (3, "val")
+    assert metadata["image_format"] == "encoded" and metadata["image_shape"] is None
+    # grayscale and CMYK JPEGs stay JPEG; PNGs named .jpg stay PNG; BMPs become PNG
+    assert metadata["splits"]["train"]["encodings"] == {"jpeg": 114, "png": 6}
+    assert not list(out.glob("*.progress.json"))
+
+
+def test_jpeg_bytes_are_kept_as_they_are(photos):
+    root, out, _, _ = photos
+    stored = set(stored_images(out, "val"))
+    files = sorted((root / "val").glob("*/*"))
+    jpegs = [p.read_bytes() for p in files if p.read_bytes()[:3] == b"\xff\xd8\xff"]
+    assert len(stored) == len(files) == 30 and len(jpegs) == 30
+    assert stored == set(jpegs)
+
+
+def test_verify_and_a_rerun_keep_what_is_written(photos):
+    _, out, _, _ = photos
+    verified = prepare("--verify", out)
+    assert verified.returncode == 0 and verified.stdout == f"{out}: all records readable\n"
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    again = prepare("--images", photos[0], "--out", out)
+    assert again.returncode == 0, again.stderr
+    assert "train: already written" in again.stdout
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+
+
+def test_class_folders_hold_out_a_stable_fraction_of_each_class(tmp_path):
+    image_folders.make(str(tmp_path), 20, split_folders=(), broken=False)
+    splits, classes = folders.layout(str(tmp_path), 0.25)
+    assert classes == list(image_folders.CLASSES)
+    labels = [label for _, label in splits["test"]]
+    assert sorted(labels) == [0] * 5 + [1] * 5 + [2] * 5 and len(splits["train"]) == 45
+    (tmp_path / "daylight" / "new one.jpg").write_bytes(b"")
+    again, _ = folders.layout(str(tmp_path), 0.25)
+    moved = {p for p, _ in splits["test"]} ^ {p for p, _ in again["test"]}
+    assert len(moved) <= 2  # the new file, and at most the one it displaced
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--images", "no/such/dir"], "--images no/such/dir: no such directory"),
+        (["--images", "."], "has no class subfolders"),
+    ],
+)
+def test_a_folder_that_cannot_be_prepared_is_one_line(tmp_path, args, message):
+    if args[1] == ".":
+        args = ["--images", str(tmp_path)]
+    proc = prepare(*args, "--out", tmp_path / "out")
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert message in proc.stderr
+    assert not (tmp_path / "out" / "dataset.json").exists()
+
+
+def test_images_of_varying_sizes_need_an_image_size(photos):
+    params = InputParams(batch_size=4, global_batch_size=4)
+    with pytest.raises(UserError, match=r"vary in size: .*tfrecord.input_fn.image_size = S"):
+        tfrecord.input_fn(Mode.TRAIN, params, data_dir=str(photos[1]))
+
+
+def test_inception_crops_resume_bit_equal(photos, tmp_path):
+    """Random-resized crops are drawn from the stream position: 20 + 20 steps = 40 steps.
+
+    (Accuracy through the CLI: test_as_written runs experiments/images_alexnet.gin.)
+    """
+    fn = functools.partial(
+        tfrecord.input_fn, data_dir=str(photos[1]), image_size=16, augment="inception"
+    )
+
+    def estimator(model_dir, seed=0):
+        keras.utils.set_random_seed(seed)
+        return Estimator(
+            MLP(hidden_units=[16], num_classes=3, dropout_rate=0.0),
+            str(model_dir),
+            global_batch_size=16,
+            steps_per_loop=5,
+            save_checkpoints_steps=20,
+            seed=0,
+            optimizer=keras.optimizers.Adam(3e-3),
+        )
+
+    straight = estimator(tmp_path / "straight")
+    straight.train(fn, max_steps=40)
+    estimator(tmp_path / "split").train(fn, max_steps=20)
+    resumed = estimator(tmp_path / "split", seed=7)
+    resumed.train(fn, max_steps=40)
+    for a, b in zip(
+        straight.model_fn.trainable_variables, resumed.model_fn.trainable_variables, strict=True
+    ):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
