@@ -1,12 +1,15 @@
 """Writes a dataset as sharded TFRecord files, or verifies a written directory.
 
     python3 -m datasets.prepare --images ~/photos --out data/photos
+    python3 -m datasets.prepare --tfrecords '/imagenet/train-*' --split train
+        --label_offset -1 --out data/imagenet                          (one line)
     python3 -m datasets.prepare --dataset digits --out data/digits --shards 4
     python3 -m datasets.prepare --dataset mnist --data_dir ~/tensorflow_datasets
         --out data/mnist --shards 16 --format raw --compression GZIP   (one line)
     python3 -m datasets.prepare --verify data/digits
 
-``--images`` is a folder of image files, one subfolder per class (see
+``--tfrecords`` indexes shards other tools wrote, where they lie
+(``datasets/foreign.py``). ``--images`` is a folder of image files, one subfolder per class (see
 ``datasets/folders.py``); their encoded bytes are kept. ``--dataset`` is 'digits'
 (built offline from scikit-learn) or any TFDS image dataset already present in
 ``--data_dir`` (nothing downloads here); one whose images vary in size (imagenet2012)
@@ -25,6 +28,11 @@ from absl import app, flags
 from trainer import UserError, errors, logs
 
 flags.DEFINE_string("images", None, "A folder of images, one subfolder per class.")
+flags.DEFINE_string("tfrecords", None, "A glob of TFRecord shards to index where they lie.")
+flags.DEFINE_string("split", "train", "--tfrecords: the split the shards hold.")
+flags.DEFINE_string("image_key", "image/encoded", "--tfrecords: the encoded image's feature.")
+flags.DEFINE_string("label_key", "image/class/label", "--tfrecords: the class id's feature.")
+flags.DEFINE_integer("label_offset", 0, "--tfrecords: added to each label (-1: from 1).")
 flags.DEFINE_string("dataset", None, "'digits', or a TFDS image dataset present in --data_dir.")
 flags.DEFINE_string("out", None, "Directory to write the shards and dataset.json to.")
 flags.DEFINE_integer("shards", None, "Shards per split (default 4; --images: 1 per 1,000 files).")
@@ -61,9 +69,23 @@ def main(argv: list[str]) -> None:
     try:
         if FLAGS.verify:
             sys.exit(verify(FLAGS.verify))
-        if not FLAGS.out or bool(FLAGS.images) == bool(FLAGS.dataset):
-            raise UserError("give --out and one of --images or --dataset (or --verify DIR)")
-        if FLAGS.images:
+        sources = [f for f in (FLAGS.images, FLAGS.dataset, FLAGS.tfrecords) if f]
+        if not FLAGS.out or len(sources) != 1:
+            raise UserError(
+                "give --out and one of --images, --dataset or --tfrecords (or --verify DIR)"
+            )
+        if FLAGS.tfrecords:
+            from datasets import foreign
+
+            metadata = foreign.index(
+                FLAGS.tfrecords,
+                FLAGS.split,
+                FLAGS.out,
+                FLAGS.image_key,
+                FLAGS.label_key,
+                FLAGS.label_offset,
+            )
+        elif FLAGS.images:
             from datasets import folders
 
             metadata = folders.prepare(

@@ -157,3 +157,94 @@ def test_inception_crops_resume_bit_equal(photos, tmp_path):
         straight.model_fn.trainable_variables, resumed.model_fn.trainable_variables, strict=True
     ):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def imagenet_layout(directory, per_split=((("train", 2), 60), (("validation", 1), 15)), seed=0):
+    """Shards as TensorFlow models' ImageNet build script writes them: labels from 1."""
+    rng = np.random.default_rng(seed)
+    for (split, count), examples in per_split:
+        for shard in range(count):
+            path = directory / f"{split}-{shard:05d}-of-{count:05d}"
+            with tf.io.TFRecordWriter(str(path)) as writer:
+                for _ in range(examples // count):
+                    label = int(rng.integers(3))
+                    data = image_folders.encoded(image_folders.picture(label, rng), "jpeg")
+                    feature = {
+                        "image/encoded": tf.train.Feature(
+                            bytes_list=tf.train.BytesList(value=[data])
+                        ),
+                        "image/class/label": tf.train.Feature(
+                            int64_list=tf.train.Int64List(value=[label + 1])
+                        ),
+                        "image/format": tf.train.Feature(
+                            bytes_list=tf.train.BytesList(value=[b"JPEG"])
+                        ),
+                    }
+                    example = tf.train.Example(features=tf.train.Features(feature=feature))
+                    writer.write(example.SerializeToString())
+
+
+def test_imagenet_build_script_shards_are_read_where_they_lie(tmp_path):
+    """Indexed, not copied; labels from 1 moved to 0; verified; trained above chance."""
+    lying = tmp_path / "imagenet"
+    lying.mkdir()
+    imagenet_layout(lying)
+    before = sorted(p.name for p in lying.iterdir())
+    out = tmp_path / "prepared"
+    for split in ("train", "validation"):
+        args = ["--tfrecords", f"{lying}/{split}-*", "--split", split, "--label_offset", -1]
+        proc = prepare(*args, "--out", out)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in lying.iterdir()) == before  # nothing written beside them
+    metadata = json.loads((out / "dataset.json").read_text())
+    assert (metadata["num_classes"], metadata["eval_split"]) == (3, "validation")
+    assert [s["file"] for s in metadata["splits"]["train"]["shards"]] == [
+        str(lying / f"train-0000{i}-of-00002") for i in range(2)
+    ]
+    verified = prepare("--verify", out)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    params = InputParams(batch_size=64, global_batch_size=64)
+    labels = np.concatenate(
+        [
+            y["label"].numpy()
+            for _, y in tfrecord.input_fn(Mode.EVAL, params, data_dir=str(out), image_size=16)
+        ]
+    )
+    assert len(labels) == 15 and set(labels) <= {0, 1, 2}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer",
+            "--gin_file",
+            "experiments/images_alexnet.gin",
+            "--model_dir",
+            str(tmp_path / "run"),
+            "--gin_param",
+            f"tfrecord.input_fn.data_dir = '{out}'",
+            "--gin_param",
+            "experiment.max_steps = 100",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    table = next(i for i, line in enumerate(lines) if line.startswith("eval set "))
+    assert lines[table].split()[-1] == "accuracy"
+    assert float(lines[table + 1].split()[-1]) > 0.6, proc.stdout  # chance is 1/3
+
+
+def test_shards_without_the_keys_given_are_one_line(tmp_path):
+    lying = tmp_path / "imagenet"
+    lying.mkdir()
+    imagenet_layout(lying, per_split=((("train", 1), 4),))
+    proc = prepare(
+        "--tfrecords", f"{lying}/train-*", "--image_key", "jpeg", "--out", tmp_path / "o"
+    )
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert "a record has no 'jpeg' bytes or 'image/class/label' integer" in proc.stderr
+    assert "give --image_key and --label_key as the records name them" in proc.stderr
