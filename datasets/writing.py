@@ -292,7 +292,8 @@ def _example(data: bytes, label: int) -> bytes:
         "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[data])),
         "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)])),
     }
-    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+    example = tf.train.Example(features=tf.train.Features(feature=feature))
+    return example.SerializeToString(deterministic=True)  # the same bytes on a rerun
 
 
 def _encode(image: tf.Tensor, encoding: str) -> bytes:

@@ -37,6 +37,12 @@ NOT_RUN = {
     'python3 -m pip install -e ".[test]"': "CI's own install",
     "python3 -m pytest -q -n 2": "this suite",
     "python3 -m trainer --gin_file experiments/cifar10_alexnet.gin --num_devices 8": "8 GPUs",
+    **{
+        f"python3 -m datasets.prepare --tfrecords '/imagenet/{split}-*' --split {split} "
+        "--label_offset -1 --out data/imagenet": "ImageNet's shards; test_image_folders.py "
+        "runs it on shards in that layout"
+        for split in ("train", "validation")
+    },
     "python3 -m trainer --gin_file experiments/cifar10_alexnet.gin --num_devices 8 "
     "--gin_param \"Estimator.distribution = 'towers'\"": "8 GPUs",
 }

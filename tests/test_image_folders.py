@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import keras
 import numpy as np
@@ -248,3 +249,56 @@ def test_shards_without_the_keys_given_are_one_line(tmp_path):
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
     assert "a record has no 'jpeg' bytes or 'image/class/label' integer" in proc.stderr
     assert "give --image_key and --label_key as the records name them" in proc.stderr
+
+
+def test_tfds_imagenet2012_is_prepared_encoded_and_read(tmp_path):
+    """TFDS's imagenet2012 (mock data): its JPEG bytes written as they are, then read."""
+    import tensorflow_datasets as tfds
+
+    from datasets import shards, tfds_images
+
+    with tfds.testing.mock_data(num_examples=10):
+        assert tfds_images.varies_in_size("imagenet2012", None)
+        metadata = tfds_images.prepare_encoded(
+            "imagenet2012", None, str(tmp_path), ["train", "validation"], 2
+        )
+    assert metadata["num_classes"] == 1000 and metadata["eval_split"] == "validation"
+    assert metadata["splits"]["train"]["count"] == 10
+    assert metadata["splits"]["train"]["encodings"] == {"jpeg": 10}
+    assert shards.verify(str(tmp_path), "train") == []
+    params = InputParams(batch_size=4, global_batch_size=4)
+    features, labels = next(
+        iter(
+            tfrecord.input_fn(
+                Mode.TRAIN, params, data_dir=str(tmp_path), image_size=32, augment="inception"
+            )
+        )
+    )
+    assert features["image"].shape == (4, 32, 32, 3) and labels["label"].shape == (4,)
+    evaluated = list(tfrecord.input_fn(Mode.EVAL, params, data_dir=str(tmp_path), image_size=32))
+    assert sum(len(y["label"]) for _, y in evaluated) == 10
+
+
+def test_a_killed_preparation_is_finished_by_the_same_command(tmp_path):
+    """Killed after its first shards: nothing looks complete; the rerun writes the rest."""
+    rng = np.random.default_rng(1)
+    for label, name in enumerate(image_folders.CLASSES):
+        (tmp_path / "photos" / name).mkdir(parents=True)
+        for i in range(240):
+            data = image_folders.encoded(image_folders.picture(label, rng, (160, 200)), "png")
+            (tmp_path / "photos" / name / f"{i}.png").write_bytes(data)
+    args = ["--images", tmp_path / "photos", "--shards", 24, "--out"]
+    out = tmp_path / "killed"
+    command = [sys.executable, "-m", "datasets.prepare", *map(str, args), str(out)]
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL)
+    while not (out / "train.progress.json").exists() and process.poll() is None:
+        time.sleep(0.005)
+    process.kill()
+    process.wait()
+    assert process.returncode == -9, "prepare ended before it could be killed"
+    assert not (out / "dataset.json").exists()
+    assert len(list(out.glob("train-*.tfrecord"))) < 24
+    assert prepare(*args, out).returncode == 0
+    assert prepare(*args, tmp_path / "straight").returncode == 0
+    written = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert written == {p.name: p.read_bytes() for p in (tmp_path / "straight").iterdir()}
