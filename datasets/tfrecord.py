@@ -9,6 +9,9 @@ Layout of a prepared directory::
     DIR/train-00000-of-00004.tfrecord.index   each record's byte offset (int64 .npy)
 
 Each record holds ``image`` (PNG-encoded, or raw uint8 bytes) and ``label`` (int64).
+Records of encoded images of varying sizes (``prepare --images``, ``--tfrecords``;
+``image_format`` 'encoded') are read by ``datasets/images.py``; ``datasets/shards.py``
+writes the fixed-size ones.
 Examples keep their order: shard k holds the k-th contiguous block. Reading checks
 every shard against ``dataset.json`` first (a missing or truncated file is named at
 once), reads a batch of serialized records at a time and parses it with one
@@ -91,7 +94,9 @@ def parse_batch(records: tf.Tensor, metadata: dict) -> tuple[dict, dict]:
 
 
 @tf.autograph.experimental.do_not_convert
-def _features(features_of, features: dict, labels: dict) -> tuple[dict, dict]:
+def _parsed(batch: tf.Tensor, metadata: dict, features_of) -> tuple[dict, dict]:
+    """A batch of records -> the model's features (``features_of``) and labels."""
+    features, labels = parse_batch(batch, metadata)
     return features_of(features), labels
 
 
@@ -216,7 +221,7 @@ def read(
     features_of = pipeline.image_features
     if image_size is not None:
         features_of = functools.partial(images.square_features, shape=shape, size=image_size)
-    parse = lambda batch: _features(features_of, *parse_batch(batch, metadata))  # noqa: E731
+    parse = functools.partial(_parsed, metadata=metadata, features_of=features_of)
     augment_fn = crop_flip_batch if augment and training else None
     counts = [shard["count"] for shard in metadata["splits"][split]["shards"]]
     check_shape(paths[0], metadata)
