@@ -27,7 +27,7 @@ SHUFFLE_SEED = 0x1A6E5  # the order the training files are written in
 FILES_PER_SHARD = 1000  # without --shards
 
 
-def layout(root: str, eval_fraction: float) -> dict[str, list[tuple[str, int]]]:
+def layout(root: str, eval_fraction: float) -> tuple[dict[str, list], list[str]]:
     """``{split: [(path, class id)]}`` and the class names, from the folder's layout."""
     if not os.path.isdir(root):
         raise UserError(f"--images {root}: no such directory")
@@ -65,7 +65,7 @@ def prepare(
     """Writes the folder's splits to ``out_dir``; returns the ``dataset.json`` written."""
     splits, classes = layout(root, eval_fraction)
     metadata = writing.start(out_dir)
-    eval_split = [name for name in splits if name != "train"][0]
+    eval_split = next(name for name in splits if name != "train")
     for split, items in splits.items():
         count = min(num_shards or -(-len(items) // FILES_PER_SHARD), len(items))
         plan = writing.plan_of([(os.path.relpath(p, root), c) for p, c in items], count, max_side)

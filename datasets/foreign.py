@@ -57,6 +57,8 @@ def index(
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         found = list(pool.map(lambda p: _scan(p, image_key, label_key), paths))
     labels = [(low, high) for _, low, high in found if low is not None]
+    if not labels:
+        raise UserError(f"--tfrecords {pattern!r}: the shards hold no records")
     low, high = min(x for x, _ in labels) + label_offset, max(x for _, x in labels) + label_offset
     if low < 0:
         raise UserError(

@@ -21,7 +21,6 @@ stream position (``seed``), so a resumed run draws the same crops.
 from __future__ import annotations
 
 import functools
-import math
 
 import tensorflow as tf
 
@@ -115,16 +114,18 @@ def whole(data: tf.Tensor, shape) -> tf.Tensor:
 
 
 @tf.autograph.experimental.do_not_convert
-def square_features(stored: dict, shape, size: int) -> dict:
-    """The model's features of fixed-size images (one or a batch): a centred square.
+def central_square(image: tf.Tensor, size: int) -> tf.Tensor:
+    """An image (or a batch) resized so its shorter side is ``size``, then its centre square."""
+    shape = tf.cast(tf.shape(image)[-3:-1], tf.float32)
+    scale = size / tf.reduce_min(shape)
+    resized = tf.image.resize(image, tf.cast(tf.math.ceil(shape * scale), tf.int32))
+    return tf.image.resize_with_crop_or_pad(resized, size, size)
 
-    Resized so that the shorter side is ``size``, then cropped to the central square.
-    """
-    height, width = shape[:2]
-    scale = size / min(height, width)
-    image = pipeline.unit_range(stored["image"])
-    resized = tf.image.resize(image, [math.ceil(height * scale), math.ceil(width * scale)])
-    return {"image": tf.image.resize_with_crop_or_pad(resized, size, size)}
+
+@tf.autograph.experimental.do_not_convert
+def square_features(stored: dict, size: int) -> dict:
+    """The model's features of fixed-size images (one or a batch): the central square."""
+    return {"image": central_square(pipeline.unit_range(stored["image"]), size)}
 
 
 def output_size(metadata: dict, image_size: int | None, data_dir: str) -> list[int]:

@@ -135,9 +135,18 @@ def count_readable(path: str, compression: str | None) -> tuple[int, bool]:
     return count, True
 
 
-def check_shards(data_dir: str, split: str) -> tuple[dict, list[str]]:
-    """The metadata and shard paths of ``split``, after checking each file exists at full size."""
+def eval_split(metadata: dict) -> str:
+    """The split ``dataset.json`` names for evaluation ('validation' for ImageNet)."""
+    return metadata.get("eval_split", "test")
+
+
+def check_shards(data_dir: str, split: str | None) -> tuple[dict, list[str]]:
+    """The metadata and shard paths of ``split``, after checking each file exists at full size.
+
+    ``split`` None is the evaluation split ``dataset.json`` names (``eval_split``).
+    """
     metadata = read_metadata(data_dir)
+    split = split or eval_split(metadata)
     splits = metadata.get("splits", {})
     if split not in splits:
         raise UserError(f"{data_dir} has no split {split!r}; it has {', '.join(sorted(splits))}")

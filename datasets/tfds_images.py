@@ -27,7 +27,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from datasets import pipeline, tfrecord
-from datasets.images import pad_crop_flip
+from datasets.images import central_square, pad_crop_flip
 from trainer import InputParams, Mode, UserError, console, errors
 from trainer.serving import serves
 
@@ -56,18 +56,10 @@ def features_of(example: dict, standardize: bool = False, image_size: int | None
     """
     image = pipeline.unit_range(example["image"])
     if image_size is not None:
-        image = _central_square(image, image_size)
+        image = central_square(image, image_size)
     if standardize:
         image = tf.image.per_image_standardization(image)
     return {"image": image}
-
-
-@tf.autograph.experimental.do_not_convert
-def _central_square(image: tf.Tensor, size: int) -> tf.Tensor:
-    shape = tf.cast(tf.shape(image)[:2], tf.float32)
-    scale = size / tf.reduce_min(shape)
-    resized = tf.image.resize(image, tf.cast(tf.math.ceil(shape * scale), tf.int32))
-    return tf.image.resize_with_crop_or_pad(resized, size, size)
 
 
 def load(
@@ -260,7 +252,7 @@ def prepare_encoded(
             min(num_shards, count),
             writing.plan_of(name, split, count, num_shards),
             classes,
-            eval_split=[s for s in splits if s != "train"][0] if len(splits) > 1 else split,
+            eval_split=next((s for s in splits if s != "train"), splits[0]),
             names=lambda i, split=split: f"{name} {split} example {i}",
         )
     return metadata

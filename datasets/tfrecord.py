@@ -37,7 +37,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from datasets import images, pipeline, records
+from datasets import images, pipeline, records, shards
 from datasets.shards import METADATA, check_shards, count_readable, read_metadata
 from trainer import InputParams, Mode, UserError
 from trainer.model_fn import check_class_ids
@@ -165,7 +165,7 @@ def crop_flip_batch(features: dict, labels: dict, seed: tf.Tensor, pad: int = 4)
 
 def read(
     data_dir: str,
-    split: str,
+    split: str | None,
     mode: Mode,
     params: InputParams,
     *,
@@ -181,7 +181,8 @@ def read(
 
     Args:
       data_dir: a directory written by ``write`` (``python -m datasets.prepare``).
-      split: which split's shards to read.
+      split: which split's shards to read; None: the evaluation split ``dataset.json``
+        names.
       mode: TRAIN shuffles shards and records, repeats and drops the last partial
         batch; EVAL and PREDICT read every record once, in order.
       params: batch size, seed, and this pipeline's share of the shards.
@@ -197,6 +198,7 @@ def read(
         are resized so that their shorter side fits, then centre-cropped.
     """
     metadata, paths = check_shards(data_dir, split)
+    split = split or shards.eval_split(metadata)
     if metadata["image_format"] == images.ENCODED:
         return images.read(
             data_dir,
@@ -220,7 +222,7 @@ def read(
     shape = metadata["image_shape"]
     features_of = pipeline.image_features
     if image_size is not None:
-        features_of = functools.partial(images.square_features, shape=shape, size=image_size)
+        features_of = functools.partial(images.square_features, size=image_size)
     parse = functools.partial(_parsed, metadata=metadata, features_of=features_of)
     augment_fn = crop_flip_batch if augment and training else None
     counts = [shard["count"] for shard in metadata["splits"][split]["shards"]]
@@ -291,9 +293,7 @@ def input_fn(
     ``digits.input_fn`` and ``tfds_images.input_fn``, so one model reads all three.
     TRAIN reads ``train_split`` forever, EVAL and PREDICT ``eval_split`` once.
     """
-    if eval_split is None:  # as dataset.json names it ('validation' for ImageNet)
-        eval_split = read_metadata(data_dir).get("eval_split", "test")
-    split = train_split if mode == Mode.TRAIN else eval_split
+    split = train_split if mode == Mode.TRAIN else eval_split  # None: as dataset.json says
     return read(
         data_dir,
         split,
