@@ -36,6 +36,7 @@ class AlexNet(ModelFn):
       batch_norm: batch normalisation in every conv and Dense layer.
       l2: L2 weight decay on all kernels.
       resize_to: resize images to this (height, width) first, e.g. (32, 32) for digits.
+      top_k_errors: report ``top_K_error`` for each K, e.g. ``[1, 5]`` for ImageNet.
       image_key: the feature to classify.
       label_key: the label holding class ids.
     """
@@ -53,12 +54,14 @@ class AlexNet(ModelFn):
         batch_norm: bool = False,
         l2: float = 0.0,
         resize_to: Sequence[int] | None = None,
+        top_k_errors: Sequence[int] = (),
         image_key: str = "image",
         label_key: str = "label",
     ):
         super().__init__(name="alexnet")
         self.image_key, self.label_key = image_key, label_key
         self.resize_to = list(resize_to) if resize_to else None
+        self.top_k_errors = list(top_k_errors)
         self.convs = ConvStack(
             list(conv_filters),
             kernel_size=kernel_size,
@@ -84,7 +87,7 @@ class AlexNet(ModelFn):
         x = self.flatten(self.convs(image, training=training))
         x = self.dense(x, training=training)
         logits = self.logits(x)
-        spec = heads.classification(logits, labels, self.label_key)
+        spec = heads.classification(logits, labels, self.label_key, self.top_k_errors)
         spec.activations = {
             **self.convs.outputs_by_block,
             **self.dense.outputs_by_block,

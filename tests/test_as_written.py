@@ -37,6 +37,8 @@ NOT_RUN = {
     'python3 -m pip install -e ".[test]"': "CI's own install",
     "python3 -m pytest -q -n 2": "this suite",
     "python3 -m trainer --gin_file experiments/cifar10_alexnet.gin --num_devices 8": "8 GPUs",
+    "python3 -m trainer --gin_file experiments/imagenet_alexnet.gin": "ImageNet; "
+    "test_image_folders.py trains it small on shards in ImageNet's layout",
     **{
         f"python3 -m datasets.prepare --tfrecords '/imagenet/{split}-*' --split {split} "
         "--label_offset -1 --out data/imagenet": "ImageNet's shards; test_image_folders.py "

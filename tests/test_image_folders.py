@@ -302,3 +302,31 @@ def test_a_killed_preparation_is_finished_by_the_same_command(tmp_path):
     assert prepare(*args, tmp_path / "straight").returncode == 0
     written = {p.name: p.read_bytes() for p in out.iterdir()}
     assert written == {p.name: p.read_bytes() for p in (tmp_path / "straight").iterdir()}
+
+
+def test_the_imagenet_experiment_trains_small_and_reports_top_k_errors(tmp_path):
+    """imagenet_alexnet.gin on build-script shards, at 64x64 for 10 steps."""
+    import gin
+
+    from datasets import foreign
+    from trainer import cli
+
+    lying = tmp_path / "imagenet"
+    lying.mkdir()
+    imagenet_layout(lying, per_split=((("train", 2), 32), (("validation", 1), 12)))
+    for split in ("train", "validation"):
+        foreign.index(f"{lying}/{split}-*", split, str(tmp_path / "data"), label_offset=-1)
+    gin.parse_config_files_and_bindings(
+        [f"{REPO}/experiments/imagenet_alexnet.gin", f"{REPO}/experiments/smoke.gin"],
+        [
+            f"tfrecord.input_fn.data_dir = '{tmp_path / 'data'}'",
+            "tfrecord.input_fn.image_size = 64",
+            "Estimator.global_batch_size = 8",
+            "Estimator.steps_per_loop = 5",
+        ],
+    )
+    result = cli.experiment(model_dir=str(tmp_path / "run"), schedule="train_and_evaluate")
+    metrics = result["metrics"]["eval"]
+    assert result["global_step"] == 10
+    assert metrics["top_1_error"] == pytest.approx(1 - metrics["accuracy"])
+    assert metrics["top_5_error"] == 0.0  # three classes: the label is always in the top 5
