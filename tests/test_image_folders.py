@@ -330,3 +330,45 @@ def test_the_imagenet_experiment_trains_small_and_reports_top_k_errors(tmp_path)
     assert result["global_step"] == 10
     assert metrics["top_1_error"] == pytest.approx(1 - metrics["accuracy"])
     assert metrics["top_5_error"] == 0.0  # three classes: the label is always in the top 5
+
+
+PEAK_MEMORY = """
+import resource, subprocess, sys
+subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+"""
+
+
+def test_preparing_four_times_the_images_takes_no_more_memory(tmp_path):
+    """Peak memory of prepare --images on 4,000 and on 16,000 images: within 60 MB."""
+    rng = np.random.default_rng(0)
+    # Ten JPEGs of each class, 8 kB each, repeated under new names: a preparation that
+    # held the images in a list would take ~95 MB more for the 12,000 more.
+    tiles = [
+        [
+            image_folders.encoded(image_folders.picture(label, rng, (160, 160)), "jpeg")
+            for _ in range(10)
+        ]
+        for label in range(3)
+    ]
+    peaks = {}
+    for count in (4_000, 16_000):
+        root = tmp_path / f"photos{count}"
+        for name in image_folders.CLASSES:
+            (root / name).mkdir(parents=True)
+        for i in range(count):
+            label = i % 3
+            path = root / image_folders.CLASSES[label] / f"{i}.jpg"
+            path.write_bytes(tiles[label][i % 10])
+        command = [sys.executable, "-m", "datasets.prepare", "--images", str(root)]
+        proc = subprocess.run(
+            [sys.executable, "-c", PEAK_MEMORY, *command, "--out", str(tmp_path / f"out{count}")],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        peaks[count] = int(proc.stdout.split()[-1]) / 1024  # MB
+    assert abs(peaks[16_000] - peaks[4_000]) < 60, peaks
