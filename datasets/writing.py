@@ -314,7 +314,8 @@ class _Progress:
     def __init__(self, split: str, total: int, start: int):
         self.total, self.n, self.split = total, start, split
         terminal = sys.stdout.isatty()
-        self.bar = console.ProgressBar(start, total, split, "img", True) if terminal else None
+        large = total >= 10_000  # 96.0k/1.28M, but 32/164 rather than 32.0/164
+        self.bar = console.ProgressBar(start, total, split, "img", large) if terminal else None
         self.next_line = start + max(LINES_FROM, total // 10)
 
     def advance(self) -> None:
