@@ -55,6 +55,7 @@ class ModelState:
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.ema: WeightAverage | None = None
         self.steps: Steps | None = None  # built on first use, from the data's shapes
+        self.traced: set[Mode] = set()  # modes whose metrics the steps know
         self.has_state = False  # True once the weights in memory are trained or restored
         self.graph_written = False  # the compiled step's graph, to TensorBoard once
         self.seconds = seconds
@@ -71,9 +72,12 @@ class ModelState:
         a batch, so a checkpoint can be restored into them before the first step.
         """
         if self.steps is not None:
+            if mode in (Mode.TRAIN, Mode.EVAL) and mode not in self.traced:
+                self._find_metrics(element_spec, mode)  # a model's metrics may differ by mode
             return self.steps
         started = time.perf_counter()
         metrics, streamed = self._trace(element_spec, mode)
+        self.traced.add(mode)
         self.placement.adopt_metrics(streamed.values())
         self.seconds["building"] += time.perf_counter() - started
         variables = self.model_fn.trainable_variables
@@ -94,6 +98,20 @@ class ModelState:
                 jit_compile=self.jit_compile,
             )
         return self.steps
+
+    def _find_metrics(self, element_spec, mode: Mode) -> None:
+        """Traces the model in a mode not traced before and takes that mode's metrics.
+
+        The steps were built from another mode's trace; a metric made in EVAL only
+        (an AUC) or in TRAIN only is found here, before that mode's step is traced.
+        """
+        started = time.perf_counter()
+        metrics, streamed = self._trace(element_spec, mode)
+        self.traced.add(mode)
+        self.placement.adopt_metrics(streamed.values())
+        with self.placement.scope():
+            self.steps.count_metrics(mode, metrics, streamed)
+        self.seconds["building"] += time.perf_counter() - started
 
     def checkpoint_items(self, optimizer: bool) -> dict:
         """What a checkpoint holds: weights, step, RNG and BN state, EMA, optimizer."""

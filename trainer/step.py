@@ -100,11 +100,8 @@ class Steps:
         self.has_regularization = bool(model_fn.regularization_losses)
         self.towers = placement.towers(model_fn)
         self.update = placement.update_fn(optimizer, summed=bool(clip_gradient_norm))
-        train_scalars = ["loss"] + (["regularization_loss"] if self.has_regularization else [])
-        self.train_metrics = MetricSums(metric_names, train_scalars, placement.per_replica)
-        self.eval_metrics = MetricSums(
-            metric_names, per_replica=placement.per_replica, streamed=streamed_metrics
-        )
+        self.count_metrics(Mode.TRAIN, metric_names, {})
+        self.count_metrics(Mode.EVAL, metric_names, streamed_metrics)
         self.times_input = not _op_determinism()  # tf.timestamp is refused under it
         with tf.init_scope():
             # A step's loss was NaN or Inf: the block ended there, the step not counted.
@@ -127,6 +124,22 @@ class Steps:
         self.train_loop = tf.function(loop)
         self.evaluate = tf.function(self._evaluate)
         self.predict = tf.function(self._predict)
+
+    def count_metrics(
+        self, mode: Mode, names: Sequence[str], streamed: Mapping[str, keras.metrics.Metric]
+    ) -> None:
+        """Sums ``names`` (and ``streamed``, in EVAL) in ``mode``'s steps from now on.
+
+        Called before that mode's step is first traced: a traced step keeps the sums
+        it was traced with.
+        """
+        if mode == Mode.TRAIN:
+            scalars = ["loss"] + (["regularization_loss"] if self.has_regularization else [])
+            self.train_metrics = MetricSums(names, scalars, self.placement.per_replica)
+        else:
+            self.eval_metrics = MetricSums(
+                names, per_replica=self.placement.per_replica, streamed=streamed
+            )
 
     # ------------------------------------------------------------ the step
 

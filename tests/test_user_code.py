@@ -1,0 +1,59 @@
+"""The user's own code as README teaches it, honoured or refused, never silently changed."""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import trainer
+
+
+def labelled_data(mode, params):
+    """An input_fn as README writes one: arrays, shuffled and batched."""
+    rng = np.random.default_rng(0 if mode == trainer.Mode.TRAIN else 1)
+    x = rng.normal(size=(256, 4)).astype("float32")
+    y = (x[:, 0] + 0.3 * rng.normal(size=256) > 0).astype("int64")
+    dataset = tf.data.Dataset.from_tensor_slices(({"x": x}, {"y": y}))
+    if mode == trainer.Mode.TRAIN:
+        dataset = dataset.shuffle(256, seed=params.seed).repeat()
+    return dataset.batch(params.batch_size)
+
+
+class AucOnlyInEval(trainer.ModelFn):
+    """A classifier that reports its AUC in evaluation only, as a user may write it."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(1)
+        self.auc = keras.metrics.AUC()
+
+    def __call__(self, features, labels, mode):
+        logit = self.dense(features["x"])[:, 0]
+        probability = tf.sigmoid(logit)
+        if labels is None:
+            return trainer.Spec(predictions={"probability": probability})
+        y = tf.cast(labels["y"], tf.float32)
+        loss = tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=logit)
+        metrics = {"err": tf.cast(tf.not_equal(probability > 0.5, y > 0.5), tf.float32)}
+        if mode == trainer.Mode.EVAL:
+            metrics["auc"] = (self.auc, y, probability)
+        return trainer.Spec({"probability": probability}, tf.reduce_mean(loss), metrics)
+
+
+def test_metrics_made_in_one_mode_only_are_found_when_that_mode_is_first_traced(tmp_path):
+    """The EVAL-only AUC is reported and ranks the best export, after training traced first;
+    evaluated first, a later training logs only what TRAIN makes."""
+    estimator = trainer.Estimator(
+        AucOnlyInEval(),
+        str(tmp_path),
+        global_batch_size=32,
+        optimizer=keras.optimizers.Adam(0.05),
+        export_best_metric="auc",
+        progress=False,
+    )
+    final = estimator.train_and_evaluate(labelled_data, labelled_data, 40, eval_every_steps=20)
+    assert sorted(final["eval"]) == ["auc", "err", "loss"]
+    assert 0.8 < final["eval"]["auc"] <= 1.0 and final["eval"]["err"] < 0.3
+    assert (tmp_path / "export" / "best" / "best.json").is_file()
+    again = trainer.Estimator(AucOnlyInEval(), str(tmp_path), global_batch_size=32, progress=False)
+    assert again.evaluate(labelled_data) == estimator.evaluate(labelled_data)
+    assert again.train(labelled_data, max_steps=50) == 50
