@@ -57,3 +57,22 @@ def test_metrics_made_in_one_mode_only_are_found_when_that_mode_is_first_traced(
     again = trainer.Estimator(AucOnlyInEval(), str(tmp_path), global_batch_size=32, progress=False)
     assert again.evaluate(labelled_data) == estimator.evaluate(labelled_data)
     assert again.train(labelled_data, max_steps=50) == 50
+
+
+def test_a_keras_models_single_output_is_keyed_by_the_name_the_user_gave_or_output():
+    """Not by Keras's layer counter (dense in one process, dense_2 in another)."""
+    from trainer.keras_model import KerasModel
+
+    def functional(name=None, layers_before=0):
+        for _ in range(layers_before):  # layers made earlier move Keras's counter on
+            keras.layers.Dense(1)
+        x = keras.Input((4,), name="x")
+        model = keras.Model(x, keras.layers.Dense(1, name=name)(x))
+        model.compile(loss="mse")
+        return KerasModel(model)
+
+    features = {"x": tf.zeros([2, 4])}
+    for model in (functional(), functional(layers_before=3)):
+        assert list(model(features, None, trainer.Mode.PREDICT).predictions) == ["output"]
+    named = functional("price")(features, None, trainer.Mode.PREDICT)
+    assert list(named.predictions) == ["price"]

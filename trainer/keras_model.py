@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -153,6 +154,8 @@ class KerasModel(ModelFn):
             return sorted(outputs)
         names = list(getattr(self.model, "output_names", None) or [])
         count = len(outputs) if isinstance(outputs, list | tuple) else 1
+        if count == 1 and names and self._auto_named(names[0]):
+            names = []  # 'dense_2' is Keras's counter, not a name: 'output' every time
         return (
             names
             if len(names) == count
@@ -160,6 +163,16 @@ class KerasModel(ModelFn):
             if count == 1
             else [f"output_{i}" for i in range(count)]
         )
+
+    def _auto_named(self, name: str) -> bool:
+        """Whether a layer's name is the one Keras made up from its class and a count."""
+        try:
+            layer = self.model.get_layer(name)
+        except ValueError:
+            return False
+        made_up = re.sub(r"(.)([A-Z][a-z]+)", r"\1_\2", type(layer).__name__)
+        made_up = re.sub(r"([a-z])([A-Z])", r"\1_\2", made_up).lower()  # Keras's snake case
+        return re.fullmatch(rf"{re.escape(made_up)}(_\d+)?", name) is not None
 
     def _targets(self, labels: Mapping[str, tf.Tensor], outputs: list[str]):
         if len(outputs) == 1 and len(labels) == 1:
