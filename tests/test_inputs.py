@@ -18,7 +18,7 @@ def inputs(seed=7):
 def recording(calls):
     def input_fn(mode, params: InputParams):
         calls.append((mode, params))
-        return tf.data.Dataset.from_tensors(({"x": tf.zeros([2])}, {"y": tf.zeros([])}))
+        return tf.data.Dataset.from_tensors(({"x": tf.zeros([1, 2])}, {"y": tf.zeros([1])}))
 
     return input_fn
 

@@ -1,7 +1,10 @@
 """The user's own code as README teaches it, honoured or refused, never silently changed."""
 
+import os
+
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import trainer
@@ -76,3 +79,66 @@ def test_a_keras_models_single_output_is_keyed_by_the_name_the_user_gave_or_outp
         assert list(model(features, None, trainer.Mode.PREDICT).predictions) == ["output"]
     named = functional("price")(features, None, trainer.Mode.PREDICT)
     assert list(named.predictions) == ["price"]
+
+
+def bare_labels(mode, params):
+    """The Keras habit: labels as a bare tensor beside a dict of features."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(128, 4)).astype("float32")
+    y = (x[:, 0] > 0).astype("int64")
+    dataset = tf.data.Dataset.from_tensor_slices(({"x": x}, y))
+    if mode == trainer.Mode.TRAIN:
+        dataset = dataset.repeat()
+    return dataset.batch(params.batch_size)
+
+
+def test_bare_labels_train_a_single_output_keras_model(tmp_path):
+    x = keras.Input((4,), name="x")
+    model = keras.Model(x, keras.layers.Dense(2)(x))
+    model.compile(
+        optimizer=keras.optimizers.Adam(0.05),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    estimator = trainer.Estimator(model, str(tmp_path), global_batch_size=32, progress=False)
+    estimator.train(bare_labels, max_steps=30)
+    assert estimator.evaluate(bare_labels)["accuracy"] > 0.9
+
+
+def test_bare_labels_for_a_model_that_reads_them_by_key_say_how_to_name_them(tmp_path):
+    estimator = trainer.Estimator(AucOnlyInEval(), str(tmp_path), global_batch_size=32)
+    with pytest.raises(trainer.UserError) as error:
+        estimator.train(bare_labels, max_steps=1)
+    assert str(error.value) == (
+        "AucOnlyInEval reads its labels by key, but the input_fn's labels are a bare tensor "
+        "(int64 [None]): name them, e.g. end the input_fn with "
+        ".map(lambda features, label: (features, {'label': label})) and read labels['label']"
+    )
+    assert [f for f in os.listdir(tmp_path) if f != ".trainer.lock"] == []  # nothing written
+
+
+def unbatched(mode, params):
+    return bare_labels(mode, params).unbatch()
+
+
+def test_a_dataset_never_batched_is_named_as_such(tmp_path):
+    estimator = trainer.Estimator(AucOnlyInEval(), str(tmp_path), global_batch_size=32)
+    with pytest.raises(trainer.UserError) as error:
+        estimator.train(unbatched, max_steps=1)
+    assert str(error.value) == (
+        "input_fn unbatched yields single examples (features {'x': [4]}, labels []), not "
+        "batches: end it with .batch(params.batch_size)"
+    )
+
+
+def test_a_compiled_metric_named_by_a_string_keeps_that_name():
+    """'auc' is reported as 'auc', as Keras reports it, whatever AUCs were made before."""
+    from trainer.keras_model import KerasModel
+
+    keras.metrics.AUC(), keras.metrics.AUC()  # Keras would count this model's as auc_2
+    x = keras.Input((4,), name="x")
+    model = keras.Model(x, keras.layers.Dense(1, "sigmoid")(x))
+    model.compile("adam", "binary_crossentropy", metrics=["auc", "precision"])
+    labels = {"y": tf.zeros([2, 1])}
+    spec = KerasModel(model)({"x": tf.zeros([2, 4])}, labels, trainer.Mode.EVAL)
+    assert sorted(spec.metrics) == ["auc", "precision"]

@@ -132,6 +132,13 @@ class Inputs:
                 f"input_fn {_name(input_fn)} yields {spec} in mode {mode.value!r}; "
                 "TRAIN and EVAL need (features, labels) pairs"
             )
+        if _single_examples(spec):
+            shapes = tf.nest.map_structure(lambda s: s.shape.as_list(), spec)
+            shown = f"features {shapes[0]}, labels {shapes[1]}" if has_labels else f"{shapes}"
+            raise UserError(
+                f"input_fn {_name(input_fn)} yields single examples ({shown}), not batches: "
+                "end it with .batch(params.batch_size)"
+            )
         return dataset
 
     def eval_datasets(
@@ -173,6 +180,18 @@ class Inputs:
         if mode == Mode.TRAIN and int(self.seed.numpy()) >= 0:
             return int(self.seed.numpy())
         return self.run_seed
+
+
+def _single_examples(element_spec) -> bool:
+    """Whether a dataset yields examples one by one: a batch has one leading dimension.
+
+    A scalar cannot be a batch, nor can tensors whose known first sizes differ.
+    """
+    specs = [s for s in tf.nest.flatten(element_spec) if isinstance(s, tf.TensorSpec)]
+    if any(s.shape.rank == 0 for s in specs):
+        return True
+    firsts = {s.shape[0] for s in specs if s.shape.rank}
+    return None not in firsts and len(firsts) > 1
 
 
 def _name(fn) -> str:

@@ -88,6 +88,8 @@ class KerasModel(ModelFn):
         predictions = _by_name(outputs, self._output_names(outputs))
         if labels is None:
             return Spec(predictions=predictions)
+        if not isinstance(labels, Mapping):  # Keras's habit: one bare label tensor
+            labels = {"label": labels}
         targets = self._targets(labels, list(predictions))
         per_output = self._resolve(targets, predictions)
         loss, metrics = 0.0, {}
@@ -297,7 +299,10 @@ def _made_now(metrics):
     stateful = isinstance(metric, keras.metrics.Metric) and not isinstance(
         metric, keras.metrics.MeanMetricWrapper
     )
-    return metric if stateful else metrics
+    if not stateful:
+        return metrics
+    # Named as given, as Keras reports it: not 'auc_2', Keras's count of AUCs made so far.
+    return type(metric).from_config({**metric.get_config(), "name": metrics})
 
 
 def _shapes(y_true, y_pred) -> tuple[bool, bool]:

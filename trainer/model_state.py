@@ -151,14 +151,7 @@ class ModelState:
         found = {}
 
         def trace(features, labels=None):
-            try:
-                spec = self.model_fn(features, labels, mode)
-            except (ValueError, TypeError) as error:
-                shapes = tf.nest.map_structure(lambda t: t.shape.as_list(), features_spec)
-                raise UserError(
-                    f"{name} cannot take the input_fn's features {shapes}: "
-                    + (_not_dicts(features_spec, labels_spec) or errors.first_line(error))
-                ) from None
+            spec = self.model_fn(features, labels, mode)
             try:
                 check_spec(spec, mode, name)
             except ValueError as error:
@@ -173,6 +166,8 @@ class ModelState:
             self.placement.create_variables(self.model_fn, features_spec)
             with self.placement.scope():
                 tf.function(trace).get_concrete_function(*args)
+        except (ValueError, TypeError) as error:
+            raise UserError(_cannot_take(name, features_spec, labels_spec, error)) from None
         except KeyError as error:
             key = _missing_key(error)
             given = {
@@ -222,6 +217,21 @@ def _missing_key(error: KeyError):
     key = error.args[0] if error.args else None
     quoted = re.search(r"KeyError: (['\"].*['\"])\s*$", str(key), re.M)
     return ast.literal_eval(quoted.group(1)) if quoted else key
+
+
+def _cannot_take(name: str, features_spec, labels_spec, error: Exception) -> str:
+    """Why the model failed on the input_fn's features and labels, and the fix."""
+    if isinstance(features_spec, dict) and isinstance(labels_spec, tf.TensorSpec):
+        return (
+            f"{name} reads its labels by key, but the input_fn's labels are a bare tensor "
+            f"({labels_spec.dtype.name} {labels_spec.shape.as_list()}): name them, e.g. end "
+            "the input_fn with .map(lambda features, label: (features, {'label': label})) "
+            "and read labels['label']"
+        )
+    shapes = tf.nest.map_structure(lambda t: t.shape.as_list(), features_spec)
+    return f"{name} cannot take the input_fn's features {shapes}: " + (
+        _not_dicts(features_spec, labels_spec) or errors.first_line(error)
+    )
 
 
 def _not_dicts(features_spec, labels_spec) -> str | None:
