@@ -219,6 +219,23 @@ ROWS = {
         r"unknown flag --max_steps: it is a gin setting, e\.g\. "
         r"--gin_param 'experiment\.max_steps = 500'",
     ),
+    "keras_batch_size_flag": (
+        flags("--batch_size=256"),
+        r"unknown flag --batch_size: the training batch, over all devices, is "
+        r"--gin_param 'Estimator\.global_batch_size = 256' \(Estimator\.eval_batch_size is "
+        r"evaluation's\)",
+    ),
+    "keras_epochs_flag": (
+        flags("--epochs=10"),
+        r"unknown flag --epochs: training runs to a step, not an epoch: --gin_param "
+        r"'experiment\.max_steps = N' with N = 10 x training examples / "
+        r"Estimator\.global_batch_size",
+    ),
+    "keras_lr_flag": (
+        flags("--lr=0.01"),
+        r"unknown flag --lr: the learning rate is the optimizer's, e\.g\. --gin_param "
+        r"'Adam\.learning_rate = 0\.01' for the optimizer Estimator\.optimizer names",
+    ),
     "misspelt_flag": (
         flags("--model-dir=x"),
         r"unknown flag --model-dir; did you mean --model_dir\?",

@@ -152,9 +152,30 @@ def fail(message: str, exit_code: int = EXIT_USER_ERROR, prefix: str = "error") 
     sys.exit(exit_code)
 
 
+# Flags Keras and Lightning users type, and the gin setting that does what they mean.
+FOREIGN_FLAGS = {
+    "batch_size": (
+        ": the training batch, over all devices, is --gin_param "
+        "'Estimator.global_batch_size = {v}' (Estimator.eval_batch_size is evaluation's)"
+    ),
+    "epochs": (
+        ": training runs to a step, not an epoch: --gin_param 'experiment.max_steps = N' "
+        "with N = {v} x training examples / Estimator.global_batch_size"
+    ),
+    "lr": (
+        ": the learning rate is the optimizer's, e.g. --gin_param 'Adam.learning_rate = {v}' "
+        "for the optimizer Estimator.optimizer names"
+    ),
+}
+FOREIGN_FLAGS["max_epochs"] = FOREIGN_FLAGS["epochs"]
+FOREIGN_FLAGS["learning_rate"] = FOREIGN_FLAGS["lr"]
+
+
 def _flag_hint(name: str, value: str) -> str:
     """For an unknown --flag: the gin setting of that name, or the closest flags."""
     shown = value.split("=", 1)[1] if "=" in value else "..."
+    if name in FOREIGN_FLAGS:
+        return FOREIGN_FLAGS[name].format(v=shown)
     settings = _settings()
     for configurable, parameters in settings.items():
         if name in parameters:
