@@ -1,6 +1,7 @@
 """The user's own code as README teaches it, honoured or refused, never silently changed."""
 
 import os
+import re
 
 import keras
 import numpy as np
@@ -142,3 +143,26 @@ def test_a_compiled_metric_named_by_a_string_keeps_that_name():
     labels = {"y": tf.zeros([2, 1])}
     spec = KerasModel(model)({"x": tf.zeros([2, 4])}, labels, trainer.Mode.EVAL)
     assert sorted(spec.metrics) == ["auc", "precision"]
+
+
+def test_a_saved_shuffle_buffer_larger_than_the_model_is_warned_of(tmp_path, caplog):
+    """README's own input_fn over 20,000 examples: its 20,000-example shuffle buffer (5 MB
+    of floats, more serialized) is saved in each checkpoint of a 5-weight model."""
+
+    def wide(mode, params):
+        rng = np.random.default_rng(0)
+        x = rng.normal(size=(20_000, 64)).astype("float32")
+        dataset = tf.data.Dataset.from_tensor_slices(({"x": x}, {"y": (x[:, 0] > 0) * 1}))
+        return dataset.shuffle(20_000, seed=params.seed).repeat().batch(params.batch_size)
+
+    class Wide(AucOnlyInEval):
+        pass
+
+    estimator = trainer.Estimator(Wide(), str(tmp_path), global_batch_size=32, progress=False)
+    with caplog.at_level("WARNING"):
+        estimator.train(wide, max_steps=5)
+    warnings = [r.getMessage() for r in caplog.records if "saved state" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    size = re.match(r"The training input's saved state is (\d+) MB in each checkpoint", warnings[0])
+    assert size and int(size.group(1)) >= 5, warnings[0]
+    assert "held by its shuffle buffer (Dataset.shuffle): read the data by index" in warnings[0]
