@@ -6,7 +6,8 @@ before TensorFlow starts (and strategies of different sizes cannot share a proce
     python tests/resume_runs.py MODEL_DIR DISTRIBUTION:DEVICES MAX_STEPS[,MAX_STEPS...] [CLIP]
 
 (several MAX_STEPS: train to each in turn, printing a table at each; CLIP: clip the
-gradient's global norm to it). Under
+gradient's global norm to it; RESUME_RUNS_INPUT=own in the environment: the input_fn a
+user writes from arrays instead of the framework's indexed one). Under
 ``multi_worker:1`` each worker process runs it with its TF_CONFIG.
 
 The model holds one weight per example id, its loss is the mean weight of the batch,
@@ -18,6 +19,7 @@ weights exactly when every step read the same examples.
 """
 
 import json
+import os
 import sys
 
 from trainer import parallel
@@ -58,6 +60,16 @@ def input_fn(mode, params):
     return pipeline.build(ids, mode, params, lambda e: ({"id": e["id"]}, {"id": e["id"]}))
 
 
+def own_input_fn(mode, params):
+    """As README's user writes one: arrays, shuffled, batched; no word of the workers."""
+    ids = np.arange(EXAMPLES)
+    dataset = tf.data.Dataset.from_tensor_slices(({"id": ids}, {"id": ids}))
+    return dataset.shuffle(EXAMPLES, seed=params.seed).repeat().batch(params.batch_size)
+
+
+INPUT_FNS = {"indexed": input_fn, "own": own_input_fn}
+
+
 def main(model_dir: str, stops: list[int]) -> None:
     distribution, _, devices = SETUP
     rates = keras.optimizers.schedules.PiecewiseConstantDecay(
@@ -77,7 +89,7 @@ def main(model_dir: str, stops: list[int]) -> None:
         clip_gradient_norm=float(sys.argv[4]) if len(sys.argv) > 4 else None,
     )
     for max_steps in stops:
-        estimator.train(input_fn, max_steps)
+        estimator.train(INPUT_FNS[os.environ.get("RESUME_RUNS_INPUT", "indexed")], max_steps)
         table = estimator.model_fn.table.embeddings.numpy()[:, 0].tolist()
         print(json.dumps({"step": estimator.step, "table": table}))
 

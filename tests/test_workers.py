@@ -191,6 +191,23 @@ def test_reruns_on_fewer_or_more_workers_read_what_one_uninterrupted_run_reads(t
     assert checkpoint_steps(model_dir)[-1] == 16
 
 
+def test_a_users_own_input_fn_is_shared_out_between_workers_as_one_process_reads_it(tmp_path):
+    """README's input_fn (arrays, shuffle, batch by params.batch_size), which does not read
+    params.input_pipeline_id: two workers read what one process reads at the same global
+    batch (bit-equal id tables), not the same batches twice."""
+    own = {"RESUME_RUNS_INPUT": "own"}
+    straight = resume_run(tmp_path / "straight", "towers:1", 8, own)
+    ports = free_ports(2)
+    runs = [
+        resume_run(tmp_path / "run", "multi_worker:1", 8, {"TF_CONFIG": tf_config(ports, i), **own})
+        for i in range(2)
+    ]
+    expected = table(straight)["table"]
+    for run in runs:
+        assert table(run)["table"] == expected
+    assert np.std(expected) > 0.1
+
+
 def test_two_workers_clip_the_summed_gradient_as_one_process_does(tmp_path):
     """The global norm of the gradient summed over the workers is clipped: the id-table
     model's weights equal one process's, and differ from unclipped training."""

@@ -27,7 +27,6 @@ step, and jit_compile reads a block's batches before the block.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import warnings
 from collections.abc import Callable, Sequence
 
@@ -272,14 +271,17 @@ class Placement:
         skipping = []
 
         def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
-            dataset = build(
-                dataclasses.replace(
-                    params,
-                    batch_size=context.get_per_replica_batch_size(params.global_batch_size),
-                    num_input_pipelines=context.num_input_pipelines,
-                    input_pipeline_id=context.input_pipeline_id,
-                )
+            share = _Watched(
+                **{
+                    **vars(params),
+                    "batch_size": context.get_per_replica_batch_size(params.global_batch_size),
+                    "num_input_pipelines": context.num_input_pipelines,
+                    "input_pipeline_id": context.input_pipeline_id,
+                }
             )
+            dataset = build(share)
+            if context.num_input_pipelines > 1 and not share.shared_out:
+                dataset = _shared_out(dataset, context)
             if is_positioned(dataset) or not step:
                 return dataset
             skipping.append(step)
@@ -290,6 +292,44 @@ class Placement:
         if skipping:
             logging.info("Skipping the input of the %d steps already trained", step)
         return iter(distributed)
+
+
+class _Watched(InputParams):
+    """InputParams that note whether the input_fn asked which pipeline it is."""
+
+    def __getattribute__(self, name: str):
+        if name in ("num_input_pipelines", "input_pipeline_id"):
+            object.__setattr__(self, "_asked", True)  # the dataclass is frozen
+        return super().__getattribute__(name)
+
+    @property
+    def shared_out(self) -> bool:
+        """Whether the input_fn read ``input_pipeline_id`` or ``num_input_pipelines``."""
+        return self.__dict__.get("_asked", False)
+
+
+def _shared_out(dataset: tf.data.Dataset, context: tf.distribute.InputContext):
+    """Worker i of n takes every n-th batch of an input_fn that does not shard itself.
+
+    Every worker builds the same stream (seeded by ``params.seed``), so the shares are
+    disjoint and a step reads what one process reads at the same global batch, as
+    tf.distribute's auto-sharding by data would.
+    """
+    count, index = context.num_input_pipelines, context.input_pipeline_id
+    if index == 0 and "shared_out" not in _WARNED:
+        _WARNED.add("shared_out")
+        logging.info(
+            "The input_fn does not read params.input_pipeline_id: each of the %d workers "
+            "takes every %d-th of its batches (seed its shuffle with params.seed so that "
+            "every worker builds the same order), or read by index: datasets.pipeline.build "
+            "over an ArraySource",
+            count,
+            count,
+        )
+    return dataset.shard(count, index)
+
+
+_WARNED: set[str] = set()
 
 
 def _strategy_and_devices(
