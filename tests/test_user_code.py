@@ -166,3 +166,50 @@ def test_a_saved_shuffle_buffer_larger_than_the_model_is_warned_of(tmp_path, cap
     size = re.match(r"The training input's saved state is (\d+) MB in each checkpoint", warnings[0])
     assert size and int(size.group(1)) >= 5, warnings[0]
     assert "held by its shuffle buffer (Dataset.shuffle): read the data by index" in warnings[0]
+
+
+class WrongAucArgs(AucOnlyInEval):
+    """The AUC named with its labels only: update_state(y_true) lacks y_pred."""
+
+    def __call__(self, features, labels, mode):
+        spec = super().__call__(features, labels, mode)
+        if mode == trainer.Mode.EVAL:
+            spec.metrics["auc"] = (self.auc, tf.cast(labels["y"], tf.float32))
+        return spec
+
+
+def test_a_streamed_metric_given_the_wrong_arguments_is_named_before_training(tmp_path):
+    estimator = trainer.Estimator(WrongAucArgs(), str(tmp_path), global_batch_size=32)
+    with pytest.raises(trainer.UserError) as error:
+        estimator.train_and_evaluate(labelled_data, labelled_data, 40, eval_every_steps=20)
+    assert str(error.value).startswith(
+        "WrongAucArgs's metric 'auc' (AUC) cannot take the 1 value given with it (float32 [None]): "
+    ), str(error.value)
+    assert str(error.value).endswith(
+        "name it as (metric, *update_state arguments), e.g. (metric, labels, predictions)"
+    )
+    assert estimator.step == 0 and not list(tmp_path.glob("ckpt-*"))
+
+
+class MetricMadeInCall(AucOnlyInEval):
+    def __call__(self, features, labels, mode):
+        spec = super().__call__(features, labels, mode)
+        if mode == trainer.Mode.EVAL:
+            fresh = keras.metrics.AUC()  # made anew at each call: its state would be lost
+            spec.metrics["auc"] = (
+                fresh,
+                tf.cast(labels["y"], tf.float32),
+                spec.predictions["probability"],
+            )
+        return spec
+
+
+def test_a_metric_made_in_call_is_named_not_blamed_on_the_features(tmp_path):
+    estimator = trainer.Estimator(MetricMadeInCall(), str(tmp_path), global_batch_size=32)
+    with pytest.raises(trainer.UserError) as error:
+        estimator.train_and_evaluate(labelled_data, labelled_data, 40, eval_every_steps=20)
+    assert str(error.value) == (
+        "MetricMadeInCall makes new variables each time it is called (a Keras metric or layer "
+        "created in __call__?): create it once, in __init__, and use it in __call__"
+    )
+    assert estimator.step == 0

@@ -403,7 +403,11 @@ class Estimator:
             self.early_stopping,
         )
         self._train(
-            train_input_fn, max_steps, extra=[hooks.Periodic(eval_every_steps, evaluations)]
+            train_input_fn,
+            max_steps,
+            extra=[hooks.Periodic(eval_every_steps, evaluations)],
+            # Traced before the first step: a mistake in evaluation is said at once.
+            ready=lambda: self.model.build(first.element_spec, Mode.EVAL),
         )
         return evaluations.final(self.step)
 
@@ -420,6 +424,7 @@ class Estimator:
         max_steps: int,
         extra: Sequence[hooks.Periodic] = (),
         hooks_: Sequence[hooks.Hook] = (),
+        ready: Callable[[], object] | None = None,
     ) -> int:
         tf.io.gfile.makedirs(self.write_dir)
         with WriterLock(self.write_dir):  # one trainer per model_dir
@@ -432,7 +437,7 @@ class Estimator:
                 self.model_dir,
                 self.config,
             )
-            return run.run(input_fn, max_steps, extra, hooks_)
+            return run.run(input_fn, max_steps, extra, hooks_, ready)
 
     def _evaluate(self, dataset: tf.data.Dataset, steps: int | None, name: str) -> dict:
         shows = self.settings.progress and self.placement.worker is None

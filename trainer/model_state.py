@@ -159,6 +159,7 @@ class ModelState:
             per_example, streamed = split_metrics(spec.metrics)
             found["metrics"] = sorted(per_example)
             found["streamed"] = {name: value[0] for name, value in streamed.items()}
+            found["unfit"] = _unfit_metric(name, streamed)  # traced, never run
             return spec.predictions
 
         args = (features_spec,) if labels_spec is None else (features_spec, labels_spec)
@@ -178,6 +179,8 @@ class ModelState:
             if not isinstance(key, str) or any(key in names for names in given.values()):
                 raise  # not a feature or label the input_fn lacks: a bug to trace back
             raise UserError(self._missing_key_message(key, given)) from None
+        if found.get("unfit"):
+            raise UserError(found["unfit"])
         return found.get("metrics", []), found.get("streamed", {})
 
     def _missing_key_message(self, key: str, given: dict[str, list[str]]) -> str:
@@ -219,6 +222,26 @@ def _missing_key(error: KeyError):
     return ast.literal_eval(quoted.group(1)) if quoted else key
 
 
+def _unfit_metric(name: str, streamed: dict) -> str | None:
+    """Why a streamed metric cannot take the values named with it, found while tracing.
+
+    Its ``update_state`` is traced (never run) with them, so that a mistake is said
+    before training rather than at the first evaluation.
+    """
+    for metric_name, (metric, *args) in streamed.items():
+        try:
+            metric.update_state(*args)
+        except (TypeError, ValueError) as error:
+            given = ", ".join(f"{a.dtype.name} {a.shape.as_list()}" for a in args)
+            count = f"{len(args)} value{'s' if len(args) != 1 else ''}"
+            return (
+                f"{name}'s metric {metric_name!r} ({type(metric).__name__}) cannot take the "
+                f"{count} given with it ({given}): {errors.first_line(error)}; name it as "
+                "(metric, *update_state arguments), e.g. (metric, labels, predictions)"
+            )
+    return None
+
+
 def _cannot_take(name: str, features_spec, labels_spec, error: Exception) -> str:
     """Why the model failed on the input_fn's features and labels, and the fix."""
     if isinstance(features_spec, dict) and isinstance(labels_spec, tf.TensorSpec):
@@ -227,6 +250,11 @@ def _cannot_take(name: str, features_spec, labels_spec, error: Exception) -> str
             f"({labels_spec.dtype.name} {labels_spec.shape.as_list()}): name them, e.g. end "
             "the input_fn with .map(lambda features, label: (features, {'label': label})) "
             "and read labels['label']"
+        )
+    if "singleton tf.Variables" in str(error):  # not the input's fault
+        return (
+            f"{name} makes new variables each time it is called (a Keras metric or layer "
+            "created in __call__?): create it once, in __init__, and use it in __call__"
         )
     shapes = tf.nest.map_structure(lambda t: t.shape.as_list(), features_spec)
     return f"{name} cannot take the input_fn's features {shapes}: " + (

@@ -12,7 +12,7 @@ import dataclasses
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -108,9 +108,15 @@ class TrainingRun:
         max_steps: int,
         extra: Sequence[hooks.Periodic | hooks.At] = (),
         hooks_: Sequence[hooks.Hook] = (),
+        ready: Callable[[], object] | None = None,
     ) -> int:
-        """Trains to ``max_steps``; ``extra`` actions run at their steps. Returns the step."""
+        """Trains to ``max_steps``; ``extra`` actions run at their steps. Returns the step.
+
+        ``ready`` is called once the model is built and restored, before the first step.
+        """
         start, restored = self._start(input_fn)
+        if ready is not None:
+            ready()
         if start >= max_steps:
             logging.info("global_step %d >= max_steps %d: nothing to train.", start, max_steps)
             self.writers.metrics.start()  # evaluations after this are recorded
