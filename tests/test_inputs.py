@@ -56,6 +56,7 @@ def test_what_an_input_fn_returns_is_checked_in_one_line():
     with pytest.raises(UserError, match="returned list for mode 'train'; it must return a tf.data"):
         reading.dataset(lambda mode, params: [1, 2], Mode.TRAIN)
     features_only = tf.data.Dataset.from_tensors({"x": tf.zeros([2])})
-    with pytest.raises(UserError, match="TRAIN and EVAL need \\(features, labels\\) pairs"):
+    expected = "TRAIN and EVAL need \\(features, labels\\) or \\(features, labels, sample_weight\\)"
+    with pytest.raises(UserError, match=expected):
         reading.dataset(lambda mode, params: features_only, Mode.EVAL)
     assert reading.dataset(lambda mode, params: features_only, Mode.PREDICT) is features_only

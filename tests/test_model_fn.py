@@ -1,5 +1,7 @@
 """The contract: Mode, Spec checks, variable discovery, PREDICT without labels."""
 
+import dataclasses
+
 import keras
 import numpy as np
 import pytest
@@ -55,7 +57,17 @@ def spec_for(loss=None, metrics=None):
             spec_for(tf.zeros([]), {"auc": ("AUC", tf.zeros([4]), tf.zeros([4]))}),
             Mode.EVAL,
             r"metric 'auc' is a tuple whose first item is str; give a tensor of per-example "
-            r"values, or \(keras.metrics.Metric, \*update_state args\)",
+            r"values, \(values, weights\), or \(keras.metrics.Metric, \*update_state args\)",
+        ),
+        (
+            spec_for(tf.zeros([]), {"acc": (tf.zeros([4]), tf.zeros([4, 1]))}),
+            Mode.EVAL,
+            r"metric 'acc' must hold one value per example \(shape \[batch\]\), got shape \(4, 1\)",
+        ),
+        (
+            dataclasses.replace(spec_for(tf.zeros([])), loss_reduction="sum_over_batch_size"),
+            Mode.TRAIN,
+            "Spec.loss_reduction must be one of mean, sum, got 'sum_over_batch_size'",
         ),
         (Spec({}), Mode.PREDICT, "non-empty dict"),
         ({"y": 1}, Mode.PREDICT, "return a trainer.Spec"),

@@ -182,7 +182,7 @@ def _run() -> tuple[str, int, str] | None:
         model_dir = (FLAGS.model_dir or _default_model_dir(FLAGS.gin_file)).replace(
             "{timestamp}", time.strftime("%Y%m%d-%H%M%S")
         )
-        _CREATED_DIRS[:] = _missing_dirs(model_dir)
+        _CREATED_DIRS[:] = writer_lock.missing_dirs(model_dir)
         _check_writable(model_dir, "--model_dir")
         if FLAGS.schedule == "predict" and not FLAGS.results:
             raise UserError("--schedule=predict needs --results=PATH.jsonl to write to")
@@ -276,17 +276,6 @@ def _config_guard(model_dir: str, saved: str, new: str) -> None:
 
 def _default_model_dir(files: list[str]) -> str:
     return os.path.join("output", os.path.splitext(os.path.basename(files[0]))[0])
-
-
-def _missing_dirs(path: str) -> list[str]:
-    """``path`` and those of its parents that do not exist yet, deepest first."""
-    missing = []
-    path = os.path.abspath(path)
-    while path and not os.path.exists(path):
-        missing.append(path)
-        parent = os.path.dirname(path)
-        path = parent if parent != path else ""
-    return missing
 
 
 def _remove_unused(directories: list[str]) -> None:

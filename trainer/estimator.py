@@ -25,6 +25,7 @@ from trainer import (
     evaluation,
     export,
     hooks,
+    keras_compile,
     logs,
     precision,
     serving,
@@ -190,7 +191,7 @@ class Estimator:
         progress: bool = True,
     ):
         if isinstance(model_fn, keras.Model):  # a Keras model as it is, with its compile()
-            optimizer = optimizer or getattr(model_fn, "optimizer", None)
+            optimizer = keras_compile.optimizer(model_fn, optimizer)
             model_fn = KerasModel(model_fn)
         errors.check_instance("model_fn", model_fn, ModelFn, "a trainer.ModelFn or a keras.Model")
         if optimizer is not None:
@@ -426,8 +427,7 @@ class Estimator:
         hooks_: Sequence[hooks.Hook] = (),
         ready: Callable[[], object] | None = None,
     ) -> int:
-        tf.io.gfile.makedirs(self.write_dir)
-        with WriterLock(self.write_dir):  # one trainer per model_dir
+        with WriterLock(self.write_dir):  # one trainer per model_dir; makes it
             run = training.TrainingRun(
                 self.settings,
                 self.model,

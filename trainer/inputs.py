@@ -126,11 +126,11 @@ class Inputs:
                 f"{mode.value!r}; it must return a tf.data.Dataset of (features, labels)"
             )
         spec = dataset.element_spec
-        has_labels = isinstance(spec, tuple) and len(spec) == 2
+        has_labels = isinstance(spec, tuple) and len(spec) in (2, 3)
         if mode != Mode.PREDICT and not has_labels:
             raise UserError(
                 f"input_fn {_name(input_fn)} yields {spec} in mode {mode.value!r}; "
-                "TRAIN and EVAL need (features, labels) pairs"
+                "TRAIN and EVAL need (features, labels) or (features, labels, sample_weight)"
             )
         if _single_examples(spec):
             shapes = tf.nest.map_structure(lambda s: s.shape.as_list(), spec)

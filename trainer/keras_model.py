@@ -2,8 +2,9 @@
 
 ``Estimator(model, ...)`` takes a compiled ``keras.Model`` (Sequential, functional or
 subclassed) and wraps it in ``KerasModel(model)``, which trains it with the loss(es),
-loss weights and metrics given to ``compile()``; ``KerasModel(model, loss=...,
-metrics=..., loss_weights=...)`` does the same for a model that is not compiled.
+loss weights, metrics and weighted metrics given to ``compile()`` (what of compile()
+is honoured and what refused: ``keras_compile``); ``KerasModel(model, loss=...,
+metrics=..., ...)`` does the same for a model that is not compiled.
 The model keeps its own variables: after training it holds the trained weights, and
 ``model.predict`` or ``model.save('m.keras')`` work on it as ever.
 
@@ -15,8 +16,11 @@ How a batch meets the model:
   unnamed one); with one output the one label is its target, with several each
   output's target is the label of its name;
 * loss: each output's loss (a ``keras.losses`` name, function or object; ``'crossentropy'``
-  chosen by shapes as Keras does), weighted by ``loss_weights`` and added up; the
+  chosen by shapes as Keras does), reduced as the loss object says (the mean, or
+  the sum over each step's batch), weighted by ``loss_weights`` and added up; the
   layers' regularization losses are added by the framework, as for any ModelFn;
+* sample weights: an input_fn that yields ``(features, labels, sample_weight)``
+  weights each example's loss and the weighted metrics, as Keras ``fit`` does;
 * metrics: named as Keras names them (``'accuracy'``, or ``'kind_accuracy'`` with
   several outputs). Means of per-example values (accuracy, MAE) are reported in
   training and evaluation; stateful ``keras.metrics.Metric`` objects (AUC,
@@ -25,8 +29,6 @@ How a batch meets the model:
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -34,8 +36,9 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from trainer import keras_compile
 from trainer.errors import UserError
-from trainer.model_fn import Mode, ModelFn, Spec
+from trainer.model_fn import Mode, ModelFn, Spec, Weighted
 
 
 class KerasModel(ModelFn):
@@ -50,7 +53,11 @@ class KerasModel(ModelFn):
         ``compile``'s.
       loss_weights: a list or dict of each output's weight in the loss; None takes
         ``compile``'s, else 1 each.
+      weighted_metrics: metrics weighted by the input's sample weights, given as
+        ``metrics`` is; None takes ``compile``'s.
     """
+
+    takes_sample_weights = True  # an input_fn may yield (features, labels, sample_weight)
 
     def __init__(
         self,
@@ -58,25 +65,15 @@ class KerasModel(ModelFn):
         loss: Any = None,
         metrics: Any = None,
         loss_weights: Sequence[float] | Mapping[str, float] | None = None,
+        weighted_metrics: Any = None,
     ):
         super().__init__(name="keras_model")
         if not isinstance(model, keras.Model):
             raise UserError(f"KerasModel takes a keras.Model, got {type(model).__name__}")
-        compiled = _compiled(model)
-        loss = compiled.get("loss") if loss is None else loss
-        if loss is None:
-            raise UserError(
-                f"Keras model {model.name!r} has no loss: compile it with "
-                "model.compile(loss=...), or pass trainer.KerasModel(model, loss=...)"
-            )
         self.model = model
         # Kept out of the checkpoint's reach (a plain object is not tracked): compiled
         # metrics hold state of their own, which is not the model's.
-        self._given = _Given(
-            loss,
-            _made_now(compiled.get("metrics") if metrics is None else metrics),
-            compiled.get("loss_weights") if loss_weights is None else loss_weights,
-        )
+        self._given = keras_compile.given(model, loss, metrics, weighted_metrics, loss_weights)
 
     def __str__(self) -> str:
         return f"Keras model {self.model.name!r}"
@@ -88,24 +85,46 @@ class KerasModel(ModelFn):
         predictions = _by_name(outputs, self._output_names(outputs))
         if labels is None:
             return Spec(predictions=predictions)
+        weights = None
+        if isinstance(labels, Weighted):  # the input_fn's (features, labels, sample_weight)
+            labels, weights = labels
         if not isinstance(labels, Mapping):  # Keras's habit: one bare label tensor
             labels = {"label": labels}
         targets = self._targets(labels, list(predictions))
-        per_output = self._resolve(targets, predictions)
+        resolved = self._resolve(targets, predictions)
         loss, metrics = 0.0, {}
-        for name, loss_fn, weight, output_metrics in per_output:
-            y, p = _same_rank(targets[name], predictions[name])
-            output_loss = self._loss_of(name, loss_fn, y, p)  # per example
-            loss += weight * tf.reduce_mean(output_loss)
-            prefix = f"{name}_" if len(per_output) > 1 else ""
+        for output in resolved:
+            y, p = _same_rank(targets[output.name], predictions[output.name])
+            w = self._weights(weights, output.name, p)
+            values = self._loss_of(output.name, output.loss, y, p)  # per example
+            output_loss, per_example = _reduced(values, w, output.reduction)
+            loss += output.weight * output_loss
+            prefix = f"{output.name}_" if len(resolved) > 1 else ""
             if prefix:  # each output's loss, as Keras reports it
-                metrics[f"{name}_loss"] = output_loss
-            for metric_name, fn in output_metrics:
-                streamed = isinstance(fn, keras.metrics.Metric)
-                metrics[prefix + metric_name] = (
-                    (fn, y, p) if streamed else _per_example(fn(y, p), p)
-                )
-        return Spec(predictions=predictions, loss=loss, metrics=metrics)
+                metrics[f"{output.name}_loss"] = per_example
+            for name, fn, weighted in output.metrics:
+                metrics[prefix + name] = _metric_value(fn, y, p, w if weighted else None)
+        summed = any(output.reduction == "sum" for output in resolved)
+        return Spec(
+            predictions=predictions,
+            loss=loss,
+            loss_reduction="sum" if summed else "mean",
+            metrics=metrics,
+        )
+
+    def _weights(self, weights, output: str, p: tf.Tensor) -> tf.Tensor | None:
+        """The sample weights of ``output`` (one for all, or a dict by output) as ``[batch]``."""
+        if isinstance(weights, Mapping):
+            weights = weights.get(output)
+        if weights is None:
+            return None
+        shape = weights.shape
+        if shape.rank not in (1, 2) or (shape.rank == 2 and shape[-1] != 1):
+            raise UserError(
+                f"Keras model {self.model.name!r}: the input_fn's sample_weight has shape "
+                f"{tuple(shape)}; give one weight per example, shape [batch]"
+            )
+        return tf.reshape(tf.cast(weights, tf.float32), [tf.shape(p)[0]])
 
     def _loss_of(self, name: str, loss_fn, y: tf.Tensor, p: tf.Tensor) -> tf.Tensor:
         """The loss of each example of output ``name``.
@@ -189,48 +208,15 @@ class KerasModel(ModelFn):
 
     # ------------------------------------------------------------ loss and metrics
 
-    def _resolve(self, targets, predictions):
-        """Per output: (name, loss, weight, [(metric name, per-example fn or Metric)])."""
+    def _resolve(self, targets, predictions) -> list[keras_compile.Output]:
+        """Per output: its loss, weight, reduction and metrics, resolved on first call."""
         given = self._given
-        if given.per_output is None:
+        if given.outputs is None:
             try:
-                given.per_output = self._outputs_resolved(targets, predictions)
+                given.outputs = keras_compile.resolve(given, targets, predictions)
             except UserError as error:
                 raise UserError(f"Keras model {self.model.name!r}: {error}") from None
-        return given.per_output
-
-    def _outputs_resolved(self, targets, predictions):
-        given, names = self._given, list(predictions)
-        losses = _per_output("loss", given.loss, names)
-        weights = _per_output("loss_weights", given.loss_weights, names, default=1.0)
-        metrics = _per_output("metrics", given.metrics, names, default=[], listed=True)
-        return [
-            (
-                n,
-                _loss(losses[n], targets[n], predictions[n]),
-                float(weights[n]),
-                [_metric(m, targets[n], predictions[n]) for m in metrics[n]],
-            )
-            for n in names
-            if losses[n] is not None
-        ]
-
-
-@dataclasses.dataclass
-class _Given:
-    """The loss, metrics and loss weights as given, and per output once resolved."""
-
-    loss: Any
-    metrics: Any
-    loss_weights: Any
-    per_output: list | None = None  # [(name, loss, weight, [(metric name, fn)])]
-
-
-def _compiled(model: keras.Model) -> dict:
-    """What ``model.compile`` was given (the objects themselves: custom functions too)."""
-    if not getattr(model, "compiled", False):
-        return {}
-    return dict(model._compile_config.config)  # Keras keeps compile's arguments
+        return given.outputs
 
 
 def _by_name(outputs, names: list[str]) -> dict[str, tf.Tensor]:
@@ -241,25 +227,30 @@ def _by_name(outputs, names: list[str]) -> dict[str, tf.Tensor]:
     return {names[0]: outputs}
 
 
-def _per_output(what: str, given, names: list[str], default=None, listed=False) -> dict:
-    """``given`` as a dict by output name: one for all, a list by position, or a dict."""
-    if given is None:
-        return {n: default for n in names}
-    if isinstance(given, Mapping):
-        unknown = sorted(set(given) - set(names))
-        if unknown:
-            raise UserError(f"{what} names outputs {unknown}; the model's outputs are {names}")
-        return {n: given.get(n, default) for n in names}
-    if listed and len(names) == 1:
-        return {names[0]: list(given) if isinstance(given, list | tuple) else [given]}
-    if isinstance(given, list | tuple):
-        if len(given) != len(names):
-            raise UserError(
-                f"{what} has {len(given)} entries for the model's {len(names)} outputs "
-                f"{names}: give one per output, or a dict by output name"
-            )
-        return dict(zip(names, given, strict=True))
-    return {n: given for n in names}
+def _reduced(values: tf.Tensor, weights: tf.Tensor | None, reduction: str):
+    """``(the batch's loss, its per-example values)``: reduced as the loss says, weighted.
+
+    As Keras does: the mean is over the examples (weighted or not), the weighted mean
+    over the weights, the sum over the batch (the framework sums it over the step).
+    """
+    weighted = values if weights is None else values * weights
+    if reduction == "sum":
+        batch = tf.cast(tf.shape(values)[0], values.dtype)
+        return tf.reduce_sum(weighted), weighted * batch
+    if reduction == "weighted mean" and weights is not None:
+        return tf.math.divide_no_nan(tf.reduce_sum(weighted), tf.reduce_sum(weights)), (
+            values,
+            weights,
+        )
+    return tf.reduce_mean(weighted), weighted
+
+
+def _metric_value(fn, y: tf.Tensor, p: tf.Tensor, weights: tf.Tensor | None):
+    """A Spec metric: ``(Metric, *args)`` streamed, or per-example values (and weights)."""
+    if isinstance(fn, keras.metrics.Metric):
+        return (fn, y, p) if weights is None else (fn, y, p, weights)
+    values = _per_example(fn(y, p), p)
+    return values if weights is None else (values, weights)
 
 
 def _per_example(values: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
@@ -279,83 +270,3 @@ def _same_rank(y_true, y_pred):
     if y_true.shape.rank == y_pred.shape.rank + 1 and y_true.shape[-1] == 1:
         return tf.squeeze(y_true, -1), y_pred
     return y_true, y_pred
-
-
-def _made_now(metrics):
-    """``metrics`` with each name of a stateful metric (``'auc'``) made into its object.
-
-    Made now, eagerly: a metric's variables cannot be made while the step is traced.
-    """
-    if isinstance(metrics, Mapping):
-        return {name: _made_now(given) for name, given in metrics.items()}
-    if isinstance(metrics, list | tuple):
-        return [_made_now(given) for given in metrics]
-    if not isinstance(metrics, str) or metrics.lower() in ("accuracy", "acc"):
-        return metrics
-    try:
-        metric = keras.metrics.get(metrics)
-    except ValueError:
-        return metrics  # named in one line when the model is traced
-    stateful = isinstance(metric, keras.metrics.Metric) and not isinstance(
-        metric, keras.metrics.MeanMetricWrapper
-    )
-    if not stateful:
-        return metrics
-    # Named as given, as Keras reports it: not 'auc_2', Keras's count of AUCs made so far.
-    return type(metric).from_config({**metric.get_config(), "name": metrics})
-
-
-def _shapes(y_true, y_pred) -> tuple[bool, bool]:
-    """(binary, sparse categorical), as Keras tells them apart for 'accuracy'."""
-    binary = y_pred.shape[-1] == 1
-    sparse = y_true.shape.rank < y_pred.shape.rank or (
-        y_true.shape[-1] == 1 and y_pred.shape[-1] > 1
-    )
-    return binary, sparse
-
-
-def _loss(identifier, y_true, y_pred):
-    if str(identifier).lower() in ("crossentropy", "ce"):
-        binary, sparse = _shapes(y_true, y_pred)
-        identifier = (
-            "binary_crossentropy"
-            if binary
-            else "sparse_categorical_crossentropy"
-            if sparse
-            else "categorical_crossentropy"
-        )
-    try:
-        return keras.losses.get(identifier)
-    except ValueError as error:
-        raise UserError(f"loss {identifier!r} is not a Keras loss: {error}") from None
-
-
-def _metric(identifier, y_true, y_pred) -> tuple[str, Any]:
-    """(name, function of one batch giving a value per example)."""
-    name = identifier if isinstance(identifier, str) else None
-    if str(identifier).lower() in ("accuracy", "acc"):
-        binary, sparse = _shapes(y_true, y_pred)
-        identifier = (
-            keras.metrics.binary_accuracy
-            if binary
-            else keras.metrics.sparse_categorical_accuracy
-            if sparse
-            else keras.metrics.categorical_accuracy
-        )
-        return name, identifier
-    try:
-        metric = keras.metrics.get(identifier)
-    except ValueError:
-        known = [n for n in dir(keras.metrics) if not n.startswith("_") and n != "get"]
-        close = difflib.get_close_matches(str(identifier), known + ["accuracy"], n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise UserError(
-            f"metric {identifier!r} is not a Keras metric: {hint}(name a keras.metrics "
-            "function or class, or pass a keras.metrics.Metric)"
-        ) from None
-    if isinstance(metric, keras.metrics.MeanMetricWrapper):
-        fn, kwargs = metric._fn, metric._fn_kwargs  # the per-example function Keras averages
-        return name or metric.name, lambda y, p: fn(y, p, **kwargs)
-    if isinstance(metric, keras.metrics.Metric):  # AUC, precision: streamed
-        return name or metric.name, metric
-    return name or getattr(metric, "__name__", "metric"), metric

@@ -14,7 +14,9 @@ class MetricSums:
     """Streams means: of per-example metrics over examples, of per-batch values over batches.
 
     Per-batch values (the loss, the gradient norm) are weighted by batch size, so
-    with a short last batch every example still counts once. Sums are float64
+    with a short last batch every example still counts once. A per-example metric
+    given as ``(values, weights)`` is a weighted mean: each sum has its own
+    denominator (the examples counted, or their weights). Sums are float64
     variables; ``result`` reads them, ``reset`` zeroes them. With ``per_replica``
     (updated inside ``strategy.run``) each replica keeps its own sums and reading
     adds them up over all replicas and workers.
@@ -47,6 +49,10 @@ class MetricSums:
                 n: tf.Variable(0.0, dtype=tf.float64, trainable=False, name=f"sum_{n}", **sync)
                 for n in self.per_batch + self.per_example
             }
+            self.weights = {
+                n: tf.Variable(0.0, dtype=tf.float64, trainable=False, name=f"weight_{n}", **sync)
+                for n in self.per_example
+            }
             self.count = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="count", **sync)
 
     def update(self, per_example, per_batch, batch_size: tf.Tensor) -> None:
@@ -55,7 +61,12 @@ class MetricSums:
             value = tf.cast(per_batch[name], tf.float64) * tf.cast(batch_size, tf.float64)
             self.sums[name].assign_add(tf.where(batch_size > 0, value, tf.zeros_like(value)))
         for name in self.per_example:
-            self.sums[name].assign_add(tf.reduce_sum(tf.cast(per_example[name], tf.float64)))
+            values = per_example[name]
+            weights = values[1] if isinstance(values, tuple) else tf.ones_like(values)
+            values = values[0] if isinstance(values, tuple) else values
+            weights = tf.cast(weights, tf.float64)
+            self.sums[name].assign_add(tf.reduce_sum(tf.cast(values, tf.float64) * weights))
+            self.weights[name].assign_add(tf.reduce_sum(weights))
         self.count.assign_add(batch_size)
 
     def stream(self, streamed: Mapping[str, tuple]) -> None:
@@ -69,12 +80,15 @@ class MetricSums:
         count = float(self.count.numpy())
         if count == 0:
             return {}
-        means = {n: float(v.numpy()) / count for n, v in self.sums.items()}
+        means = {n: float(self.sums[n].numpy()) / count for n in self.per_batch}
+        for n in self.per_example:
+            weights = float(self.weights[n].numpy())
+            means[n] = float(self.sums[n].numpy()) / weights if weights else float("nan")
         return means | {n: _scalar(n, m) for n, m in self.streamed.items()}
 
     def reset(self) -> None:
         """Zeroes every sum and the count."""
-        for v in [*self.sums.values(), self.count]:
+        for v in [*self.sums.values(), *self.weights.values(), self.count]:
             v.assign(tf.zeros_like(v))
         for metric in self.streamed.values():
             metric.reset_state()

@@ -4,7 +4,9 @@ Research code provides two things:
 
 * an ``input_fn(mode, params) -> tf.data.Dataset`` whose elements are
   ``(features, labels)``: two dicts of batched tensors. In PREDICT the dataset may
-  yield ``features`` alone; labels are never given to the model then.
+  yield ``features`` alone; labels are never given to the model then. A third item,
+  per-example weights ``(features, labels, sample_weight)`` as Keras ``fit`` takes
+  them, reaches a model that says it ``takes_sample_weights`` (``KerasModel``).
 * a ``ModelFn`` subclass that owns its layers (built once, in ``__init__``) and maps
   ``(features, labels, mode)`` to a ``Spec``.
 
@@ -17,6 +19,7 @@ import collections.abc
 import dataclasses
 import enum
 from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import keras
 import tensorflow as tf
@@ -92,6 +95,16 @@ def num_examples(dataset: tf.data.Dataset) -> int | None:
     return getattr(dataset, _NUM_EXAMPLES, None)
 
 
+LOSS_REDUCTIONS = ("mean", "sum")
+
+
+class Weighted(NamedTuple):
+    """Labels with the per-example weights an input_fn yields as its third item."""
+
+    labels: Any
+    sample_weight: tf.Tensor
+
+
 @dataclasses.dataclass
 class Spec:
     """What a ``ModelFn`` returns for one batch.
@@ -101,7 +114,9 @@ class Spec:
       loss: scalar, the mean loss over the batch. Required in TRAIN and EVAL.
       metrics: dict of per-example values, each of shape ``[batch]``. The framework
         streams their mean over the whole eval set (and over all devices), so
-        accuracy is ``tf.cast(tf.equal(predicted, label), tf.float32)``. A metric
+        accuracy is ``tf.cast(tf.equal(predicted, label), tf.float32)``. A pair
+        ``(values, weights)`` of two ``[batch]`` tensors is a weighted mean
+        (sum of weight x value over sum of weights), as Keras's weighted metrics. A metric
         that is not such a mean (AUC, precision, recall) is a tuple ``(metric,
         *args)``: a ``keras.metrics.Metric`` the model holds, which the framework
         updates with ``metric.update_state(*args)`` on every eval batch and reports
@@ -109,12 +124,18 @@ class Spec:
         devices, replicas and workers); it is evaluated only, not logged in training.
       activations: optional intermediate outputs by layer name, written as
         TensorBoard histograms when ``Estimator.histogram_every_steps`` is set.
+      loss_reduction: ``'mean'``, or ``'sum'`` for a loss that is the *sum* over the
+        batch (Keras's ``reduction='sum'``, tf.estimator's ``Reduction.SUM``): then
+        ``loss`` is the sum over the examples this call was given, and the framework
+        trains and reports the sum over each step's whole batch (all devices and
+        workers) and, in evaluation, the mean of the eval batches' sums.
     """
 
     predictions: Mapping[str, tf.Tensor]
     loss: tf.Tensor | None = None
     metrics: Mapping[str, tf.Tensor] = dataclasses.field(default_factory=dict)
     activations: Mapping[str, tf.Tensor] = dataclasses.field(default_factory=dict)
+    loss_reduction: str = "mean"
 
 
 class ModelFn(tf.Module):
@@ -123,6 +144,10 @@ class ModelFn(tf.Module):
     Keras layers (and ``keras.Variable``/``tf.Variable``) held as attributes, directly
     or inside lists and dicts, are found by the framework: their variables are
     trained and checkpointed. Subclasses may be ``@gin.configurable`` directly.
+
+    A model that sets ``takes_sample_weights = True`` accepts an input_fn that yields
+    ``(features, labels, sample_weight)``: its labels then arrive as ``Weighted(labels,
+    sample_weight)``. Others refuse such an input_fn, naming this.
 
     Example::
 
@@ -139,6 +164,8 @@ class ModelFn(tf.Module):
                 return Spec({"y": y}, loss=tf.reduce_mean(error**2),
                             metrics={"mae": tf.abs(error)})
     """
+
+    takes_sample_weights = False
 
     def __call__(
         self, features: Mapping[str, tf.Tensor], labels: Mapping[str, tf.Tensor] | None, mode: Mode
@@ -231,28 +258,48 @@ def check_spec(spec: Spec, mode: Mode, model_name: str) -> None:
                 f"{where}: Spec.loss must be a scalar (mean over the batch), "
                 f"got shape {spec.loss.shape}"
             )
-    for name, value in spec.metrics.items():
-        if isinstance(value, tuple) and value and isinstance(value[0], keras.metrics.Metric):
-            pass  # streamed: its update_state takes what it takes
-        elif isinstance(value, tuple | list):
+        if spec.loss_reduction not in LOSS_REDUCTIONS:
             raise ValueError(
-                f"{where}: metric {name!r} is a {type(value).__name__} whose first item is "
-                f"{type(value[0]).__name__ if value else 'missing'}; give a tensor of "
-                "per-example values, or (keras.metrics.Metric, *update_state args)"
+                f"{where}: Spec.loss_reduction must be one of {', '.join(LOSS_REDUCTIONS)}, "
+                f"got {spec.loss_reduction!r}"
             )
-        elif value.shape.rank != 1:
+    for name, value in spec.metrics.items():
+        _check_metric(where, name, value)
+
+
+def _check_metric(where: str, name: str, value) -> None:
+    if is_streamed(value):
+        return  # streamed: its update_state takes what it takes
+    weighted = isinstance(value, tuple) and len(value) == 2 and all(map(tf.is_tensor, value))
+    if isinstance(value, tuple | list) and not weighted:
+        raise ValueError(
+            f"{where}: metric {name!r} is a {type(value).__name__} whose first item is "
+            f"{type(value[0]).__name__ if value else 'missing'}; give a tensor of "
+            "per-example values, (values, weights), or (keras.metrics.Metric, "
+            "*update_state args)"
+        )
+    for tensor in value if weighted else [value]:
+        if tensor.shape.rank != 1:
             raise ValueError(
                 f"{where}: metric {name!r} must hold one value per example (shape [batch]), "
-                f"got shape {value.shape}"
+                f"got shape {tensor.shape}"
             )
-        if name == "loss":
-            raise ValueError(f"{where}: metric name 'loss' is reserved for Spec.loss")
+    if name == "loss":
+        raise ValueError(f"{where}: metric name 'loss' is reserved for Spec.loss")
 
 
 def split_metrics(metrics: Mapping) -> tuple[dict, dict]:
-    """``(per-example values, streamed (metric, *args) tuples)`` of a Spec's metrics."""
-    streamed = {n: v for n, v in metrics.items() if isinstance(v, tuple)}
+    """``(per-example values, streamed (metric, *args) tuples)`` of a Spec's metrics.
+
+    A per-example metric is a ``[batch]`` tensor or a ``(values, weights)`` pair.
+    """
+    streamed = {n: v for n, v in metrics.items() if is_streamed(v)}
     return {n: v for n, v in metrics.items() if n not in streamed}, streamed
+
+
+def is_streamed(value) -> bool:
+    """Whether a Spec's metric is a streamed ``(keras.metrics.Metric, *args)`` tuple."""
+    return isinstance(value, tuple) and bool(value) and isinstance(value[0], keras.metrics.Metric)
 
 
 def check_class_ids(labels: tf.Tensor, num_classes: int, what: str, hint: str = "") -> tf.Tensor:

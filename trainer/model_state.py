@@ -21,7 +21,7 @@ import tensorflow as tf
 from trainer import checkpoints, errors
 from trainer.distribution import Placement
 from trainer.errors import UserError
-from trainer.model_fn import Mode, ModelFn, check_spec, split_metrics
+from trainer.model_fn import Mode, ModelFn, Weighted, check_spec, split_metrics
 from trainer.optimization import WeightAverage
 from trainer.step import Steps, split_element
 
@@ -148,6 +148,12 @@ class ModelState:
         """
         features_spec, labels_spec = split_element(element_spec, mode)
         name = type(self.model_fn).__name__
+        if isinstance(labels_spec, Weighted) and not self.model_fn.takes_sample_weights:
+            raise UserError(
+                f"the input_fn yields (features, labels, sample_weight), and {name} takes no "
+                "sample weights (a compiled Keras model does): yield (features, labels) with "
+                "the weights as a feature or label, and weight the loss in the model"
+            )
         found = {}
 
         def trace(features, labels=None):

@@ -9,6 +9,7 @@ differs between one device, towers and a strategy's replicas is asked of
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 
 import keras
@@ -17,7 +18,7 @@ import tensorflow as tf
 from trainer.distribution import Placement
 from trainer.errors import UserError
 from trainer.metric_sums import MetricSums
-from trainer.model_fn import Mode, ModelFn, split_metrics
+from trainer.model_fn import Mode, ModelFn, Spec, Weighted, split_metrics
 from trainer.optimization import WeightAverage
 from trainer.parallel import make_parallel
 
@@ -44,8 +45,13 @@ def batch_size_of(features) -> tf.Tensor:
 
 
 def split_element(element, mode: Mode):
-    """Splits a dataset element into ``(features, labels)``; labels are None in PREDICT."""
-    if isinstance(element, tuple) and len(element) == 2:
+    """Splits a dataset element into ``(features, labels)``; labels are None in PREDICT.
+
+    An element ``(features, labels, sample_weight)`` gives ``Weighted`` labels.
+    """
+    if isinstance(element, tuple) and len(element) == 3:
+        features, labels = element[0], Weighted(*element[1:])
+    elif isinstance(element, tuple) and len(element) == 2:
         features, labels = element
     else:
         features, labels = element, None
@@ -143,15 +149,17 @@ class Steps:
 
     # ------------------------------------------------------------ the step
 
-    def _forward(self, features, labels, share=1.0, replicas: int = 1):
+    def _forward(self, features, labels, share=1.0, replicas: int = 1, examples=None):
         """``(objective, scalars, per-example metrics)`` of one batch, shard or replica.
 
         The objective is the loss weighted by this replica's ``share`` of the global
-        batch, plus this replica's part of the regularization loss.
+        batch, plus this replica's part of the regularization loss. ``examples`` is
+        the step's global batch (for a loss summed over it).
         """
         spec = self.model_fn(features, labels, Mode.TRAIN)
-        scalars = {"loss": spec.loss}
-        objective = spec.loss * share
+        loss = batch_loss(spec, batch_size_of(features), lambda: examples)
+        scalars = {"loss": loss}
+        objective = loss * share
         if self.has_regularization:
             scalars["regularization_loss"] = tf.add_n(self.model_fn.regularization_losses)
             objective += scalars["regularization_loss"] / replicas
@@ -166,11 +174,14 @@ class Steps:
         its share of the global batch, so that the replicas' gradients sum to the
         global batch mean's.
         """
+        examples = batch_size_of(features)
         if self.towers is not None:
-            return self.towers.run(self._forward, features, labels, self.variables)
-        share, replicas = self.placement.replica_share(batch_size_of(features))
+            forward = functools.partial(self._forward, examples=examples)
+            return self.towers.run(forward, features, labels, self.variables)
+        share, replicas = self.placement.replica_share(examples)
+        examples = examples / tf.cast(share, tf.float64)  # over every replica
         with tf.GradientTape() as tape:
-            objective, scalars, metrics = self._forward(features, labels, share, replicas)
+            objective, scalars, metrics = self._forward(features, labels, share, replicas, examples)
         return objective, scalars, metrics, tape.gradient(objective, self.variables)
 
     def _step(self, features, labels, last_of_block: tf.Tensor) -> tf.Tensor:
@@ -320,12 +331,19 @@ class Steps:
 
     def _eval_batch(self, features, labels):
         """``(loss, per-example metrics)`` of one eval batch, over towers if there are."""
+        batch = batch_size_of(features)
+
+        def examples():  # over every replica; asked only of a loss summed over them
+            if self.towers is not None:
+                return batch
+            share, _ = self.placement.replica_share(batch)
+            return batch / tf.cast(share, tf.float64)
 
         def forward(features, labels):  # of a batch, or of a tower's shard of it
             spec = self.model_fn(features, labels, Mode.EVAL)
             per_example, streamed = split_metrics(spec.metrics)
             self.eval_metrics.stream(streamed)
-            return spec.loss, {}, per_example
+            return batch_loss(spec, batch_size_of(features), examples), {}, per_example
 
         if self.towers is not None:
             loss, _, metrics, _ = self.towers.run(forward, features, labels, training=False)
@@ -355,6 +373,20 @@ class Steps:
         if self.towers is not None:
             return make_parallel(predictions, self.towers.devices, features=features)
         return predictions(features)
+
+
+def batch_loss(spec: Spec, shard: tf.Tensor, examples: Callable[[], tf.Tensor]) -> tf.Tensor:
+    """A Spec's loss as the framework weights it: the mean over ``shard``'s examples.
+
+    A loss summed over the batch (``loss_reduction='sum'``) is the sum over the
+    ``examples()`` of the whole step, over devices and replicas: the shard's sum
+    times ``examples / shard``, so that the shards' mean weighted by their size is
+    the sum over all (an empty shard's is 0).
+    """
+    if spec.loss_reduction != "sum":
+        return spec.loss
+    scale = tf.math.divide_no_nan(examples(), shard)
+    return spec.loss * tf.cast(scale, spec.loss.dtype)
 
 
 def _op_determinism() -> bool:

@@ -7,6 +7,10 @@ that names the holder. The kernel drops the lock when its process dies however i
 dies, so a lock left by a killed run is taken over, with a warning naming the run that
 left it. Readers (evaluate, continuous_eval, predict, export) take no lock. Paths on
 object stores (``gs://``) cannot be locked and are not.
+
+The lock makes ``model_dir`` if it is not there. A run that fails with nothing
+written (a model or input refused as it is traced) leaves no trace: the lock file and
+the directories it made are removed again, so a refused model_dir is as it was.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import fcntl
 import os
 import socket
 
+import tensorflow as tf
 from absl import logging
 
 from trainer.errors import UserError
@@ -30,18 +35,26 @@ class WriterLock:
     """
 
     def __init__(self, model_dir: str):
+        self.model_dir = model_dir
         self.path = os.path.join(model_dir, LOCK_NAME)
         self._fd: int | None = None
+        self._made: list[str] = []  # what __enter__ made: the lock file, then directories
 
     def __enter__(self) -> WriterLock:
         if "://" in self.path:
+            tf.io.gfile.makedirs(self.model_dir)
             return self
+        self._made = missing_dirs(self.model_dir)
+        os.makedirs(self.model_dir, exist_ok=True)
+        if not os.path.exists(self.path):
+            self._made.insert(0, self.path)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             holder = _read(fd) or "another process"
             os.close(fd)
+            self._made = []
             raise UserError(
                 f"{os.path.dirname(self.path)} is being trained by {holder}: one trainer "
                 "per model_dir; wait for it or stop it, or train in another --model_dir"
@@ -54,13 +67,34 @@ class WriterLock:
         self._fd = fd
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, exc_type, *exc_info) -> None:
         if self._fd is None:
             return
         os.ftruncate(self._fd, 0)  # a clean end leaves no holder behind
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
         self._fd = None
+        if exc_type is not None:
+            self._unmake()
+
+    def _unmake(self) -> None:
+        """Removes what ``__enter__`` made, as long as nothing else was written beside it."""
+        for path in self._made:
+            try:
+                os.rmdir(path) if os.path.isdir(path) else os.remove(path)
+            except OSError:  # the run wrote something there: keep it, and its parents
+                return
+
+
+def missing_dirs(path: str) -> list[str]:
+    """``path`` and those of its parents that do not exist yet, deepest first."""
+    missing = []
+    path = os.path.abspath(path)
+    while path and not os.path.exists(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        path = parent if parent != path else ""
+    return missing
 
 
 def _read(fd: int) -> str:

@@ -1,0 +1,233 @@
+"""What a Keras user gives compile() is honoured as Keras fit honours it, or refused in one line.
+
+The models are compiled the ways Keras users compile them, and the data is yielded as
+Keras users yield it: ``(features, labels, sample_weight)`` from arrays.
+"""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from sklearn.datasets import load_digits
+
+import trainer
+from tests.conftest import REPO
+from trainer.errors import first_line
+
+BATCH, STEPS = 64, 30
+
+
+def digits_arrays():
+    """Digits as 'is it 5 or more', with a weight per example a user might give."""
+    digits = load_digits()
+    x = (digits.data / 16.0).astype("float32")
+    y = (digits.target >= 5).astype("float32")
+    w = (1.0 + (digits.target % 3)).astype("float32")  # some examples count thrice
+    return x, y, w
+
+
+def weighted_input_fn(mode, params):
+    """README's way, with a third item of sample weights as Keras's fit takes them."""
+    x, y, w = digits_arrays()
+    dataset = tf.data.Dataset.from_tensor_slices(({"image": x}, y, w))
+    if mode == trainer.Mode.TRAIN:
+        dataset = dataset.repeat()
+    return dataset.batch(params.batch_size)
+
+
+def keras_dataset(repeat):
+    x, y, w = digits_arrays()
+    dataset = tf.data.Dataset.from_tensor_slices((x, y, w))
+    return (dataset.repeat() if repeat else dataset).batch(BATCH)
+
+
+def compiled(loss, **compile_args):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((64,), name="image"),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dense(1, activation="sigmoid"),
+        ]
+    )
+    model.compile(optimizer=keras.optimizers.SGD(0.002), loss=loss, **compile_args)
+    return model
+
+
+@pytest.mark.parametrize("reduction", ["sum", "sum_over_batch_size", "mean_with_sample_weight"])
+def test_loss_reduction_and_weighted_metrics_end_as_keras_fit_ends(tmp_path, reduction):
+    """Same data, batches, seed and sample weights: the same weights, loss and metrics."""
+
+    def make():
+        return compiled(
+            keras.losses.BinaryCrossentropy(reduction=reduction),
+            metrics=["accuracy"],
+            weighted_metrics=["accuracy", keras.metrics.AUC(name="auc")],
+        )
+
+    theirs = make()
+    theirs.fit(keras_dataset(repeat=True), steps_per_epoch=STEPS, epochs=1, verbose=0)
+    expected = theirs.evaluate(keras_dataset(repeat=False), return_dict=True, verbose=0)
+
+    ours = make()
+    estimator = trainer.Estimator(
+        ours, str(tmp_path), global_batch_size=BATCH, steps_per_loop=10, progress=False
+    )
+    estimator.train(weighted_input_fn, max_steps=STEPS)
+    result = estimator.evaluate(weighted_input_fn)
+
+    for mine, keras_weights in zip(ours.get_weights(), theirs.get_weights(), strict=True):
+        np.testing.assert_allclose(mine, keras_weights, rtol=1e-4, atol=1e-5)
+    assert sorted(expected) == ["accuracy", "auc", "loss", "weighted_accuracy"]
+    for name, value in expected.items():
+        assert result[name] == pytest.approx(value, rel=1e-4), name
+    # Weighted and plain accuracy differ, so the weights were applied, not dropped.
+    assert abs(result["weighted_accuracy"] - result["accuracy"]) > 1e-3
+    if reduction == "sum":  # a sum over 64 examples, not their mean
+        assert result["loss"] > 10
+
+
+def sum_reduced_runs(model_dir):
+    """One device, two towers and two mirrored replicas, with reduction='sum' (run in a
+    subprocess that made two logical CPUs); each run's final weights and eval loss."""
+    runs = {}
+    for distribution in ("auto", "towers", "mirrored"):
+        model = compiled(keras.losses.BinaryCrossentropy(reduction="sum"))
+        estimator = trainer.Estimator(
+            model,
+            os.path.join(model_dir, distribution),
+            global_batch_size=BATCH,
+            steps_per_loop=10,
+            distribution=distribution,
+            num_devices=1 if distribution == "auto" else 2,
+            progress=False,
+        )
+        estimator.train(weighted_input_fn, max_steps=10)
+        runs[distribution] = {
+            "weights": [w.tolist() for w in model.get_weights()],
+            "loss": estimator.evaluate(weighted_input_fn)["loss"],
+        }
+    return runs
+
+
+def test_a_sum_reduced_loss_is_summed_over_the_whole_step_on_two_devices(tmp_path):
+    """Towers and mirrored replicas train what one device trains with reduction='sum'."""
+    script = (
+        "import json, sys\n"
+        "from trainer import parallel\n"
+        "parallel.split_cpu(2)\n"
+        "from tests.test_keras_compile import sum_reduced_runs\n"
+        "print(json.dumps(sum_reduced_runs(sys.argv[1])))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = json.loads(done.stdout.strip().splitlines()[-1])
+    one = runs.pop("auto")
+    assert one["loss"] > 10  # the sum over a batch of 64, not the mean
+    for distribution, run in runs.items():
+        for a, b in zip(one["weights"], run["weights"], strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=distribution)
+        assert run["loss"] == pytest.approx(one["loss"], rel=1e-4), distribution
+
+
+class OwnStep(keras.Model):
+    """A subclassed model with its own train_step, as Keras's GAN example writes one."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(1, activation="sigmoid")
+
+    def call(self, image):
+        return self.dense(image)
+
+    def train_step(self, data):
+        return {}
+
+
+def refusal(model, tmp_path, input_fn=weighted_input_fn):
+    """The line a refused model gets, with nothing written to its model_dir."""
+    model_dir = tmp_path / "run"
+    with pytest.raises(trainer.UserError) as refused:
+        estimator = trainer.Estimator(model, str(model_dir), global_batch_size=BATCH)
+        estimator.train(input_fn, max_steps=2)
+    assert not model_dir.exists() or sorted(os.listdir(model_dir)) == []
+    return first_line(refused.value)  # the line the command line prints
+
+
+def test_what_compile_gives_that_cannot_be_honoured_is_refused_in_one_line(tmp_path):
+    model = OwnStep()
+    model.compile(loss="binary_crossentropy")
+    assert refusal(model, tmp_path) == (
+        "Keras model 'own_step' overrides train_step, which the framework never calls (it "
+        "trains with the compiled loss in its own step): write the step as a "
+        "trainer.ModelFn, or train this model with model.fit"
+    )
+
+    unreduced = compiled(keras.losses.BinaryCrossentropy(reduction=None))
+    assert refusal(unreduced, tmp_path).endswith(
+        "loss 'binary_crossentropy' has reduction=None, which leaves a value per example "
+        "for Keras to add up unsaid: give it reduction='sum' or 'sum_over_batch_size' (the mean)"
+    )
+
+    auc = keras.metrics.AUC(name="auc")
+    shared = compiled("binary_crossentropy", metrics=[auc], weighted_metrics=[auc])
+    assert refusal(shared, tmp_path).endswith(
+        "one AUC object, 'auc', is given for 'output' and again for 'output': it would add "
+        "both up in one state; give each place its own metric object"
+    )
+
+
+def test_sample_weights_reach_only_a_model_that_takes_them(tmp_path):
+    class Plain(trainer.ModelFn):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(1)
+
+        def __call__(self, features, labels, mode):
+            logit = self.dense(features["image"])[:, 0]
+            loss = tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logit)
+            return trainer.Spec({"logit": logit}, tf.reduce_mean(loss))
+
+    assert refusal(Plain(), tmp_path) == (
+        "the input_fn yields (features, labels, sample_weight), and Plain takes no sample "
+        "weights (a compiled Keras model does): yield (features, labels) with the weights "
+        "as a feature or label, and weight the loss in the model"
+    )
+
+
+def test_the_log_says_which_optimizer_trains_and_what_of_compile_is_not_used(tmp_path, caplog):
+    model = compiled("binary_crossentropy", steps_per_execution=8)
+    with caplog.at_level(logging.INFO):
+        estimator = trainer.Estimator(
+            model,
+            str(tmp_path),
+            global_batch_size=BATCH,
+            optimizer=keras.optimizers.Adam(1e-3),
+            progress=False,
+        )
+    said = caplog.text
+    assert (
+        f"Training Keras model {model.name!r} with the optimizer given to the Estimator "
+        "(Estimator.optimizer in gin), Adam, not the SGD given to compile()"
+    ) in said
+    assert (
+        "compile()'s steps_per_execution=8 is not used: Estimator.steps_per_loop decides it" in said
+    )
+    assert isinstance(estimator.optimizer, keras.optimizers.Adam)
+    # Given no optimizer, compile()'s trains, and nothing is said of it.
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        plain = trainer.Estimator(compiled("binary_crossentropy"), str(tmp_path / "b"))
+    assert isinstance(plain.optimizer, keras.optimizers.SGD) and "optimizer" not in caplog.text
