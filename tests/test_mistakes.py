@@ -208,10 +208,39 @@ ROWS = {
         r"@SGD\(\) with parentheses\)",
     ),
     "changed_config": (
-        gin("MLP.hidden_units = [128]", "Adam.learning_rate = 0.01", "experiment.max_steps = 200"),
+        gin("MLP.dropout_rate = 0.2", "Adam.learning_rate = 0.01", "experiment.max_steps = 200"),
         r"the config differs from the one the checkpoints in this model_dir were trained with: "
-        r"Adam\.learning_rate: 0\.001 -> 0\.01; MLP\.hidden_units: \[256, 256\] -> \[128\]\. "
+        r"Adam\.learning_rate: 0\.001 -> 0\.01; MLP\.dropout_rate: 0\.1 -> 0\.2\. "
         r"Use a new --model_dir, or --overwrite_config to resume anyway",
+    ),
+    "changed_config_the_checkpoints_cannot_fit": (
+        gin("MLP.hidden_units = [128]", "Adam.learning_rate = 0.01", "experiment.max_steps = 200"),
+        r"the config differs from the one the checkpoints in this model_dir were trained with "
+        r"\(Adam\.learning_rate: 0\.001 -> 0\.01; MLP\.hidden_units: \[256, 256\] -> \[128\]\), "
+        r"and they do not fit the model it makes \(logits/kernel has shape \(128, 10\), "
+        r"which no saved value has\): use a new --model_dir, or restore the config they were "
+        r"trained with",
+    ),
+    "changed_optimizer_said_in_few_items": (
+        gin("Estimator.optimizer = @SGD()", "experiment.max_steps = 200"),
+        r"the config differs from the one the checkpoints in this model_dir were trained with: "
+        r"Adam: 15 bindings -> \(unset\); Estimator\.optimizer: @Adam\(\) -> @SGD\(\); "
+        r"SGD: \(unset\) -> 13 bindings\. Use a new --model_dir, or --overwrite_config to "
+        r"resume anyway",
+    ),
+    "another_models_model_dir": (
+        gin("import models.keras_cnn", "experiment.model_fn = @keras_cnn()"),
+        r"the checkpoints in this model_dir are of another model \(experiment\.model_fn: "
+        r"@MLP\(\) -> @keras_cnn\(\)\): train this one in a new --model_dir",
+    ),
+    "another_models_model_dir_predicted": (
+        lambda m: [
+            *gin("import models.keras_cnn", "experiment.model_fn = @keras_cnn()")(m),
+            *("--schedule", "predict", "--results", str(m.tmp / "p.jsonl")),
+        ],
+        r"the checkpoints in this model_dir are of another model \(experiment\.model_fn: "
+        r"@MLP\(\) -> @keras_cnn\(\)\): evaluate, predict or export it with the config it "
+        r"was trained with \({model_dir}/operative_config\.gin\)",
     ),
     # ---- the command line
     "unknown_flag_that_is_a_setting": (

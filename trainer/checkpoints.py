@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from trainer import errors, files
+from trainer import config_diff, errors, files
 from trainer.errors import UserError
 
 CHECKPOINT_NAME = "ckpt"
@@ -49,22 +49,45 @@ class ConfigRecord:
         self.path = os.path.join(model_dir, OPERATIVE_CONFIG)
         self.text_fn, self.guard, self.writes = text_fn, guard, writes
 
-    def check(self) -> None:
+    def check(self, misfit: Callable[[], str | None] = lambda: None) -> None:
         """Lets ``guard`` refuse to resume under a changed configuration.
 
         Checkpoints without a record to check against are refused too: a change
         could not be seen (``guard`` None, as --overwrite_config makes it, resumes).
+        ``misfit()`` says why the checkpoints cannot fit this run's model, if they
+        cannot: then the refusal does not suggest resuming anyway.
         """
         if self.guard is None or self.text_fn is None:
             return
-        if not tf.io.gfile.exists(self.path):
+        saved = self.saved()
+        if saved is None:
             raise UserError(
                 f"{os.path.dirname(self.path)} has checkpoints but no {OPERATIVE_CONFIG} to "
                 "check this run's config against: restore it, or pass --overwrite_config to "
                 "resume with this config"
             )
+        try:
+            self.guard(saved, self.text_fn())
+        except config_diff.ConfigChanged as changed:
+            reason = misfit()
+            if reason is None:
+                raise
+            raise config_diff.ConfigChanged(changed.changes, reason) from None
+
+    def saved(self) -> str | None:
+        """The recorded configuration, or None if there is none."""
+        if not tf.io.gfile.exists(self.path):
+            return None
         with tf.io.gfile.GFile(self.path) as f:
-            self.guard(f.read(), self.text_fn())
+            return f.read()
+
+    def another_model(self) -> str | None:
+        """If the record names another ``experiment.model_fn`` than this run's: says so."""
+        saved = self.saved() if self.text_fn is not None else None
+        if saved is None:
+            return None
+        model = config_diff.of(config_diff.changes(saved, self.text_fn()), "experiment.model_fn")
+        return None if model is None else config_diff.another_model(model)
 
     def write(self) -> str | None:
         """Records this run's configuration (once training really starts); returns it."""
@@ -74,6 +97,20 @@ class ConfigRecord:
         if self.writes:
             files.write_atomically(self.path, text)
         return text
+
+
+def misfit(path: str, variables: list) -> str | None:
+    """Why ``variables`` cannot be restored from checkpoint ``path``, if a shape says so.
+
+    A variable whose shape no saved value has cannot be restored. (Shapes that are
+    all there do not prove a fit; the restore itself checks that.)
+    """
+    saved = {tuple(shape) for _, shape in tf.train.list_variables(path)}
+    for variable in variables:
+        if tuple(variable.shape) not in saved:
+            name = getattr(variable, "path", None) or variable.name
+            return f"{name} has shape {tuple(variable.shape)}, which no saved value has"
+    return None
 
 
 def unreachable(root, variables: list) -> list:
@@ -333,7 +370,8 @@ class Checkpointer:
 
         Args:
           partial: allow the checkpoint to hold state this object does not ask for
-            (an evaluator does not need the training input iterator).
+            (an evaluator does not need the training input iterator); what it asks for
+            must be there either way.
 
         Raises:
           UserError: the checkpoint was written by a different model or input pipeline.
@@ -345,8 +383,7 @@ class Checkpointer:
             status = self.checkpoint.restore(path)
             if partial:
                 status.expect_partial()
-            else:
-                status.assert_existing_objects_matched()
+            status.assert_existing_objects_matched()
         except READ_ERRORS as error:
             raise Damaged(path, _read_error(error)) from None
         except (AssertionError, ValueError, tf.errors.OpError) as error:

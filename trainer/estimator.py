@@ -234,6 +234,9 @@ class Estimator:
         # traces and compiles the step), training (every other block), evaluation
         # and checkpoints (saving them).
         self.seconds: collections.Counter = collections.Counter()
+        self.config = checkpoints.ConfigRecord(  # every worker checks the chief's record
+            model_dir, config_text_fn, config_guard, writes=self.placement.worker is None
+        )
         self.model = ModelState(
             model_fn,
             self.optimizer,
@@ -242,6 +245,7 @@ class Estimator:
             clip_gradient_norm=clip_gradient_norm,
             ema_decay=ema_decay,
             jit_compile=jit_compile,
+            config=self.config,
         )
         self.global_step = self.model.global_step
         self.eval_batch_size = eval_batch_size or global_batch_size
@@ -249,9 +253,6 @@ class Estimator:
             self.placement, global_batch_size, self.eval_batch_size, seed, self.seconds
         )
         self.writers = Writers(self.write_dir)
-        self.config = checkpoints.ConfigRecord(  # every worker checks the chief's record
-            model_dir, config_text_fn, config_guard, writes=self.placement.worker is None
-        )
         self.best_exporter = evaluation.best_exporter(
             self.write_dir, export_best_metric, export_best_keep, export_best_higher
         )
@@ -291,10 +292,17 @@ class Estimator:
         return self._evaluate(dataset, steps, name)
 
     def predict(self, input_fn: InputFn) -> Iterator[dict[str, Any]]:
-        """Yields one dict of numpy predictions per example of ``input_fn(PREDICT)``."""
+        """One dict of numpy predictions per example of ``input_fn(PREDICT)``, as they come.
+
+        The model is built and restored now, so a mistake is raised here, not at the
+        first prediction.
+        """
         dataset = self.inputs.dataset(input_fn, Mode.PREDICT)
         steps = self.model.build(dataset.element_spec, Mode.PREDICT)
         self.model.restore_for_inference(self.model_dir)
+        return self._predictions(dataset, steps)
+
+    def _predictions(self, dataset: tf.data.Dataset, steps) -> Iterator[dict[str, Any]]:
         for element in errors.guarded(dataset, "predict input"):
             features, _ = split_element(element, Mode.PREDICT)
             with errors.runtime_errors("predict"), self.model.averaged_weights():

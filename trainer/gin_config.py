@@ -110,7 +110,7 @@ def _above(files: list[str]) -> list[str]:
 
 
 def check_resumable(saved: str, new: str, resumable: set[str]) -> None:
-    """Refuses to resume when what is trained changed; names each changed binding.
+    """Refuses to resume when what is trained changed; names the changes that matter.
 
     Args:
       saved: the operative config the checkpoints were trained with.
@@ -118,14 +118,13 @@ def check_resumable(saved: str, new: str, resumable: set[str]) -> None:
       resumable: ``'Configurable.param'`` names that may change (how long, how
         often, where: declared next to what they configure); so may any
         ``data_dir`` parameter (where the data is, not what it is).
+
+    Raises:
+      ConfigChanged: naming the changes, another model first.
     """
-    changes = config_diff.differences(saved, new, resumable)
+    changes = config_diff.changes(saved, new, resumable)
     if changes:
-        raise UserError(
-            "the config differs from the one the checkpoints in this model_dir were trained "
-            f"with: {'; '.join(changes)}. Use a new --model_dir, or --overwrite_config to "
-            "resume anyway"
-        )
+        raise config_diff.ConfigChanged(changes)
 
 
 def query(name: str, default):

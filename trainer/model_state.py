@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import collections
 import contextlib
+import os
 import re
 import time
 
@@ -35,6 +36,8 @@ class ModelState:
       placement: where the variables live and the steps run.
       seconds: where the time went; tracing the model adds to ``'building'``.
       clip_gradient_norm, ema_decay, jit_compile: the step's options (see Estimator).
+      config: the model_dir's config record, to name another model when its
+        checkpoints do not fit this one.
     """
 
     def __init__(
@@ -47,8 +50,10 @@ class ModelState:
         clip_gradient_norm: float | None = None,
         ema_decay: float | None = None,
         jit_compile: bool = False,
+        config: checkpoints.ConfigRecord | None = None,
     ):
         self.model_fn, self.optimizer, self.placement = model_fn, optimizer, placement
+        self.config = config  # the model_dir's record of the config it was trained with
         self.clip_gradient_norm, self.ema_decay = clip_gradient_norm, ema_decay
         self.jit_compile = jit_compile
         with placement.scope():
@@ -129,7 +134,19 @@ class ModelState:
         if self.has_state:
             return
         checkpointer = checkpoints.Checkpointer(model_dir, **self.checkpoint_items(False))
-        if checkpointer.restore_latest(partial=True) is None:
+        try:
+            restored = checkpointer.restore_latest(partial=True)
+        except checkpoints.Damaged:
+            raise
+        except UserError:
+            another = self.config.another_model() if self.config is not None else None
+            if another is None:
+                raise
+            raise UserError(
+                f"{another}: evaluate, predict or export it with the config it was trained "
+                f"with ({os.path.join(model_dir, checkpoints.OPERATIVE_CONFIG)})"
+            ) from None
+        if restored is None:
             raise UserError(
                 f"no checkpoint in {model_dir}: train first "
                 "(--schedule train) or point --model_dir at a trained run"

@@ -220,7 +220,8 @@ class TrainingRun:
             **state,
         )
         if self.checkpointer.latest is not None:
-            self.config.check()
+            variables = self.model.model_fn.trainable_variables
+            self.config.check(lambda: checkpoints.misfit(self.checkpointer.latest, variables))
         restored = self.checkpointer.restore_latest() is not None
         if not restored and self.settings.warm_start_from:
             checkpoints.warm_start(
