@@ -189,6 +189,32 @@ def test_what_compile_gives_that_cannot_be_honoured_is_refused_in_one_line(tmp_p
     )
 
 
+def test_a_model_fn_giving_one_metric_object_under_two_names_is_refused(tmp_path):
+    class TwoNames(trainer.ModelFn):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(1)
+            self.auc = keras.metrics.AUC()
+
+        def __call__(self, features, labels, mode):
+            logit = self.dense(features["image"])[:, 0]
+            if labels is None:
+                return trainer.Spec({"logit": logit})
+            y = labels.labels if isinstance(labels, tuple) else labels
+            loss = tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=logit)
+            p = tf.sigmoid(logit)
+            metrics = {"auc": (self.auc, y, p), "auc_again": (self.auc, y, p)}
+            return trainer.Spec({"logit": logit}, tf.reduce_mean(loss), metrics)
+
+    def unweighted(mode, params):
+        return weighted_input_fn(mode, params).map(lambda x, y, w: (x, y))
+
+    assert refusal(TwoNames(), tmp_path, unweighted) == (
+        "TwoNames gives one AUC object as metric 'auc' and as 'auc_again': both would add up "
+        "in one state; make one metric object for each"
+    )
+
+
 def test_sample_weights_reach_only_a_model_that_takes_them(tmp_path):
     class Plain(trainer.ModelFn):
         def __init__(self):

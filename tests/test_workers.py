@@ -119,8 +119,9 @@ def test_workers_that_see_other_checkpoints_or_a_changed_config_stop_before_trai
     results = finish(start_workers(data_dir, model_dir, 2, *changed))
     refusal = (
         "error: the config differs from the one the checkpoints in this model_dir were trained "
-        "with: MLP.hidden_units: [256, 256] -> [128]. Use a new --model_dir, or "
-        "--overwrite_config to resume anyway\n"
+        "with (MLP.hidden_units: [256, 256] -> [128]), and they do not fit the model it makes "
+        "(logits/kernel has shape (128, 10), which no saved value has): use a new --model_dir, "
+        "or restore the config they were trained with\n"
     )
     assert results == [(2, refusal), (2, refusal)]
     assert sorted(os.listdir(model_dir)) == before

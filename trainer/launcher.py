@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -36,7 +37,8 @@ def run(count: int, argv: list[str]) -> int:
     args = [*without_workers(argv), "--gin_param", "Estimator.distribution = 'multi_worker'"]
     workers = [_start(args, ports, index) for index in range(count)]
     chief_said: set[str] = set()
-    readers = [threading.Thread(target=_relay, args=(workers[0].stderr, chief_said))]
+    forwarded: list[int] = []  # the signals this command received and passed on
+    readers = [threading.Thread(target=_relay, args=(workers[0].stderr, chief_said, forwarded))]
     others = [[] for _ in workers[1:]]
     readers += [
         threading.Thread(target=_collect, args=(w.stderr, lines))
@@ -44,7 +46,8 @@ def run(count: int, argv: list[str]) -> int:
     ]
     for reader in readers:
         reader.start()
-    previous = {s: signal.signal(s, _forward(workers)) for s in (signal.SIGINT, signal.SIGTERM)}
+    forward = _forward(workers, forwarded)
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         codes = [worker.wait() for worker in workers]
     finally:
@@ -54,6 +57,7 @@ def run(count: int, argv: list[str]) -> int:
         reader.join()
     for index, lines in enumerate(others, 1):
         for line in lines:
+            line = _as_the_commands(line, forwarded)
             if line not in chief_said:
                 sys.stderr.write(f"[worker {index}] {line}")
     sys.stderr.flush()
@@ -145,24 +149,35 @@ def _end_with_parent() -> None:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def _relay(stream, said: set[str]) -> None:
+def _relay(stream, said: set[str], forwarded: list[int]) -> None:
     for line in stream:
+        line = _as_the_commands(line, forwarded)
         said.add(line)
         sys.stderr.write(line)
         sys.stderr.flush()
+
+
+def _as_the_commands(line: str, forwarded: list[int]) -> str:
+    """A worker's line, told as the command's own when the command passed the signal on.
+
+    Every worker is sent it, so whichever noticed first ('worker 1 received SIGTERM'),
+    the command received it: one line, the same from every worker.
+    """
+    if not forwarded:
+        return line
+    return re.sub(r"^(\w+): worker \d+ received (SIG\w+):", r"\1: \2 received:", line)
 
 
 def _collect(stream, lines: list[str]) -> None:
     lines.extend(stream)
 
 
-def _forward(workers: list[subprocess.Popen]):
+def _forward(workers: list[subprocess.Popen], received: list[int]):
     """Passes the first SIGINT or SIGTERM on; a second one kills the workers.
 
-    (A worker still waiting for its peers cannot act on SIGTERM: TensorFlow's
-    coordination service takes it then.)
+    ``received`` lists the signals. (A worker still waiting for its peers cannot act
+    on SIGTERM: TensorFlow's coordination service takes it then.)
     """
-    received = []
 
     def forward(number, _frame):
         received.append(number)

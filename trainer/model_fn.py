@@ -111,7 +111,8 @@ class Spec:
 
     Attributes:
       predictions: dict of tensors whose first dimension is the batch.
-      loss: scalar, the mean loss over the batch. Required in TRAIN and EVAL.
+      loss: scalar, the mean loss over the batch (its sum, with ``loss_reduction``
+        ``'sum'``). Required in TRAIN and EVAL.
       metrics: dict of per-example values, each of shape ``[batch]``. The framework
         streams their mean over the whole eval set (and over all devices), so
         accuracy is ``tf.cast(tf.equal(predicted, label), tf.float32)``. A pair

@@ -251,7 +251,15 @@ def _unfit_metric(name: str, streamed: dict) -> str | None:
     Its ``update_state`` is traced (never run) with them, so that a mistake is said
     before training rather than at the first evaluation.
     """
+    names: dict[int, str] = {}
     for metric_name, (metric, *args) in streamed.items():
+        if id(metric) in names:
+            return (
+                f"{name} gives one {type(metric).__name__} object as metric "
+                f"{names[id(metric)]!r} and as {metric_name!r}: both would add up in one "
+                "state; make one metric object for each"
+            )
+        names[id(metric)] = metric_name
         try:
             metric.update_state(*args)
         except (TypeError, ValueError) as error:
