@@ -130,6 +130,10 @@ class Spec:
         ``loss`` is the sum over the examples this call was given, and the framework
         trains and reports the sum over each step's whole batch (all devices and
         workers) and, in evaluation, the mean of the eval batches' sums.
+      scalars: optional per-batch scalars to report beside the loss, in training
+        and evaluation (a GAN's two losses, a multi-task model's parts): averaged
+        over batches, devices, replicas and workers as the loss is, and written to
+        TensorBoard and metrics.jsonl under their names.
     """
 
     predictions: Mapping[str, tf.Tensor]
@@ -137,6 +141,7 @@ class Spec:
     metrics: Mapping[str, tf.Tensor] = dataclasses.field(default_factory=dict)
     activations: Mapping[str, tf.Tensor] = dataclasses.field(default_factory=dict)
     loss_reduction: str = "mean"
+    scalars: Mapping[str, tf.Tensor] = dataclasses.field(default_factory=dict)
 
 
 class ModelFn(tf.Module):
@@ -266,6 +271,15 @@ def check_spec(spec: Spec, mode: Mode, model_name: str) -> None:
             )
     for name, value in spec.metrics.items():
         _check_metric(where, name, value)
+    for name, value in spec.scalars.items():
+        if not tf.is_tensor(value) or value.shape.rank != 0:
+            shape = getattr(value, "shape", type(value).__name__)
+            raise ValueError(f"{where}: scalar {name!r} must be one number, got {shape}")
+        if name in spec.metrics or name in ("loss", "regularization_loss"):
+            raise ValueError(
+                f"{where}: scalar {name!r} has the name of a metric or of the loss; "
+                "give it its own name"
+            )
 
 
 def _check_metric(where: str, name: str, value) -> None:

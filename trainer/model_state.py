@@ -81,7 +81,7 @@ class ModelState:
                 self._find_metrics(element_spec, mode)  # a model's metrics may differ by mode
             return self.steps
         started = time.perf_counter()
-        metrics, streamed = self._trace(element_spec, mode)
+        metrics, streamed, scalars = self._trace(element_spec, mode)
         self.traced.add(mode)
         self.placement.adopt_metrics(streamed.values())
         self.seconds["building"] += time.perf_counter() - started
@@ -101,6 +101,7 @@ class ModelState:
                 clip_gradient_norm=self.clip_gradient_norm,
                 ema=self.ema,
                 jit_compile=self.jit_compile,
+                scalar_names=scalars,
             )
         return self.steps
 
@@ -111,11 +112,11 @@ class ModelState:
         (an AUC) or in TRAIN only is found here, before that mode's step is traced.
         """
         started = time.perf_counter()
-        metrics, streamed = self._trace(element_spec, mode)
+        metrics, streamed, scalars = self._trace(element_spec, mode)
         self.traced.add(mode)
         self.placement.adopt_metrics(streamed.values())
         with self.placement.scope():
-            self.steps.count_metrics(mode, metrics, streamed)
+            self.steps.count_metrics(mode, metrics, streamed, scalars)
         self.seconds["building"] += time.perf_counter() - started
 
     def checkpoint_items(self, optimizer: bool) -> dict:
@@ -157,11 +158,11 @@ class ModelState:
         """Within the block the model holds its EMA weights, if an EMA is kept."""
         return self.ema.swapped_in() if self.ema is not None else contextlib.nullcontext()
 
-    def _trace(self, element_spec, mode: Mode) -> tuple[list[str], dict]:
-        """Calls the model once on symbolic inputs; returns its metrics.
+    def _trace(self, element_spec, mode: Mode) -> tuple[list[str], dict, list[str]]:
+        """Calls the model once on symbolic inputs; returns what it reports.
 
-        That is the names of its per-example metrics, and its streamed metrics (Keras
-        metric objects) by name.
+        That is the names of its per-example metrics, its streamed metrics (Keras
+        metric objects) by name, and the names of its scalars.
         """
         features_spec, labels_spec = split_element(element_spec, mode)
         name = type(self.model_fn).__name__
@@ -181,6 +182,7 @@ class ModelState:
                 raise UserError(str(error)) from None
             per_example, streamed = split_metrics(spec.metrics)
             found["metrics"] = sorted(per_example)
+            found["scalars"] = sorted(spec.scalars)
             found["streamed"] = {name: value[0] for name, value in streamed.items()}
             found["unfit"] = _unfit_metric(name, streamed)  # traced, never run
             return spec.predictions
@@ -204,7 +206,7 @@ class ModelState:
             raise UserError(self._missing_key_message(key, given)) from None
         if found.get("unfit"):
             raise UserError(found["unfit"])
-        return found.get("metrics", []), found.get("streamed", {})
+        return found.get("metrics", []), found.get("streamed", {}), found.get("scalars", [])
 
     def _missing_key_message(self, key: str, given: dict[str, list[str]]) -> str:
         """The model looked up a feature or label the input_fn does not give."""

@@ -93,6 +93,7 @@ class Steps:
         clip_gradient_norm: float | None = None,
         ema: WeightAverage | None = None,
         jit_compile: bool = False,
+        scalar_names: Sequence[str] = (),
     ):
         self.model_fn, self.optimizer, self.global_step = model_fn, optimizer, global_step
         self.placement = placement
@@ -106,8 +107,8 @@ class Steps:
         self.has_regularization = bool(model_fn.regularization_losses)
         self.towers = placement.towers(model_fn)
         self.update = placement.update_fn(optimizer, summed=bool(clip_gradient_norm))
-        self.count_metrics(Mode.TRAIN, metric_names, {})
-        self.count_metrics(Mode.EVAL, metric_names, streamed_metrics)
+        self.count_metrics(Mode.TRAIN, metric_names, {}, scalar_names)
+        self.count_metrics(Mode.EVAL, metric_names, streamed_metrics, scalar_names)
         self.times_input = not _op_determinism()  # tf.timestamp is refused under it
         with tf.init_scope():
             # A step's loss was NaN or Inf: the block ended there, the step not counted.
@@ -132,19 +133,25 @@ class Steps:
         self.predict = tf.function(self._predict)
 
     def count_metrics(
-        self, mode: Mode, names: Sequence[str], streamed: Mapping[str, keras.metrics.Metric]
+        self,
+        mode: Mode,
+        names: Sequence[str],
+        streamed: Mapping[str, keras.metrics.Metric],
+        scalars: Sequence[str] = (),
     ) -> None:
         """Sums ``names`` (and ``streamed``, in EVAL) in ``mode``'s steps from now on.
 
-        Called before that mode's step is first traced: a traced step keeps the sums
-        it was traced with.
+        ``scalars`` are the Spec's per-batch scalars, averaged as the loss is. Called
+        before that mode's step is first traced: a traced step keeps the sums it was
+        traced with.
         """
+        per_batch = ["loss", *scalars]
         if mode == Mode.TRAIN:
-            scalars = ["loss"] + (["regularization_loss"] if self.has_regularization else [])
-            self.train_metrics = MetricSums(names, scalars, self.placement.per_replica)
+            per_batch += ["regularization_loss"] if self.has_regularization else []
+            self.train_metrics = MetricSums(names, per_batch, self.placement.per_replica)
         else:
             self.eval_metrics = MetricSums(
-                names, per_replica=self.placement.per_replica, streamed=streamed
+                names, per_batch, per_replica=self.placement.per_replica, streamed=streamed
             )
 
     # ------------------------------------------------------------ the step
@@ -158,7 +165,7 @@ class Steps:
         """
         spec = self.model_fn(features, labels, Mode.TRAIN)
         loss = batch_loss(spec, batch_size_of(features), lambda: examples)
-        scalars = {"loss": loss}
+        scalars = {"loss": loss, **_scalars(spec)}
         objective = loss * share
         if self.has_regularization:
             scalars["regularization_loss"] = tf.add_n(self.model_fn.regularization_losses)
@@ -330,7 +337,7 @@ class Steps:
     # ------------------------------------------------------------ eval and predict
 
     def _eval_batch(self, features, labels):
-        """``(loss, per-example metrics)`` of one eval batch, over towers if there are."""
+        """``(loss, scalars, per-example metrics)`` of one eval batch, over towers if any."""
         batch = batch_size_of(features)
 
         def examples():  # over every replica; asked only of a loss summed over them
@@ -343,13 +350,13 @@ class Steps:
             spec = self.model_fn(features, labels, Mode.EVAL)
             per_example, streamed = split_metrics(spec.metrics)
             self.eval_metrics.stream(streamed)
-            return batch_loss(spec, batch_size_of(features), examples), {}, per_example
+            loss = batch_loss(spec, batch_size_of(features), examples)
+            return loss, _scalars(spec), per_example
 
         if self.towers is not None:
-            loss, _, metrics, _ = self.towers.run(forward, features, labels, training=False)
-            return loss, metrics
-        loss, _, metrics = forward(features, labels)
-        return loss, metrics
+            loss, scalars, metrics, _ = self.towers.run(forward, features, labels, training=False)
+            return loss, scalars, metrics
+        return forward(features, labels)
 
     def _evaluate(self, dataset) -> None:
         """Adds every batch of ``dataset`` to ``eval_metrics``.
@@ -362,8 +369,8 @@ class Steps:
 
     def _eval_update(self, element) -> tf.Tensor:
         features, labels = split_element(element, Mode.EVAL)
-        loss, metrics = self._eval_batch(features, labels)
-        self.eval_metrics.update(metrics, {"loss": loss}, batch_size_of(features))
+        loss, scalars, metrics = self._eval_batch(features, labels)
+        self.eval_metrics.update(metrics, {"loss": loss, **scalars}, batch_size_of(features))
         return tf.constant(True)
 
     def _predict(self, features):
@@ -373,6 +380,11 @@ class Steps:
         if self.towers is not None:
             return make_parallel(predictions, self.towers.devices, features=features)
         return predictions(features)
+
+
+def _scalars(spec: Spec) -> dict[str, tf.Tensor]:
+    """The Spec's scalars as float32, to be averaged over batches as the loss is."""
+    return {name: tf.cast(value, tf.float32) for name, value in spec.scalars.items()}
 
 
 def batch_loss(spec: Spec, shard: tf.Tensor, examples: Callable[[], tf.Tensor]) -> tf.Tensor:
