@@ -64,6 +64,88 @@ def test_towers_give_the_full_batch_loss_gradient_and_metrics():
         np.testing.assert_allclose(g.numpy(), e.numpy(), rtol=1e-5, atol=1e-7)
 
 
+def tower_placement(model_dir):
+    """Each op of the towers' training step: its tower (None outside them), device, type
+    and the towers of the ops it reads (run in a subprocess that made two logical CPUs)."""
+    import re
+
+    from trainer.model_fn import Mode
+
+    def data(mode, params):
+        x = tf.random.stateless_uniform([64, 8, 8, 1], [1, 2])
+        labels = {"label": tf.zeros([64], tf.int64)}
+        return tf.data.Dataset.from_tensor_slices(({"image": x}, labels)).repeat().batch(32)
+
+    estimator = Estimator(
+        MLP(num_classes=10, hidden_units=[16]),
+        model_dir,
+        global_batch_size=32,
+        distribution="towers",
+        num_devices=2,
+        progress=False,
+    )
+    dataset = estimator.inputs.dataset(data, Mode.TRAIN)
+    steps = estimator.model.build(dataset.element_spec, Mode.TRAIN)
+    step = tf.function(lambda features, labels: steps._step(features, labels, tf.constant(True)))
+    graph = step.get_concrete_function(*dataset.element_spec).graph
+
+    def tower(op):  # forward ops are named tower_i/..., their gradients gradient_tape/tower_i/...
+        found = re.match(r"(gradient_tape/)?tower_(\d+)/", op.name)
+        return int(found.group(2)) if found else None
+
+    def handle(op):  # a variable's handle, or its read: the parameters every tower shares
+        return op.type in ("Placeholder", "ReadVariableOp") and op.outputs[0].dtype in (
+            tf.resource,
+            *[v.dtype for v in estimator.model_fn.trainable_variables],
+        )
+
+    return [
+        {
+            "name": op.name,
+            "tower": tower(op),
+            "device": op.device,
+            "type": op.type,
+            "shared": handle(op),
+            "reads": sorted({tower(i.op) for i in op.inputs if not handle(i.op)} - {None}),
+        }
+        for op in graph.get_operations()
+    ]
+
+
+def test_each_towers_forward_and_gradient_ops_run_on_its_device_and_only_the_sum_crosses(
+    tmp_path,
+):
+    """make_parallel's colocated gradients, checked op by op in the traced step."""
+    script = (
+        "import json, sys\n"
+        "from trainer import parallel\n"
+        "parallel.split_cpu(2)\n"
+        "from tests.test_parallel import tower_placement\n"
+        "print(json.dumps(tower_placement(sys.argv[1])))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    ops = json.loads(done.stdout.strip().splitlines()[-1])
+    for i in (0, 1):
+        mine = [op for op in ops if op["tower"] == i and not op["shared"]]
+        assert {op["device"] for op in mine} == {f"/device:CPU:{i}"}
+        gradients = [op for op in mine if op["name"].startswith("gradient_tape/")]
+        assert sum(op["type"] == "MatMul" for op in mine) == 2 + 3  # forward, gradients
+        assert {"MatMul", "ReluGrad", "BiasAddGrad"} <= {op["type"] for op in gradients}
+        # A tower reads its own ops' outputs and the shared parameters, nobody else's.
+        assert all(op["reads"] in ([], [i]) for op in mine), i
+    # Outside the towers, what reads their outputs is the weighted sum of the losses
+    # and gradients, and the batch's per-example values put back together.
+    readers = {op["type"] for op in ops if op["tower"] is None and op["reads"]}
+    assert readers == {"AddN", "MulNoNan", "ConcatV2"}, readers
+
+
 def test_towers_update_batch_norm_statistics_from_the_whole_batch():
     keras.utils.set_random_seed(1)
     dense, norm = keras.layers.Dense(4), keras.layers.BatchNormalization(momentum=0.5)
