@@ -94,6 +94,58 @@ def test_a_lost_worker_is_named_by_the_survivor_in_one_line_and_a_rerun_finishes
         assert checkpoint_steps(model_dir)[-1] == newest + 20
 
 
+def worker_pid(launcher, index):
+    """The pid of the launcher's worker ``index`` (found by its TF_CONFIG)."""
+    for child in subprocess.run(
+        ["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True
+    ).stdout.split():
+        with open(f"/proc/{child}/environ", "rb") as f:
+            if f'"index": {index}}}'.encode() in f.read():
+                return int(child)
+    pytest.fail(f"no worker {index} under the launcher")
+
+
+def test_a_closed_terminal_or_a_lost_worker_ends_the_launcher_as_readme_says(tmp_path, data_dir):
+    """SIGHUP (the terminal closed) saves as SIGTERM does, said once: exit 75; the run's
+    '{timestamp}' model_dir is one directory for both workers; on the rerun, worker 1
+    killed with SIGKILL makes the job exit 75 (it was 247, the signal passed on)."""
+    settings = ("experiment.max_steps = 3000", "Estimator.save_checkpoints_steps = 100")
+    command = [
+        *trainer_command(data_dir, tmp_path / "run_{timestamp}", *settings),
+        "--workers",
+        "2",
+    ]
+    job = subprocess.Popen(
+        command, cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 180
+    while not [d for d in tmp_path.glob("run_*") if checkpoint_steps(d)]:
+        assert job.poll() is None and time.monotonic() < deadline, job.communicate()[1][-3000:]
+        time.sleep(0.2)
+    (model_dir,) = tmp_path.glob("run_*")  # one, not one per worker
+    assert re.fullmatch(r"run_\d{8}-\d{6}", model_dir.name)
+    job.send_signal(signal.SIGHUP)
+    err = job.communicate(timeout=120)[1]
+    assert job.returncode == 75, err[-3000:]
+    step = checkpoint_steps(model_dir)[-1]
+    assert err == (
+        f"preempted: SIGHUP received: saved {model_dir}/ckpt-{step} at step {step}; rerun "
+        "the same command to resume\n"
+    )
+
+    rerun = [*trainer_command(data_dir, model_dir, *settings), "--workers", "2"]
+    job = subprocess.Popen(
+        rerun, cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    while checkpoint_steps(model_dir)[-1] == step:
+        assert job.poll() is None and time.monotonic() < deadline + 120, job.communicate()[1]
+        time.sleep(0.2)
+    os.kill(worker_pid(job, 1), signal.SIGKILL)
+    err = job.communicate(timeout=120)[1]
+    assert job.returncode == 75, err[-3000:]
+    assert err.startswith("error: lost worker 1 (127.0.0.1:") and "every worker resumes" in err
+
+
 def test_workers_that_see_other_checkpoints_or_a_changed_config_stop_before_training(
     tmp_path, data_dir
 ):

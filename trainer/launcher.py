@@ -4,10 +4,12 @@ Each worker is ``python -m trainer`` with the same flags, ``Estimator.distributi
 'multi_worker'``, and a TF_CONFIG naming a free port on 127.0.0.1 for every worker
 and its own index. The chief's output is shown as it comes (its bar included); the
 other workers' lines on stderr are shown at the end, prefixed with their worker,
-unless the chief said the same. SIGINT and SIGTERM are passed on to every worker,
-which then save one checkpoint together and exit 75 (a second one kills them); the
-job exits with the code that says the most: a mistake (2), divergence (3), a crash,
-restart me (75), done (0). A worker dies with the command if it is killed.
+unless the chief said the same. SIGINT, SIGTERM and SIGHUP (as SIGTERM) are passed on
+to every worker, which then save one checkpoint together and exit 75 (a second one
+kills them); the job exits with the code that says the most: a mistake (2),
+divergence (3), a crash, restart me (75: a lost worker too), done (0). A worker dies
+with the command if it is killed. ``{timestamp}`` in ``--model_dir`` is expanded
+once, here, so that every worker has the same model_dir.
 
 Nothing here imports TensorFlow: the workers do.
 """
@@ -23,9 +25,14 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 # Exit codes from the most to the least telling; any other non-zero one is a crash.
-PRECEDENCE = (2, 3, None, 75, 0)
+EXIT_PREEMPTED = 75  # errors.EXIT_PREEMPTED: restart the job, it resumes
+PRECEDENCE = (2, 3, None, EXIT_PREEMPTED, 0)
+# What the command passes on to every worker: SIGHUP (its terminal closed, an ssh
+# connection dropped) as SIGTERM, so that they save before they stop.
+PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def run(count: int, argv: list[str]) -> int:
@@ -34,7 +41,8 @@ def run(count: int, argv: list[str]) -> int:
     ``argv`` is the command's own arguments; its ``--workers`` is dropped.
     """
     ports = free_ports(count)
-    args = [*without_workers(argv), "--gin_param", "Estimator.distribution = 'multi_worker'"]
+    argv = with_start_time(without_workers(argv), time.strftime("%Y%m%d-%H%M%S"))
+    args = [*argv, "--gin_param", "Estimator.distribution = 'multi_worker'"]
     workers = [_start(args, ports, index) for index in range(count)]
     chief_said: set[str] = set()
     forwarded: list[int] = []  # the signals this command received and passed on
@@ -47,7 +55,7 @@ def run(count: int, argv: list[str]) -> int:
     for reader in readers:
         reader.start()
     forward = _forward(workers, forwarded)
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, forward) for s in PASSED_ON}
     try:
         codes = [worker.wait() for worker in workers]
     finally:
@@ -65,7 +73,15 @@ def run(count: int, argv: list[str]) -> int:
 
 
 def job_code(codes: list[int]) -> int:
-    """The job's exit code from its workers': the most telling one."""
+    """The job's exit code from its workers': the most telling one.
+
+    A worker killed by a signal (a negative return code) while the others stopped
+    to be restarted (75) is a lost worker: the job is restarted too (75). Otherwise
+    a signal ``n`` is ``128 + n``, as a shell reports it.
+    """
+    if any(c < 0 for c in codes) and EXIT_PREEMPTED in codes:
+        return EXIT_PREEMPTED
+    codes = [128 - c if c < 0 else c for c in codes]
     crashes = [c for c in codes if c not in PRECEDENCE]
     for code in PRECEDENCE:
         if code is None and crashes:
@@ -73,6 +89,20 @@ def job_code(codes: list[int]) -> int:
         if code in codes:
             return code
     return 0
+
+
+def with_start_time(argv: list[str], started: str) -> list[str]:
+    """``argv`` with ``{timestamp}`` in its ``--model_dir`` made the job's start time.
+
+    Expanded once, here: each worker expanding it would give each its own model_dir.
+    """
+    expanded, model_dir_next = [], False
+    for arg in argv:
+        if model_dir_next or arg.startswith("--model_dir="):
+            arg = arg.replace("{timestamp}", started)
+        model_dir_next = arg == "--model_dir"
+        expanded.append(arg)
+    return expanded
 
 
 def without_workers(argv: list[str]) -> list[str]:
@@ -161,11 +191,15 @@ def _as_the_commands(line: str, forwarded: list[int]) -> str:
     """A worker's line, told as the command's own when the command passed the signal on.
 
     Every worker is sent it, so whichever noticed first ('worker 1 received SIGTERM'),
-    the command received it: one line, the same from every worker.
+    the command received it: one line, the same from every worker, naming the signal
+    the command received (SIGHUP, which the workers were sent as SIGTERM).
     """
     if not forwarded:
         return line
-    return re.sub(r"^(\w+): worker \d+ received (SIG\w+):", r"\1: \2 received:", line)
+    name = signal.Signals(forwarded[0]).name
+    return re.sub(
+        r"^(\w+): (worker \d+ received SIG\w+|SIG\w+ received):", rf"\1: {name} received:", line
+    )
 
 
 def _collect(stream, lines: list[str]) -> None:
@@ -181,8 +215,9 @@ def _forward(workers: list[subprocess.Popen], received: list[int]):
 
     def forward(number, _frame):
         received.append(number)
+        first = signal.SIGTERM if number == signal.SIGHUP else number  # a closed terminal
         for worker in workers:
             if worker.poll() is None:
-                worker.send_signal(number if len(received) == 1 else signal.SIGKILL)
+                worker.send_signal(first if len(received) == 1 else signal.SIGKILL)
 
     return forward
