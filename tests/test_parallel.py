@@ -6,6 +6,7 @@ in subprocesses (tests/parallel_runs.py, and the CLI for multi-worker).
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -326,7 +327,21 @@ def test_two_workers_train_one_model_that_restores_on_one_device(tmp_path, data_
     assert distributed["accuracy"] > 0.8
 
 
-def test_multi_worker_without_tf_config_is_one_line(tmp_path):
+@pytest.mark.parametrize(
+    "tf_config, line",
+    [
+        (
+            '{"cluster": {"worker": ["127.0.0.1:1"]}}',
+            "TF_CONFIG must be JSON like {.*}; its 'task' is missing or not an object",
+        ),
+        (
+            '{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, '
+            '"task": {"type": "worker", "index": "1"}}',
+            "TF_CONFIG task index must be a number, got '1' \\(str\\): write \"index\": 1",
+        ),
+    ],
+)
+def test_a_malformed_tf_config_is_one_line_and_leaves_no_model_dir(tmp_path, tf_config, line):
     proc = run_cli(
         "--gin_file",
         "experiments/digits_mlp.gin",
@@ -334,11 +349,57 @@ def test_multi_worker_without_tf_config_is_one_line(tmp_path):
         str(tmp_path / "run"),
         "--gin_param",
         "Estimator.distribution = 'multi_worker'",
-        env={"TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1:1"]}}'},
+        env={"TF_CONFIG": tf_config},
     )
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1].startswith("error: TF_CONFIG must be JSON like")
-    assert not list((tmp_path / "run").glob("ckpt-*"))
+    assert re.fullmatch(f"error: {line}", proc.stderr.strip()), proc.stderr[-3000:]
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "tf_config, line",
+    [
+        (
+            "{not json",
+            r"TF_CONFIG must be JSON like .*; it is not JSON \(Expecting property name.*",
+        ),
+        (
+            '{"cluster": {"worker": ["a:1"], "evaluator": ["b:2"]}, "task": {"type": '
+            '"evaluator", "index": 0}}',
+            "TF_CONFIG task type 'evaluator' is not one this trainer runs: give each machine "
+            "'worker' (or one 'chief'); an evaluator beside training is --schedule "
+            "continuous_eval, run without TF_CONFIG",
+        ),
+        (
+            '{"cluster": {"worker": ["a:1"]}, "task": {"type": "chief", "index": 0}}',
+            "TF_CONFIG task type 'chief' has no list in its cluster",
+        ),
+        (
+            '{"cluster": {"worker": ["a:1", "b"]}, "task": {"type": "worker", "index": 0}}',
+            "TF_CONFIG cluster 'worker' has address 'b'; give each as 'host:port'",
+        ),
+        (
+            '{"cluster": {"worker": "a:1"}, "task": {"type": "worker", "index": 0}}',
+            "TF_CONFIG cluster 'worker' must be a list of 'host:port', got 'a:1'",
+        ),
+        (
+            '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 2}}',
+            "TF_CONFIG task index 2 is outside its 1 workers",
+        ),
+        (
+            '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": true}}',
+            'TF_CONFIG task index must be a number, got True (bool): write "index": 0',
+        ),
+    ],
+)
+def test_each_tf_config_mistake_is_named_before_anything_starts(monkeypatch, tf_config, line):
+    monkeypatch.setenv("TF_CONFIG", tf_config)
+    with pytest.raises(UserError) as refused:
+        cluster.find()
+    said = str(refused.value)
+    assert said == line or line.startswith("TF_CONFIG must") and re.fullmatch(line, said), said
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["a:1", "b:2"]}, "task": {"index": 1}}')
+    assert cluster.find() == ("worker 1 of 2", "b:2")
 
 
 def test_num_devices_on_a_machine_without_gpus_splits_its_cpu(tmp_path, data_dir):

@@ -77,19 +77,59 @@ def slurm_tf_config(port: int = 8888) -> str:
 
 
 def _check_tf_config() -> tuple[str, str]:
-    """One line for a malformed TF_CONFIG, instead of a hang or a traceback; see ``find``."""
+    """One line for a malformed TF_CONFIG, instead of a hang or a traceback; see ``find``.
+
+    Every part is checked here, once: JSON, the cluster's jobs and addresses, the
+    task's type and its index.
+    """
     text = os.environ["TF_CONFIG"]
+    shape = (
+        'TF_CONFIG must be JSON like {"cluster": {"worker": ["host:port", ...]}, '
+        '"task": {"type": "worker", "index": 0}}'
+    )
     try:
         config = json.loads(text)
-        addresses = config["cluster"]["worker"]
-        index = config["task"]["index"]
-    except (json.JSONDecodeError, KeyError, TypeError) as error:
+    except json.JSONDecodeError as error:
+        raise UserError(f"{shape}; it is not JSON ({error})") from None
+    cluster = config.get("cluster") if isinstance(config, dict) else None
+    task = config.get("task") if isinstance(config, dict) else None
+    if not isinstance(cluster, dict) or not isinstance(task, dict):
+        missing = "cluster" if not isinstance(cluster, dict) else "task"
+        raise UserError(f"{shape}; its {missing!r} is missing or not an object")
+    for job, addresses in cluster.items():
+        _check_addresses(job, addresses)
+    if not cluster.get("worker"):
+        raise UserError(f"{shape}; its cluster has no 'worker' list")
+    task_type, index = task.get("type", "worker"), task.get("index", 0)
+    if task_type not in ("worker", "chief"):
         raise UserError(
-            f'TF_CONFIG must be JSON like {{"cluster": {{"worker": ["host:port", ...]}}, '
-            f'"task": {{"type": "worker", "index": 0}}}}; reading it failed at {error}'
-        ) from None
-    task_type = config["task"].get("type", "worker")
-    if task_type == "worker" and not 0 <= index < len(addresses):
-        raise UserError(f"TF_CONFIG task index {index} is outside its {len(addresses)} workers")
-    count = len(addresses) + len(config["cluster"].get("chief", []))
-    return f"{task_type} {index} of {count}", config["cluster"][task_type][index]
+            f"TF_CONFIG task type {task_type!r} is not one this trainer runs: give each "
+            "machine 'worker' (or one 'chief'); an evaluator beside training is "
+            "--schedule continuous_eval, run without TF_CONFIG"
+        )
+    if task_type not in cluster:
+        raise UserError(f"TF_CONFIG task type {task_type!r} has no list in its cluster")
+    if not isinstance(index, int) or isinstance(index, bool):
+        raise UserError(
+            f"TF_CONFIG task index must be a number, got {index!r} "
+            f'({type(index).__name__}): write "index": {index if str(index).isdigit() else 0}'
+        )
+    if not 0 <= index < len(cluster[task_type]):
+        count = len(cluster[task_type])
+        raise UserError(f"TF_CONFIG task index {index} is outside its {count} {task_type}s")
+    count = len(cluster["worker"]) + len(cluster.get("chief", []))
+    return f"{task_type} {index} of {count}", cluster[task_type][index]
+
+
+def _check_addresses(job: str, addresses) -> None:
+    """Each address of a job's list is ``host:port``."""
+    if not isinstance(addresses, list):
+        raise UserError(
+            f"TF_CONFIG cluster {job!r} must be a list of 'host:port', got {addresses!r}"
+        )
+    for address in addresses:
+        host, _, port = str(address).rpartition(":")
+        if not isinstance(address, str) or not host or not port.isdigit():
+            raise UserError(
+                f"TF_CONFIG cluster {job!r} has address {address!r}; give each as 'host:port'"
+            )
