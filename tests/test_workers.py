@@ -146,6 +146,38 @@ def test_a_closed_terminal_or_a_lost_worker_ends_the_launcher_as_readme_says(tmp
     assert err.startswith("error: lost worker 1 (127.0.0.1:") and "every worker resumes" in err
 
 
+def test_ctrl_c_while_the_workers_start_or_twice_in_training_is_one_line(tmp_path, data_dir):
+    """Ctrl-C (SIGINT to the command's process group) as TensorFlow loads: one line, exit
+    130, no model_dir; twice in training: the workers are killed, one line says so."""
+    command = [*trainer_command(data_dir, tmp_path / "run"), "--workers", "2"]
+    options = dict(cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    job = subprocess.Popen(command, **options, text=True, start_new_session=True)
+    time.sleep(1.0)  # the workers are importing TensorFlow
+    os.killpg(job.pid, signal.SIGINT)
+    err = job.communicate(timeout=120)[1]
+    assert (job.returncode, err) == (
+        130,
+        "interrupted: SIGINT received before training started or after it ended: nothing "
+        "was being trained; rerun the same command to start or resume\n",
+    )
+    assert not (tmp_path / "run").exists()
+
+    settings = ("experiment.max_steps = 3000", "Estimator.save_checkpoints_steps = 100")
+    command = [*trainer_command(data_dir, tmp_path / "run", *settings), "--workers", "2"]
+    job = subprocess.Popen(command, **options, text=True, start_new_session=True)
+    wait_for_checkpoint(tmp_path / "run", [job])
+    os.killpg(job.pid, signal.SIGINT)
+    time.sleep(0.05)
+    os.killpg(job.pid, signal.SIGINT)
+    err = job.communicate(timeout=120)[1]
+    assert job.returncode == 130, err[-3000:]
+    assert err.splitlines()[-1] == (
+        "interrupted: a second SIGINT stopped the workers at once, without saving; rerun the "
+        "same command to resume from the last checkpoint"
+    )
+    assert "Traceback" not in err and len(err.splitlines()) <= 2
+
+
 def test_workers_that_see_other_checkpoints_or_a_changed_config_stop_before_training(
     tmp_path, data_dir
 ):

@@ -34,6 +34,7 @@ from trainer import (
     gin_errors,
     logs,
     parallel,
+    preemption,
     summaries,
     workers,
     writer_lock,
@@ -164,7 +165,11 @@ def main() -> None:
     """
     _CLOCK["imports"] = time.perf_counter() - trainer.STARTED
     logs.use_console()
-    failure = _run()
+    try:
+        failure = _run()
+    except preemption.Interrupted:  # said by the command line; a new model_dir goes
+        _remove_unused(_CREATED_DIRS)
+        raise
     logs.keep_native()
     if failure:
         _remove_unused(_CREATED_DIRS)  # a run that failed before training leaves no directory

@@ -16,7 +16,7 @@ import textwrap
 
 from absl import app, flags
 
-from trainer import console
+from trainer import console, preemption
 
 SCHEDULES = ["train", "evaluate", "train_and_evaluate", "continuous_eval", "predict", "export"]
 
@@ -80,10 +80,19 @@ def main(argv: list[str]) -> None:
         fail(missing)
     if FLAGS.workers is not None:
         sys.exit(_launch(FLAGS.workers))
-    console.quiet_tensorflow_import()
-    from trainer import cli  # noqa: PLC0415 - TensorFlow loads here, after the flags
+    try:
+        with preemption.outside_training():
+            console.quiet_tensorflow_import()
+            from trainer import cli  # noqa: PLC0415 - TensorFlow loads here, after the flags
 
-    cli.main()
+            cli.main()
+    except preemption.Interrupted as interrupted:
+        fail(
+            f"{interrupted} received before training started or after it ended: nothing "
+            "was being trained; rerun the same command to start or resume",
+            interrupted.exit_code,
+            "interrupted",
+        )
 
 
 def _launch(count: int) -> int:

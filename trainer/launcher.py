@@ -63,6 +63,13 @@ def run(count: int, argv: list[str]) -> int:
             signal.signal(s, handler)
     for reader in readers:
         reader.join()
+    if len(forwarded) > 1:  # the workers were killed: they have nothing more to say
+        name = signal.Signals(forwarded[1]).name
+        sys.stderr.write(
+            f"interrupted: a second {name} stopped the workers at once, without saving; "
+            "rerun the same command to resume from the last checkpoint\n"
+        )
+        return 128 + forwarded[1]
     for index, lines in enumerate(others, 1):
         for line in lines:
             line = _as_the_commands(line, forwarded)

@@ -1,4 +1,8 @@
-"""Turns SIGTERM and SIGINT into a request to checkpoint and stop at the next step boundary."""
+"""Turns SIGTERM and SIGINT into a request to checkpoint and stop at the next step boundary.
+
+Outside training (while TensorFlow loads, the workers join, the model is built) there
+is nothing to save: ``outside_training`` ends the command there with one line.
+"""
 
 from __future__ import annotations
 
@@ -31,6 +35,34 @@ def watch_signals():
     previous = {s: signal.signal(s, handler) for s in SIGNALS}
     try:
         yield received
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived outside training: the command ends, nothing to save."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.exit_code = 128 + signum  # as a shell reports a process ended by the signal
+
+
+@contextlib.contextmanager
+def outside_training():
+    """Inside, SIGINT and SIGTERM raise ``Interrupted`` (``watch_signals`` takes over in training).
+
+    The command then says one line instead of a traceback from whatever Python was
+    doing (importing TensorFlow, most often).
+    """
+
+    def handler(signum, frame):
+        del frame
+        raise Interrupted(signum)
+
+    previous = {s: signal.signal(s, handler) for s in SIGNALS}
+    try:
+        yield
     finally:
         for s, old in previous.items():
             signal.signal(s, old)
