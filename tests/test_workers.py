@@ -178,6 +178,25 @@ def test_ctrl_c_while_the_workers_start_or_twice_in_training_is_one_line(tmp_pat
     assert "Traceback" not in err and len(err.splitlines()) <= 2
 
 
+def test_a_worker_that_fails_is_said_first_and_the_others_are_stopped_at_once(tmp_path, data_dir):
+    """Worker 1's labels go out of range at its 30th batch: its one line comes first, the
+    chief is stopped (not left to find the lost peer), and the job exits 2."""
+    settings = (
+        "import faulty",
+        "experiment.input_fn = @faulty_digits",
+        "faulty_digits.fault = 'label_on_worker_1'",
+        "faulty_digits.at_batch = 30",
+        "experiment.max_steps = 3000",
+    )
+    command = [*trainer_command(data_dir, tmp_path / "run", *settings), "--workers", "2"]
+    env = {**ENV, "PYTHONPATH": os.path.join(REPO, "tests", "user_project")}
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 2, done.stderr[-3000:]
+    lines = done.stderr.splitlines()
+    assert lines[0].startswith("[worker 1] error: training step ") and "label" in lines[0]
+    assert "Traceback" not in done.stderr and len(lines) <= 2, done.stderr
+
+
 def test_workers_that_see_other_checkpoints_or_a_changed_config_stop_before_training(
     tmp_path, data_dir
 ):
@@ -338,3 +357,23 @@ def test_workers_flag_starts_local_workers_passes_signals_on_and_says_things_onc
     proc = run_local_workers(data_dir, model_dir, 2, "Estimator.global_batch_size = 65")
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "does not divide over the 2 replicas" in proc.stderr
+
+
+def test_the_launchers_exit_code_start_time_and_crowding_in_one_place():
+    from trainer import launcher
+
+    # A worker killed by a signal while the others stopped to restart is a lost worker.
+    assert launcher.job_code([75, -9]) == 75 and launcher.job_code([-9, 75]) == 75
+    assert launcher.job_code([0, -9]) == 128 + 9  # as a shell says a SIGKILL
+    assert launcher.job_code([2, -9, 75]) == 2  # a mistake says the most
+    assert launcher.job_code([143, 75]) == 143 and launcher.job_code([0, 0]) == 0
+    argv = ["--model_dir", "out/{timestamp}", "--gin_param", "x = '{timestamp}'"]
+    assert launcher.with_start_time(argv, "T") == [
+        "--model_dir",
+        "out/T",
+        "--gin_param",
+        "x = '{timestamp}'",
+    ]
+    assert launcher.with_start_time(["--model_dir=a/{timestamp}"], "T") == ["--model_dir=a/T"]
+    assert launcher.crowding(2, 2) is None
+    assert launcher.crowding(64, 2).startswith("64 workers on 2 cores: each is a TensorFlow")

@@ -33,6 +33,8 @@ PRECEDENCE = (2, 3, None, EXIT_PREEMPTED, 0)
 # What the command passes on to every worker: SIGHUP (its terminal closed, an ssh
 # connection dropped) as SIGTERM, so that they save before they stop.
 PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOP_SECONDS = 30  # after one worker fails, how long the others have to stop
+SAME_MISTAKE_SECONDS = 2  # how long the chief may take to fail the same way
 
 
 def run(count: int, argv: list[str]) -> int:
@@ -40,6 +42,9 @@ def run(count: int, argv: list[str]) -> int:
 
     ``argv`` is the command's own arguments; its ``--workers`` is dropped.
     """
+    crowded = crowding(count, len(os.sched_getaffinity(0)))
+    if crowded:
+        sys.stderr.write(f"warning: {crowded}\n")
     ports = free_ports(count)
     argv = with_start_time(without_workers(argv), time.strftime("%Y%m%d-%H%M%S"))
     args = [*argv, "--gin_param", "Estimator.distribution = 'multi_worker'"]
@@ -56,8 +61,21 @@ def run(count: int, argv: list[str]) -> int:
         reader.start()
     forward = _forward(workers, forwarded)
     previous = {s: signal.signal(s, forward) for s in PASSED_ON}
+    said: set[int] = set()  # the workers whose lines are shown already
+
+    def failed(index: int) -> None:  # shown first, then the others are stopped
+        if index:
+            try:  # a mistake every worker makes ends the chief too: said once, by it
+                workers[0].wait(timeout=SAME_MISTAKE_SECONDS)
+                readers[0].join()
+            except subprocess.TimeoutExpired:
+                pass
+            readers[index].join()
+            _show(index, others[index - 1], chief_said, forwarded)
+            said.add(index)
+
     try:
-        codes = [worker.wait() for worker in workers]
+        codes = _wait(workers, failed)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -71,12 +89,56 @@ def run(count: int, argv: list[str]) -> int:
         )
         return 128 + forwarded[1]
     for index, lines in enumerate(others, 1):
-        for line in lines:
-            line = _as_the_commands(line, forwarded)
-            if line not in chief_said:
-                sys.stderr.write(f"[worker {index}] {line}")
-    sys.stderr.flush()
+        if index not in said:
+            _show(index, lines, chief_said, forwarded)
     return job_code(codes)
+
+
+def _show(index: int, lines: list[str], chief_said: set[str], forwarded: list[int]) -> None:
+    """A worker's lines on stderr, prefixed with it, but those the chief said too."""
+    for line in lines:
+        line = _as_the_commands(line, forwarded)
+        if line not in chief_said:
+            sys.stderr.write(f"[worker {index}] {line}")
+    sys.stderr.flush()
+
+
+def _wait(workers: list[subprocess.Popen], failed) -> list[int]:
+    """Every worker's exit code; the first to fail makes the others stop at once.
+
+    A failure is an exit other than done (0) or restart (75): ``failed(index)`` is
+    called, the others are sent SIGTERM (a worker in training saves and exits 75), and
+    those still running ``STOP_SECONDS`` later are killed.
+    """
+    deadline = None
+    while any(worker.poll() is None for worker in workers):
+        if deadline is None:
+            failures = [
+                i for i, w in enumerate(workers) if w.poll() not in (None, 0, EXIT_PREEMPTED)
+            ]
+            if failures:
+                failed(failures[0])
+                for worker in workers:
+                    if worker.poll() is None:
+                        worker.send_signal(signal.SIGTERM)
+                deadline = time.monotonic() + STOP_SECONDS
+        elif time.monotonic() > deadline:
+            for worker in workers:
+                if worker.poll() is None:
+                    worker.kill()
+        time.sleep(0.05)
+    return [worker.wait() for worker in workers]
+
+
+def crowding(count: int, cores: int) -> str | None:
+    """What to say when ``count`` workers are more than this machine's ``cores``."""
+    if count <= cores:
+        return None
+    return (
+        f"{count} workers on {cores} cores: each is a TensorFlow process of its own (its "
+        "memory, its threads), so they share the cores and run slower than fewer would; "
+        "--workers is for trying a cluster, --num_devices for one machine's devices"
+    )
 
 
 def job_code(codes: list[int]) -> int:
@@ -86,9 +148,8 @@ def job_code(codes: list[int]) -> int:
     to be restarted (75) is a lost worker: the job is restarted too (75). Otherwise
     a signal ``n`` is ``128 + n``, as a shell reports it.
     """
-    if any(c < 0 for c in codes) and EXIT_PREEMPTED in codes:
-        return EXIT_PREEMPTED
-    codes = [128 - c if c < 0 else c for c in codes]
+    lost = EXIT_PREEMPTED if EXIT_PREEMPTED in codes else None
+    codes = [(lost or 128 - c) if c < 0 else c for c in codes]
     crashes = [c for c in codes if c not in PRECEDENCE]
     for code in PRECEDENCE:
         if code is None and crashes:

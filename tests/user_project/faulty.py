@@ -17,7 +17,8 @@ def faulty_digits(mode, params, fault=None, at_batch=0):
     Faults: 'label' (labels out of range), 'float_label' (float32 labels, whole
     numbers), 'half_label' (float32 labels, 0.5 added), 'nan' (infinite pixels), 'nan_once'
     (the same in batch ``at_batch`` only), 'empty' (no data), 'shape' (4x4 images),
-    'not_a_dataset' (a list of batches instead of a dataset); and one of EVAL batches,
+    'not_a_dataset' (a list of batches instead of a dataset), 'label_on_worker_1' ('label'
+    in the input of worker 1 of a multi-worker run only); and one of EVAL batches,
     'corrupt_eval' (each fails as a corrupt record read lazily does).
     The pipeline has the same structure with or without a fault, so a checkpointed
     input iterator restores into it.
@@ -45,7 +46,7 @@ def faulty_digits(mode, params, fault=None, at_batch=0):
         elif fault == "shape":
             image = image[:, ::2, ::2, :]
         label = labels["label"]
-        if fault == "label":
+        if fault == "label" or fault == "label_on_worker_1" and params.input_pipeline_id == 1:
             label = tf.where(hit, label + 10, label)
         elif fault in ("float_label", "half_label"):  # float class ids, whole or not
             label = tf.cast(label, tf.float32) + tf.where(hit, 0.5, 0.0) * (fault == "half_label")
