@@ -42,7 +42,8 @@ def run(count: int, argv: list[str]) -> int:
 
     ``argv`` is the command's own arguments; its ``--workers`` is dropped.
     """
-    crowded = crowding(count, len(os.sched_getaffinity(0)))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    crowded = crowding(count, cores or 1)
     if crowded:
         sys.stderr.write(f"warning: {crowded}\n")
     ports = free_ports(count)
@@ -106,15 +107,19 @@ def _show(index: int, lines: list[str], chief_said: set[str], forwarded: list[in
 def _wait(workers: list[subprocess.Popen], failed) -> list[int]:
     """Every worker's exit code; the first to fail makes the others stop at once.
 
-    A failure is an exit other than done (0) or restart (75): ``failed(index)`` is
-    called, the others are sent SIGTERM (a worker in training saves and exits 75), and
-    those still running ``STOP_SECONDS`` later are killed.
+    A failure is an exit other than done (0) or restart (75), by the worker itself
+    (one killed by a signal is a lost worker, which the others find and stop for,
+    saying which): ``failed(index)`` is called, the others are sent SIGTERM (a
+    worker in training saves and exits 75), and those still running
+    ``STOP_SECONDS`` later are killed.
     """
     deadline = None
     while any(worker.poll() is None for worker in workers):
         if deadline is None:
-            failures = [
-                i for i, w in enumerate(workers) if w.poll() not in (None, 0, EXIT_PREEMPTED)
+            failures = [  # a worker killed by a signal is lost: the others say so, exit 75
+                i
+                for i, w in enumerate(workers)
+                if w.poll() is not None and w.poll() >= 0 and w.poll() not in (0, EXIT_PREEMPTED)
             ]
             if failures:
                 failed(failures[0])
