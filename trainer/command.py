@@ -78,10 +78,10 @@ def main(argv: list[str]) -> None:
     missing = missing_gin_file(FLAGS.gin_file)
     if missing:
         fail(missing)
-    if FLAGS.workers is not None:
-        sys.exit(_launch(FLAGS.workers))
     try:
         with preemption.outside_training():
+            if FLAGS.workers is not None:  # the launcher passes signals on once it runs them
+                sys.exit(_launch(FLAGS.workers))
             console.quiet_tensorflow_import()
             from trainer import cli  # noqa: PLC0415 - TensorFlow loads here, after the flags
 

@@ -34,7 +34,6 @@ PRECEDENCE = (2, 3, None, EXIT_PREEMPTED, 0)
 # connection dropped) as SIGTERM, so that they save before they stop.
 PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 STOP_SECONDS = 30  # after one worker fails, how long the others have to stop
-SAME_MISTAKE_SECONDS = 2  # how long the chief may take to fail the same way
 
 
 def run(count: int, argv: list[str]) -> int:
@@ -50,30 +49,27 @@ def run(count: int, argv: list[str]) -> int:
     argv = with_start_time(without_workers(argv), time.strftime("%Y%m%d-%H%M%S"))
     args = [*argv, "--gin_param", "Estimator.distribution = 'multi_worker'"]
     workers = [_start(args, ports, index) for index in range(count)]
-    chief_said: set[str] = set()
+    said: set[str] = set()  # every line shown: another worker's same line is not
+    said_by_others: set[str] = set()  # the chief's repeats of its own lines are shown
     forwarded: list[int] = []  # the signals this command received and passed on
-    readers = [threading.Thread(target=_relay, args=(workers[0].stderr, chief_said, forwarded))]
+    relay_args = (workers[0].stderr, said, said_by_others, forwarded)
+    readers = [threading.Thread(target=_relay, args=relay_args, daemon=True)]
     others = [[] for _ in workers[1:]]
     readers += [
-        threading.Thread(target=_collect, args=(w.stderr, lines))
+        threading.Thread(target=_collect, args=(w.stderr, lines), daemon=True)
         for w, lines in zip(workers[1:], others, strict=True)
     ]
     for reader in readers:
         reader.start()
     forward = _forward(workers, forwarded)
     previous = {s: signal.signal(s, forward) for s in PASSED_ON}
-    said: set[int] = set()  # the workers whose lines are shown already
+    shown: set[int] = set()  # the workers whose lines are shown already
 
     def failed(index: int) -> None:  # shown first, then the others are stopped
         if index:
-            try:  # a mistake every worker makes ends the chief too: said once, by it
-                workers[0].wait(timeout=SAME_MISTAKE_SECONDS)
-                readers[0].join()
-            except subprocess.TimeoutExpired:
-                pass
             readers[index].join()
-            _show(index, others[index - 1], chief_said, forwarded)
-            said.add(index)
+            _show(index, others[index - 1], said, said_by_others, forwarded)
+            shown.add(index)
 
     try:
         codes = _wait(workers, failed)
@@ -90,16 +86,18 @@ def run(count: int, argv: list[str]) -> int:
         )
         return 128 + forwarded[1]
     for index, lines in enumerate(others, 1):
-        if index not in said:
-            _show(index, lines, chief_said, forwarded)
+        if index not in shown:
+            _show(index, lines, said, said_by_others, forwarded)
     return job_code(codes)
 
 
-def _show(index: int, lines: list[str], chief_said: set[str], forwarded: list[int]) -> None:
-    """A worker's lines on stderr, prefixed with it, but those the chief said too."""
+def _show(index: int, lines: list[str], said: set[str], by_others: set[str], forwarded) -> None:
+    """A worker's lines on stderr, prefixed with it, but those said already."""
     for line in lines:
         line = _as_the_commands(line, forwarded)
-        if line not in chief_said:
+        if line not in said:
+            said.add(line)
+            by_others.add(line)
             sys.stderr.write(f"[worker {index}] {line}")
     sys.stderr.flush()
 
@@ -252,9 +250,12 @@ def _end_with_parent() -> None:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def _relay(stream, said: set[str], forwarded: list[int]) -> None:
+def _relay(stream, said: set[str], said_by_others: set[str], forwarded: list[int]) -> None:
+    """The chief's lines as they come, but one another worker said already."""
     for line in stream:
         line = _as_the_commands(line, forwarded)
+        if line in said_by_others:
+            continue
         said.add(line)
         sys.stderr.write(line)
         sys.stderr.flush()
