@@ -23,6 +23,7 @@ in its own row, and every worker reads every row.
 from __future__ import annotations
 
 import atexit
+import itertools
 import json
 import os
 import re
@@ -36,6 +37,8 @@ from absl import logging
 
 from trainer import config_diff
 from trainer.errors import PeerLost, UserError
+
+_CONFIG_CHECKS = itertools.count()  # this process's config checks so far
 
 
 class Workers:
@@ -105,8 +108,13 @@ class Workers:
         from tensorflow.python.eager import context  # the key-value store has no public API
 
         store = context.context()
-        store.set_config_key_value(f"trainer/config/{self.index}", config)
-        texts = [store.get_config_key_value(f"trainer/config/{i}") for i in range(len(self))]
+        # A key is written once: each check (a train() call) has its own, numbered
+        # alike on every worker, which makes the same calls in the same order.
+        check = next(_CONFIG_CHECKS)
+        store.set_config_key_value(f"trainer/config/{check}/{self.index}", config)
+        texts = [
+            store.get_config_key_value(f"trainer/config/{check}/{i}") for i in range(len(self))
+        ]
         for index, text in enumerate(texts[1:], 1):
             changes = config_diff.differences(texts[0], text)
             if changes:
