@@ -72,3 +72,24 @@ def finish(process, stops=1):
     assert process.returncode == 0, err[-3000:]
     tables = [json.loads(line) for line in out.splitlines() if line.startswith("{")][-stops:]
     return tables if stops > 1 else tables[0]
+
+
+def on_two_cpus(module: str, function: str, *args: str):
+    """``module.function(*args)`` in a subprocess that split its CPU into two logical
+    devices before TensorFlow started; its JSON result."""
+    script = (
+        "import json, sys\n"
+        "from trainer import parallel\n"
+        "parallel.split_cpu(2)\n"
+        f"from {module} import {function}\n"
+        f"print(json.dumps({function}(*sys.argv[1:])))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])

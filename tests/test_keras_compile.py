@@ -4,11 +4,8 @@ The models are compiled the ways Keras users compile them, and the data is yield
 Keras users yield it: ``(features, labels, sample_weight)`` from arrays.
 """
 
-import json
 import logging
 import os
-import subprocess
-import sys
 
 import keras
 import numpy as np
@@ -17,7 +14,7 @@ import tensorflow as tf
 from sklearn.datasets import load_digits
 
 import trainer
-from tests.conftest import REPO
+from tests.helpers import on_two_cpus
 from trainer.errors import first_line
 
 BATCH, STEPS = 64, 30
@@ -120,22 +117,7 @@ def sum_reduced_runs(model_dir):
 
 def test_a_sum_reduced_loss_is_summed_over_the_whole_step_on_two_devices(tmp_path):
     """Towers and mirrored replicas train what one device trains with reduction='sum'."""
-    script = (
-        "import json, sys\n"
-        "from trainer import parallel\n"
-        "parallel.split_cpu(2)\n"
-        "from tests.test_keras_compile import sum_reduced_runs\n"
-        "print(json.dumps(sum_reduced_runs(sys.argv[1])))\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    runs = json.loads(done.stdout.strip().splitlines()[-1])
+    runs = on_two_cpus("tests.test_keras_compile", "sum_reduced_runs", str(tmp_path))
     one = runs.pop("auto")
     assert one["loss"] > 10  # the sum over a batch of 64, not the mean
     for distribution, run in runs.items():

@@ -18,6 +18,7 @@ import tensorflow as tf
 import datasets.digits
 from models.mlp import MLP
 from tests.conftest import REPO, digits_args, run_cli
+from tests.helpers import on_two_cpus
 from tests.workers import free_ports, run_local_workers, tf_config
 from trainer import Estimator, UserError, cluster, distribution, parallel
 from trainer.distribution import check_devices
@@ -117,22 +118,7 @@ def test_each_towers_forward_and_gradient_ops_run_on_its_device_and_only_the_sum
     tmp_path,
 ):
     """make_parallel's colocated gradients, checked op by op in the traced step."""
-    script = (
-        "import json, sys\n"
-        "from trainer import parallel\n"
-        "parallel.split_cpu(2)\n"
-        "from tests.test_parallel import tower_placement\n"
-        "print(json.dumps(tower_placement(sys.argv[1])))\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    ops = json.loads(done.stdout.strip().splitlines()[-1])
+    ops = on_two_cpus("tests.test_parallel", "tower_placement", str(tmp_path))
     for i in (0, 1):
         mine = [op for op in ops if op["tower"] == i and not op["shared"]]
         assert {op["device"] for op in mine} == {f"/device:CPU:{i}"}

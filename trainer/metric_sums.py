@@ -62,11 +62,14 @@ class MetricSums:
             self.sums[name].assign_add(tf.where(batch_size > 0, value, tf.zeros_like(value)))
         for name in self.per_example:
             values = per_example[name]
-            weights = values[1] if isinstance(values, tuple) else tf.ones_like(values)
-            values = values[0] if isinstance(values, tuple) else values
-            weights = tf.cast(weights, tf.float64)
-            self.sums[name].assign_add(tf.reduce_sum(tf.cast(values, tf.float64) * weights))
-            self.weights[name].assign_add(tf.reduce_sum(weights))
+            if isinstance(values, tuple):  # (values, weights): a weighted mean
+                values, weights = (tf.cast(v, tf.float64) for v in values)
+                total, weight = tf.reduce_sum(values * weights), tf.reduce_sum(weights)
+            else:
+                total = tf.reduce_sum(tf.cast(values, tf.float64))
+                weight = tf.cast(tf.size(values), tf.float64)
+            self.sums[name].assign_add(total)
+            self.weights[name].assign_add(weight)
         self.count.assign_add(batch_size)
 
     def stream(self, streamed: Mapping[str, tuple]) -> None:

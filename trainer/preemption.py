@@ -32,12 +32,8 @@ def watch_signals():
             raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: stopping now")
         received.append(signal.Signals(signum).name)
 
-    previous = {s: signal.signal(s, handler) for s in SIGNALS}
-    try:
+    with _handled(handler):
         yield received
-    finally:
-        for s, old in previous.items():
-            signal.signal(s, old)
 
 
 class Interrupted(BaseException):
@@ -60,6 +56,13 @@ def outside_training():
         del frame
         raise Interrupted(signum)
 
+    with _handled(handler):
+        yield
+
+
+@contextlib.contextmanager
+def _handled(handler):
+    """``handler`` answers SIGTERM and SIGINT while inside; the previous ones after."""
     previous = {s: signal.signal(s, handler) for s in SIGNALS}
     try:
         yield

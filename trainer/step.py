@@ -156,15 +156,15 @@ class Steps:
 
     # ------------------------------------------------------------ the step
 
-    def _forward(self, features, labels, share=1.0, replicas: int = 1, examples=None):
+    def _forward(self, features, labels, examples, share=1.0, replicas: int = 1):
         """``(objective, scalars, per-example metrics)`` of one batch, shard or replica.
 
         The objective is the loss weighted by this replica's ``share`` of the global
-        batch, plus this replica's part of the regularization loss. ``examples`` is
-        the step's global batch (for a loss summed over it).
+        batch, plus this replica's part of the regularization loss. ``examples()`` is
+        the step's global batch (asked by a loss summed over it: ``_examples``).
         """
         spec = self.model_fn(features, labels, Mode.TRAIN)
-        loss = batch_loss(spec, batch_size_of(features), lambda: examples)
+        loss = batch_loss(spec, batch_size_of(features), examples)
         scalars = {"loss": loss, **_scalars(spec)}
         objective = loss * share
         if self.has_regularization:
@@ -181,15 +181,30 @@ class Steps:
         its share of the global batch, so that the replicas' gradients sum to the
         global batch mean's.
         """
-        examples = batch_size_of(features)
+        batch = batch_size_of(features)
         if self.towers is not None:
-            forward = functools.partial(self._forward, examples=examples)
+            forward = functools.partial(self._forward, examples=self._examples(batch))
             return self.towers.run(forward, features, labels, self.variables)
-        share, replicas = self.placement.replica_share(examples)
-        examples = examples / tf.cast(share, tf.float64)  # over every replica
+        share, replicas = self.placement.replica_share(batch)
+        examples = self._examples(batch, share)
         with tf.GradientTape() as tape:
-            objective, scalars, metrics = self._forward(features, labels, share, replicas, examples)
+            objective, scalars, metrics = self._forward(features, labels, examples, share, replicas)
         return objective, scalars, metrics, tape.gradient(objective, self.variables)
+
+    def _examples(self, batch: tf.Tensor, share=None) -> Callable[[], tf.Tensor]:
+        """The examples of the step's global batch, computed only if a summed loss asks.
+
+        Towers see the whole batch; a strategy's replica its ``share`` of it (found
+        by an all-reduce when not given).
+        """
+
+        def examples() -> tf.Tensor:
+            if self.towers is not None:
+                return batch
+            found = share if share is not None else self.placement.replica_share(batch)[0]
+            return batch / tf.cast(found, tf.float64)
+
+        return examples
 
     def _step(self, features, labels, last_of_block: tf.Tensor) -> tf.Tensor:
         """One step (one replica's part under a strategy); returns whether it was finite.
@@ -338,13 +353,7 @@ class Steps:
 
     def _eval_batch(self, features, labels):
         """``(loss, scalars, per-example metrics)`` of one eval batch, over towers if any."""
-        batch = batch_size_of(features)
-
-        def examples():  # over every replica; asked only of a loss summed over them
-            if self.towers is not None:
-                return batch
-            share, _ = self.placement.replica_share(batch)
-            return batch / tf.cast(share, tf.float64)
+        examples = self._examples(batch_size_of(features))
 
         def forward(features, labels):  # of a batch, or of a tower's shard of it
             spec = self.model_fn(features, labels, Mode.EVAL)
