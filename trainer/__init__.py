@@ -34,6 +34,7 @@ if not _is_the_command_line():  # TensorFlow may be in already: its devices are 
 
 _HOMES = {
     "Estimator": "trainer.estimator",
+    "Group": "trainer.groups",
     "InputParams": "trainer.model_fn",
     "KerasModel": "trainer.keras_model",
     "Mode": "trainer.model_fn",

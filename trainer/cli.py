@@ -369,9 +369,16 @@ def summary(result: dict) -> list[str]:
     if metrics:
         names = list(dict.fromkeys(k for values in metrics.values() for k in values))
         width = max(10, *(len(n) for n in metrics))
-        lines.append(f"{'eval set':<{width}}" + "".join(f"{n:>12}" for n in names))
+        cell = [max(12, len(n) + 2) for n in names]  # every name apart, however long
+        lines.append(
+            f"{'eval set':<{width}}"
+            + "".join(f"{n:>{w}}" for n, w in zip(names, cell, strict=True))
+        )
         for eval_set, values in metrics.items():
-            cells = "".join(f"{values[n]:>12.4g}" if n in values else " " * 12 for n in names)
+            cells = "".join(
+                f"{values[n]:>{w}.4g}" if n in values else " " * w
+                for n, w in zip(names, cell, strict=True)
+            )
             lines.append(f"{eval_set:<{width}}{cells}")
     model_dir = result["model_dir"]
     where = []

@@ -24,6 +24,7 @@ from trainer import (
     errors,
     evaluation,
     export,
+    groups,
     hooks,
     keras_compile,
     logs,
@@ -86,6 +87,8 @@ class Estimator:
       model_dir: directory for checkpoints, event files and the operative config.
         Rerunning with the same ``model_dir`` resumes from its newest checkpoint.
       optimizer: a Keras optimizer; its learning rate may be a schedule. Default Adam.
+        For a model with ``optimizer_groups``, a dict of one per group (one optimizer
+        gives each group a copy of it).
       global_batch_size: examples per training step over all devices and workers.
       eval_batch_size: examples per eval/predict batch; defaults to ``global_batch_size``.
       steps_per_loop: most steps run per compiled call; blocks are cut short so that
@@ -97,7 +100,14 @@ class Estimator:
       checkpoint_input: resume the training input at the exact next batch instead of
         restarting the data: a positioned dataset (``datasets/`` pipelines) by its
         position (see ``trainer/inputs.py``), any other by saving its iterator.
-      clip_gradient_norm: clip the gradients to this global norm before applying them.
+      clip_gradient_norm: clip the gradients to this global norm before applying them
+        (each loss's, for a model with a loss per optimizer group).
+      learning_rate_multipliers: ``{pattern: factor}``: the variables whose Keras path
+        matches ``pattern`` (``re.search``) train at ``factor`` times the rate.
+      frozen_until_step: ``{pattern: step}``: the variables matching ``pattern`` are not
+        updated before global step ``step``.
+      no_weight_decay: patterns of variables left out of the optimizer's decoupled
+        weight decay (AdamW's), e.g. ``['bias', 'norm']``.
       jit_compile: compile each block of training steps with XLA as one computation
         (its batches are read first and stacked, at most ``step.STACKED_BYTES`` of them).
         Faster for dense models on CPU, slower for convolutions there; measure with
@@ -166,6 +176,9 @@ class Estimator:
         seed: int | None = None,
         checkpoint_input: bool = True,
         clip_gradient_norm: float | None = None,
+        learning_rate_multipliers: Mapping[str, float] | None = None,
+        frozen_until_step: Mapping[str, int] | None = None,
+        no_weight_decay: Sequence[str] = (),
         ema_decay: float | None = None,
         jit_compile: bool = False,
         nonfinite_loss: str = "stop",
@@ -194,10 +207,6 @@ class Estimator:
             optimizer = keras_compile.optimizer(model_fn, optimizer)
             model_fn = KerasModel(model_fn)
         errors.check_instance("model_fn", model_fn, ModelFn, "a trainer.ModelFn or a keras.Model")
-        if optimizer is not None:
-            errors.check_instance(
-                "optimizer", optimizer, keras.optimizers.Optimizer, "a Keras optimizer"
-            )
         self.settings = training.Settings(
             global_batch_size=global_batch_size,
             steps_per_loop=steps_per_loop,
@@ -227,8 +236,6 @@ class Estimator:
         self.model_dir = model_dir  # what every worker restores from
         self.write_dir = self.placement.write_dir(model_dir)  # model_dir but on other workers
         precision.check(model_fn, mixed_precision)
-        optimizer = precision.scaled(optimizer or keras.optimizers.Adam(), mixed_precision)
-        self.optimizer = self.placement.adopt(optimizer)
         # Where the time went: input (calling input_fns), building (tracing the
         # model to make its variables), tracing_block (the first block, which also
         # traces and compiles the step), training (every other block), evaluation
@@ -239,15 +246,20 @@ class Estimator:
         )
         self.model = ModelState(
             model_fn,
-            self.optimizer,
+            optimizer,
             self.placement,
             self.seconds,
+            rules=groups.Rules(
+                learning_rate_multipliers or {}, frozen_until_step or {}, no_weight_decay
+            ),
+            mixed_precision=mixed_precision,
             clip_gradient_norm=clip_gradient_norm,
             ema_decay=ema_decay,
             jit_compile=jit_compile,
             config=self.config,
         )
         self.global_step = self.model.global_step
+        self.optimizer = self.model.optimizer  # with optimizer groups, a dict by group
         self.eval_batch_size = eval_batch_size or global_batch_size
         self.inputs = Inputs(
             self.placement, global_batch_size, self.eval_batch_size, seed, self.seconds

@@ -112,7 +112,10 @@ class Spec:
     Attributes:
       predictions: dict of tensors whose first dimension is the batch.
       loss: scalar, the mean loss over the batch (its sum, with ``loss_reduction``
-        ``'sum'``). Required in TRAIN and EVAL.
+        ``'sum'``). Required in TRAIN and EVAL. A model with ``optimizer_groups`` may
+        give a dict of one loss per group (a GAN's generator and discriminator
+        losses): each group's optimizer minimises its own, and each is reported as
+        ``<group>_loss`` beside ``loss``, their sum.
       metrics: dict of per-example values, each of shape ``[batch]``. The framework
         streams their mean over the whole eval set (and over all devices), so
         accuracy is ``tf.cast(tf.equal(predicted, label), tf.float32)``. A pair
@@ -137,7 +140,7 @@ class Spec:
     """
 
     predictions: Mapping[str, tf.Tensor]
-    loss: tf.Tensor | None = None
+    loss: tf.Tensor | Mapping[str, tf.Tensor] | None = None
     metrics: Mapping[str, tf.Tensor] = dataclasses.field(default_factory=dict)
     activations: Mapping[str, tf.Tensor] = dataclasses.field(default_factory=dict)
     loss_reduction: str = "mean"
@@ -150,6 +153,9 @@ class ModelFn(tf.Module):
     Keras layers (and ``keras.Variable``/``tf.Variable``) held as attributes, directly
     or inside lists and dicts, are found by the framework: their variables are
     trained and checkpointed. Subclasses may be ``@gin.configurable`` directly.
+
+    A model trained by several optimizers (a GAN) names its groups of variables in
+    ``optimizer_groups``; the Estimator's ``optimizer`` is then one per group.
 
     A model that sets ``takes_sample_weights = True`` accepts an input_fn that yields
     ``(features, labels, sample_weight)``: its labels then arrive as ``Weighted(labels,
@@ -182,6 +188,17 @@ class ModelFn(tf.Module):
     def __str__(self) -> str:
         """How the console names the model: its class."""
         return type(self).__name__
+
+    def optimizer_groups(self) -> Mapping[str, Any] | None:
+        """Named groups of variables, each updated by its own optimizer; None for one.
+
+        Return ``{'generator': trainer.Group(self.generator), 'discriminator':
+        trainer.Group(self.discriminator)}``: every trainable variable in exactly one
+        group (by layer, variable or a pattern on its path). ``Spec.loss`` is then one
+        loss for all, or a dict of one loss per group; ``Group(steps=k)`` makes the
+        groups take turns (see ``trainer/groups.py``).
+        """
+        return None
 
     @property
     def layers(self) -> list[keras.layers.Layer]:
@@ -246,9 +263,12 @@ def _walk(root):
                 stack.append(child)
 
 
-def check_spec(spec: Spec, mode: Mode, model_name: str) -> None:
+def check_spec(
+    spec: Spec, mode: Mode, model_name: str, groups: collections.abc.Collection = ()
+) -> None:
     """Raises ValueError when a ModelFn's Spec breaks the contract for ``mode``.
 
+    ``groups``: the model's optimizer groups, which a dict of losses must name.
     Called while tracing, so it sees static shapes only.
     """
     where = f"{model_name}(mode={mode.value!r})"
@@ -259,11 +279,7 @@ def check_spec(spec: Spec, mode: Mode, model_name: str) -> None:
     if mode != Mode.PREDICT:
         if spec.loss is None:
             raise ValueError(f"{where}: Spec.loss is required in {mode.value} mode")
-        if spec.loss.shape.rank != 0:
-            raise ValueError(
-                f"{where}: Spec.loss must be a scalar (mean over the batch), "
-                f"got shape {spec.loss.shape}"
-            )
+        _check_loss(where, spec.loss, groups)
         if spec.loss_reduction not in LOSS_REDUCTIONS:
             raise ValueError(
                 f"{where}: Spec.loss_reduction must be one of {', '.join(LOSS_REDUCTIONS)}, "
@@ -275,10 +291,32 @@ def check_spec(spec: Spec, mode: Mode, model_name: str) -> None:
         if not tf.is_tensor(value) or value.shape.rank != 0:
             shape = getattr(value, "shape", type(value).__name__)
             raise ValueError(f"{where}: scalar {name!r} must be one number, got {shape}")
-        if name in spec.metrics or name in ("loss", "regularization_loss"):
+        group_losses = [f"{g}_loss" for g in spec.loss] if isinstance(spec.loss, Mapping) else []
+        if name in spec.metrics or name in ("loss", "regularization_loss", *group_losses):
             raise ValueError(
                 f"{where}: scalar {name!r} has the name of a metric or of the loss; "
                 "give it its own name"
+            )
+
+
+def _check_loss(where: str, loss, groups: collections.abc.Collection) -> None:
+    if isinstance(loss, Mapping):
+        if not groups:
+            raise ValueError(
+                f"{where}: Spec.loss is a dict ({', '.join(map(repr, loss))}) but the model "
+                "declares no optimizer_groups(): return one loss, or declare a group for each"
+            )
+        if set(loss) != set(groups):
+            raise ValueError(
+                f"{where}: Spec.loss names {', '.join(map(repr, sorted(loss)))} but the "
+                f"optimizer groups are {', '.join(map(repr, groups))}: give one loss per group"
+            )
+    for name, value in loss.items() if isinstance(loss, Mapping) else [("", loss)]:
+        if not tf.is_tensor(value) or value.shape.rank != 0:
+            shape = getattr(value, "shape", type(value).__name__)
+            raise ValueError(
+                f"{where}: Spec.loss{f'[{name!r}]' if name else ''} must be a scalar "
+                f"(mean over the batch), got shape {shape}"
             )
 
 

@@ -15,16 +15,16 @@ import contextlib
 import os
 import re
 import time
+from collections.abc import Mapping
 
-import keras
 import tensorflow as tf
 
-from trainer import checkpoints, errors
+from trainer import checkpoints, errors, groups, precision
 from trainer.distribution import Placement
 from trainer.errors import UserError
 from trainer.model_fn import Mode, ModelFn, Weighted, check_spec, split_metrics
 from trainer.optimization import WeightAverage
-from trainer.step import Steps, split_element
+from trainer.step import Steps, loss_name, split_element
 
 
 class ModelState:
@@ -32,10 +32,12 @@ class ModelState:
 
     Args:
       model_fn: the model.
-      optimizer: a Keras optimizer, made in the placement's scope.
+      optimizer: the Estimator's: a Keras optimizer (None: Adam), or a dict of one per
+        optimizer group of the model; each is made again in the placement's scope.
       placement: where the variables live and the steps run.
       seconds: where the time went; tracing the model adds to ``'building'``.
       clip_gradient_norm, ema_decay, jit_compile: the step's options (see Estimator).
+      rules: learning-rate multipliers, frozen and undecayed variables.
       config: the model_dir's config record, to name another model when its
         checkpoints do not fit this one.
     """
@@ -43,16 +45,26 @@ class ModelState:
     def __init__(
         self,
         model_fn: ModelFn,
-        optimizer: keras.optimizers.Optimizer,
+        optimizer,
         placement: Placement,
         seconds: collections.Counter,
         *,
+        rules: groups.Rules = groups.Rules(),  # noqa: B008 (frozen)
+        mixed_precision: str | None = None,
         clip_gradient_norm: float | None = None,
         ema_decay: float | None = None,
         jit_compile: bool = False,
         config: checkpoints.ConfigRecord | None = None,
     ):
-        self.model_fn, self.optimizer, self.placement = model_fn, optimizer, placement
+        self.model_fn, self.placement = model_fn, placement
+        self.groups = groups.declared(model_fn)
+        self.optimizers = {  # by group; None keys a model's one optimizer
+            group: placement.adopt(precision.scaled(given, mixed_precision))
+            for group, given in groups.optimizers_for(self.groups, optimizer).items()
+        }
+        self.rules = rules
+        self.plan: groups.Plan | None = None  # the units, once the variables exist
+        self.by_group = False  # whether Spec.loss is a dict, one loss per group
         self.config = config  # the model_dir's record of the config it was trained with
         self.clip_gradient_norm, self.ema_decay = clip_gradient_norm, ema_decay
         self.jit_compile = jit_compile
@@ -64,6 +76,11 @@ class ModelState:
         self.has_state = False  # True once the weights in memory are trained or restored
         self.graph_written = False  # the compiled step's graph, to TensorBoard once
         self.seconds = seconds
+
+    @property
+    def optimizer(self):
+        """The model's optimizer, or with optimizer groups a dict of them by group."""
+        return self.optimizers.get(None) or dict(self.optimizers)
 
     @property
     def step(self) -> int:
@@ -88,12 +105,16 @@ class ModelState:
         variables = self.model_fn.trainable_variables
         self._check_variables(variables)
         with self.placement.scope():
-            self.optimizer.build(variables)
+            self.plan = groups.plan(
+                self.model_fn, self.groups, self.optimizers, self.rules, self.global_step
+            )
+            for unit in self.plan.units:
+                unit.optimizer.build(unit.variables)
             if self.ema_decay:
                 self.ema = WeightAverage(variables, self.ema_decay)
             self.steps = Steps(
                 self.model_fn,
-                self.optimizer,
+                self.plan,
                 self.global_step,
                 metrics,
                 streamed,
@@ -102,6 +123,7 @@ class ModelState:
                 ema=self.ema,
                 jit_compile=self.jit_compile,
                 scalar_names=scalars,
+                by_group=self.by_group,
             )
         return self.steps
 
@@ -115,6 +137,7 @@ class ModelState:
         metrics, streamed, scalars = self._trace(element_spec, mode)
         self.traced.add(mode)
         self.placement.adopt_metrics(streamed.values())
+        self.steps.updates.by_group = self.by_group  # first seen when built to predict
         with self.placement.scope():
             self.steps.count_metrics(mode, metrics, streamed, scalars)
         self.seconds["building"] += time.perf_counter() - started
@@ -125,7 +148,11 @@ class ModelState:
             model=self.model_fn, step=self.global_step, rng=self.model_fn.non_trainable_variables
         )
         if optimizer:
-            items["optimizer"] = self.optimizer
+            units = self.plan.units
+            single = len(units) == 1
+            items["optimizer"] = (
+                units[0].optimizer if single else {u.name: u.optimizer for u in units}
+            )
         if self.ema is not None:
             items["ema"] = self.ema.averages
         return items
@@ -177,12 +204,14 @@ class ModelState:
         def trace(features, labels=None):
             spec = self.model_fn(features, labels, mode)
             try:
-                check_spec(spec, mode, name)
+                check_spec(spec, mode, name, self.groups or ())
             except ValueError as error:
                 raise UserError(str(error)) from None
             per_example, streamed = split_metrics(spec.metrics)
             found["metrics"] = sorted(per_example)
-            found["scalars"] = sorted(spec.scalars)
+            losses = spec.loss if isinstance(spec.loss, Mapping) else {}
+            self.by_group = self.by_group or bool(losses)
+            found["scalars"] = sorted([*spec.scalars, *map(loss_name, losses)])
             found["streamed"] = {name: value[0] for name, value in streamed.items()}
             found["unfit"] = _unfit_metric(name, streamed)  # traced, never run
             return spec.predictions

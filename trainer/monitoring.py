@@ -108,7 +108,7 @@ class TrainLog:
     Args:
       steps: the compiled steps, whose train metrics are read and reset.
       writers: TensorBoard writers.
-      optimizer: its learning rate is logged.
+      units: the optimizers whose learning rates are logged (``groups.Unit``).
       progress: rates and ETA.
       input_wait: the input-wait share since the last log.
       hooks_: callables ``hook(step, logs)``.
@@ -120,13 +120,13 @@ class TrainLog:
         self,
         steps: Steps,
         writers: Writers,
-        optimizer,
+        units: Sequence,
         progress: Progress,
         input_wait: InputWait,
         hooks_: Sequence[hooks.Hook],
         gradient_norm: bool,
     ):
-        self.steps, self.writers, self.optimizer = steps, writers, optimizer
+        self.steps, self.writers, self.units = steps, writers, units
         self.progress, self.input_wait, self.hooks = progress, input_wait, hooks_
         self.gradient_norm = gradient_norm
 
@@ -138,7 +138,9 @@ class TrainLog:
             logs["gradient_norm"] = float(self.steps.gradient_norm.numpy())
         logs.update(self.progress.rates(step))
         logs.update(self.input_wait.since_last_log())
-        logs["learning_rate"] = float(tf.convert_to_tensor(self.optimizer.learning_rate))
+        for unit in self.units:  # learning_rate, or learning_rate/generator, ...
+            name = "learning_rate" if unit.name == "model" else f"learning_rate/{unit.name}"
+            logs[name] = float(tf.convert_to_tensor(unit.optimizer.learning_rate))
         self.writers.scalars("train", step, logs)
         self.progress.show(step, logs)
         for hook in self.hooks:
@@ -175,7 +177,9 @@ class Progress:
         line = self.line(step, logs)
         logging.info("%s", line, extra={"console": False})  # the console shows it below
         if self.bar is not None:
-            model_metrics = {k: v for k, v in _shown(logs).items() if k not in AUXILIARY}
+            model_metrics = {
+                k: v for k, v in _shown(logs).items() if k.split("/")[0] not in AUXILIARY
+            }
             self.bar.update(step, format_metrics(model_metrics))
         elif self.display == "lines":
             print(line, flush=True)
@@ -299,10 +303,17 @@ def histogram_action(writers: Writers, model_fn: ModelFn, features) -> Callable[
 
 
 def image_action(writers: Writers, steps: Steps, features, labels) -> Callable[[int], None]:
-    """Writes the batch's images labelled with predicted and true classes (classifiers)."""
+    """Writes predicted images (a GAN's) and a classifier's labelled input images.
+
+    A classifier's batch images are labelled with predicted and true classes.
+    """
 
     def write(step: int) -> None:
-        predicted = steps.predict(features).get("classes")
+        predictions = steps.predict(features)
+        for name, value in predictions.items():
+            if value.shape.rank == 4 and value.shape[-1] in (1, 3) and value.dtype.is_floating:
+                writers.images("train", step, f"predicted/{name}", value.numpy())
+        predicted = predictions.get("classes")
         if predicted is None or "image" not in features or features["image"].shape.rank != 4:
             return
         writers.labelled_images(

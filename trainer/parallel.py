@@ -154,11 +154,12 @@ class Towers:
         """Runs ``fn(features, labels) -> (loss, scalars, per_example)`` as towers.
 
         ``loss`` is a shard's mean loss. With ``variables``, each tower also takes the
-        gradients of its loss, on its own device. Returns the batch's ``(loss, scalars,
-        per_example, gradients)``: loss, scalars and gradients averaged weighted by
-        shard size (an empty shard counts zero, not NaN), per-example values
-        concatenated in batch order; gradients are None without ``variables``.
-        ``training=False`` (evaluation) leaves ``state`` alone.
+        gradients of its loss, on its own device; a dict of variable lists takes the
+        gradients of each loss of a dict of losses (one per optimizer group). Returns
+        the batch's ``(loss, scalars, per_example, gradients)``: loss, scalars and
+        gradients averaged weighted by shard size (an empty shard counts zero, not
+        NaN), per-example values concatenated in batch order; gradients are None
+        without ``variables``. ``training=False`` (evaluation) leaves ``state`` alone.
         """
         shards, sizes = split((features, labels), len(self.devices))
         weights = tf.cast(sizes, tf.float32) / tf.cast(tf.reduce_sum(sizes), tf.float32)
@@ -169,10 +170,10 @@ class Towers:
             zip(self.devices, shards, strict=True)
         ):
             with tf.device(device), tf.name_scope(f"tower_{i}"):
-                with tf.GradientTape() as tape:
+                with tf.GradientTape(persistent=isinstance(variables, dict)) as tape:
                     loss, scalars, per_example = fn(shard_features, shard_labels)
-                grads = tape.gradient(loss, variables) if variables is not None else []
-                grads = [_weighted(g, weights[i]) for g in grads]
+                grads = tape_gradients(tape, loss, variables)
+                grads = tf.nest.map_structure(lambda g, i=i: _weighted(g, weights[i]), grads)
                 ended = [tf.identity(v.value) for v in state]
             for v, value in zip(state, start, strict=True):
                 v.assign(value)  # the next tower starts from the same statistics
@@ -182,13 +183,24 @@ class Towers:
             v.assign(_weighted_sum(values, weights))
         average = lambda *values: _weighted_sum(values, weights)  # noqa: E731
         return (
-            average(*losses),
+            tf.nest.map_structure(average, *losses),
             tf.nest.map_structure(average, *scalars),
             tf.nest.map_structure(lambda *parts: tf.concat(parts, axis=0), *per_example),
             None
             if variables is None
-            else [None if g[0] is None else tf.add_n(list(g)) for g in zip(*grads, strict=True)],
+            else tf.nest.map_structure(
+                lambda *g: None if g[0] is None else tf.add_n(list(g)), *grads
+            ),
         )
+
+
+def tape_gradients(tape: tf.GradientTape, loss, variables):
+    """Gradients of ``loss`` for ``variables``; of each loss of a dict for a dict of lists."""
+    if variables is None:
+        return []
+    if isinstance(variables, dict):
+        return {group: tape.gradient(loss[group], v) for group, v in variables.items()}
+    return tape.gradient(loss, variables)
 
 
 def _weighted(value: tf.Tensor | None, weight: tf.Tensor) -> tf.Tensor | None:

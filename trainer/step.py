@@ -17,10 +17,12 @@ import tensorflow as tf
 
 from trainer.distribution import Placement
 from trainer.errors import UserError
+from trainer.groups import Plan
 from trainer.metric_sums import MetricSums
 from trainer.model_fn import Mode, ModelFn, Spec, Weighted, split_metrics
 from trainer.optimization import WeightAverage
-from trainer.parallel import make_parallel
+from trainer.parallel import make_parallel, tape_gradients
+from trainer.updates import Updates
 
 STACKED_BYTES = 256 * 2**20  # most memory one jit_compile block's stacked batches take
 
@@ -59,17 +61,20 @@ def split_element(element, mode: Mode):
 
 
 class Steps:
-    """The compiled train, eval and predict functions of one model and optimizer.
+    """The compiled train, eval and predict functions of one model and its optimizers.
 
     One step function (``_step``) serves one device, towers and a strategy's
     replicas; one loop (``_steps``) runs it, fed by one of three ways of fetching a
     batch: read when the step needs it (``_train_loop``), read ahead onto the device
     (``_prefetching_train_loop``), or sliced from a block of batches stacked for XLA
-    (``_stacked_train_loop``).
+    (``_stacked_train_loop``). A model whose optimizers do not all update at every
+    step (groups taking turns, variables frozen until a step) has one step function
+    per phase of its ``plan``, chosen from the global step.
 
     Args:
       model_fn: the model.
-      optimizer: a built Keras optimizer.
+      plan: its units (built Keras optimizers over their variables) and phases.
+      by_group: whether ``Spec.loss`` is a dict of one loss per group.
       global_step: incremented once per applied training step.
       metric_names: the per-example metrics the model's Spec returns.
       streamed_metrics: the Keras metrics it names with their inputs, evaluated only.
@@ -85,7 +90,7 @@ class Steps:
     def __init__(
         self,
         model_fn: ModelFn,
-        optimizer: keras.optimizers.Optimizer,
+        plan: Plan,
         global_step: tf.Variable,
         metric_names: Sequence[str],
         streamed_metrics: Mapping[str, keras.metrics.Metric],
@@ -94,11 +99,11 @@ class Steps:
         ema: WeightAverage | None = None,
         jit_compile: bool = False,
         scalar_names: Sequence[str] = (),
+        by_group: bool = False,
     ):
-        self.model_fn, self.optimizer, self.global_step = model_fn, optimizer, global_step
+        self.model_fn, self.plan, self.global_step = model_fn, plan, global_step
         self.placement = placement
-        self.clip_gradient_norm, self.ema = clip_gradient_norm, ema
-        self.variables = model_fn.trainable_variables
+        self.ema = ema
         self.weights = [
             v
             for v in model_fn.trainable_variables + model_fn.non_trainable_variables
@@ -106,7 +111,6 @@ class Steps:
         ]
         self.has_regularization = bool(model_fn.regularization_losses)
         self.towers = placement.towers(model_fn)
-        self.update = placement.update_fn(optimizer, summed=bool(clip_gradient_norm))
         self.count_metrics(Mode.TRAIN, metric_names, {}, scalar_names)
         self.count_metrics(Mode.EVAL, metric_names, streamed_metrics, scalar_names)
         self.times_input = not _op_determinism()  # tf.timestamp is refused under it
@@ -121,6 +125,7 @@ class Steps:
             self.input_seconds = tf.Variable(
                 0.0, dtype=tf.float64, trainable=False, name="input_wait"
             )
+        self.updates = Updates(plan, placement, clip_gradient_norm, by_group, self.gradient_norm)
         self._compiled_block = tf.function(self._train_stacked, jit_compile=True)
         if jit_compile:
             loop = self._stacked_train_loop
@@ -156,40 +161,45 @@ class Steps:
 
     # ------------------------------------------------------------ the step
 
-    def _forward(self, features, labels, examples, share=1.0, replicas: int = 1):
+    def _forward(self, features, labels, examples, phase, share=1.0, replicas: int = 1):
         """``(objective, scalars, per-example metrics)`` of one batch, shard or replica.
 
         The objective is the loss weighted by this replica's ``share`` of the global
-        batch, plus this replica's part of the regularization loss. ``examples()`` is
-        the step's global batch (asked by a loss summed over it: ``_examples``).
+        batch, plus this replica's part of the regularization loss; with a loss per
+        group, a dict of them. ``examples()`` is the step's global batch (asked by a
+        loss summed over it: ``_examples``).
         """
         spec = self.model_fn(features, labels, Mode.TRAIN)
         loss = batch_loss(spec, batch_size_of(features), examples)
-        scalars = {"loss": loss, **_scalars(spec)}
-        objective = loss * share
+        scalars = {"loss": total_loss(loss), **_scalars(spec, loss)}
+        objective = tf.nest.map_structure(lambda loss: loss * share, loss)
         if self.has_regularization:
             scalars["regularization_loss"] = tf.add_n(self.model_fn.regularization_losses)
-            objective += scalars["regularization_loss"] / replicas
+            part = scalars["regularization_loss"] / replicas  # each group's own layers'
+            objective = tf.nest.map_structure(lambda loss: loss + part, objective)
         # Mixed float16: scaled up so that small gradients survive (identity otherwise).
         per_example, _ = split_metrics(spec.metrics)  # streamed ones are evaluated only
-        return self.optimizer.scale_loss(objective), scalars, per_example
+        return self.updates.scale_loss(objective, phase), scalars, per_example
 
-    def _gradients(self, features, labels):
+    def _gradients(self, features, labels, phase):
         """``(objective, scalars, per-example metrics, gradients)`` of one batch.
 
         Towers split it over their devices; a strategy's replica weights its loss by
         its share of the global batch, so that the replicas' gradients sum to the
-        global batch mean's.
+        global batch mean's. Gradients are taken of the units active in ``phase``.
         """
         batch = batch_size_of(features)
+        wanted = self.updates.wanted(phase)
         if self.towers is not None:
-            forward = functools.partial(self._forward, examples=self._examples(batch))
-            return self.towers.run(forward, features, labels, self.variables)
+            forward = functools.partial(self._forward, examples=self._examples(batch), phase=phase)
+            return self.towers.run(forward, features, labels, wanted)
         share, replicas = self.placement.replica_share(batch)
         examples = self._examples(batch, share)
-        with tf.GradientTape() as tape:
-            objective, scalars, metrics = self._forward(features, labels, examples, share, replicas)
-        return objective, scalars, metrics, tape.gradient(objective, self.variables)
+        with tf.GradientTape(persistent=isinstance(wanted, dict)) as tape:
+            objective, scalars, metrics = self._forward(
+                features, labels, examples, phase, share, replicas
+            )
+        return objective, scalars, metrics, tape_gradients(tape, objective, wanted)
 
     def _examples(self, batch: tf.Tensor, share=None) -> Callable[[], tf.Tensor]:
         """The examples of the step's global batch, computed only if a summed loss asks.
@@ -206,8 +216,10 @@ class Steps:
 
         return examples
 
-    def _step(self, features, labels, last_of_block: tf.Tensor) -> tf.Tensor:
+    def _step(self, features, labels, last_of_block: tf.Tensor, phase=None) -> tf.Tensor:
         """One step (one replica's part under a strategy); returns whether it was finite.
+
+        ``phase``: the units to update (``groups.Plan.phases``); all by default.
 
         The update is applied either way: a branch around it keeps XLA from fusing
         it into the step and costs a small model ~15% of its speed. The loop ends the
@@ -218,23 +230,23 @@ class Steps:
         block (``_check_weights``). For the same reason the gradient norm is measured
         at the block's last step (at every step when clipping needs it).
         """
-        objective, scalars, metrics, gradients = self._gradients(features, labels)
-        pairs = [(g, v) for g, v in zip(gradients, self.variables, strict=True) if g is not None]
-        gradients = [g for g, _ in pairs]
-        scale = self.optimizer.scale_loss(tf.constant(1.0))  # mixed float16's loss scale
-        if self.clip_gradient_norm:  # of the summed gradient, under every distribution
-            gradients = self.placement.sum_gradients(gradients)
-            norm = tf.linalg.global_norm(gradients)
-            gradients, _ = tf.clip_by_global_norm(
-                gradients, self.clip_gradient_norm * scale, use_norm=norm
-            )
-            if self.placement.measures_gradient_norm:  # a replica cannot assign it
-                self.gradient_norm.assign(norm / scale)
-        elif last_of_block and self.placement.measures_gradient_norm:
-            self.gradient_norm.assign(tf.linalg.global_norm(gradients) / scale)
-        self.update(gradients, [v for _, v in pairs])
+        phase = self.plan.phases[0] if phase is None else phase
+        objective, scalars, metrics, gradients = self._gradients(features, labels, phase)
+        self.updates.apply(gradients, phase, last_of_block)
         self.train_metrics.update(metrics, scalars, batch_size_of(features))
-        return self.placement.all_finite(tf.math.is_finite(objective))
+        finite = [tf.math.is_finite(o) for o in tf.nest.flatten(objective)]
+        return self.placement.all_finite(tf.reduce_all(tf.stack(finite)))
+
+    def _run_step(self, features, labels, last_of_block: tf.Tensor) -> tf.Tensor:
+        """The step of the phase the global step is in; whether it was finite."""
+        args = (features, labels, last_of_block)
+        if len(self.plan.phases) == 1:
+            return self.placement.run(self._step, args)
+        branches = [
+            functools.partial(self.placement.run, functools.partial(self._step, phase=p), args)
+            for p in self.plan.phases
+        ]
+        return tf.switch_case(self.plan.phase_index(self.global_step), branches)
 
     # ------------------------------------------------------------ the loop
 
@@ -248,7 +260,7 @@ class Steps:
         for i in tf.range(num_steps):
             element, carried = fetch(i, carried)
             features, labels = split_element(element, Mode.TRAIN)
-            finite = self.placement.run(self._step, (features, labels, i == num_steps - 1))
+            finite = self._run_step(features, labels, i == num_steps - 1)
             if self.ema is not None:
                 self.ema.update()
             self.global_step.assign_add(tf.cast(finite, tf.int64))
@@ -360,7 +372,7 @@ class Steps:
             per_example, streamed = split_metrics(spec.metrics)
             self.eval_metrics.stream(streamed)
             loss = batch_loss(spec, batch_size_of(features), examples)
-            return loss, _scalars(spec), per_example
+            return total_loss(loss), _scalars(spec, loss), per_example
 
         if self.towers is not None:
             loss, scalars, metrics, _ = self.towers.run(forward, features, labels, training=False)
@@ -391,23 +403,39 @@ class Steps:
         return predictions(features)
 
 
-def _scalars(spec: Spec) -> dict[str, tf.Tensor]:
-    """The Spec's scalars as float32, to be averaged over batches as the loss is."""
-    return {name: tf.cast(value, tf.float32) for name, value in spec.scalars.items()}
+def _scalars(spec: Spec, loss) -> dict[str, tf.Tensor]:
+    """The Spec's scalars (and each group's loss) as float32, averaged as the loss is."""
+    scalars = {name: tf.cast(value, tf.float32) for name, value in spec.scalars.items()}
+    if isinstance(loss, Mapping):
+        scalars.update({loss_name(group): tf.cast(v, tf.float32) for group, v in loss.items()})
+    return scalars
 
 
-def batch_loss(spec: Spec, shard: tf.Tensor, examples: Callable[[], tf.Tensor]) -> tf.Tensor:
+def loss_name(group: str) -> str:
+    """The scalar a group's loss is reported as: ``'generator_loss'``."""
+    return f"{group}_loss"
+
+
+def total_loss(loss) -> tf.Tensor:
+    """The loss reported as ``loss``: the one loss, or the sum of the groups' losses."""
+    if isinstance(loss, Mapping):
+        return tf.add_n([tf.cast(v, tf.float32) for v in loss.values()])
+    return loss
+
+
+def batch_loss(spec: Spec, shard: tf.Tensor, examples: Callable[[], tf.Tensor]):
     """A Spec's loss as the framework weights it: the mean over ``shard``'s examples.
 
     A loss summed over the batch (``loss_reduction='sum'``) is the sum over the
     ``examples()`` of the whole step, over devices and replicas: the shard's sum
     times ``examples / shard``, so that the shards' mean weighted by their size is
-    the sum over all (an empty shard's is 0).
+    the sum over all (an empty shard's is 0). A dict of losses, one per group, is
+    weighted loss by loss.
     """
     if spec.loss_reduction != "sum":
-        return spec.loss
+        return dict(spec.loss) if isinstance(spec.loss, Mapping) else spec.loss
     scale = tf.math.divide_no_nan(examples(), shard)
-    return spec.loss * tf.cast(scale, spec.loss.dtype)
+    return tf.nest.map_structure(lambda loss: loss * tf.cast(scale, loss.dtype), spec.loss)
 
 
 def _op_determinism() -> bool:

@@ -143,6 +143,13 @@ class Writers:
             tf.summary.image("labelled_inputs", np.stack(rendered), max_outputs=max_images)
         writer.flush()
 
+    def images(self, name: str, step: int, tag: str, images, max_images: int = 8) -> None:
+        """Images in [0, 1] (``[batch, height, width, channels]``), the first few."""
+        writer = self.get(name)
+        with writer.as_default(step=step):
+            tf.summary.image(tag, np.clip(images[:max_images], 0.0, 1.0), max_outputs=max_images)
+        writer.flush()
+
     def close(self) -> None:
         """Flushes and closes every writer."""
         for writer in self._writers.values():

@@ -139,7 +139,7 @@ class TrainingRun:
         log = monitoring.TrainLog(
             self.steps,
             self.writers,
-            self.model.optimizer,
+            self.model.plan.units,
             monitoring.Progress(start, max_steps, self.settings.global_batch_size, display),
             self.input_wait,
             hooks_,

@@ -1,0 +1,61 @@
+"""Gaussian noise as a feature, for generative models: a GAN's latent input.
+
+The noise of a batch is drawn from a seed made of the run's seed and the batch's
+place in the stream (stateless ops), so it is the same on one device or several
+(towers split the batch, not the draw), and a resumed run draws what an
+uninterrupted one would. Evaluation draws the same noise at every evaluation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import gin
+import tensorflow as tf
+
+from trainer import InputParams, Mode
+from trainer.model_fn import counted, is_positioned, num_examples, positioned
+
+_EVAL_STREAM = 1 << 40  # eval batches draw from seeds no training batch uses
+
+
+@gin.configurable(module="noise")
+def input_fn(
+    mode: Mode,
+    params: InputParams,
+    input_fn: Callable = gin.REQUIRED,
+    dim: int = 32,
+    key: str = "noise",
+) -> tf.data.Dataset:
+    """``input_fn``'s batches with ``features[key]``: float32 ``[batch, dim]`` noise.
+
+    Args:
+      mode: the mode asked for.
+      params: from the framework: the seed, the stream position, this pipeline.
+      input_fn: the input_fn whose features gain the noise (``@digits.input_fn``).
+      dim: the noise's size per example.
+      key: the feature's name.
+    """
+    dataset = input_fn(mode, params)
+    first = 0
+    if mode == Mode.TRAIN and is_positioned(dataset):  # resumed at its position
+        first = params.start_example // params.global_batch_size
+    pipelines, pipeline = params.num_input_pipelines, params.input_pipeline_id
+    if mode != Mode.TRAIN:
+        first, pipelines, pipeline = _EVAL_STREAM, 1, 0
+    seed = tf.constant(params.seed or 0, tf.int64)
+
+    def with_noise(index, element):
+        features, *rest = element if isinstance(element, tuple) else (element,)
+        batch = tf.shape(tf.nest.flatten(features)[0])[0]
+        draw = (first + index) * pipelines + pipeline
+        noise = tf.random.stateless_normal([batch, dim], seed=tf.stack([seed, draw]))
+        features = {**features, key: noise}
+        return (features, *rest) if rest else features
+
+    noisy = dataset.enumerate().map(with_noise)
+    if is_positioned(dataset):
+        noisy = positioned(noisy)
+    if num_examples(dataset) is not None:
+        noisy = counted(noisy, num_examples(dataset))
+    return noisy

@@ -1,0 +1,94 @@
+"""A GAN on small images: a generator from noise, a discriminator, two optimizers.
+
+The generator maps ``features['noise']`` (``datasets.noise.input_fn`` adds it) to an
+image in [0, 1]; the discriminator scores images as real or generated. Each has its
+own optimizer group and loss (the non-saturating losses of Goodfellow et al., from
+logits): the discriminator minimises ``softplus(-D(real)) + softplus(D(fake))``, the
+generator ``softplus(-D(fake))``. Both update at every step, or they take turns
+(``discriminator_steps``: k discriminator steps, then one generator step).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import gin
+import keras
+import tensorflow as tf
+
+from models.layers import DenseStack
+from trainer import Group, Mode, ModelFn, Spec
+
+
+@gin.configurable
+class GAN(ModelFn):
+    """Dense generator and discriminator over flattened images.
+
+    Args:
+      image_shape: shape of one image, e.g. ``[8, 8, 1]``.
+      generator_units: widths of the generator's hidden layers.
+      discriminator_units: widths of the discriminator's hidden layers.
+      discriminator_steps: None: both update at every step; k: the groups take
+        turns, k discriminator steps and then one generator step.
+      image_key: the real images' feature.
+      noise_key: the noise feature the generator starts from.
+    """
+
+    def __init__(
+        self,
+        image_shape: Sequence[int] = (8, 8, 1),
+        generator_units: Sequence[int] = (128, 128),
+        discriminator_units: Sequence[int] = (128,),
+        discriminator_steps: int | None = None,
+        image_key: str = "image",
+        noise_key: str = "noise",
+    ):
+        super().__init__(name="gan")
+        self.image_shape = list(image_shape)
+        self.image_key, self.noise_key = image_key, noise_key
+        self.discriminator_steps = discriminator_steps
+        pixels = math.prod(self.image_shape)
+        self.generator = keras.Sequential(
+            [
+                DenseStack(list(generator_units), activation="relu", name="hidden"),
+                keras.layers.Dense(pixels, activation="sigmoid", name="pixels"),
+            ],
+            name="generator",
+        )
+        self.discriminator = keras.Sequential(
+            [
+                keras.layers.Flatten(name="flatten"),
+                DenseStack(list(discriminator_units), activation="leaky_relu", name="hidden"),
+                keras.layers.Dense(1, name="logit"),
+            ],
+            name="discriminator",
+        )
+
+    def optimizer_groups(self) -> dict[str, Group]:
+        """The discriminator's variables and the generator's, each with its optimizer."""
+        turns = self.discriminator_steps
+        return {
+            "discriminator": Group(self.discriminator, steps=turns),
+            "generator": Group(self.generator, steps=1 if turns else None),
+        }
+
+    def __call__(self, features, labels, mode):
+        """Generated images; with real ones (TRAIN, EVAL), both losses and D's accuracy."""
+        generated = self.generator(features[self.noise_key])
+        generated = tf.reshape(generated, [-1, *self.image_shape])
+        predictions = {"generated": generated}
+        if mode == Mode.PREDICT:
+            return Spec(predictions)
+        real = tf.cast(self.discriminator(features[self.image_key])[:, 0], tf.float32)
+        fake = tf.cast(self.discriminator(generated)[:, 0], tf.float32)
+        discriminator_loss = tf.reduce_mean(tf.nn.softplus(-real) + tf.nn.softplus(fake))
+        generator_loss = tf.reduce_mean(tf.nn.softplus(-fake))
+        return Spec(
+            predictions,
+            loss={"discriminator": discriminator_loss, "generator": generator_loss},
+            metrics={
+                "real_accuracy": tf.cast(real > 0, tf.float32),
+                "fake_accuracy": tf.cast(fake < 0, tf.float32),
+            },
+        )
