@@ -1,13 +1,15 @@
 """Gaussian noise as a feature, for generative models: a GAN's latent input.
 
-The noise of a batch is drawn from a seed made of the run's seed and the batch's
-place in the stream (stateless ops), so it is the same on one device or several
-(towers split the batch, not the draw), and a resumed run draws what an
-uninterrupted one would. Evaluation draws the same noise at every evaluation.
+Each example's noise is drawn from a seed made of the run's seed and the example's
+place in the stream (stateless ops), so it is the same however the stream is cut into
+batches: on one device, on towers, on a strategy's replicas (each pipeline batch a
+replica's share); and a resumed run draws what an uninterrupted one would.
+Evaluation draws the same noise at every evaluation.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import gin
@@ -39,7 +41,7 @@ def input_fn(
     dataset = input_fn(mode, params)
     first = 0
     if mode == Mode.TRAIN and is_positioned(dataset):  # resumed at its position
-        first = params.start_example // params.global_batch_size
+        first = params.start_example // params.num_input_pipelines
     pipelines, pipeline = params.num_input_pipelines, params.input_pipeline_id
     if mode != Mode.TRAIN:
         first, pipelines, pipeline = _EVAL_STREAM, 1, 0
@@ -47,15 +49,26 @@ def input_fn(
 
     def with_noise(index, element):
         features, *rest = element if isinstance(element, tuple) else (element,)
-        batch = tf.shape(tf.nest.flatten(features)[0])[0]
-        draw = (first + index) * pipelines + pipeline
-        noise = tf.random.stateless_normal([batch, dim], seed=tf.stack([seed, draw]))
-        features = {**features, key: noise}
+        batch = tf.shape(tf.nest.flatten(features)[0], out_type=tf.int64)[0]
+        rows = first + index * params.batch_size + tf.range(batch, dtype=tf.int64)  # its own
+        places = rows * pipelines + pipeline  # the stream's, over every pipeline
+        seeds = tf.stack([tf.fill([batch], seed), places], axis=1)
+        features = {
+            **features,
+            key: tf.map_fn(functools.partial(_draw, dim), seeds, fn_output_signature=tf.float32),
+        }
         return (features, *rest) if rest else features
 
-    noisy = dataset.enumerate().map(with_noise)
+    noisy = dataset.enumerate().map(with_noise, num_parallel_calls=tf.data.AUTOTUNE)
+    noisy = noisy.prefetch(tf.data.AUTOTUNE)
     if is_positioned(dataset):
         noisy = positioned(noisy)
     if num_examples(dataset) is not None:
         noisy = counted(noisy, num_examples(dataset))
     return noisy
+
+
+@tf.autograph.experimental.do_not_convert
+def _draw(dim: int, seed: tf.Tensor) -> tf.Tensor:
+    """One example's noise, from its own seed."""
+    return tf.random.stateless_normal([dim], seed=seed)

@@ -290,6 +290,14 @@ def test_digits_alexnet_keeps_its_promise(clone):
     check_promise("digits_alexnet", proc.stdout)
 
 
+def test_digits_gan_keeps_its_promise_and_resumes(clone):
+    """Two optimizers through the CLI: the promise, digits in TensorBoard, a rerun."""
+    command = "python3 -m trainer --gin_file experiments/digits_gan.gin"
+    check_promise("digits_gan", ok(sh(command, clone)).stdout)
+    assert "predicted/generated" in event_tags(str(clone / "output/digits_gan/train"))
+    assert "nothing to train" in ok(sh(command, clone)).stdout
+
+
 def test_digits_keras_keeps_its_promise_resumes_and_exports(clone):
     """A compiled Keras model through the CLI: trains, reruns to nothing, exports."""
     command = "python3 -m trainer --gin_file experiments/digits_keras.gin"
@@ -398,6 +406,7 @@ def test_every_command_shown_is_run_here():
             f"python3 -m trainer --gin_file experiments/{n}.gin"
             for n in (
                 "digits_alexnet",
+                "digits_gan",
                 "digits_keras",
                 "digits_mlp_tfrecord",
                 "diabetes_linear",

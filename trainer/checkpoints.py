@@ -98,6 +98,11 @@ class ConfigRecord:
             files.write_atomically(self.path, text)
         return text
 
+    def remove(self) -> None:
+        """Takes back the record (a new run's first save failed)."""
+        if self.writes and tf.io.gfile.exists(self.path):
+            tf.io.gfile.remove(self.path)
+
 
 def misfit(path: str, variables: list) -> str | None:
     """Why ``variables`` cannot be restored from checkpoint ``path``, if a shape says so.

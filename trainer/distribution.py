@@ -182,10 +182,12 @@ class Placement:
                 f"strategy from its get_config(): {errors.first_line(error)}"
             ) from None
 
-    def create_variables(self, model_fn: ModelFn, features_spec) -> None:
+    def create_variables(self, model_fn: ModelFn, features_spec, labels_spec=None) -> None:
         """Under a strategy, makes the model's variables eagerly; elsewhere tracing does.
 
-        Mirrored variables cannot be created inside a traced function.
+        Mirrored variables cannot be created inside a traced function. With labels the
+        model is called in EVAL (a GAN's discriminator is used only then), without
+        them in PREDICT; neither moves batch-norm statistics.
         """
         if self.strategy is None:
             return
@@ -198,8 +200,12 @@ class Placement:
         # holds plain variables: made again in the scope, values kept, so that the
         # user's model object holds the trained weights afterwards.
         self._adopt(model_fn.trainable_variables + model_fn.non_trainable_variables)
+        features = tf.nest.map_structure(blank, features_spec)
         with self.scope():
-            model_fn(tf.nest.map_structure(blank, features_spec), None, Mode.PREDICT)
+            if labels_spec is None:
+                model_fn(features, None, Mode.PREDICT)
+            else:
+                model_fn(features, tf.nest.map_structure(blank, labels_spec), Mode.EVAL)
 
     def adopt_metrics(self, metrics) -> None:
         """Under a strategy, makes Keras metrics' state per replica (see ``_adopt``).

@@ -218,7 +218,7 @@ class ModelState:
 
         args = (features_spec,) if labels_spec is None else (features_spec, labels_spec)
         try:
-            self.placement.create_variables(self.model_fn, features_spec)
+            self.placement.create_variables(self.model_fn, features_spec, labels_spec)
             with self.placement.scope():
                 tf.function(trace).get_concrete_function(*args)
         except (ValueError, TypeError) as error:

@@ -242,10 +242,14 @@ class Steps:
         args = (features, labels, last_of_block)
         if len(self.plan.phases) == 1:
             return self.placement.run(self._step, args)
-        branches = [
-            functools.partial(self.placement.run, functools.partial(self._step, phase=p), args)
-            for p in self.plan.phases
-        ]
+
+        def branch(phase):  # defined here so that AutoGraph converts the model's code
+            def run():
+                return self.placement.run(functools.partial(self._step, phase=phase), args)
+
+            return run
+
+        branches = [branch(phase) for phase in self.plan.phases]
         return tf.switch_case(self.plan.phase_index(self.global_step), branches)
 
     # ------------------------------------------------------------ the loop

@@ -170,20 +170,28 @@ class TrainingRun:
     def save(self, step: int) -> str:
         """Checkpoints at ``step``; returns the path.
 
-        The run's first checkpoint is followed by its config record, its lines of
-        metrics.jsonl and its log: until then, a run that fails has changed nothing
-        in model_dir. The first
-        time, it also warns if the saved input is large.
+        The run's first checkpoint is preceded by its config record (a process killed
+        just after the checkpoint must find the record beside it when rerun) and
+        followed by its lines of metrics.jsonl and its log: until then, a run that
+        fails has changed nothing in model_dir (a record it wrote is taken back when
+        the save fails). The first time, it also warns if the saved input is large.
         """
+        first = not self.config_written
+        new_record = first and self.config.saved() is None
+        text = self.config.write() if first else None
         started = time.perf_counter()
-        path = self.checkpointer.save(step)
+        try:
+            path = self.checkpointer.save(step)
+        except UserError:
+            if new_record:
+                self.config.remove()
+            raise
         self.model.seconds["checkpoints"] += time.perf_counter() - started
-        if not self.config_written:
+        if first:
             self.config_written = True
             self.writers.metrics.start()
             worker = self.placement.worker
             logs.keep_log(self.model_dir, f"trainer-{worker}.log" if worker else logs.LOG_NAME)
-            text = self.config.write()
             if text is not None:
                 self.writers.text("train", "operative_config", text, step)
         if self.check_saved_input:

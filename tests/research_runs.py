@@ -1,0 +1,54 @@
+"""Research models trained under several device set-ups in one process (tests/test_groups.py).
+
+Run through ``tests.helpers.on_two_cpus``: the CPU is split into two logical devices
+before TensorFlow starts.
+"""
+
+import keras
+
+import datasets.digits
+import datasets.noise
+from models.gan import GAN
+from trainer import Estimator
+
+SETUPS = {"one": ("towers", 1), "towers": ("towers", 2), "mirrored": ("mirrored", 2)}
+
+
+def gan_on_devices(out_dir: str, data_dir: str) -> dict:
+    """The GAN taking turns (2 discriminator steps, 1 generator step), clipped, for 30
+    steps on one device, on two towers and on two mirrored replicas."""
+    results = {}
+    for name, (distribution, devices) in SETUPS.items():
+        keras.utils.set_random_seed(0)
+        estimator = Estimator(
+            GAN(generator_units=[32], discriminator_units=[32], discriminator_steps=2),
+            f"{out_dir}/{name}",
+            optimizer={
+                "generator": keras.optimizers.Adam(1e-3, beta_1=0.5),
+                "discriminator": keras.optimizers.Adam(4e-4, beta_1=0.5),
+            },
+            global_batch_size=32,
+            steps_per_loop=10,
+            clip_gradient_norm=1.0,
+            distribution=distribution,
+            num_devices=devices,
+            seed=0,
+            progress=False,
+        )
+
+        def digits(mode, params):
+            return datasets.digits.input_fn(mode, params, data_dir=data_dir)
+
+        def input_fn(mode, params):
+            return datasets.noise.input_fn(mode, params, input_fn=digits, dim=8)
+
+        estimator.train(input_fn, 30)
+        metrics = estimator.evaluate(input_fn)
+        model = estimator.model_fn
+        results[name] = {
+            "generator": [w.numpy().tolist() for w in model.generator.weights],
+            "discriminator": [w.numpy().tolist() for w in model.discriminator.weights],
+            "iterations": {g: int(o.iterations.numpy()) for g, o in estimator.optimizer.items()},
+            "metrics": metrics,
+        }
+    return results

@@ -1,0 +1,343 @@
+"""Several optimizers (optimizer groups) and rules on variables (trainer/groups.py)."""
+
+import json
+import signal
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import trainer
+from tests.conftest import run_cli
+from tests.helpers import checkpoint_steps, event_tags, on_two_cpus
+from tests.test_faults import saved_state, start, wait_for_checkpoint_after
+
+
+def line_data(mode, params):
+    """y = 2x + 1 with noise, as README's own input_fns are written."""
+    rng = np.random.default_rng(0 if mode == trainer.Mode.TRAIN else 1)
+    x = rng.uniform(-1, 1, size=(256, 4)).astype("float32")
+    y = (2 * x[:, 0] + 1 + 0.1 * rng.normal(size=256)).astype("float32")
+    dataset = tf.data.Dataset.from_tensor_slices(({"x": x}, {"y": y}))
+    if mode == trainer.Mode.TRAIN:
+        dataset = dataset.shuffle(256, seed=params.seed).repeat()
+    return dataset.batch(params.batch_size)
+
+
+class BodyHead(trainer.ModelFn):
+    """A body and a head, as a fine-tuned model has them; optionally two groups."""
+
+    def __init__(self, groups=None, loss_per_group=False):
+        super().__init__()
+        self.body = keras.layers.Dense(8, activation="relu", name="body")
+        self.head = keras.layers.Dense(1, name="head")
+        self.groups, self.loss_per_group = groups, loss_per_group
+
+    def optimizer_groups(self):
+        return self.groups
+
+    def __call__(self, features, labels, mode):
+        y = self.head(self.body(features["x"]))[:, 0]
+        if labels is None:
+            return trainer.Spec({"y": y})
+        loss = tf.reduce_mean((y - labels["y"]) ** 2)
+        if self.loss_per_group:
+            loss = {"body": loss, "head": 2.0 * loss}
+        return trainer.Spec({"y": y}, loss=loss, metrics={"abs_error": tf.abs(y - labels["y"])})
+
+
+def weights(model):
+    return {v.path: v.numpy().copy() for v in model.trainable_variables}
+
+
+def built(run, start=None):
+    """The run's model built (its variables made), from ``start``'s values if given."""
+    element_spec = run.inputs.dataset(line_data, trainer.Mode.TRAIN).element_spec
+    run.model.build(element_spec, trainer.Mode.TRAIN)
+    for v in run.model_fn.trainable_variables if start else []:
+        v.assign(start[v.path])
+    return weights(run.model_fn)
+
+
+def estimator(model, model_dir, **kwargs):
+    keras.utils.set_random_seed(0)
+    kwargs.setdefault("optimizer", keras.optimizers.SGD(0.1))
+    return trainer.Estimator(
+        model,
+        str(model_dir),
+        global_batch_size=16,
+        steps_per_loop=1,
+        seed=0,
+        progress=False,
+        **kwargs,
+    )
+
+
+def test_a_learning_rate_multiplier_scales_its_variables_update_and_no_other(tmp_path):
+    """One step of Adam from the same weights: the body moves 0.1 x as far as without
+    the rule, the head exactly as far (Adam's first step is linear in its rate)."""
+    moved, first = {}, None
+    for rule in ({}, {"^body/": 0.1}):
+        run = estimator(
+            BodyHead(),
+            tmp_path / str(len(rule)),
+            optimizer=keras.optimizers.Adam(0.01),
+            learning_rate_multipliers=rule,
+        )
+        before = first = built(run, first)
+        run.train(line_data, 1)
+        after = weights(run.model_fn)
+        moved[len(rule)] = {k: np.abs(after[k] - before[k]) for k in before}
+    for path in moved[0]:
+        factor = 0.1 if path.startswith("body/") else 1.0
+        np.testing.assert_allclose(moved[1][path], factor * moved[0][path], rtol=1e-4, atol=1e-9)
+    assert all(moved[0][k].max() > 1e-4 for k in moved[0])
+
+
+def test_frozen_variables_stay_bit_equal_until_their_step_then_move(tmp_path):
+    run = estimator(BodyHead(), tmp_path, frozen_until_step={"^body/": 3})
+    run.train(line_data, 1)
+    first = weights(run.model_fn)
+    for step in (2, 3):
+        run.train(line_data, step)
+        now = weights(run.model_fn)
+        for path in ("body/kernel", "body/bias"):
+            np.testing.assert_array_equal(now[path], first[path])
+        assert not np.array_equal(now["head/kernel"], first["head/kernel"])
+    run.train(line_data, 5)
+    assert not np.array_equal(weights(run.model_fn)["body/kernel"], first["body/kernel"])
+    units = {u.name: int(u.optimizer.iterations.numpy()) for u in run.model.plan.units}
+    assert units == {"model": 5, "^body/": 2}  # applied at steps 3 and 4 only
+
+    # Resumed in a new process-like Estimator: the frozen unit's state comes back.
+    again = estimator(BodyHead(), tmp_path, frozen_until_step={"^body/": 3})
+    again.train(line_data, 6)
+    units = {u.name: int(u.optimizer.iterations.numpy()) for u in again.model.plan.units}
+    assert units == {"model": 6, "^body/": 3}
+
+
+def test_no_weight_decay_leaves_the_matched_variables_undecayed(tmp_path):
+    """One AdamW step from the same weights, with and without the biases excluded: the
+    kernels move alike, the biases do not (decay pulls them to zero only without)."""
+    trained, first = {}, None
+    for excluded in ((), ("bias",)):
+        run = estimator(
+            BodyHead(),
+            tmp_path / str(len(excluded)),
+            optimizer=keras.optimizers.AdamW(0.01, weight_decay=0.5),
+            no_weight_decay=excluded,
+        )
+        first = built(run, first)
+        for v in run.model_fn.trainable_variables:  # biases start away from zero
+            if "bias" in v.path:
+                v.assign(0.5 * tf.ones_like(v))
+        run.train(line_data, 1)
+        trained[len(excluded)] = weights(run.model_fn)
+    np.testing.assert_array_equal(trained[0]["body/kernel"], trained[1]["body/kernel"])
+    # Decay takes learning rate x weight_decay x value off the bias: 0.01 x 0.5 x 0.5.
+    np.testing.assert_allclose(
+        trained[1]["body/bias"] - trained[0]["body/bias"], 0.01 * 0.5 * 0.5, rtol=1e-3
+    )
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (
+            dict(learning_rate_multipliers={"^encoder/": 0.1}),
+            r"Estimator.learning_rate_multipliers pattern '\^encoder/' matches none of the "
+            r"model's 4 trainable variables; their paths are like .*body/kernel",
+        ),
+        (
+            dict(frozen_until_step={"body": -1}),
+            r"Estimator.frozen_until_step\['body'\] must be a step >= 0, got -1",
+        ),
+        (
+            dict(learning_rate_multipliers={"(body": 0.1}),
+            r"pattern '\(body' is not a regular expression",
+        ),
+        (
+            dict(no_weight_decay=["bias"]),
+            r"the optimizer of 'model' \(SGD\) has no weight_decay: use AdamW",
+        ),
+        (dict(no_weight_decay="bias"), r"write \['bias'\]"),
+    ],
+)
+def test_a_rule_that_cannot_apply_is_refused_in_one_line(tmp_path, settings, message):
+    with pytest.raises(trainer.UserError, match=message):
+        estimator(BodyHead(), tmp_path, **settings).train(line_data, 1)
+    assert not (tmp_path / "checkpoint").exists()
+
+
+def test_groups_with_their_own_losses_and_optimizers_update_only_their_variables(tmp_path):
+    model = BodyHead(loss_per_group=True)
+    model.groups = {"body": trainer.Group("^body/"), "head": trainer.Group(model.head)}
+    run = estimator(
+        model,
+        tmp_path,
+        optimizer={"body": keras.optimizers.SGD(0.0), "head": keras.optimizers.SGD(0.1)},
+    )
+    before = built(run)
+    run.train(line_data, 4)
+    after = weights(model)
+    np.testing.assert_array_equal(after["body/kernel"], before["body/kernel"])  # rate 0
+    assert not np.array_equal(after["head/kernel"], before["head/kernel"])
+    result = run.evaluate(line_data)
+    assert result["head_loss"] == pytest.approx(2 * result["body_loss"], rel=1e-6)
+    assert result["loss"] == pytest.approx(3 * result["body_loss"], rel=1e-6)
+    keys = [k for k, _ in tf.train.list_variables(str(tmp_path / "ckpt-4"))]
+    assert any(k.startswith("optimizer/body/") for k in keys)
+    assert any(k.startswith("optimizer/head/") for k in keys)
+    assert {"learning_rate/body", "learning_rate/head", "body_loss"} <= event_tags(
+        str(tmp_path / "train")
+    )
+
+
+@pytest.mark.parametrize(
+    "groups, loss_per_group, optimizer, message",
+    [
+        (None, True, None, r"Spec.loss is a dict \('body', 'head'\) but the model declares no "),
+        (
+            {"body": trainer.Group("^body/")},
+            False,
+            None,
+            r"variables head/kernel, head/bias are in none of its optimizer_groups\(\)",
+        ),
+        (
+            {"body": trainer.Group("^body/"), "all": trainer.Group(".")},
+            False,
+            None,
+            r"variable body/kernel is in group 'body' and in 'all'",
+        ),
+        (
+            {"body": trainer.Group("^body/"), "tail": trainer.Group("^tail/")},
+            False,
+            None,
+            r"group 'tail' pattern '\^tail/' matches none of the model's 4 trainable",
+        ),
+        (
+            {"body": trainer.Group("^body/"), "head": trainer.Group("^head/")},
+            False,
+            {"body": keras.optimizers.SGD()},
+            r"Estimator.optimizer has no optimizer for group 'head': the model's groups are "
+            r"'body', 'head'; give one optimizer for each",
+        ),
+        (
+            {"body": trainer.Group("^body/"), "head": trainer.Group("^head/", steps=2)},
+            False,
+            None,
+            r"groups take turns only when each gives steps >= 1, got body None, head 2",
+        ),
+        (
+            {"body": trainer.Group("^body/"), "head": "^head/"},
+            False,
+            None,
+            r"optimizer_groups\(\)\['head'\] is a str: wrap it as trainer.Group",
+        ),
+        (
+            {"x": trainer.Group("^body/"), "head": trainer.Group("^head/")},
+            True,
+            None,
+            r"Spec.loss names 'body', 'head' but the optimizer groups are 'x', 'head'",
+        ),
+    ],
+)
+def test_a_group_mistake_is_refused_in_one_line(
+    tmp_path, groups, loss_per_group, optimizer, message
+):
+    with pytest.raises(trainer.UserError, match=message):
+        run = estimator(
+            BodyHead(groups, loss_per_group),
+            tmp_path,
+            **({"optimizer": optimizer} if optimizer else {}),
+        )
+        run.train(line_data, 1)
+    assert not (tmp_path / "checkpoint").exists()
+
+
+def test_groups_take_turns_and_keep_their_state_apart(tmp_path, data_dir):
+    """Two discriminator steps, then one generator step: each optimizer counts its
+    own updates, and the generator is untouched on the discriminator's turns."""
+    run = on_two_cpus("tests.research_runs", "gan_on_devices", str(tmp_path), data_dir)
+    one = run["one"]
+    assert one["iterations"] == {"discriminator": 20, "generator": 10}
+    for name in ("towers", "mirrored"):
+        other = run[name]
+        assert other["iterations"] == one["iterations"], name
+        for part in ("generator", "discriminator"):
+            for a, b in zip(one[part], other[part], strict=True):
+                np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, err_msg=f"{name} {part}")
+        for metric, value in one["metrics"].items():
+            assert other["metrics"][metric] == pytest.approx(value, rel=1e-4, abs=1e-6), name
+
+
+def test_the_gan_experiment_on_two_devices_and_killed_and_resumed(tmp_path, data_dir):
+    """experiments/digits_gan.gin through the command line: --num_devices 2 gives the
+    one device's losses at step 100; SIGKILL after a checkpoint, then the same command,
+    ends bit-equal to an unbroken run (both optimizers' state included); TensorBoard
+    holds both losses and generated digits that differ from one another."""
+    common = [
+        "--gin_file",
+        "experiments/digits_gan.gin",
+        "--schedule",
+        "train_and_evaluate",
+        *[
+            arg
+            for binding in (
+                f"digits.input_fn.data_dir = '{data_dir}'",
+                "experiment.deterministic = True",
+                "experiment.max_steps = 400",
+                "experiment.eval_every_steps = 100",
+                "Estimator.save_checkpoints_steps = 100",
+                "Estimator.steps_per_loop = 20",
+                "Estimator.image_every_steps = 400",
+            )
+            for arg in ("--gin_param", binding)
+        ],
+    ]
+    straight, two, killed = tmp_path / "straight", tmp_path / "two", tmp_path / "killed"
+    proc = start([*common, "--model_dir", str(killed)])
+    try:
+        wait_for_checkpoint_after(killed, 0, proc)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert checkpoint_steps(killed)[-1] < 400
+    for model_dir, extra in ((straight, []), (two, ["--num_devices", "2"]), (killed, [])):
+        ran = run_cli(*common, "--model_dir", str(model_dir), *extra)
+        assert ran.returncode == 0, ran.stderr[-3000:]
+    # The two losses, as one device and two towers evaluate them at step 100.
+    one, towers = (eval_rows(d)[100] for d in (straight, two))
+    for name in ("discriminator_loss", "generator_loss", "loss"):
+        assert towers[name] == pytest.approx(one[name], rel=1e-4), name
+
+    expected, actual = saved_state(straight), saved_state(killed)
+    assert {k.split("/")[1] for k in actual if k.startswith("optimizer/")} == {
+        "discriminator",
+        "generator",
+    }
+    assert expected.keys() == actual.keys()
+    for key, value in expected.items():
+        np.testing.assert_array_equal(value, actual[key], err_msg=key)
+
+    tags = event_tags(str(straight / "train"))
+    assert {"discriminator_loss", "generator_loss", "predicted/generated"} <= tags
+    generated = generated_images(str(straight / "train"))
+    assert generated.shape == (8, 8, 8) and generated.std(axis=0).mean() > 0.05  # not one image
+
+
+def eval_rows(model_dir):
+    """metrics.jsonl's evaluations by step."""
+    rows = [json.loads(line) for line in (model_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r for r in rows if r["writer"] == "eval_eval"}
+
+
+def generated_images(log_dir):
+    """The last generated images written to TensorBoard, as [n, 8, 8] in [0, 1]."""
+    from tensorboard.backend.event_processing import event_accumulator
+
+    acc = event_accumulator.EventAccumulator(log_dir, size_guidance={"tensors": 0})
+    acc.Reload()
+    encoded = tf.make_ndarray(acc.Tensors("predicted/generated")[-1].tensor_proto)[2:]
+    return np.stack([tf.io.decode_png(png).numpy()[..., 0] / 255.0 for png in encoded])
