@@ -10,6 +10,7 @@ Evaluation draws the same noise at every evaluation.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 
 import gin
@@ -28,6 +29,7 @@ def input_fn(
     input_fn: Callable = gin.REQUIRED,
     dim: int = 32,
     key: str = "noise",
+    uniform_key: str | None = None,
 ) -> tf.data.Dataset:
     """``input_fn``'s batches with ``features[key]``: float32 ``[batch, dim]`` noise.
 
@@ -37,6 +39,9 @@ def input_fn(
       input_fn: the input_fn whose features gain the noise (``@digits.input_fn``).
       dim: the noise's size per example.
       key: the feature's name.
+      uniform_key: also a feature of one number in [0, 1) per example, drawn with the
+        noise but independent of it (where WGAN-GP puts its point between a real and
+        a generated image); None for none.
     """
     dataset = input_fn(mode, params)
     first = 0
@@ -53,10 +58,11 @@ def input_fn(
         rows = first + index * params.batch_size + tf.range(batch, dtype=tf.int64)  # its own
         places = rows * pipelines + pipeline  # the stream's, over every pipeline
         seeds = tf.stack([tf.fill([batch], seed), places], axis=1)
-        features = {
-            **features,
-            key: tf.map_fn(functools.partial(_draw, dim), seeds, fn_output_signature=tf.float32),
-        }
+        draws = dim + (uniform_key is not None)
+        drawn = tf.map_fn(functools.partial(_draw, draws), seeds, fn_output_signature=tf.float32)
+        features = {**features, key: drawn[:, :dim]}
+        if uniform_key is not None:  # a standard normal's CDF at it is uniform in [0, 1)
+            features[uniform_key] = 0.5 * (1.0 + tf.math.erf(drawn[:, dim] / math.sqrt(2.0)))
         return (features, *rest) if rest else features
 
     noisy = dataset.enumerate().map(with_noise, num_parallel_calls=tf.data.AUTOTUNE)

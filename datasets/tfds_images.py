@@ -110,8 +110,11 @@ class ArrayRecords(pipeline.RandomAccess):
         return len(self.source)
 
     def _read(self, rows: np.ndarray) -> tuple[np.ndarray, str]:
+        # One by one: array_record's batched read (__getitems__) starts a thread pool
+        # per call, and starting threads from tf.data's own threads (this runs in a
+        # py_function) once hung a whole test process in CPython's thread start.
         try:
-            records = self.source.__getitems__(rows.tolist())
+            records = [self.source[int(row)] for row in rows]
         except Exception as error:  # the reader's errors carry the file and chunk
             return np.full(len(rows), b"", object), f"{errors.first_line(error)}, {self.where}"
         return np.asarray(records, object), ""

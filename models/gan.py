@@ -92,3 +92,69 @@ class GAN(ModelFn):
                 "fake_accuracy": tf.cast(fake < 0, tf.float32),
             },
         )
+
+
+@gin.configurable
+class WGANGP(GAN):
+    """A Wasserstein GAN with gradient penalty (Gulrajani et al.), by its own train_step.
+
+    The critic scores images (higher for real); it minimises ``D(fake) - D(real) +
+    penalty x (|grad D(mix)| - 1)^2`` at points ``mix`` between a real and a generated
+    image, which takes gradients of gradients: the step is the model's own
+    (``train_step``). The generator minimises ``-D(fake)``. The groups are
+    ``discriminator`` (the critic) and ``generator``; with ``discriminator_steps``
+    the critic takes k steps per generator step, as the paper's 5.
+
+    Args:
+      penalty: the gradient penalty's weight (the paper's 10).
+      mix_key: the feature of per-example numbers in [0, 1) placing ``mix`` between
+        the real and the generated image (``noise.input_fn.uniform_key``).
+      **kwargs: GAN's.
+    """
+
+    def __init__(self, penalty: float = 10.0, mix_key: str = "mix", **kwargs):
+        super().__init__(**kwargs)
+        self.penalty, self.mix_key = penalty, mix_key
+
+    def __call__(self, features, labels, mode):
+        """Generated images; with real ones, the critic's and the generator's losses."""
+        losses = self._losses(features)
+        predictions = {"generated": losses.pop("generated")}
+        if mode == Mode.PREDICT:
+            return Spec(predictions)
+        return Spec(predictions, loss=losses)
+
+    def train_step(self, features, labels, optimizers):
+        """Both losses and their gradients; each group's applied by its optimizer."""
+        with tf.GradientTape(persistent=True) as tape:
+            losses = self._losses(features, penalised=True)
+        for group, part in (("discriminator", self.discriminator), ("generator", self.generator)):
+            if group in optimizers:  # its turn
+                variables = part.trainable_variables
+                optimizers[group].apply(tape.gradient(losses[group], variables), variables)
+        generated = losses.pop("generated")
+        scalars = {"gradient_penalty": losses.pop("gradient_penalty")}
+        return Spec({"generated": generated}, loss=losses, scalars=scalars)
+
+    def _losses(self, features, penalised: bool = False) -> dict:
+        generated = tf.reshape(self.generator(features[self.noise_key]), [-1, *self.image_shape])
+        result = {"generated": generated}
+        if self.image_key not in features:
+            return result
+        real = features[self.image_key]
+        real_score = self.discriminator(real)[:, 0]
+        fake_score = self.discriminator(generated)[:, 0]
+        critic = tf.reduce_mean(fake_score) - tf.reduce_mean(real_score)
+        if penalised:
+            mix = tf.reshape(features[self.mix_key], [-1, *[1] * len(self.image_shape)])
+            between = mix * real + (1.0 - mix) * generated
+            with tf.GradientTape() as inner:
+                inner.watch(between)
+                score = self.discriminator(between)[:, 0]
+            slopes = tf.norm(
+                tf.reshape(inner.gradient(score, between), [tf.shape(real)[0], -1]), axis=1
+            )
+            result["gradient_penalty"] = tf.reduce_mean((slopes - 1.0) ** 2)
+            critic += self.penalty * result["gradient_penalty"]
+        result.update(discriminator=critic, generator=-tf.reduce_mean(fake_score))
+        return result

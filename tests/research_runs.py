@@ -8,20 +8,25 @@ import keras
 
 import datasets.digits
 import datasets.noise
-from models.gan import GAN
+from models.gan import GAN, WGANGP
 from trainer import Estimator
 
 SETUPS = {"one": ("towers", 1), "towers": ("towers", 2), "mirrored": ("mirrored", 2)}
 
 
-def gan_on_devices(out_dir: str, data_dir: str) -> dict:
-    """The GAN taking turns (2 discriminator steps, 1 generator step), clipped, for 30
-    steps on one device, on two towers and on two mirrored replicas."""
+def gan_on_devices(out_dir: str, data_dir: str, kind: str = "gan") -> dict:
+    """A GAN taking turns (2 discriminator steps, 1 generator step) for 30 steps on one
+    device, on two towers and on two mirrored replicas.
+
+    ``kind`` 'gan': the GAN, clipped to a global norm of 1; 'wgan': WGAN-GP, through
+    its own train_step (a gradient penalty).
+    """
     results = {}
     for name, (distribution, devices) in SETUPS.items():
         keras.utils.set_random_seed(0)
+        model_class = GAN if kind == "gan" else WGANGP
         estimator = Estimator(
-            GAN(generator_units=[32], discriminator_units=[32], discriminator_steps=2),
+            model_class(generator_units=[32], discriminator_units=[32], discriminator_steps=2),
             f"{out_dir}/{name}",
             optimizer={
                 "generator": keras.optimizers.Adam(1e-3, beta_1=0.5),
@@ -29,7 +34,7 @@ def gan_on_devices(out_dir: str, data_dir: str) -> dict:
             },
             global_batch_size=32,
             steps_per_loop=10,
-            clip_gradient_norm=1.0,
+            clip_gradient_norm=1.0 if kind == "gan" else None,
             distribution=distribution,
             num_devices=devices,
             seed=0,
@@ -40,7 +45,7 @@ def gan_on_devices(out_dir: str, data_dir: str) -> dict:
             return datasets.digits.input_fn(mode, params, data_dir=data_dir)
 
         def input_fn(mode, params):
-            return datasets.noise.input_fn(mode, params, input_fn=digits, dim=8)
+            return datasets.noise.input_fn(mode, params, input_fn=digits, dim=8, uniform_key="mix")
 
         estimator.train(input_fn, 30)
         metrics = estimator.evaluate(input_fn)

@@ -256,10 +256,12 @@ def test_a_group_mistake_is_refused_in_one_line(
     assert not (tmp_path / "checkpoint").exists()
 
 
-def test_groups_take_turns_and_keep_their_state_apart(tmp_path, data_dir):
+@pytest.mark.parametrize("kind", ["gan", "wgan"])
+def test_groups_take_turns_alike_on_one_device_towers_and_mirrored(tmp_path, data_dir, kind):
     """Two discriminator steps, then one generator step: each optimizer counts its
-    own updates, and the generator is untouched on the discriminator's turns."""
-    run = on_two_cpus("tests.research_runs", "gan_on_devices", str(tmp_path), data_dir)
+    own updates; towers and mirrored replicas end where one device does. 'wgan' is
+    WGAN-GP through its own train_step (gradients of gradients), 'gan' is clipped."""
+    run = on_two_cpus("tests.research_runs", "gan_on_devices", str(tmp_path), data_dir, kind)
     one = run["one"]
     assert one["iterations"] == {"discriminator": 20, "generator": 10}
     for name in ("towers", "mirrored"):
@@ -341,3 +343,61 @@ def generated_images(log_dir):
     acc.Reload()
     encoded = tf.make_ndarray(acc.Tensors("predicted/generated")[-1].tensor_proto)[2:]
     return np.stack([tf.io.decode_png(png).numpy()[..., 0] / 255.0 for png in encoded])
+
+
+class OwnStep(BodyHead):
+    """BodyHead trained by its own train_step; ``mistake`` makes it misuse the optimizers."""
+
+    def __init__(self, mistake=None, **kwargs):
+        super().__init__(**kwargs)
+        self.mistake = mistake
+
+    def train_step(self, features, labels, optimizers):
+        with tf.GradientTape() as tape:
+            spec = self(features, labels, trainer.Mode.TRAIN)
+        variables = self.trainable_variables
+        gradients = tape.gradient(spec.loss, variables)
+        if self.mistake == "stray":  # the head's optimizer given the body's gradients too
+            optimizers["head"].apply(gradients, variables)
+        elif self.mistake != "nothing":
+            optimizers["model"].apply_gradients(zip(gradients, variables, strict=True))
+        if self.mistake == "twice":
+            optimizers["model"].apply(gradients)
+        spec.scalars = {"gradient_norm_here": tf.linalg.global_norm(gradients)}
+        return spec
+
+
+def test_a_models_own_train_step_trains_as_the_declared_loss_does(tmp_path):
+    """The same loss, by the framework's step and by the model's own: the same weights
+    after 20 steps, and the step's own scalar in the training log."""
+    ends, first = {}, None
+    for name, model in (("declared", BodyHead()), ("own", OwnStep())):
+        run = estimator(model, tmp_path / name, optimizer=keras.optimizers.Adam(0.01))
+        first = built(run, first)
+        run.train(line_data, 20)
+        ends[name] = weights(model)
+    for path, value in ends["declared"].items():
+        np.testing.assert_allclose(ends["own"][path], value, rtol=1e-5, atol=1e-7, err_msg=path)
+    assert "gradient_norm_here" in event_tags(str(tmp_path / "own" / "train"))
+
+
+@pytest.mark.parametrize(
+    "mistake, message",
+    [
+        ("twice", r"train_step applies optimizers\['model'\] twice in one step: apply each"),
+        ("nothing", r"OwnStep.train_step applied no gradients with optimizers\['model'\]"),
+        (
+            "stray",
+            r"train_step gives optimizers\['head'\] a gradient for body/kernel, which is not "
+            r"in group 'head': apply it with its own group's optimizer",
+        ),
+    ],
+)
+def test_a_train_step_that_misuses_its_optimizers_is_refused_in_one_line(
+    tmp_path, mistake, message
+):
+    groups = {"body": trainer.Group("^body/"), "head": trainer.Group("^head/")}
+    model = OwnStep(mistake, groups=groups if mistake == "stray" else None)
+    with pytest.raises(trainer.UserError, match=message):
+        estimator(model, tmp_path).train(line_data, 1)
+    assert not (tmp_path / "checkpoint").exists()

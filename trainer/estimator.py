@@ -24,11 +24,11 @@ from trainer import (
     errors,
     evaluation,
     export,
-    groups,
     hooks,
     keras_compile,
     logs,
     precision,
+    rules,
     serving,
     training,
 )
@@ -249,7 +249,7 @@ class Estimator:
             optimizer,
             self.placement,
             self.seconds,
-            rules=groups.Rules(
+            rules=rules.Rules(
                 learning_rate_multipliers or {}, frozen_until_step or {}, no_weight_decay
             ),
             mixed_precision=mixed_precision,

@@ -8,7 +8,7 @@ in two ways that combine:
   discriminator. Groups update together at every step, or take turns
   (``Group(steps=k)``: k steps of one group, then the next, as TF-GAN's
   ``GANTrainSteps``).
-* **Rules** (``Rules``, the Estimator's ``learning_rate_multipliers``,
+* **Rules** (``rules.Rules``, the Estimator's ``learning_rate_multipliers``,
   ``frozen_until_step`` and ``no_weight_decay``): variables chosen by a regular
   expression on their Keras path train at a multiple of their optimizer's rate, not at
   all before a step, or without decoupled weight decay.
@@ -24,7 +24,6 @@ optimizer and no rules is one unit and one phase: the step is what it always was
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import re
 from collections.abc import Mapping, Sequence
@@ -33,9 +32,9 @@ from typing import Any
 import keras
 import numpy as np
 import tensorflow as tf
-from absl import logging
 
 from trainer import errors
+from trainer import rules as rules_
 from trainer.errors import UserError
 
 
@@ -54,48 +53,6 @@ class Group:
 
     variables: Any
     steps: int | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Rules:
-    """Rules on variables chosen by regular expressions on their Keras paths.
-
-    Attributes:
-      learning_rate_multipliers: pattern -> factor on the learning rate of the
-        variables it matches (0.1 for a pretrained body).
-      frozen_until_step: pattern -> global step before which the variables it matches
-        are not updated (their optimizer state does not move either).
-      no_weight_decay: patterns of variables the optimizer's decoupled weight decay
-        (AdamW's ``weight_decay``) leaves alone: biases, normalisation scales.
-    """
-
-    learning_rate_multipliers: Mapping[str, float] = dataclasses.field(default_factory=dict)
-    frozen_until_step: Mapping[str, int] = dataclasses.field(default_factory=dict)
-    no_weight_decay: Sequence[str] = ()
-
-    def __post_init__(self):
-        for setting, kind in (
-            ("learning_rate_multipliers", "number >= 0"),
-            ("frozen_until_step", "step >= 0"),
-        ):
-            given = getattr(self, setting)
-            if not isinstance(given, Mapping):
-                raise UserError(
-                    f"Estimator.{setting} must be a dict of pattern -> {kind}, got "
-                    f"{type(given).__name__}"
-                )
-            for pattern, value in given.items():
-                whole = setting == "frozen_until_step"
-                good = isinstance(value, int) if whole else isinstance(value, int | float)
-                if isinstance(value, bool) or not good or value < 0:
-                    raise UserError(
-                        f"Estimator.{setting}[{pattern!r}] must be a {kind}, got {value!r}"
-                    )
-        if isinstance(self.no_weight_decay, str):
-            raise UserError(
-                f"Estimator.no_weight_decay must be a list of patterns, got the string "
-                f"{self.no_weight_decay!r}: write [{self.no_weight_decay!r}]"
-            )
 
 
 @dataclasses.dataclass
@@ -117,7 +74,7 @@ class Unit:
     optimizer: keras.optimizers.Optimizer
     variables: list
     frozen_until: int = 0
-    rate: ScaledRate | None = None
+    rate: rules_.ScaledRate | None = None
 
 
 class Plan:
@@ -256,7 +213,7 @@ def plan(
     model_fn,
     groups: Mapping[str, Group] | None,
     optimizers: Mapping,
-    rules: Rules,
+    rules: rules_.Rules,
     global_step: tf.Variable,
 ) -> Plan:
     """The units of ``model_fn``'s variables: one per group, split further by the rules.
@@ -268,12 +225,12 @@ def plan(
         members = {None: variables}
     else:
         members = _members(type(model_fn).__name__, groups, variables)
-    _check_patterns(rules, variables)
+    rules_.check_patterns(rules, variables)
     units = []
     for group, held in members.items():
         units += _units(group, held, optimizers[group], rules)
     for unit in units:
-        _exclude_from_decay(unit, rules.no_weight_decay)
+        rules_.exclude_from_decay(unit.name, unit.optimizer, unit.variables, rules.no_weight_decay)
     turns = []
     if groups is not None and any(g.steps for g in groups.values()):
         turns = [(name, g.steps) for name, g in groups.items()]
@@ -282,6 +239,24 @@ def plan(
         if unit.rate is not None:
             unit.rate.clock = functools.partial(made.group_step, unit.group, global_step)
     return made
+
+
+def _units(group: str | None, held: list, optimizer, rules: rules_.Rules) -> list[Unit]:
+    """The group's variables split by the rules they match; one optimizer per split."""
+    by_rule: dict[tuple, list] = {}
+    for v in held:
+        by_rule.setdefault(rules_.rule_of(v, rules), []).append(v)
+    units = []
+    for (multiplier, frozen, patterns), variables in by_rule.items():
+        if not patterns:
+            units.append(Unit(group or "model", group, optimizer, variables, frozen))
+            continue
+        name = "+".join(patterns) if group is None else f"{group}:{'+'.join(patterns)}"
+        rate = rules_.ScaledRate(rules_.rate_of(optimizer), multiplier)
+        units.append(
+            Unit(name, group, rules_.with_rate(optimizer, rate, name), variables, frozen, rate)
+        )
+    return units
 
 
 def _members(name: str, groups: Mapping[str, Group], variables: list) -> dict[str, list]:
@@ -313,7 +288,7 @@ def _select(name: str, group: str, spec, variables: list) -> list:
     if isinstance(spec, str):
         held = [v for v in variables if re.search(spec, v.path)]
         if not held:
-            raise UserError(_matches_nothing(f"{name}'s group {group!r}", spec, variables))
+            raise UserError(rules_.matches_nothing(f"{name}'s group {group!r}", spec, variables))
         return held
     wanted = {id(v) for v in _variables_of(spec)}
     held = [v for v in variables if id(v) in wanted]
@@ -336,125 +311,4 @@ def _variables_of(spec) -> list:
         return [v for item in spec for v in _variables_of(item)]
     raise UserError(
         f"a trainer.Group holds layers, variables or a pattern, got {type(spec).__name__}"
-    )
-
-
-def _units(group: str | None, held: list, optimizer, rules: Rules) -> list[Unit]:
-    """The group's variables split by the rules they match; one optimizer per split."""
-    by_rule: dict[tuple, list] = {}
-    for v in held:
-        by_rule.setdefault(_rule_of(v, rules), []).append(v)
-    units = []
-    for (multiplier, frozen, patterns), variables in by_rule.items():
-        if not patterns:
-            units.append(Unit(group or "model", group, optimizer, variables, frozen))
-            continue
-        name = "+".join(patterns) if group is None else f"{group}:{'+'.join(patterns)}"
-        rate = ScaledRate(_rate_of(optimizer), multiplier)
-        units.append(Unit(name, group, _with_rate(optimizer, rate, name), variables, frozen, rate))
-    return units
-
-
-def _rule_of(v, rules: Rules) -> tuple[float, int, tuple[str, ...]]:
-    """``(multiplier, frozen until, patterns)`` of the first matching rules."""
-    multiplier, frozen, patterns = 1.0, 0, []
-    for pattern, factor in rules.learning_rate_multipliers.items():
-        if re.search(pattern, v.path):
-            multiplier, patterns = float(factor), [pattern]
-            break
-    for pattern, step in rules.frozen_until_step.items():
-        if re.search(pattern, v.path):
-            frozen = int(step)
-            patterns += [pattern] if pattern not in patterns else []
-            break
-    return multiplier, frozen, tuple(patterns)
-
-
-def _rate_of(optimizer):
-    """The optimizer's learning rate as given: a number or a schedule."""
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        raise UserError(
-            "learning_rate_multipliers and frozen_until_step cannot split a loss-scaled "
-            "optimizer (mixed_float16): use mixed_bfloat16, which needs no loss scaling, "
-            "or float32"
-        )
-    rate = optimizer.get_config()["learning_rate"]
-    return keras.optimizers.schedules.deserialize(rate) if isinstance(rate, dict) else rate
-
-
-def _with_rate(optimizer, rate, name: str):
-    """A copy of ``optimizer`` (fresh state) whose learning rate is ``rate``.
-
-    The rate follows the schedule at the group's step (``ScaledRate.clock``), not at
-    the copy's own iteration count, which stays behind while the unit is frozen.
-    """
-    config = optimizer.get_config()
-    config["learning_rate"] = rate
-    config["name"] = re.sub(r"\W", "_", name)
-    return type(optimizer).from_config(config)
-
-
-class ScaledRate(keras.optimizers.schedules.LearningRateSchedule):
-    """``multiplier`` times a rate (a number or a schedule) at the step a clock gives.
-
-    ``clock`` is set when the steps are built (the group's step, from the global
-    step); until then the optimizer's own iteration count is used.
-    """
-
-    def __init__(self, rate, multiplier: float):
-        self.rate, self.multiplier = rate, multiplier
-        self.clock = None
-
-    def __call__(self, step):
-        """The scaled rate at the clock's step."""
-        if self.clock is not None:
-            step = self.clock()
-        base = self.rate(step) if callable(self.rate) else self.rate
-        return tf.cast(base, tf.float32) * self.multiplier
-
-    def get_config(self) -> dict:
-        """Keras serialisation: the rate and the factor."""
-        return {"rate": self.rate, "multiplier": self.multiplier}
-
-
-def _exclude_from_decay(unit: Unit, patterns: Sequence[str]) -> None:
-    if not patterns:
-        return
-    inner = getattr(unit.optimizer, "inner_optimizer", unit.optimizer)
-    if not getattr(inner, "weight_decay", None):
-        raise UserError(
-            f"Estimator.no_weight_decay is set but the optimizer of {unit.name!r} "
-            f"({type(inner).__name__}) has no weight_decay: use AdamW(weight_decay=...), or "
-            "leave no_weight_decay unset (an L2 regularizer is part of the loss)"
-        )
-    excluded = [v for v in unit.variables if any(re.search(p, v.path) for p in patterns)]
-    if excluded:
-        inner.exclude_from_weight_decay(var_list=excluded)
-
-
-def _check_patterns(rules: Rules, variables: list) -> None:
-    """Refuses a rule that matches no variable; logs how many each matched."""
-    for setting, patterns in (
-        ("learning_rate_multipliers", rules.learning_rate_multipliers),
-        ("frozen_until_step", rules.frozen_until_step),
-        ("no_weight_decay", rules.no_weight_decay),
-    ):
-        for pattern in patterns:
-            try:
-                count = sum(bool(re.search(pattern, v.path)) for v in variables)
-            except re.error as error:
-                raise UserError(
-                    f"Estimator.{setting} pattern {pattern!r} is not a regular expression: {error}"
-                ) from None
-            if not count:
-                raise UserError(_matches_nothing(f"Estimator.{setting}", pattern, variables))
-            logging.info("Estimator.%s %r matches %d variables", setting, pattern, count)
-
-
-def _matches_nothing(where: str, pattern: str, variables: list) -> str:
-    paths = [v.path for v in variables]
-    close = difflib.get_close_matches(pattern, paths, n=3, cutoff=0.3) or paths[:3]
-    return (
-        f"{where} pattern {pattern!r} matches none of the model's {len(paths)} trainable "
-        f"variables; their paths are like {', '.join(close)} (matched with re.search)"
     )

@@ -189,6 +189,21 @@ class ModelFn(tf.Module):
         """How the console names the model: its class."""
         return type(self).__name__
 
+    def train_step(self, features, labels, optimizers: Mapping[str, Any]) -> Spec:
+        """Optional: the model's own training step, for what a loss per group cannot say.
+
+        A gradient penalty (gradients of gradients), gradients transformed before
+        they are applied: compute the gradients of this batch's mean loss and give each
+        group's to ``optimizers[group].apply(gradients, variables)`` once (a model
+        without groups has one, ``optimizers['model']``); return the batch's Spec, whose
+        loss, metrics and scalars are reported. The framework applies the gradients
+        after the step, summed over towers and replicas, so the step runs unchanged on
+        any devices; when groups take turns, ``optimizers`` holds the groups whose turn
+        it is. Evaluation and prediction still call ``__call__``. See
+        ``trainer/custom_step.py`` for what a step must not do.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no train_step of its own")
+
     def optimizer_groups(self) -> Mapping[str, Any] | None:
         """Named groups of variables, each updated by its own optimizer; None for one.
 

@@ -17,14 +17,17 @@ import re
 import time
 from collections.abc import Mapping
 
+import keras
 import tensorflow as tf
 
-from trainer import checkpoints, errors, groups, precision
+from trainer import checkpoints, custom_step, errors, groups, precision
+from trainer import rules as rules_
 from trainer.distribution import Placement
 from trainer.errors import UserError
+from trainer.losses import loss_name
 from trainer.model_fn import Mode, ModelFn, Weighted, check_spec, split_metrics
 from trainer.optimization import WeightAverage
-from trainer.step import Steps, loss_name, split_element
+from trainer.step import Steps, split_element
 
 
 class ModelState:
@@ -49,7 +52,7 @@ class ModelState:
         placement: Placement,
         seconds: collections.Counter,
         *,
-        rules: groups.Rules = groups.Rules(),  # noqa: B008 (frozen)
+        rules: rules_.Rules = rules_.Rules(),  # noqa: B008 (frozen)
         mixed_precision: str | None = None,
         clip_gradient_norm: float | None = None,
         ema_decay: float | None = None,
@@ -63,6 +66,14 @@ class ModelState:
             for group, given in groups.optimizers_for(self.groups, optimizer).items()
         }
         self.rules = rules
+        self.own_step = custom_step.has_own_step(model_fn)
+        if self.own_step and any(
+            isinstance(o, keras.optimizers.LossScaleOptimizer) for o in self.optimizers.values()
+        ):
+            raise UserError(
+                f"{model_fn}.train_step computes its own gradients, which loss scaling "
+                "(mixed_float16) would have to scale: use mixed_bfloat16, or float32"
+            )
         self.plan: groups.Plan | None = None  # the units, once the variables exist
         self.by_group = False  # whether Spec.loss is a dict, one loss per group
         self.config = config  # the model_dir's record of the config it was trained with
@@ -123,7 +134,7 @@ class ModelState:
                 ema=self.ema,
                 jit_compile=self.jit_compile,
                 scalar_names=scalars,
-                by_group=self.by_group,
+                by_group=self.by_group or (self.own_step and self.groups is not None),
             )
         return self.steps
 
@@ -203,6 +214,8 @@ class ModelState:
 
         def trace(features, labels=None):
             spec = self.model_fn(features, labels, mode)
+            if mode == Mode.TRAIN and self.own_step:  # its Spec is what training reports
+                spec = self._traced_step(features, labels)
             try:
                 check_spec(spec, mode, name, self.groups or ())
             except ValueError as error:
@@ -236,6 +249,19 @@ class ModelState:
         if found.get("unfit"):
             raise UserError(found["unfit"])
         return found.get("metrics", []), found.get("streamed", {}), found.get("scalars", [])
+
+    def _traced_step(self, features, labels):
+        """The Spec of the model's own ``train_step``, traced as a replica runs it."""
+        names = list(self.groups) if self.groups is not None else [custom_step.MODEL]
+        specs = []
+
+        def step(features, labels):
+            optimizers = {name: custom_step.Tracing() for name in names}  # apply nothing
+            specs.append(self.model_fn.train_step(features, labels, optimizers))
+            return tf.constant(True)
+
+        self.placement.run(step, (features, labels))
+        return specs[0]
 
     def _missing_key_message(self, key: str, given: dict[str, list[str]]) -> str:
         """The model looked up a feature or label the input_fn does not give."""

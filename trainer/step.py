@@ -15,11 +15,13 @@ from collections.abc import Callable, Mapping, Sequence
 import keras
 import tensorflow as tf
 
+from trainer import custom_step
 from trainer.distribution import Placement
 from trainer.errors import UserError
 from trainer.groups import Plan
+from trainer.losses import batch_loss, batch_size_of, reported_scalars, total_loss
 from trainer.metric_sums import MetricSums
-from trainer.model_fn import Mode, ModelFn, Spec, Weighted, split_metrics
+from trainer.model_fn import Mode, ModelFn, Weighted, split_metrics
 from trainer.optimization import WeightAverage
 from trainer.parallel import make_parallel, tape_gradients
 from trainer.updates import Updates
@@ -38,12 +40,6 @@ def stackable_steps(element_spec) -> int:
         )
     size = sum(s.shape.num_elements() * s.dtype.size for s in specs)
     return max(1, STACKED_BYTES // max(size, 1))
-
-
-def batch_size_of(features) -> tf.Tensor:
-    """The number of examples in a batch of features, as a float64 scalar."""
-    first = tf.nest.flatten(features)[0]
-    return tf.cast(tf.shape(first)[0], tf.float64)
 
 
 def split_element(element, mode: Mode):
@@ -111,6 +107,7 @@ class Steps:
         ]
         self.has_regularization = bool(model_fn.regularization_losses)
         self.towers = placement.towers(model_fn)
+        self.own_step = custom_step.has_own_step(model_fn)  # ModelFn.train_step
         self.count_metrics(Mode.TRAIN, metric_names, {}, scalar_names)
         self.count_metrics(Mode.EVAL, metric_names, streamed_metrics, scalar_names)
         self.times_input = not _op_determinism()  # tf.timestamp is refused under it
@@ -171,7 +168,7 @@ class Steps:
         """
         spec = self.model_fn(features, labels, Mode.TRAIN)
         loss = batch_loss(spec, batch_size_of(features), examples)
-        scalars = {"loss": total_loss(loss), **_scalars(spec, loss)}
+        scalars = {"loss": total_loss(loss), **reported_scalars(spec, loss)}
         objective = tf.nest.map_structure(lambda loss: loss * share, loss)
         if self.has_regularization:
             scalars["regularization_loss"] = tf.add_n(self.model_fn.regularization_losses)
@@ -231,7 +228,10 @@ class Steps:
         at the block's last step (at every step when clipping needs it).
         """
         phase = self.plan.phases[0] if phase is None else phase
-        objective, scalars, metrics, gradients = self._gradients(features, labels, phase)
+        if self.own_step:
+            objective, scalars, metrics, gradients = custom_step.run(self, features, labels, phase)
+        else:
+            objective, scalars, metrics, gradients = self._gradients(features, labels, phase)
         self.updates.apply(gradients, phase, last_of_block)
         self.train_metrics.update(metrics, scalars, batch_size_of(features))
         finite = [tf.math.is_finite(o) for o in tf.nest.flatten(objective)]
@@ -376,7 +376,7 @@ class Steps:
             per_example, streamed = split_metrics(spec.metrics)
             self.eval_metrics.stream(streamed)
             loss = batch_loss(spec, batch_size_of(features), examples)
-            return total_loss(loss), _scalars(spec, loss), per_example
+            return total_loss(loss), reported_scalars(spec, loss), per_example
 
         if self.towers is not None:
             loss, scalars, metrics, _ = self.towers.run(forward, features, labels, training=False)
@@ -405,41 +405,6 @@ class Steps:
         if self.towers is not None:
             return make_parallel(predictions, self.towers.devices, features=features)
         return predictions(features)
-
-
-def _scalars(spec: Spec, loss) -> dict[str, tf.Tensor]:
-    """The Spec's scalars (and each group's loss) as float32, averaged as the loss is."""
-    scalars = {name: tf.cast(value, tf.float32) for name, value in spec.scalars.items()}
-    if isinstance(loss, Mapping):
-        scalars.update({loss_name(group): tf.cast(v, tf.float32) for group, v in loss.items()})
-    return scalars
-
-
-def loss_name(group: str) -> str:
-    """The scalar a group's loss is reported as: ``'generator_loss'``."""
-    return f"{group}_loss"
-
-
-def total_loss(loss) -> tf.Tensor:
-    """The loss reported as ``loss``: the one loss, or the sum of the groups' losses."""
-    if isinstance(loss, Mapping):
-        return tf.add_n([tf.cast(v, tf.float32) for v in loss.values()])
-    return loss
-
-
-def batch_loss(spec: Spec, shard: tf.Tensor, examples: Callable[[], tf.Tensor]):
-    """A Spec's loss as the framework weights it: the mean over ``shard``'s examples.
-
-    A loss summed over the batch (``loss_reduction='sum'``) is the sum over the
-    ``examples()`` of the whole step, over devices and replicas: the shard's sum
-    times ``examples / shard``, so that the shards' mean weighted by their size is
-    the sum over all (an empty shard's is 0). A dict of losses, one per group, is
-    weighted loss by loss.
-    """
-    if spec.loss_reduction != "sum":
-        return dict(spec.loss) if isinstance(spec.loss, Mapping) else spec.loss
-    scale = tf.math.divide_no_nan(examples(), shard)
-    return tf.nest.map_structure(lambda loss: loss * tf.cast(scale, loss.dtype), spec.loss)
 
 
 def _op_determinism() -> bool:

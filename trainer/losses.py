@@ -1,0 +1,56 @@
+"""How a Spec's loss is weighted over a batch's shards and reported.
+
+A Spec's ``loss`` is the mean over the examples its model was called on (or their
+sum, ``loss_reduction='sum'``), one loss or a dict of one per optimizer group. The
+steps weight it by each shard's share of the batch; what is reported is ``loss`` (the
+one loss, or the groups' sum), each group's as ``<group>_loss`` and the Spec's scalars.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import tensorflow as tf
+
+from trainer.model_fn import Spec
+
+
+def batch_size_of(features) -> tf.Tensor:
+    """The number of examples in a batch of features, as a float64 scalar."""
+    first = tf.nest.flatten(features)[0]
+    return tf.cast(tf.shape(first)[0], tf.float64)
+
+
+def batch_loss(spec: Spec, shard: tf.Tensor, examples: Callable[[], tf.Tensor]):
+    """A Spec's loss as the framework weights it: the mean over ``shard``'s examples.
+
+    A loss summed over the batch (``loss_reduction='sum'``) is the sum over the
+    ``examples()`` of the whole step, over devices and replicas: the shard's sum
+    times ``examples / shard``, so that the shards' mean weighted by their size is
+    the sum over all (an empty shard's is 0). A dict of losses, one per group, is
+    weighted loss by loss.
+    """
+    if spec.loss_reduction != "sum":
+        return dict(spec.loss) if isinstance(spec.loss, Mapping) else spec.loss
+    scale = tf.math.divide_no_nan(examples(), shard)
+    return tf.nest.map_structure(lambda loss: loss * tf.cast(scale, loss.dtype), spec.loss)
+
+
+def loss_name(group: str) -> str:
+    """The scalar a group's loss is reported as: ``'generator_loss'``."""
+    return f"{group}_loss"
+
+
+def total_loss(loss) -> tf.Tensor:
+    """The loss reported as ``loss``: the one loss, or the sum of the groups' losses."""
+    if isinstance(loss, Mapping):
+        return tf.add_n([tf.cast(v, tf.float32) for v in loss.values()])
+    return loss
+
+
+def reported_scalars(spec: Spec, loss) -> dict[str, tf.Tensor]:
+    """The Spec's scalars (and each group's loss) as float32, averaged as the loss is."""
+    scalars = {name: tf.cast(value, tf.float32) for name, value in spec.scalars.items()}
+    if isinstance(loss, Mapping):
+        scalars.update({loss_name(group): tf.cast(v, tf.float32) for group, v in loss.items()})
+    return scalars
