@@ -72,7 +72,7 @@ def shown_commands() -> set[str]:
     for name in sorted(os.listdir(os.path.join(REPO, "experiments"))):
         with open(os.path.join(REPO, "experiments", name)) as f:
             commands.update(HEADER_COMMAND.findall(f.read()))
-    for name in ("polyfit.gin",):
+    for name in ("polyfit.gin", "parity.gin"):
         with open(os.path.join(REPO, "tests", "user_project", name)) as f:
             commands.update(HEADER_COMMAND.findall(f.read()))
     return commands
@@ -235,6 +235,23 @@ def test_readmes_own_model_trains_resumes_and_predicts(clone):
         json.loads(line)["y"][0] for line in (clone / "predictions.jsonl").read_text().splitlines()
     ]
     assert ys == pytest.approx([3.0, 4.25, 8.0], abs=0.1)  # y = 5x^2 + 3 at x = 0, .5, 1
+
+
+def test_readmes_fine_tuning_example_warm_starts_freezes_and_keeps_its_promise(clone):
+    """The digits MLP's body under a new head: the warm start's report, then accuracy."""
+    (finetune,) = [c for c in shown_commands() if "parity.gin" in c]
+    ok(sh(DIGITS, clone))
+    proc = ok(sh(finetune, clone))
+    report = next(line for line in proc.stdout.splitlines() if "Warm-started" in line)
+    assert report.startswith(
+        "Warm-started from output/digits_mlp/ckpt-2000: loaded 4 of the source's 6 "
+        "(hidden/dense_0/_kernel, hidden/dense_0/bias, hidden/dense_1/_kernel, "
+        "hidden/dense_1/bias); skipped 2 whose shape differs (logits/_kernel ((256, 10) "
+        "there, (256, 2) here)"
+    ), report
+    assert "'^dense/' matches 4 variables" in proc.stdout
+    assert final_metrics(proc.stdout)["accuracy"] >= 0.95
+    assert "nothing to train" in ok(sh(finetune, clone)).stdout
 
 
 def test_tfrecord_experiment_prepares_trains_verifies_and_runs_from_another_directory(clone):
@@ -416,8 +433,8 @@ def test_every_command_shown_is_run_here():
         "python3 -m trainer --gin_file experiments/diabetes_linear_momentum.gin",
     }
     shown = shown_commands()
-    polyfit = {c for c in shown if "polyfit.gin" in c}
+    polyfit = {c for c in shown if "polyfit.gin" in c or "parity.gin" in c}
     multi_worker = {c for c in shown if c.startswith(MULTI_WORKER)}
     left = shown - covered - polyfit - multi_worker - set(NOT_RUN)
     assert not left, f"commands shown but not run by tests/test_as_written.py: {sorted(left)}"
-    assert len(polyfit) == 2 and len(multi_worker) == 2
+    assert len(polyfit) == 3 and len(multi_worker) == 2

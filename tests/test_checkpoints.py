@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from tests.helpers import checkpoint_steps
-from trainer import ModelFn, Spec, UserError, checkpoints
+from trainer import ModelFn, Spec, UserError, checkpoints, warm_start
 
 
 class Two(ModelFn):
@@ -76,11 +76,11 @@ def test_the_config_record_guards_resume_and_keeps_the_text(tmp_path):
 def test_a_warm_start_takes_only_the_weights_its_pattern_names(tmp_path):
     checkpoints.Checkpointer(str(tmp_path), model=built(value=3.0)).save(5)
     model = built(value=0.0)
-    checkpoints.warm_start(model, str(tmp_path), pattern="^body")
+    warm_start.warm_start(model, str(tmp_path), pattern="^body")
     assert float(model.body.kernel.numpy()[0, 0]) == 3.0
     assert float(model.head.kernel.numpy()[0, 0]) == 0.0
     with pytest.raises(UserError, match="cannot warm-start from .*nowhere"):
-        checkpoints.warm_start(model, os.path.join(str(tmp_path), "nowhere"))
+        warm_start.warm_start(model, os.path.join(str(tmp_path), "nowhere"))
 
 
 def test_a_relative_model_dir_lists_restores_warm_starts_and_names_damage(tmp_path, monkeypatch):
@@ -96,7 +96,7 @@ def test_a_relative_model_dir_lists_restores_warm_starts_and_names_damage(tmp_pa
     again = checkpoints.Checkpointer("output/run", 5, model=built(value=0.0), step=step)
     assert again.restore_latest() == "output/run/ckpt-20"
     warm = built(value=0.0)
-    checkpoints.warm_start(warm, "output/run", "^body")
+    warm_start.warm_start(warm, "output/run", "^body")
     assert float(warm.body.kernel[0, 0]) == 1.0 and float(warm.head.kernel[0, 0]) == 0.0
     os.remove("output/run/ckpt-20.index")
     with pytest.raises(UserError) as raised:

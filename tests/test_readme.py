@@ -26,7 +26,8 @@ def test_setup_commands_come_first_and_ci_runs_the_test_command():
 
 
 def test_user_module_and_experiment_are_quoted_verbatim():
-    for name, lang in [("polyfit.py", "python"), ("polyfit.gin", "gin")]:
+    quoted = [("polyfit.py", "python"), ("polyfit.gin", "gin")]
+    for name, lang in [*quoted, ("parity.py", "python"), ("parity.gin", "gin")]:
         with open(os.path.join(REPO, "tests", "user_project", name)) as f:
             assert f.read() in code_blocks(lang), f"README's copy of {name} is stale"
 

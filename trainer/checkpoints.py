@@ -303,30 +303,6 @@ def saved_ints(path: str | None, **defaults: int) -> dict[str, int]:
         raise Damaged(path, _read_error(error)) from None
 
 
-def warm_start(model_fn, source: str, pattern: str = ".*") -> None:
-    """Takes the weights whose Keras path matches ``pattern`` from checkpoint ``source``.
-
-    ``source`` may be a model_dir (its newest checkpoint). The other weights keep
-    their values; the optimizer is not touched.
-    """
-    path = source
-    if tf.io.gfile.isdir(path):
-        path = latest_checkpoint(path) or path
-    keep = [
-        v
-        for v in model_fn.trainable_variables + model_fn.non_trainable_variables
-        if not re.search(pattern, v.path)
-    ]
-    kept = [tf.identity(v.value) for v in keep]
-    try:
-        tf.train.Checkpoint(model=model_fn).restore(path).expect_partial()
-    except (tf.errors.OpError, ValueError) as error:
-        raise UserError(f"cannot warm-start from {source}: {errors.first_line(error)}") from None
-    for v, value in zip(keep, kept, strict=True):
-        v.assign(value)
-    logging.info("Warm-started from %s (weights matching %r)", path, pattern)
-
-
 def step_of(path: str) -> int:
     """The global step a checkpoint path was saved at (``.../ckpt-1200`` -> 1200)."""
     return int(path.rsplit("-", 1)[1])

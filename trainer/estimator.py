@@ -129,10 +129,13 @@ class Estimator:
         evaluations in a row.
       early_stopping_patience: evaluations without improvement before stopping.
       early_stopping_higher: True when a higher metric is better.
-      warm_start_from: a checkpoint (or a model_dir) to take initial weights from when
-        ``model_dir`` has no checkpoint of its own; the optimizer starts fresh.
+      warm_start_from: where to take initial weights from when ``model_dir`` has no
+        checkpoint of its own: a checkpoint, a model_dir, a SavedModel directory or a
+        ``.keras`` file (``trainer/warm_start.py``); the optimizer starts fresh.
       warm_start_pattern: regular expression; only weights whose Keras path matches
         it (``re.search``) are taken, e.g. ``'^conv'`` for the convolutions.
+      warm_start_map: ``{pattern: replacement}`` renaming this model's variables into
+        the source's (``re.sub``, the first pattern that matches).
       export_best_metric: in train_and_evaluate, export a SavedModel whenever this
         metric of the first eval set ranks among the best ``export_best_keep`` so far,
         to ``model_dir/export/best/<step>`` (the ranking survives restarts).
@@ -192,6 +195,7 @@ class Estimator:
         early_stopping_higher: bool = True,
         warm_start_from: str | None = None,
         warm_start_pattern: str = ".*",
+        warm_start_map: Mapping[str, str] | None = None,
         export_best_metric: str | None = None,
         export_best_keep: int = 1,
         export_best_higher: bool = True,
@@ -219,6 +223,7 @@ class Estimator:
             max_rollbacks=max_rollbacks,
             warm_start_from=warm_start_from,
             warm_start_pattern=warm_start_pattern,
+            warm_start_map=dict(warm_start_map or {}),
             profile_steps=tuple(profile_steps) if profile_steps else None,
             write_graph=write_graph,
             histogram_every_steps=histogram_every_steps,

@@ -229,6 +229,10 @@ def plan(
     units = []
     for group, held in members.items():
         units += _units(group, held, optimizers[group], rules)
+    names = [u.name for u in units]
+    for i, unit in enumerate(units):  # two patterns read alike ('^body/', 'body'): apart
+        if names.count(unit.name) > 1:
+            unit.name = f"{unit.name}_{names[:i].count(unit.name) + 1}"
     for unit in units:
         rules_.exclude_from_decay(unit.name, unit.optimizer, unit.variables, rules.no_weight_decay)
     turns = []
@@ -251,7 +255,8 @@ def _units(group: str | None, held: list, optimizer, rules: rules_.Rules) -> lis
         if not patterns:
             units.append(Unit(group or "model", group, optimizer, variables, frozen))
             continue
-        name = "+".join(patterns) if group is None else f"{group}:{'+'.join(patterns)}"
+        readable = "+".join(re.sub(r"[^\w/.-]+", "", p).strip("/") or "rule" for p in patterns)
+        name = readable if group is None else f"{group}:{readable}"
         rate = rules_.ScaledRate(rules_.rate_of(optimizer), multiplier)
         units.append(
             Unit(name, group, rules_.with_rate(optimizer, rate, name), variables, frozen, rate)

@@ -9,6 +9,7 @@ compiled block of steps; one step function touches the model.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import sys
 import time
@@ -27,6 +28,7 @@ from trainer import (
     logs,
     monitoring,
     preemption,
+    warm_start,
     workers,
 )
 from trainer.distribution import Placement
@@ -53,6 +55,7 @@ class Settings:
     max_rollbacks: int = 3
     warm_start_from: str | None = None
     warm_start_pattern: str = ".*"
+    warm_start_map: dict = dataclasses.field(default_factory=dict)
     profile_steps: tuple[int, int] | None = None
     write_graph: bool = True
     histogram_every_steps: int | None = None
@@ -208,10 +211,12 @@ class TrainingRun:
         dataset is built once).
         """
         chief = self.placement.worker is None
-        latest = checkpoints.latest_checkpoint(self.model_dir, repair=chief)
-        if self.placement.workers is not None:
+        find = functools.partial(checkpoints.latest_checkpoint, self.model_dir, repair=chief)
+        if self.placement.workers is None:
+            latest = find()
+        else:  # looked for once every worker is here: the chief's last save is whole
             config = self.config.text_fn() if self.config.text_fn else ""
-            self.placement.workers.check_same_start(latest, self.model_dir, config)
+            latest = self.placement.workers.check_same_start(find, self.model_dir, config)
         self.inputs.resume_from(latest)
         self.dataset = self.inputs.dataset(input_fn, Mode.TRAIN)
         self.positioned = is_positioned(self.dataset)
@@ -232,8 +237,11 @@ class TrainingRun:
             self.config.check(lambda: checkpoints.misfit(self.checkpointer.latest, variables))
         restored = self.checkpointer.restore_latest() is not None
         if not restored and self.settings.warm_start_from:
-            checkpoints.warm_start(
-                self.model.model_fn, self.settings.warm_start_from, self.settings.warm_start_pattern
+            warm_start.warm_start(
+                self.model.model_fn,
+                self.settings.warm_start_from,
+                self.settings.warm_start_pattern,
+                self.settings.warm_start_map,
             )
         self.model.has_state = True
         self.writers.metrics.resume(self.model.step)

@@ -30,7 +30,7 @@ import re
 import shutil
 import signal
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 from absl import logging
@@ -84,17 +84,23 @@ class Workers:
         rows = self._gather(tf.constant(list(values), tf.int64)).numpy().tolist()
         return rows[:: self.per_worker]
 
-    def check_same_start(self, latest: str | None, model_dir: str, config: str) -> None:
-        """Refuses, on every worker, workers given different configs or checkpoints.
+    def check_same_start(
+        self, find_latest: Callable[[], str | None], model_dir: str, config: str
+    ) -> str | None:
+        """The checkpoint to resume from; refuses workers given different configs or ones.
 
-        ``config`` is this worker's configuration as text; ``latest`` the checkpoint
-        it would resume from.
+        ``config`` is this worker's configuration as text; ``find_latest()`` finds the
+        checkpoint it would resume from, called once every worker has exchanged its
+        config: by then the chief has finished writing its previous save (a second
+        ``train()`` in one process could look before the chief's checkpoint list was
+        written, and see none).
         """
         self._check_same_config(config)
+        latest = find_latest()
         step = int(latest.rsplit("-", 1)[1]) if latest else -1
         steps = [row[0] for row in self.gather([step])]
         if len(set(steps)) == 1:
-            return
+            return latest
         seen = ", ".join(
             f"worker {i} {'ckpt-' + str(s) if s >= 0 else 'none'}" for i, s in enumerate(steps)
         )
