@@ -66,20 +66,27 @@ def test_towers_give_the_full_batch_loss_gradient_and_metrics():
         np.testing.assert_allclose(g.numpy(), e.numpy(), rtol=1e-5, atol=1e-7)
 
 
-def tower_placement(model_dir):
+def tower_placement(model_dir, kind="mlp"):
     """Each op of the towers' training step: its tower (None outside them), device, type
-    and the towers of the ops it reads (run in a subprocess that made two logical CPUs)."""
+    and the towers of the ops it reads (run in a subprocess that made two logical CPUs).
+
+    ``kind`` 'gan': the GAN's step, two losses and two optimizers."""
     import re
 
+    from models.gan import GAN
     from trainer.model_fn import Mode
 
     def data(mode, params):
         x = tf.random.stateless_uniform([64, 8, 8, 1], [1, 2])
+        features = {"image": x, "noise": tf.random.stateless_normal([64, 4], [3, 4])}
         labels = {"label": tf.zeros([64], tf.int64)}
-        return tf.data.Dataset.from_tensor_slices(({"image": x}, labels)).repeat().batch(32)
+        return tf.data.Dataset.from_tensor_slices((features, labels)).repeat().batch(32)
 
+    model = MLP(num_classes=10, hidden_units=[16])
+    if kind == "gan":
+        model = GAN(generator_units=[16], discriminator_units=[16])
     estimator = Estimator(
-        MLP(num_classes=10, hidden_units=[16]),
+        model,
         model_dir,
         global_batch_size=32,
         distribution="towers",
@@ -129,6 +136,21 @@ def test_each_towers_forward_and_gradient_ops_run_on_its_device_and_only_the_sum
         assert all(op["reads"] in ([], [i]) for op in mine), i
     # Outside the towers, what reads their outputs is the weighted sum of the losses
     # and gradients, and the batch's per-example values put back together.
+    readers = {op["type"] for op in ops if op["tower"] is None and op["reads"]}
+    assert readers == {"AddN", "MulNoNan", "ConcatV2"}, readers
+
+
+def test_the_several_optimizer_steps_ops_run_on_their_towers_devices_too(tmp_path):
+    """The GAN's step (two losses, two optimizers, one persistent tape per tower):
+    every forward and gradient op of tower i on device i, for both groups."""
+    ops = on_two_cpus("tests.test_parallel", "tower_placement", str(tmp_path), "gan")
+    for i in (0, 1):
+        mine = [op for op in ops if op["tower"] == i and not op["shared"]]
+        assert {op["device"] for op in mine} == {f"/device:CPU:{i}"}
+        gradients = {op["type"] for op in mine if op["name"].startswith("gradient_tape/")}
+        # The generator's ReLU and sigmoid, the discriminator's leaky ReLU, both Dense.
+        assert {"MatMul", "ReluGrad", "LeakyReluGrad", "SigmoidGrad", "BiasAddGrad"} <= gradients
+        assert all(op["reads"] in ([], [i]) for op in mine), i
     readers = {op["type"] for op in ops if op["tower"] is None and op["reads"]}
     assert readers == {"AddN", "MulNoNan", "ConcatV2"}, readers
 
