@@ -1,5 +1,6 @@
 """Several optimizers (optimizer groups) and rules on variables (trainer/groups.py)."""
 
+import functools
 import json
 import signal
 
@@ -12,17 +13,9 @@ import trainer
 from tests.conftest import run_cli
 from tests.helpers import checkpoint_steps, event_tags, on_two_cpus
 from tests.test_faults import saved_state, start, wait_for_checkpoint_after
+from tests.test_research import line_data as research_line_data
 
-
-def line_data(mode, params):
-    """y = 2x + 1 with noise, as README's own input_fns are written."""
-    rng = np.random.default_rng(0 if mode == trainer.Mode.TRAIN else 1)
-    x = rng.uniform(-1, 1, size=(256, 4)).astype("float32")
-    y = (2 * x[:, 0] + 1 + 0.1 * rng.normal(size=256)).astype("float32")
-    dataset = tf.data.Dataset.from_tensor_slices(({"x": x}, {"y": y}))
-    if mode == trainer.Mode.TRAIN:
-        dataset = dataset.shuffle(256, seed=params.seed).repeat()
-    return dataset.batch(params.batch_size)
+line_data = functools.partial(research_line_data, width=4)  # a body's four inputs
 
 
 class BodyHead(trainer.ModelFn):
