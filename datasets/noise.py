@@ -1,14 +1,16 @@
 """Gaussian noise as a feature, for generative models: a GAN's latent input.
 
 Each example's noise is drawn from a seed made of the run's seed and the example's
-place in the stream (stateless ops), so it is the same however the stream is cut into
-batches: on one device, on towers, on a strategy's replicas (each pipeline batch a
-replica's share); and a resumed run draws what an uninterrupted one would.
-Evaluation draws the same noise at every evaluation.
+place in the training stream (stateless ops; the place ``datasets.order`` gives the
+positions a datasets/ pipeline reads), so it is the same however the stream is cut
+into batches: on one device, on towers, on a strategy's replicas and workers; and a
+resumed run draws what an uninterrupted one would. Evaluation draws the same noise at
+every evaluation.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -16,6 +18,7 @@ from collections.abc import Callable
 import gin
 import tensorflow as tf
 
+from datasets.order import pipeline_positions
 from trainer import InputParams, Mode
 from trainer.model_fn import counted, is_positioned, num_examples, positioned
 
@@ -44,19 +47,18 @@ def input_fn(
         a generated image); None for none.
     """
     dataset = input_fn(mode, params)
-    first = 0
-    if mode == Mode.TRAIN and is_positioned(dataset):  # resumed at its position
-        first = params.start_example // params.num_input_pipelines
-    pipelines, pipeline = params.num_input_pipelines, params.input_pipeline_id
-    if mode != Mode.TRAIN:
-        first, pipelines, pipeline = _EVAL_STREAM, 1, 0
+    if not (mode == Mode.TRAIN and is_positioned(dataset)):  # resumed by its iterator
+        params = dataclasses.replace(params, start_example=0)
     seed = tf.constant(params.seed or 0, tf.int64)
 
     def with_noise(index, element):
         features, *rest = element if isinstance(element, tuple) else (element,)
         batch = tf.shape(tf.nest.flatten(features)[0], out_type=tf.int64)[0]
-        rows = first + index * params.batch_size + tf.range(batch, dtype=tf.int64)  # its own
-        places = rows * pipelines + pipeline  # the stream's, over every pipeline
+        elements = index * params.batch_size + tf.range(batch, dtype=tf.int64)  # its own
+        if mode == Mode.TRAIN:  # where they stand in the stream of every pipeline
+            places = pipeline_positions(elements, params)
+        else:  # every worker reads the whole eval set (the framework shares it out)
+            places = _EVAL_STREAM + elements
         seeds = tf.stack([tf.fill([batch], seed), places], axis=1)
         draws = dim + (uniform_key is not None)
         drawn = tf.map_fn(functools.partial(_draw, draws), seeds, fn_output_signature=tf.float32)

@@ -2,7 +2,10 @@
 
 import functools
 import json
+import os
 import signal
+import subprocess
+import sys
 
 import keras
 import numpy as np
@@ -10,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 import trainer
-from tests.conftest import run_cli
+from tests.conftest import REPO, run_cli
 from tests.helpers import checkpoint_steps, event_tags, on_two_cpus
 from tests.test_faults import saved_state, start, wait_for_checkpoint_after
 from tests.test_research import line_data as research_line_data
@@ -394,3 +397,52 @@ def test_a_train_step_that_misuses_its_optimizers_is_refused_in_one_line(
     with pytest.raises(trainer.UserError, match=message):
         estimator(model, tmp_path).train(line_data, 1)
     assert not (tmp_path / "checkpoint").exists()
+
+
+def test_two_workers_train_the_gan_taking_turns_as_one_process_does(tmp_path, data_dir):
+    """Two optimizers under multi_worker (worker processes on 127.0.0.1): each group's
+    gradients all-reduced over the workers, the turns kept, the noise drawn where one
+    process draws it; both workers end where one process ends."""
+    from tests.workers import ENV, free_ports, tf_config
+
+    ports = free_ports(2)
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "tests/research_runs.py", str(tmp_path / "run"), data_dir, "gan"],
+            cwd=REPO,
+            env=dict(ENV, TF_CONFIG=tf_config(ports, i), PYTHONPATH=REPO),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    one = on_one_device(tmp_path / "one", data_dir)
+    for worker in workers:
+        out, err = worker.communicate(timeout=300)
+        assert worker.returncode == 0, err[-3000:]
+        ended = json.loads(out.strip().splitlines()[-1])
+        assert ended["iterations"] == one["iterations"] == {"discriminator": 20, "generator": 10}
+        for part in ("generator", "discriminator"):
+            for a, b in zip(one[part], ended[part], strict=True):
+                np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, err_msg=part)
+
+
+def on_one_device(model_dir, data_dir):
+    done = subprocess.run(
+        [sys.executable, "-c", ONE_PROCESS, str(model_dir), data_dir],
+        cwd=REPO,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+ONE_PROCESS = (
+    "import json, sys\n"
+    "from tests.research_runs import train_gan\n"
+    "print(json.dumps(train_gan(sys.argv[1], sys.argv[2], 'gan')))\n"
+)
