@@ -34,7 +34,7 @@ class BodyHead(trainer.ModelFn):
         return self.groups
 
     def __call__(self, features, labels, mode):
-        y = self.head(self.body(features["x"]))[:, 0]
+        y = tf.cast(self.head(self.body(features["x"]))[:, 0], tf.float32)  # under float16
         if labels is None:
             return trainer.Spec({"y": y})
         loss = tf.reduce_mean((y - labels["y"]) ** 2)
@@ -446,3 +446,31 @@ ONE_PROCESS = (
     "from tests.research_runs import train_gan\n"
     "print(json.dumps(train_gan(sys.argv[1], sys.argv[2], 'gan')))\n"
 )
+
+
+def test_groups_keep_loss_scaling_and_the_moving_average_per_group(tmp_path):
+    """mixed_float16: each group's optimizer scales its own loss; EMA averages every
+    group's weights and evaluation swaps them in."""
+    trainer.set_precision("mixed_float16")
+    try:
+        model = BodyHead(loss_per_group=True)
+        model.groups = {"body": trainer.Group("^body/"), "head": trainer.Group(model.head)}
+        run = estimator(model, tmp_path, mixed_precision="mixed_float16", ema_decay=0.5)
+        before = built(run)
+        run.train(line_data, 6)
+    finally:
+        trainer.set_precision(None)
+    assert set(run.optimizer) == {"body", "head"}
+    for group, optimizer in run.optimizer.items():  # each its own scale: halved per overflow
+        assert isinstance(optimizer, keras.optimizers.LossScaleOptimizer), group
+        applied = int(optimizer.iterations.numpy())
+        assert 1 <= applied <= 6, group
+        assert float(optimizer.dynamic_scale.numpy()) == 2.0**15 / 2 ** (6 - applied), group
+    after = weights(model)
+    assert all(not np.array_equal(after[k], before[k]) for k in before)
+    averaged = run.model.ema.averages
+    assert len(averaged) == 4 and all(np.isfinite(a.numpy()).all() for a in averaged)
+    result = run.evaluate(line_data)
+    assert np.isfinite(result["loss"]) and result["head_loss"] == pytest.approx(
+        2 * result["body_loss"], rel=1e-3
+    )
