@@ -98,15 +98,11 @@ class Plan:
 
     def active(self, step: int) -> tuple[int, ...]:
         """The indices of the units applied at global step ``step`` (0 for the first)."""
-        return tuple(
-            i
-            for i, u in enumerate(self.units)
-            if step >= u.frozen_until and self._in_turn(u.group, step)
-        )
+        return tuple(i for i, unit in enumerate(self.units) if self._is_active(unit, step))
 
     def phase_index(self, step: tf.Tensor) -> tf.Tensor:
         """The index in ``phases`` of the units active at ``step``, computed in the graph."""
-        active = tf.stack([self._active_tensor(u, step) for u in self.units])
+        active = tf.stack([self._is_active(unit, step) for unit in self.units])
         masks = np.array([[i in phase for i in range(len(self.units))] for phase in self.phases])
         matches = tf.reduce_all(tf.equal(tf.constant(masks), active[tf.newaxis]), axis=1)
         return tf.cast(tf.argmax(tf.cast(matches, tf.int32)), tf.int32)
@@ -119,18 +115,13 @@ class Plan:
         done = (step // self.cycle) * length
         return done + tf.clip_by_value(step % self.cycle - start, 0, length)
 
-    def _in_turn(self, group: str | None, step):
-        if not self.turns:
-            return True
-        start, length = self._turn(group)
-        return start <= step % self.cycle < start + length
-
-    def _active_tensor(self, unit: Unit, step: tf.Tensor) -> tf.Tensor:
+    def _is_active(self, unit: Unit, step):
+        """Whether ``unit`` is applied at ``step``: a number, or a tensor in the graph."""
         active = step >= unit.frozen_until
         if self.turns:
             start, length = self._turn(unit.group)
             position = step % self.cycle
-            active &= (position >= start) & (position < start + length)
+            active = active & (position >= start) & (position < start + length)
         return active
 
     def _turn(self, group: str | None) -> tuple[int, int]:

@@ -71,7 +71,7 @@ class Updates:
         for group, grads in by_loss.items():
             units = [i for i in phase if not self.by_group or self.plan.units[i].group == group]
             if self.clip_gradient_norm:
-                grads, norm = self._clipped(grads, self._scale(units[0]))
+                grads, norm = self._clipped(grads, self._scale(self.plan.units[units[0]]))
                 norms.append(norm)
             offset = 0
             for i in units:
@@ -93,10 +93,9 @@ class Updates:
         ]
         return _root_sum_square(norms)
 
-    def _scale(self, unit) -> tf.Tensor:
+    @staticmethod
+    def _scale(unit: Unit) -> tf.Tensor:
         """The loss scale of ``unit``'s optimizer (mixed float16; else 1)."""
-        if isinstance(unit, int):
-            unit = self.plan.units[unit]
         return unit.optimizer.scale_loss(tf.constant(1.0))
 
     def _clipped(self, grads: list, scale: tf.Tensor) -> tuple[list, tf.Tensor]:
