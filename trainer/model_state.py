@@ -94,6 +94,14 @@ class ModelState:
         return self.optimizers.get(None) or dict(self.optimizers)
 
     @property
+    def loss_by_group(self) -> bool:
+        """Whether the steps take each group's gradients apart.
+
+        So they do for a dict of losses, and for a model's own step over groups.
+        """
+        return self.by_group or (self.own_step and self.groups is not None)
+
+    @property
     def step(self) -> int:
         """The global step: how many training steps the model has taken."""
         return int(self.global_step.numpy())
@@ -134,7 +142,7 @@ class ModelState:
                 ema=self.ema,
                 jit_compile=self.jit_compile,
                 scalar_names=scalars,
-                by_group=self.by_group or (self.own_step and self.groups is not None),
+                by_group=self.loss_by_group,
             )
         return self.steps
 
@@ -148,7 +156,7 @@ class ModelState:
         metrics, streamed, scalars = self._trace(element_spec, mode)
         self.traced.add(mode)
         self.placement.adopt_metrics(streamed.values())
-        self.steps.updates.by_group = self.by_group  # first seen when built to predict
+        self.steps.updates.by_group = self.loss_by_group  # first seen when built to predict
         with self.placement.scope():
             self.steps.count_metrics(mode, metrics, streamed, scalars)
         self.seconds["building"] += time.perf_counter() - started
