@@ -172,7 +172,10 @@ def test_compiled_auc_and_precision_stream_over_the_eval_set(tmp_path, data_dir)
     model = keras.Sequential(
         [keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(1, "sigmoid")]
     )
-    model.compile("adam", "binary_crossentropy", metrics=["auc", keras.metrics.Precision()])
+    # Named: Keras names an unnamed Precision by a count of those made in the process
+    # ('precision_1' after another test's), which made this test depend on the order.
+    precision = keras.metrics.Precision(name="precision")
+    model.compile("adam", "binary_crossentropy", metrics=["auc", precision])
     input_fn = functools.partial(even_digits, data_dir=data_dir)
     estimator = make(model, tmp_path / "run", export_best_metric="auc")
     results = estimator.train_and_evaluate(input_fn, input_fn, max_steps=200, eval_every_steps=100)
