@@ -503,6 +503,64 @@ def test_the_cluster_is_found_in_a_slurm_job_step_or_its_absence_named(monkeypat
     }
 
 
+def test_slurm_tasks_sharing_a_node_get_their_gpus_and_their_jobs_ports(monkeypatch):
+    """Job 4242's step of 4 tasks, 2 on each of two nodes, with SLURM's --gres=gpu:4: each
+    task gets its half of the node's GPUs before TensorFlow lists a device, and ports
+    chosen by the job id (two jobs on one node no longer both take 8888); fewer GPUs than
+    tasks is one line; SLURM's own per-task GPUs and reserved ports are kept."""
+    monkeypatch.setenv("TF_CONFIG", "")  # as unset, and restored after find() sets it
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")  # --gres=gpu:4 sets it per job
+    for name in [n for n in os.environ if n.startswith("SLURM_")]:
+        monkeypatch.delenv(name)
+
+    def listed(*args):
+        raise AssertionError("TensorFlow listed devices before the GPUs were shared out")
+
+    monkeypatch.setattr(tf.config, "list_physical_devices", listed)
+    step = {
+        "SLURM_JOB_ID": "4242",
+        "SLURM_PROCID": "3",
+        "SLURM_LOCALID": "1",
+        "SLURM_STEP_NUM_TASKS": "4",
+        "SLURM_STEP_NODELIST": "gpu-node[07-08]",
+        "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+    }
+    for name, value in step.items():
+        monkeypatch.setenv(name, value)
+    base = 10000 + 4242 % 687 * 32
+    assert cluster.find() == ("worker 3 of 4", f"gpu-node08:{base + 1}")
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"] == [
+        f"gpu-node07:{base}",
+        f"gpu-node07:{base + 1}",
+        f"gpu-node08:{base}",
+        f"gpu-node08:{base + 1}",
+    ]
+    assert cluster.slurm_port_base() != cluster.PORT_BASE
+
+    # srun --resv-ports, and --gpus-per-task (SLURM bound the task's own GPU already).
+    monkeypatch.setenv("SLURM_STEP_RESV_PORTS", "12000-12001")
+    monkeypatch.setenv("SLURM_GPUS_PER_TASK", "1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    config = json.loads(cluster.slurm_tf_config())
+    assert config["cluster"]["worker"][3] == "gpu-node08:12001"
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "3"
+
+    # Two tasks on a node of one GPU: one line (the resolver divided by zero).
+    monkeypatch.delenv("SLURM_GPUS_PER_TASK")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    with pytest.raises(UserError) as error:
+        cluster.slurm_tf_config()
+    assert str(error.value) == (
+        "2 tasks of this job step share 1 GPU(s) on gpu-node08: start at most 1 per node "
+        "(srun --ntasks-per-node=1), or give each task its own with --gpus-per-task"
+    )
+    # No GPU at all (this machine): nothing to share, nothing set.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert json.loads(cluster.slurm_tf_config())["task"] == {"type": "worker", "index": 3}
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
+
+
 def test_cost_model_counts_what_towers_and_the_ring_move():
     """benchmarks/costs.py: README's table of what a step costs on many GPUs."""
     from benchmarks import costs

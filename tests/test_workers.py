@@ -277,6 +277,36 @@ def test_workers_given_different_configs_or_clusters_stop_in_one_line(tmp_path, 
     assert not model_dir.exists() or not os.listdir(model_dir)
 
 
+def test_a_worker_whose_peers_never_come_gives_up_or_answers_signals_while_it_waits(
+    tmp_path, data_dir
+):
+    """Worker 1 started alone gives up after Estimator.startup_timeout naming worker 0
+    (exit 75); worker 0 alone answers SIGTERM while it waits (143). One line each, no
+    model_dir: TensorFlow's own wait would hold both forever, deaf to signals."""
+    ports = free_ports(4)
+    alone = start_workers(
+        data_dir, tmp_path / "a", 2, "Estimator.startup_timeout = 4", ports=ports[:2], only=[1]
+    )
+    waiting = start_workers(data_dir, tmp_path / "b", 2, ports=ports[2:], only=[0])
+    assert "Joining the cluster as worker 0 of 2" in waiting[0].stdout.readline()
+    time.sleep(1)
+    waiting[0].send_signal(signal.SIGTERM)
+    assert finish(alone + waiting, timeout=120) == [
+        (
+            75,
+            f"error: worker 1 of 2: worker 0 (127.0.0.1:{ports[0]}) did not start in 4s "
+            "(Estimator.startup_timeout): start every worker of TF_CONFIG's cluster with the "
+            "same command, or allow longer\n",
+        ),
+        (
+            143,
+            "interrupted: SIGTERM received before training started or after it ended: "
+            "nothing was being trained; rerun the same command to start or resume\n",
+        ),
+    ]
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
 def test_reruns_on_fewer_or_more_workers_read_what_one_uninterrupted_run_reads(tmp_path):
     """Stopped at step 6 on 2 workers, resumed on 3 to step 12 and on 1 to step 16: every
     step reads the examples one uninterrupted process reads, and the weights are bit-equal

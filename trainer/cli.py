@@ -26,6 +26,7 @@ from absl import logging
 import trainer
 from trainer import (
     checkpoints,
+    cluster,
     command,
     errors,
     evaluation,
@@ -207,7 +208,8 @@ def _run() -> tuple[str, int, str] | None:
         set_precision(precision)  # before the model is made
         if gin_config.query("Estimator.distribution", "auto") == "multi_worker":
             logs.hold_native_stderr()  # a lost peer's gRPC errors go to trainer.log
-            parallel.make_strategy("multi_worker", [])  # before any op runs
+            timeout = gin_config.query("Estimator.startup_timeout", cluster.STARTUP_TIMEOUT)
+            parallel.make_strategy("multi_worker", [], timeout)  # before any op runs
         seed = gin_config.query("experiment.seed", 0)
         if seed is not None:
             keras.utils.set_random_seed(seed)

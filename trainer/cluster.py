@@ -10,11 +10,22 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
+import signal
+import subprocess
+import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 import tensorflow as tf
 from absl import logging
 
+from trainer import lobby, preemption
 from trainer.errors import UserError
+
+T = TypeVar("T")
+STARTUP_TIMEOUT = 300  # seconds for every worker to join: Estimator.startup_timeout
 
 SLURM_VARIABLES = ("SLURM_PROCID", "SLURM_STEP_NODELIST")  # a task of a job step has them
 
@@ -59,21 +70,96 @@ def _bypass_proxies(spec: dict) -> None:
     logging.info("An HTTP proxy is set: the workers reach each other without it (%s)", hosts)
 
 
-def slurm_tf_config(port: int = 8888) -> str:
-    """The TF_CONFIG that SLURM's variables describe: a worker per task, ports from ``port``."""
-    gpus = len(tf.config.list_physical_devices("GPU"))
-    # With GPUs the resolver shares them out over a node's tasks; without, it is told
-    # of enough not to refuse, and sets nothing.
-    shares = {"gpus_per_node": gpus} if gpus else {"gpus_per_node": 1 << 16, "gpus_per_task": 1}
+PORT_BASE = 8888  # TensorFlow's resolver's, used outside a SLURM job
+PORT_RANGE = (10000, 32000)  # below Linux's ephemeral ports (32768-60999)
+PORTS_PER_JOB = 32  # a block per job: that many tasks per node at most
+
+
+def slurm_tf_config() -> str:
+    """The TF_CONFIG that SLURM's variables describe: a worker per task.
+
+    Run before TensorFlow touches a device: with several tasks on a node each is given
+    its share of the node's GPUs (``CUDA_VISIBLE_DEVICES``), which TensorFlow reads
+    once, when it first lists them.
+    """
+    # Told of GPUs enough not to refuse, the resolver only names hosts and ports; the
+    # GPUs are shared out below, where a node with fewer GPUs than tasks is one line.
     resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
-        port_base=port, auto_set_gpu=gpus > 0, **shares
+        port_base=slurm_port_base(), auto_set_gpu=False, gpus_per_node=1 << 16, gpus_per_task=1
     )
     try:
         spec = resolver.cluster_spec().as_dict()
     except (RuntimeError, ValueError, KeyError) as error:
         raise UserError(f"SLURM's variables do not describe a cluster: {error}") from None
     task = {"type": resolver.task_type, "index": resolver.task_id}
+    addresses = spec[resolver.task_type]
+    host = addresses[resolver.task_id].rpartition(":")[0]
+    here = [i for i, address in enumerate(addresses) if address.rpartition(":")[0] == host]
+    local = int(os.environ.get("SLURM_LOCALID", here.index(resolver.task_id)))
+    _share_gpus(len(here), local, host)
     return json.dumps({"cluster": spec, "task": task})
+
+
+def slurm_port_base() -> int:
+    """The first port of this job step's workers on each node.
+
+    The ports SLURM reserved for the step (``srun --resv-ports``) when it did; else
+    a block of ``PORTS_PER_JOB`` chosen by the job id, so that two jobs sharing a node
+    listen on different ports (unless their ids differ by a multiple of the 687
+    blocks); TensorFlow's 8888 outside a job.
+    """
+    reserved = re.match(r"\d+", os.environ.get("SLURM_STEP_RESV_PORTS", ""))
+    if reserved:
+        return int(reserved.group())
+    job = os.environ.get("SLURM_JOB_ID", "")
+    if not job.isdigit():
+        return PORT_BASE
+    blocks = (PORT_RANGE[1] - PORT_RANGE[0]) // PORTS_PER_JOB
+    return PORT_RANGE[0] + int(job) % blocks * PORTS_PER_JOB
+
+
+def _share_gpus(tasks_here: int, local: int, host: str) -> None:
+    """Gives the ``local``-th of a node's ``tasks_here`` tasks its share of the GPUs.
+
+    Nothing changes for one task per node, or where SLURM gave each task its own
+    GPUs (``--gpus-per-task``). The node's GPUs are those ``CUDA_VISIBLE_DEVICES``
+    names (SLURM's ``--gres`` sets it for the job), else as many as SLURM or
+    ``nvidia-smi`` counts.
+    """
+    if tasks_here == 1 or os.environ.get("SLURM_GPUS_PER_TASK"):
+        return
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    gpus = [g for g in (visible or "").split(",") if g.strip()]
+    if visible is None:
+        gpus = [str(i) for i in range(_count_gpus())]
+    if not gpus:
+        return
+    share = len(gpus) // tasks_here
+    if share == 0:
+        raise UserError(
+            f"{tasks_here} tasks of this job step share {len(gpus)} GPU(s) on {host}: "
+            f"start at most {len(gpus)} per node (srun --ntasks-per-node={len(gpus)}), or "
+            "give each task its own with --gpus-per-task"
+        )
+    mine = ",".join(gpus[local * share : (local + 1) * share])
+    os.environ["CUDA_VISIBLE_DEVICES"] = mine
+    logging.info("Task %d of %d on %s uses GPUs %s", local, tasks_here, host, mine)
+
+
+def _count_gpus() -> int:
+    """The node's GPUs as SLURM counts them, else ``nvidia-smi``; 0 without either."""
+    counted = os.environ.get("SLURM_GPUS_ON_NODE", "")
+    if counted.isdigit():
+        return int(counted)
+    if not shutil.which("nvidia-smi"):
+        return 0
+    try:
+        listed = subprocess.run(
+            ["nvidia-smi", "--list-gpus"], capture_output=True, text=True, timeout=30
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(line.startswith("GPU ") for line in listed.splitlines())
 
 
 def _check_tf_config() -> tuple[str, str]:
@@ -133,3 +219,28 @@ def _check_addresses(job: str, addresses) -> None:
             raise UserError(
                 f"TF_CONFIG cluster {job!r} has address {address!r}; give each as 'host:port'"
             )
+
+
+def join(make: Callable[[], T], timeout_seconds: float, name: str) -> T:
+    """``make()``, which waits for every worker in C++, once they have met in ``lobby``.
+
+    There, within ``timeout_seconds``, SIGINT and SIGTERM are answered as the caller
+    has them answered, and a worker that never comes is named (``PeerLost``). After
+    ``make()`` the signal handlers are installed again: TensorFlow's preemption
+    notifier takes SIGTERM over while the cluster forms.
+    """
+    config = json.loads(os.environ["TF_CONFIG"])
+    cluster, task = config["cluster"], config["task"]
+    addresses = [*cluster.get("chief", []), *cluster.get("worker", [])]
+    mine = task.get("index", 0)
+    if task.get("type", "worker") == "worker":
+        mine += len(cluster.get("chief", []))
+    lobby.meet(addresses, mine, cluster, timeout_seconds, name)
+    handlers = {number: signal.getsignal(number) for number in preemption.SIGNALS}
+    try:
+        return make()
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            for number, handler in handlers.items():
+                if handler is not None:
+                    signal.signal(number, handler)

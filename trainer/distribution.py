@@ -49,6 +49,7 @@ class Placement:
       global_batch_size: examples per step over all devices and workers.
       jit_compile, prefetch_to_device: the Estimator's settings that only some
         placements can run; refused here, before anything is built.
+      startup_timeout: seconds to wait for every worker under ``'multi_worker'``.
     """
 
     def __init__(
@@ -59,9 +60,10 @@ class Placement:
         global_batch_size: int,
         jit_compile: bool = False,
         prefetch_to_device: bool | None = None,
+        startup_timeout: float = 300,
     ):
         self.strategy, self.devices, distribution = _strategy_and_devices(
-            distribution, num_devices, global_batch_size
+            distribution, num_devices, global_batch_size, startup_timeout
         )
         self.distribution = distribution
         self.num_replicas = (
@@ -339,7 +341,7 @@ _WARNED: set[str] = set()
 
 
 def _strategy_and_devices(
-    distribution: str, num_devices: int | str, global_batch_size: int
+    distribution: str, num_devices: int | str, global_batch_size: int, startup_timeout: float
 ) -> tuple[tf.distribute.Strategy | None, list[str], str]:
     """The strategy (None for towers), the devices of this worker, and the distribution."""
     if distribution == "multi_worker":
@@ -349,7 +351,7 @@ def _strategy_and_devices(
                 "leave num_devices 'auto' and limit GPUs with CUDA_VISIBLE_DEVICES"
             )
         # Created before anything else touches TensorFlow's runtime, as it must be.
-        strategy = parallel.make_strategy(distribution, [])
+        strategy = parallel.make_strategy(distribution, [], startup_timeout)
         return strategy, list(strategy.extended.worker_devices), distribution
     if distribution not in parallel.DISTRIBUTIONS:
         raise UserError(

@@ -63,6 +63,7 @@ RESUMABLE_SETTINGS = (
     "image_every_steps",
     "distribution",
     "num_devices",
+    "startup_timeout",
     "prefetch_to_device",
     "progress",
 )
@@ -152,6 +153,8 @@ class Estimator:
         ``'multi_worker'`` (over the machines in ``TF_CONFIG``); see
         ``trainer/distribution.py``.
       num_devices: ``'auto'`` (every GPU, else one CPU) or how many devices to use.
+      startup_timeout: under ``'multi_worker'``, seconds to wait for every worker to
+        join before giving up, naming the ones that never came (exit 75).
       mixed_precision: ``'mixed_bfloat16'`` or ``'mixed_float16'`` (with loss scaling)
         to compute in 16 bits, float32 weights, logits and loss; None for float32.
         Call ``set_precision`` before making the model (``python -m trainer`` does).
@@ -203,6 +206,7 @@ class Estimator:
         config_guard: Callable[[str, str], None] | None = None,
         distribution: str = "auto",
         num_devices: int | str = "auto",
+        startup_timeout: float = 300,
         mixed_precision: str | None = None,
         prefetch_to_device: bool | None = None,
         progress: bool = True,
@@ -236,6 +240,7 @@ class Estimator:
             global_batch_size=global_batch_size,
             jit_compile=jit_compile,
             prefetch_to_device=prefetch_to_device,
+            startup_timeout=startup_timeout,
         )
         self.model_fn = model_fn
         self.model_dir = model_dir  # what every worker restores from

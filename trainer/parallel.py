@@ -220,13 +220,16 @@ def _weighted_sum(values: Sequence[tf.Tensor], weights: tf.Tensor) -> tf.Tensor:
 _multi_worker: tf.distribute.Strategy | None = None
 
 
-def make_strategy(distribution: str, devices: Sequence[str]) -> tf.distribute.Strategy:
+def make_strategy(
+    distribution: str, devices: Sequence[str], startup_timeout: float = cluster.STARTUP_TIMEOUT
+) -> tf.distribute.Strategy:
     """MirroredStrategy over ``devices``, or MultiWorkerMirroredStrategy from TF_CONFIG.
 
     The multi-worker strategy must exist before TensorFlow runs its first op (it
     configures the runtime's collectives); it is made once per process and reused.
     The CLI makes it first thing; a program of your own should call
-    ``make_strategy('multi_worker', [])`` at its start.
+    ``make_strategy('multi_worker', [])`` at its start. It waits up to
+    ``startup_timeout`` seconds for every worker to join (``cluster.join``).
     """
     global _multi_worker
     if distribution == "mirrored":
@@ -239,7 +242,9 @@ def make_strategy(distribution: str, devices: Sequence[str]) -> tf.distribute.St
         name, address = cluster.find()
         logging.info("Joining the cluster as %s (%s); waiting for every worker", name, address)
         try:
-            _multi_worker = tf.distribute.MultiWorkerMirroredStrategy()
+            _multi_worker = cluster.join(
+                tf.distribute.MultiWorkerMirroredStrategy, startup_timeout, name
+            )
         except tf.errors.UnknownError as error:
             if "Could not start gRPC server" not in str(error):
                 raise
