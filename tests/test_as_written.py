@@ -345,7 +345,8 @@ def test_readmes_local_workers_train_one_model_as_promised(clone):
 def test_kubernetes_recipe_describes_its_cluster_and_runs_as_each_pod(clone, tmp_path):
     """README's manifest: its TF_CONFIG names the Job's pods; its script trains as written."""
     with open(os.path.join(REPO, "README.md")) as f:
-        service, job = yaml.safe_load_all(re.search(r"```yaml\n(.*?)```", f.read(), re.S)[1])
+        documents = re.search(r"```yaml\n(.*?)```", f.read(), re.S)[1]
+    service, job, policy = yaml.safe_load_all(documents)
     spec, pod = job["spec"], job["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     script = container["args"][0]
@@ -378,6 +379,15 @@ def test_kubernetes_recipe_describes_its_cluster_and_runs_as_each_pod(clone, tmp
         for code in rule["onExitCodes"]["values"]
     }
     assert actions == {2: "FailJob", 3: "FailJob", 75: "Ignore"}  # README's exit codes
+
+    # The workers' port is open to the Job's own pods only (README, "Who can reach").
+    ports = {int(a.rsplit(":", 1)[1]) for a in pods_tf_config(0)["cluster"]["worker"]}
+    pods_of_the_job = {"matchLabels": {"job-name": name}}  # the Job controller's label
+    assert policy["kind"] == "NetworkPolicy" and policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["podSelector"] == pods_of_the_job
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["from"] == [{"podSelector": pods_of_the_job}]
+    assert rule["ports"] == [{"protocol": "TCP", "port": port} for port in sorted(ports)]
 
     # Each pod's script, as written but for where the cluster and the shared volume are.
     local = script
