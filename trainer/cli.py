@@ -174,6 +174,9 @@ def main() -> None:
     logs.keep_native()
     if failure:
         _remove_unused(_CREATED_DIRS)  # a run that failed before training leaves no directory
+    if parallel.multi_worker_started():  # Python's own exit can take tens of seconds
+        workers.exit_now(*(failure or ("", 0, "")))
+    if failure:
         # Free the failed run (its iterators log from C++ as they die) before the last line.
         gc.collect()
         _fail(*failure)

@@ -50,7 +50,7 @@ class TrainingDiverged(Exception):
 
 
 class Preempted(Exception):
-    """SIGTERM or SIGINT arrived; a checkpoint was saved and the run stopped early."""
+    """SIGTERM, SIGINT or SIGUSR1 arrived; a checkpoint was saved and the run stopped early."""
 
     exit_code = EXIT_PREEMPTED
     prefix = "preempted"

@@ -4,7 +4,7 @@ Each worker is ``python -m trainer`` with the same flags, ``Estimator.distributi
 'multi_worker'``, and a TF_CONFIG naming a free port on 127.0.0.1 for every worker
 and its own index. The chief's output is shown as it comes (its bar included); the
 other workers' lines on stderr are shown at the end, prefixed with their worker,
-unless the chief said the same. SIGINT, SIGTERM and SIGHUP (as SIGTERM) are passed on
+unless the chief said the same. SIGINT, SIGTERM, SIGUSR1 and SIGHUP (as SIGTERM) are passed on
 to every worker, which then save one checkpoint together and exit 75 (a second one
 kills them); the job exits with the code that says the most: a mistake (2),
 divergence (3), a crash, restart me (75: a lost worker too), done (0). A worker dies
@@ -32,7 +32,7 @@ EXIT_PREEMPTED = 75  # errors.EXIT_PREEMPTED: restart the job, it resumes
 PRECEDENCE = (2, 3, None, EXIT_PREEMPTED, 0)
 # What the command passes on to every worker: SIGHUP (its terminal closed, an ssh
 # connection dropped) as SIGTERM, so that they save before they stop.
-PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
 STOP_SECONDS = 30  # after one worker fails, how long the others have to stop
 
 
@@ -281,10 +281,9 @@ def _collect(stream, lines: list[str]) -> None:
 
 
 def _forward(workers: list[subprocess.Popen], received: list[int]):
-    """Passes the first SIGINT or SIGTERM on; a second one kills the workers.
+    """Passes the first signal of ``PASSED_ON`` on; a second one kills the workers.
 
-    ``received`` lists the signals. (A worker still waiting for its peers cannot act
-    on SIGTERM: TensorFlow's coordination service takes it then.)
+    ``received`` lists the signals.
     """
 
     def forward(number, _frame):

@@ -1,4 +1,7 @@
-"""Turns SIGTERM and SIGINT into a request to checkpoint and stop at the next step boundary.
+"""Turns SIGTERM, SIGINT and SIGUSR1 into a request to checkpoint and stop at a step boundary.
+
+SIGUSR1 is SLURM's advance warning of a time limit (``#SBATCH --signal=USR1@90``):
+the run saves and exits 75, so that the batch script can requeue the job.
 
 Outside training (while TensorFlow loads, the workers join, the model is built) there
 is nothing to save: ``outside_training`` ends the command there with one line.
@@ -10,7 +13,7 @@ import contextlib
 import signal
 import threading
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 
 @contextlib.contextmanager
@@ -37,11 +40,13 @@ def watch_signals():
 
 
 class Interrupted(BaseException):
-    """SIGINT or SIGTERM arrived outside training: the command ends, nothing to save."""
+    """A signal of ``SIGNALS`` arrived outside training: the command ends, nothing to save."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
-        self.exit_code = 128 + signum  # as a shell reports a process ended by the signal
+        # As a shell reports a process ended by the signal; but the end of a time
+        # limit is near: 75, for the job to be requeued (README's exit codes).
+        self.exit_code = 75 if signum == signal.SIGUSR1 else 128 + signum
 
 
 @contextlib.contextmanager

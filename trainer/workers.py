@@ -13,7 +13,7 @@ Under ``'multi_worker'`` every worker runs the same loop. What keeps them one ru
   another gin file, one that cannot see the chief's checkpoints), every worker stops
   in one line before training.
 * **A stop they agree on.** At each block boundary the workers share whether any of
-  them was sent SIGTERM or SIGINT (one all-reduce of a few integers per block), so a
+  them was sent SIGTERM, SIGINT or SIGUSR1 (one all-reduce of a few integers per block), so a
   signal to any one worker makes every worker save the same step and exit 75.
 
 The agreement is a sum over replicas of one-hot rows: each replica writes its values
@@ -25,12 +25,15 @@ from __future__ import annotations
 import atexit
 import itertools
 import json
+import logging as std_logging
 import os
 import re
 import shutil
 import signal
+import sys
 import tempfile
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 import tensorflow as tf
 from absl import logging
@@ -39,6 +42,31 @@ from trainer import config_diff
 from trainer.errors import PeerLost, UserError
 
 _CONFIG_CHECKS = itertools.count()  # this process's config checks so far
+SCRATCH: list[str] = []  # this process's scratch directories, removed at exit
+
+
+def remove_scratch() -> None:
+    """Removes this process's scratch directories (at exit, or before ``os._exit``)."""
+    while SCRATCH:
+        shutil.rmtree(SCRATCH.pop(), ignore_errors=True)
+
+
+def exit_now(message: str, exit_code: int, prefix: str) -> NoReturn:
+    """Ends a worker's process at once, after its last line (``prefix: message``, if any).
+
+    Python's own exit frees TensorFlow's runtime, which under multi_worker can take
+    from a second to tens of seconds (a tf.data thread, the coordination service
+    waiting on peers already gone), while a scheduler gives a preempted job about 30 s
+    before SIGKILL. What the run wrote is closed by then (checkpoints, summaries); the
+    log is flushed and the scratch directory removed here.
+    """
+    if message:
+        print(f"{prefix}: {message}", file=sys.stderr)
+    std_logging.shutdown()  # trainer.log and the console's handlers, flushed and closed
+    remove_scratch()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)
 
 
 class Workers:
@@ -63,7 +91,8 @@ class Workers:
             return model_dir
         if self.scratch is None:
             self.scratch = tempfile.mkdtemp(prefix=f"trainer-{self.worker}-")
-            atexit.register(shutil.rmtree, self.scratch, ignore_errors=True)
+            SCRATCH.append(self.scratch)
+            atexit.register(remove_scratch)
         return self.scratch
 
     def gather(self, values: Sequence[int]) -> list[list[int]]:
@@ -134,7 +163,7 @@ class Workers:
         return len(self.addresses)
 
     def signalled(self, signals: list[str]) -> str | None:
-        """Whether any worker was sent SIGTERM or SIGINT: ``'worker 1 received SIGTERM'``."""
+        """Whether any worker was sent a stop signal: ``'worker 1 received SIGTERM'``."""
         mine = int(getattr(signal, signals[0])) if signals else 0
         received = [number for (number,) in self.gather([mine])]
         if mine:  # its own first: under --workers every worker is sent it
