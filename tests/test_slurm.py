@@ -116,6 +116,7 @@ def test_the_time_limits_warning_saves_and_the_batch_script_requeues_the_job(slu
 
     def requeued(times: int) -> str:
         """The job's output once it has been requeued ``times`` times."""
+
         def held() -> bool:  # requeued, and held until its begin time (set after a moment)
             fields = slurm.job(job)
             return fields.get("Restarts") == str(times) and fields.get("Reason") == "BeginTime"

@@ -307,6 +307,28 @@ def test_a_worker_whose_peers_never_come_gives_up_or_answers_signals_while_it_wa
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
+def test_a_worker_stuck_in_its_input_fn_is_named_and_the_run_ends_resumable(tmp_path, data_dir):
+    """Worker 1's input_fn never returns while its process still heartbeats (TensorFlow
+    would wait forever): after Estimator.progress_timeout the watchdog names it, every
+    worker ends 75 in one line, and nothing is left half-written."""
+    settings = (
+        "import faulty",
+        "experiment.input_fn = @faulty_digits",
+        "faulty_digits.fault = 'hang_on_worker_1'",
+        "Estimator.progress_timeout = 8",
+    )
+    command = [*trainer_command(data_dir, tmp_path / "run", *settings), "--workers", "2"]
+    env = {**ENV, "PYTHONPATH": os.path.join(REPO, "tests", "user_project")}
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 75, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and len(done.stderr.splitlines()) <= 2, done.stderr
+    stuck = r"worker 1 \(127\.0\.0\.1:\d+, in its train input_fn at step 0\) made no " + re.escape(
+        "progress for 8s (Estimator.progress_timeout) while the others waited"
+    )
+    assert re.search(stuck, done.stderr), done.stderr
+    assert not (tmp_path / "run").exists() or checkpoint_steps(tmp_path / "run") == []
+
+
 def test_reruns_on_fewer_or_more_workers_read_what_one_uninterrupted_run_reads(tmp_path):
     """Stopped at step 6 on 2 workers, resumed on 3 to step 12 and on 1 to step 16: every
     step reads the examples one uninterrupted process reads, and the weights are bit-equal

@@ -165,6 +165,17 @@ class Placement:
         """
         return self.workers.write_dir(model_dir) if self.workers else model_dir
 
+    def watching(self, timeout: float):
+        """Under multi_worker, the progress watchdog of one training run; else nothing."""
+        if self.workers is None:
+            return contextlib.nullcontext()
+        return self.workers.watch(timeout)
+
+    def mark(self, phase: str, step: int | None = None) -> None:
+        """Under multi_worker, this worker's progress for the watchdog (``watching``)."""
+        if self.workers is not None:
+            self.workers.mark(phase, step)
+
     def signalled(self, signals: list[str]) -> str | None:
         """The signal that stops the run: this process's, or under multi_worker any worker's."""
         if self.workers is None:

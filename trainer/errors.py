@@ -30,6 +30,12 @@ def check_count(name: str, value, minimum: int = 1, optional: bool = False) -> N
         raise UserError(f"{name} must be {allowed}, got {value!r}")
 
 
+def check_seconds(name: str, value) -> None:
+    """Refuses a setting that must be a number of seconds > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise UserError(f"{name} must be a number of seconds > 0, got {value!r}")
+
+
 def check_instance(name: str, value, kind: type, described: str) -> None:
     """Refuses a setting that must be a ``kind`` instance (gin's @Name where @Name() was meant)."""
     if isinstance(value, kind):

@@ -64,6 +64,7 @@ RESUMABLE_SETTINGS = (
     "distribution",
     "num_devices",
     "startup_timeout",
+    "progress_timeout",
     "prefetch_to_device",
     "progress",
 )
@@ -155,6 +156,9 @@ class Estimator:
       num_devices: ``'auto'`` (every GPU, else one CPU) or how many devices to use.
       startup_timeout: under ``'multi_worker'``, seconds to wait for every worker to
         join before giving up, naming the ones that never came (exit 75).
+      progress_timeout: under ``'multi_worker'``, seconds in which no worker makes
+        progress (a block of steps, an evaluation, a save) before the run is ended,
+        naming the workers behind (exit 75); longer than the longest evaluation.
       mixed_precision: ``'mixed_bfloat16'`` or ``'mixed_float16'`` (with loss scaling)
         to compute in 16 bits, float32 weights, logits and loss; None for float32.
         Call ``set_precision`` before making the model (``python -m trainer`` does).
@@ -207,6 +211,7 @@ class Estimator:
         distribution: str = "auto",
         num_devices: int | str = "auto",
         startup_timeout: float = 300,
+        progress_timeout: float = 600,
         mixed_precision: str | None = None,
         prefetch_to_device: bool | None = None,
         progress: bool = True,
@@ -233,6 +238,7 @@ class Estimator:
             histogram_every_steps=histogram_every_steps,
             image_every_steps=image_every_steps,
             progress=progress,
+            progress_timeout=progress_timeout,
         )
         self.placement = Placement(
             distribution,

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 import tensorflow as tf
 from absl import logging
 
-from trainer import cluster, workers
+from trainer import cluster, errors, workers
 from trainer.errors import UserError
 
 DISTRIBUTIONS = ("auto", "towers", "mirrored", "multi_worker")
@@ -239,6 +239,7 @@ def make_strategy(
             f"distribution must be one of {', '.join(DISTRIBUTIONS)}, got {distribution!r}"
         )
     if _multi_worker is None:
+        errors.check_seconds("Estimator.startup_timeout", startup_timeout)
         name, address = cluster.find()
         logging.info("Joining the cluster as %s (%s); waiting for every worker", name, address)
         try:

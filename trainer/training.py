@@ -61,6 +61,7 @@ class Settings:
     histogram_every_steps: int | None = None
     image_every_steps: int | None = None
     progress: bool = True
+    progress_timeout: float = 600
 
     def __post_init__(self):
         for name in ("global_batch_size", "steps_per_loop", "log_every_steps"):
@@ -70,6 +71,7 @@ class Settings:
         for name in ("save_checkpoints_steps", "histogram_every_steps", "image_every_steps"):
             errors.check_count(f"Estimator.{name}", getattr(self, name), optional=True)
         divergence.check_policy(self.nonfinite_loss)
+        errors.check_seconds("Estimator.progress_timeout", self.progress_timeout)
         steps = self.profile_steps
         if steps is not None and not 0 <= steps[0] < steps[1]:
             raise UserError(f"profile steps must be start < stop, got {steps}")
@@ -116,7 +118,12 @@ class TrainingRun:
         """Trains to ``max_steps``; ``extra`` actions run at their steps. Returns the step.
 
         ``ready`` is called once the model is built and restored, before the first step.
+        Under multi_worker a watchdog ends the run if every worker stops making progress.
         """
+        with self.placement.watching(self.settings.progress_timeout):
+            return self._run(input_fn, max_steps, extra, hooks_, ready)
+
+    def _run(self, input_fn, max_steps, extra, hooks_, ready) -> int:
         start, restored = self._start(input_fn)
         if ready is not None:
             ready()
@@ -125,6 +132,7 @@ class TrainingRun:
             self.writers.metrics.start()  # evaluations after this are recorded
             return start
         if self.iterator is None:  # a strategy's, made at the restored position
+            self.placement.mark("making its input pipeline", start)
             self.iterator = self.inputs.train_iterator(input_fn, start)
         parameters = sum(int(np.prod(v.shape)) for v in self.model.model_fn.trainable_variables)
         logging.info(
@@ -218,10 +226,15 @@ class TrainingRun:
             config = self.config.text_fn() if self.config.text_fn else ""
             latest = self.placement.workers.check_same_start(find, self.model_dir, config)
         self.inputs.resume_from(latest)
+        resumed = checkpoints.step_of(latest) if latest else 0
+        self.placement.mark("starting", resumed)
         self.dataset = self.inputs.dataset(input_fn, Mode.TRAIN)
+        self.placement.mark("building the model")
         self.positioned = is_positioned(self.dataset)
         self.steps: Steps = self.model.build(self.dataset.element_spec, Mode.TRAIN)
+        self.placement.mark("making its input pipeline")  # calls the input_fn again
         self.iterator = self.placement.saved_iterator(self.dataset)
+        self.placement.mark("restoring")
         state = {**self.model.checkpoint_items(optimizer=True), **self.inputs.state()}
         if self.settings.checkpoint_input and self.iterator is not None and not self.positioned:
             state.update(self.inputs.iterator_state(self.iterator, latest))
@@ -275,6 +288,7 @@ class TrainingRun:
                     self.inputs.advance(1)
                 limit = min([self.block, max_steps - step, *nonfinite.limits(step)])
                 n = hooks.steps_until_due(step, actions, limit)
+                self.placement.mark("training", step)
                 with self.input_wait.timing(n):
                     self._run_block(n)
                 resume_at = self._check_finite(nonfinite, step + 1, n)
@@ -287,6 +301,7 @@ class TrainingRun:
                 self.inputs.advance(self.model.step - step)
                 step = self.model.step
                 progress.advance(step)
+                self.placement.mark("checkpointing or evaluating", step)
                 try:
                     if hooks.run_due(actions, step):
                         break

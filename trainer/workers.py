@@ -38,10 +38,11 @@ from typing import NoReturn
 import tensorflow as tf
 from absl import logging
 
-from trainer import config_diff
+from trainer import config_diff, watchdog
 from trainer.errors import PeerLost, UserError
 
 _CONFIG_CHECKS = itertools.count()  # this process's config checks so far
+_WATCHES = itertools.count()  # this process's watched runs so far
 SCRATCH: list[str] = []  # this process's scratch directories, removed at exit
 
 
@@ -84,6 +85,19 @@ class Workers:
         self.per_worker = max(strategy.num_replicas_in_sync // max(len(self.addresses), 1), 1)
         self._gather = None
         self.scratch: str | None = None
+        self.watchdog: watchdog.Watchdog | None = None
+
+    def watch(self, timeout: float) -> watchdog.Watchdog:
+        """A watchdog over every worker's progress (``watchdog``), for one training run."""
+        self.watchdog = watchdog.Watchdog(
+            self.index, self.addresses, timeout, next(_WATCHES), exit_now
+        )
+        return self.watchdog
+
+    def mark(self, phase: str, step: int | None = None) -> None:
+        """This worker's progress, for the watchdog: it enters ``phase`` at ``step``."""
+        if self.watchdog is not None:
+            self.watchdog.mark(phase, step)
 
     def write_dir(self, model_dir: str) -> str:
         """Where this worker writes: ``model_dir`` for the chief, else a scratch directory."""
@@ -179,11 +193,15 @@ class Workers:
         The error itself (a gRPC status, a traceback) goes to the log, not the console.
         """
         logging.info("A collective failed:", exc_info=error, extra={"console": False})
-        who = _named_peer(error, self.index, self.addresses)
         resume = f"every worker resumes from {latest}" if latest else "no checkpoint yet"
+        stalled = watchdog.reason(error)
+        if stalled:
+            lost = f"stopped after step {step}: {stalled}"
+        else:
+            who = _named_peer(error, self.index, self.addresses)
+            lost = f"lost {who} after step {step}: it died or stopped answering"
         return PeerLost(
-            f"lost {who} after step {step}: it died or stopped answering; {resume} when all "
-            f"{len(self)} are started again with the same command"
+            f"{lost}; {resume} when all {len(self)} are started again with the same command"
         )
 
 
@@ -253,11 +271,13 @@ def _addresses() -> list[str]:
 def lost_before_training(error: Exception) -> PeerLost:
     """The one line for a peer lost while the workers start (the loop's own is ``lost``)."""
     addresses = _addresses()
-    who = _named_peer(error, _task_index(json.loads(os.environ["TF_CONFIG"])), addresses)
-    return PeerLost(
-        f"lost {who} before training: it died or stopped answering; start all "
-        f"{len(addresses)} workers again with the same command"
-    )
+    stalled = watchdog.reason(error)
+    if stalled:
+        lost = f"stopped before training: {stalled}"
+    else:
+        who = _named_peer(error, _task_index(json.loads(os.environ["TF_CONFIG"])), addresses)
+        lost = f"lost {who} before training: it died or stopped answering"
+    return PeerLost(f"{lost}; start all {len(addresses)} workers again with the same command")
 
 
 def _named_peer(error: Exception, index: int, addresses: list[str]) -> str:

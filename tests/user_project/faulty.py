@@ -1,5 +1,7 @@
 """Digits with faults injected on purpose, to test how training survives them."""
 
+import time
+
 import gin
 import keras
 import tensorflow as tf
@@ -18,11 +20,15 @@ def faulty_digits(mode, params, fault=None, at_batch=0):
     numbers), 'half_label' (float32 labels, 0.5 added), 'nan' (infinite pixels), 'nan_once'
     (the same in batch ``at_batch`` only), 'empty' (no data), 'shape' (4x4 images),
     'not_a_dataset' (a list of batches instead of a dataset), 'label_on_worker_1' ('label'
-    in the input of worker 1 of a multi-worker run only); and one of EVAL batches,
+    in the input of worker 1 of a multi-worker run only), 'hang_on_worker_1' (worker 1's
+    input_fn never returns, its process still answering); and one of EVAL batches,
     'corrupt_eval' (each fails as a corrupt record read lazily does).
     The pipeline has the same structure with or without a fault, so a checkpointed
     input iterator restores into it.
     """
+    if fault == "hang_on_worker_1" and mode == Mode.TRAIN and params.input_pipeline_id == 1:
+        while True:  # as an input_fn waiting on a file server that never answers
+            time.sleep(1)
     dataset = digits.input_fn(mode, params)
     if mode != Mode.TRAIN and fault == "corrupt_eval":  # as a shard read lazily would fail
 
