@@ -72,7 +72,7 @@ def run(count: int, argv: list[str]) -> int:
             shown.add(index)
 
     try:
-        codes = _wait(workers, failed)
+        codes = _wait(workers, failed, forwarded)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -102,14 +102,16 @@ def _show(index: int, lines: list[str], said: set[str], by_others: set[str], for
     sys.stderr.flush()
 
 
-def _wait(workers: list[subprocess.Popen], failed) -> list[int]:
+def _wait(workers: list[subprocess.Popen], failed, forwarded: list[int]) -> list[int]:
     """Every worker's exit code; the first to fail makes the others stop at once.
 
     A failure is an exit other than done (0) or restart (75), by the worker itself
     (one killed by a signal is a lost worker, which the others find and stop for,
     saying which): ``failed(index)`` is called, the others are sent SIGTERM (a
     worker in training saves and exits 75), and those still running
-    ``STOP_SECONDS`` later are killed.
+    ``STOP_SECONDS`` later are killed. Not once a signal was passed on to them
+    (``forwarded``): a worker that ends first with 128 + n is then no failure, and a
+    SIGTERM on top of the SIGINT would make another end 143 instead of 130.
     """
     deadline = None
     while any(worker.poll() is None for worker in workers):
@@ -119,6 +121,7 @@ def _wait(workers: list[subprocess.Popen], failed) -> list[int]:
                 for i, w in enumerate(workers)
                 if w.poll() is not None and w.poll() >= 0 and w.poll() not in (0, EXIT_PREEMPTED)
             ]
+            failures = [] if forwarded else failures
             if failures:
                 failed(failures[0])
                 for worker in workers:
