@@ -115,3 +115,21 @@ def test_an_empty_binary_or_foreign_checkpoint_list_is_rebuilt_from_the_files(tm
     checkpoints.Checkpointer(str(tmp_path), 5, model=model, step=step).save(10)
     (tmp_path / "checkpoint").write_bytes(pointer)
     assert checkpoints.latest_checkpoint(str(tmp_path)) == f"{tmp_path}/ckpt-10"
+
+
+def test_checkpoints_listed_again_after_a_lost_list_are_still_deleted_past_the_last_ones(
+    tmp_path,
+):
+    """The list rebuilt from the files keeps each checkpoint's time: without it TensorFlow
+    kept every checkpoint listed forever (4 of keep_checkpoint_max = 2, and growing)."""
+    model, step = built(value=1.0), tf.Variable(0, dtype=tf.int64)
+    saver = checkpoints.Checkpointer(str(tmp_path), 5, model=model, step=step)
+    for s in (10, 20, 30, 40):
+        saver.save(s)
+    os.remove(tmp_path / "checkpoint")
+    assert checkpoints.latest_checkpoint(str(tmp_path), repair=True).endswith("ckpt-40")
+    rerun = checkpoints.Checkpointer(str(tmp_path), 2, model=model, step=step)
+    for s in (50, 60):
+        rerun.save(s)
+    assert checkpoint_steps(tmp_path) == [50, 60]
+    assert [checkpoints.step_of(p) for p in checkpoints.all_checkpoints(str(tmp_path))] == [50, 60]

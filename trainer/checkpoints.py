@@ -277,9 +277,16 @@ def _found(model_dir: str) -> list[str]:
 
 
 def _relist(model_dir: str, paths: list[str]) -> None:
-    """Writes a new ``checkpoint`` file listing ``paths`` (newest last)."""
+    """Writes a new ``checkpoint`` file listing ``paths`` (newest last).
+
+    Each with the time its index was written: a list without times makes TensorFlow's
+    CheckpointManager keep every checkpoint it lists forever (``keep_checkpoint_max``
+    then deletes none of them).
+    """
     lines = [f'model_checkpoint_path: "{os.path.basename(paths[-1])}"']
     lines += [f'all_model_checkpoint_paths: "{os.path.basename(p)}"' for p in paths]
+    lines += [f"all_model_checkpoint_timestamps: {os.path.getmtime(p + '.index')}" for p in paths]
+    lines += ["last_preserved_timestamp: 0.0"]
     files.write_atomically(os.path.join(model_dir, POINTER), "\n".join(lines) + "\n")
 
 
