@@ -6,6 +6,8 @@ import subprocess
 import sys
 
 import pytest
+from tensorboard.backend.event_processing import event_accumulator
+from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
 
 from tests.conftest import REPO, digits_args, run_cli
 from tests.helpers import checkpoint_steps
@@ -20,8 +22,25 @@ def assert_ok(proc):
 def test_train_then_evaluate_then_predict(tmp_path, data_dir):
     model_dir = tmp_path / "run"
     ten = ["--gin_param", "experiment.max_steps = 10"]
-    assert_ok(run_cli(*digits_args(data_dir, model_dir, "--schedule", "train", *ten)))
+    assert_ok(run_cli(*digits_args(data_dir, model_dir, "--schedule", "train_and_evaluate", *ten)))
     assert checkpoint_steps(model_dir) == [10]
+    # TensorBoard's HParams tab: model_dir is one session, its bindings the hyperparameters
+    # (not where or how long it runs), train/ and eval_eval/ its metric groups.
+    session = event_accumulator.EventAccumulator(str(model_dir))
+    session.Reload()
+    content = session.PluginTagToContent("hparams")
+    start = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
+    values = start.session_start_info.hparams
+    assert values["Adam.learning_rate"].number_value == pytest.approx(1e-3)
+    assert values["MLP.hidden_units"].string_value == "[256, 256]"
+    assert values["experiment.model_fn"].string_value == "@MLP()"
+    assert not [k for k in values if k.endswith(("max_steps", "data_dir", "steps_per_loop"))]
+    end = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_end_info"])
+    assert end.session_end_info.status == api_pb2.STATUS_SUCCESS
+    for group in ("train", "eval_eval"):
+        scalars = event_accumulator.EventAccumulator(str(model_dir / group))
+        scalars.Reload()
+        assert {"loss", "accuracy"} <= set(scalars.PluginTagToContent("scalars")), group
 
     results = tmp_path / "eval.json"
     assert_ok(

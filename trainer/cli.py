@@ -33,6 +33,7 @@ from trainer import (
     files,
     gin_config,
     gin_errors,
+    hparams,
     logs,
     parallel,
     preemption,
@@ -108,16 +109,20 @@ def experiment(
     )
     eval_input_fns = evaluation.eval_sets(eval_input_fns or input_fn)
     metrics = {}
+    chief = estimator.placement.worker is None
+    recorded = hparams.session(model_dir, gin.operative_config_str, _resumable(), chief)
     if schedule == "train":
-        estimator.train(input_fn, max_steps)
+        with recorded:
+            estimator.train(input_fn, max_steps)
     elif schedule == "evaluate":
         metrics = {
             name: estimator.evaluate(fn, eval_steps, name) for name, fn in eval_input_fns.items()
         }
     elif schedule == "train_and_evaluate":
-        metrics = estimator.train_and_evaluate(
-            input_fn, eval_input_fns, max_steps, eval_every_steps, eval_steps
-        )
+        with recorded:
+            metrics = estimator.train_and_evaluate(
+                input_fn, eval_input_fns, max_steps, eval_every_steps, eval_steps
+            )
     elif schedule == "continuous_eval":
         metrics = estimator.continuous_evaluate(eval_input_fns, max_steps, eval_steps)
     elif schedule == "predict":
@@ -251,6 +256,13 @@ def _run() -> tuple[str, int, str] | None:
     return None
 
 
+def _resumable() -> set[str]:
+    """The bindings that only say where, how long or how often: ``'Estimator.steps_per_loop'``."""
+    return {f"experiment.{name}" for name in RESUMABLE} | {
+        f"Estimator.{name}" for name in RESUMABLE_SETTINGS
+    }
+
+
 def _profile_steps(values: list[str] | None) -> tuple[int, int] | None:
     """``--profile_steps=100,110`` as ``(100, 110)``."""
     if not values:
@@ -272,8 +284,7 @@ def _config_guard(model_dir: str, saved: str, new: str) -> None:
 
     ``saved`` is model_dir's record; one that does not parse is named with its line.
     """
-    resumable = {f"experiment.{name}" for name in RESUMABLE}
-    resumable |= {f"Estimator.{name}" for name in RESUMABLE_SETTINGS}
+    resumable = _resumable()
     try:
         gin_config.check_resumable(saved, new, resumable)
     except (SyntaxError, ValueError, tokenize.TokenError) as error:

@@ -46,7 +46,7 @@ def changes(old: str, new: str, ignored: set[str] = frozenset()) -> list[Change]
     ``ignored`` names ``'Configurable.param'`` bindings that may differ; any
     ``data_dir`` parameter may too (where the data is, not what it is).
     """
-    old_bindings, new_bindings = _bindings(old), _bindings(new)
+    old_bindings, new_bindings = bindings(old), bindings(new)
     found = []
     for key in sorted(set(old_bindings) | set(new_bindings)):
         change = Change(key, old_bindings.get(key, UNSET), new_bindings.get(key, UNSET))
@@ -97,7 +97,7 @@ def listed(found: list[Change]) -> str:
     return "; ".join(items[:SHOWN]) + (f"; and {more} more" if more > 0 else "")
 
 
-def _bindings(text: str) -> dict[str, str]:
+def bindings(text: str) -> dict[str, str]:
     """``{'scope/Configurable.param': value text}`` of a gin config text."""
     delegate = gin.config.ParserDelegate(skip_unknown=True)
     found = {}
