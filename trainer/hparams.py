@@ -24,7 +24,7 @@ from tensorboard.plugins.hparams import api_pb2
 from tensorboard.plugins.hparams import summary as hparams_summary
 
 from trainer import checkpoints, config_diff
-from trainer.errors import Preempted
+from trainer.errors import Preempted, TrainingDiverged
 
 
 def of_config(text: str, left_out: set[str]) -> dict[str, bool | int | float | str]:
@@ -54,21 +54,25 @@ def _scalar(text: str) -> bool | int | float | str:
 def session(model_dir: str, config_text: Callable[[], str], left_out: set[str], chief: bool):
     """Writes the run's hyperparameters and its end status once it ends, if it trained.
 
-    A run that stopped to be resumed (preempted) is left running; one that failed is
-    marked failed. Nothing is written where training never checkpointed.
+    A run that stopped to be resumed (preempted) is left running; one that diverged
+    is marked failed. A mistake (a ``UserError``, any other exception) changes
+    nothing in model_dir, and nothing is written where training never checkpointed.
     """
     started = time.time()
-    status = api_pb2.STATUS_SUCCESS
+    status: int | None = api_pb2.STATUS_SUCCESS
     try:
         yield
     except Preempted:
         status = api_pb2.STATUS_RUNNING
         raise
-    except Exception:
+    except TrainingDiverged:
         status = api_pb2.STATUS_FAILURE
         raise
+    except BaseException:
+        status = None
+        raise
     finally:
-        if chief and os.path.isdir(model_dir) and checkpoints.all_checkpoints(model_dir):
+        if status is not None and chief and checkpoints.all_checkpoints(model_dir):
             write(model_dir, of_config(config_text(), left_out), started, status)
 
 
