@@ -475,6 +475,12 @@ def test_evaluation_is_split_over_replicas_and_workers_and_counts_each_example_o
                 assert result["metrics"][metric] == pytest.approx(value, rel=1e-6), name
 
 
+def in_slurm_step(monkeypatch, **variables):
+    """SLURM's variables of a task of a job step on nodes gpu-node07 and gpu-node08."""
+    for name, value in {"STEP_NODELIST": "gpu-node[07-08]", **variables}.items():
+        monkeypatch.setenv(f"SLURM_{name}", value)
+
+
 def test_the_cluster_is_found_in_a_slurm_job_step_or_its_absence_named(monkeypatch):
     """srun's variables for a 2-task step on two nodes, no TF_CONFIG and no SLURM here."""
     monkeypatch.setenv("TF_CONFIG", "")  # as unset, and restored after the find below sets it
@@ -488,14 +494,7 @@ def test_the_cluster_is_found_in_a_slurm_job_step_or_its_absence_named(monkeypat
         "TF_CONFIG on each worker (see README, 'Several machines'), or start the workers "
         "with srun"
     )
-    step = {
-        "SLURM_PROCID": "1",
-        "SLURM_STEP_NUM_TASKS": "2",
-        "SLURM_STEP_NODELIST": "gpu-node[07-08]",
-        "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
-    }
-    for name, value in step.items():
-        monkeypatch.setenv(name, value)
+    in_slurm_step(monkeypatch, PROCID="1", STEP_NUM_TASKS="2", STEP_TASKS_PER_NODE="1(x2)")
     assert cluster.find() == ("worker 1 of 2", "gpu-node08:8888")
     assert json.loads(os.environ["TF_CONFIG"]) == {
         "cluster": {"worker": ["gpu-node07:8888", "gpu-node08:8888"]},
@@ -517,16 +516,14 @@ def test_slurm_tasks_sharing_a_node_get_their_gpus_and_their_jobs_ports(monkeypa
         raise AssertionError("TensorFlow listed devices before the GPUs were shared out")
 
     monkeypatch.setattr(tf.config, "list_physical_devices", listed)
-    step = {
-        "SLURM_JOB_ID": "4242",
-        "SLURM_PROCID": "3",
-        "SLURM_LOCALID": "1",
-        "SLURM_STEP_NUM_TASKS": "4",
-        "SLURM_STEP_NODELIST": "gpu-node[07-08]",
-        "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
-    }
-    for name, value in step.items():
-        monkeypatch.setenv(name, value)
+    in_slurm_step(
+        monkeypatch,
+        JOB_ID="4242",
+        PROCID="3",
+        LOCALID="1",
+        STEP_NUM_TASKS="4",
+        STEP_TASKS_PER_NODE="2(x2)",
+    )
     base = 10000 + 4242 % 687 * 32
     assert cluster.find() == ("worker 3 of 4", f"gpu-node08:{base + 1}")
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "2,3"

@@ -178,19 +178,24 @@ def test_ctrl_c_while_the_workers_start_or_twice_in_training_is_one_line(tmp_pat
     assert "Traceback" not in err and len(err.splitlines()) <= 2
 
 
+def run_faulty_workers(tmp_path, data_dir, *settings):
+    """``--workers 2`` on tests/user_project's faulty_digits with ``settings``; the result."""
+    settings = ("import faulty", "experiment.input_fn = @faulty_digits", *settings)
+    command = [*trainer_command(data_dir, tmp_path / "run", *settings), "--workers", "2"]
+    env = {**ENV, "PYTHONPATH": os.path.join(REPO, "tests", "user_project")}
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+
+
 def test_a_worker_that_fails_is_said_first_and_the_others_are_stopped_at_once(tmp_path, data_dir):
     """Worker 1's labels go out of range at its 30th batch: its one line comes first, the
     chief is stopped (not left to find the lost peer), and the job exits 2."""
-    settings = (
-        "import faulty",
-        "experiment.input_fn = @faulty_digits",
+    done = run_faulty_workers(
+        tmp_path,
+        data_dir,
         "faulty_digits.fault = 'label_on_worker_1'",
         "faulty_digits.at_batch = 30",
         "experiment.max_steps = 3000",
     )
-    command = [*trainer_command(data_dir, tmp_path / "run", *settings), "--workers", "2"]
-    env = {**ENV, "PYTHONPATH": os.path.join(REPO, "tests", "user_project")}
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 2, done.stderr[-3000:]
     lines = done.stderr.splitlines()
     assert lines[0].startswith("[worker 1] error: training step ") and "label" in lines[0]
@@ -311,15 +316,12 @@ def test_a_worker_stuck_in_its_input_fn_is_named_and_the_run_ends_resumable(tmp_
     """Worker 1's input_fn never returns while its process still heartbeats (TensorFlow
     would wait forever): after Estimator.progress_timeout the watchdog names it, every
     worker ends 75 in one line, and nothing is left half-written."""
-    settings = (
-        "import faulty",
-        "experiment.input_fn = @faulty_digits",
+    done = run_faulty_workers(
+        tmp_path,
+        data_dir,
         "faulty_digits.fault = 'hang_on_worker_1'",
         "Estimator.progress_timeout = 8",
     )
-    command = [*trainer_command(data_dir, tmp_path / "run", *settings), "--workers", "2"]
-    env = {**ENV, "PYTHONPATH": os.path.join(REPO, "tests", "user_project")}
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 75, done.stderr[-3000:]
     assert "Traceback" not in done.stderr and len(done.stderr.splitlines()) <= 2, done.stderr
     stuck = r"worker 1 \(127\.0\.0\.1:\d+, in its train input_fn at step 0\) made no " + re.escape(

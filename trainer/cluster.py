@@ -221,6 +221,15 @@ def _check_addresses(job: str, addresses) -> None:
             )
 
 
+def members(config: dict) -> tuple[list[str], int]:
+    """The workers' addresses in a TF_CONFIG, the chief first, and this task's place."""
+    cluster, task = config.get("cluster", {}), config.get("task", {})
+    index = int(task.get("index", 0))
+    if task.get("type", "worker") == "worker":
+        index += len(cluster.get("chief", []))
+    return [*cluster.get("chief", []), *cluster.get("worker", [])], index
+
+
 def join(make: Callable[[], T], timeout_seconds: float, name: str) -> T:
     """``make()``, which waits for every worker in C++, once they have met in ``lobby``.
 
@@ -230,12 +239,8 @@ def join(make: Callable[[], T], timeout_seconds: float, name: str) -> T:
     notifier takes SIGTERM over while the cluster forms.
     """
     config = json.loads(os.environ["TF_CONFIG"])
-    cluster, task = config["cluster"], config["task"]
-    addresses = [*cluster.get("chief", []), *cluster.get("worker", [])]
-    mine = task.get("index", 0)
-    if task.get("type", "worker") == "worker":
-        mine += len(cluster.get("chief", []))
-    lobby.meet(addresses, mine, cluster, timeout_seconds, name)
+    addresses, mine = members(config)
+    lobby.meet(addresses, mine, config["cluster"], timeout_seconds, name)
     handlers = {number: signal.getsignal(number) for number in preemption.SIGNALS}
     try:
         return make()

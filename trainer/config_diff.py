@@ -33,11 +33,16 @@ class Change:
     @property
     def short(self) -> str:
         """``'Configurable.param'``: the key without scope or module."""
-        configurable, param = self.key.split("/")[-1].rsplit(".", 1)
-        return configurable.split(".")[-1] + "." + param
+        return short_name(self.key)
 
     def __str__(self) -> str:
         return f"{self.key}: {self.before} -> {self.after}"
+
+
+def short_name(key: str) -> str:
+    """``'Configurable.param'`` of a ``'scope/module.Configurable.param'`` key."""
+    configurable, param = key.split("/")[-1].rsplit(".", 1)
+    return configurable.split(".")[-1] + "." + param
 
 
 def changes(old: str, new: str, ignored: set[str] = frozenset()) -> list[Change]:

@@ -34,7 +34,7 @@ def of_config(text: str, left_out: set[str]) -> dict[str, bool | int | float | s
     """
     values = {}
     for key, text_value in config_diff.bindings(text).items():
-        short = config_diff.Change(key, "", "").short
+        short = config_diff.short_name(key)
         if short in left_out or short.endswith(".data_dir"):
             continue
         values[key] = _scalar(text_value)

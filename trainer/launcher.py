@@ -121,8 +121,7 @@ def _wait(workers: list[subprocess.Popen], failed, forwarded: list[int]) -> list
                 for i, w in enumerate(workers)
                 if w.poll() is not None and w.poll() >= 0 and w.poll() not in (0, EXIT_PREEMPTED)
             ]
-            failures = [] if forwarded else failures
-            if failures:
+            if failures and not forwarded:
                 failed(failures[0])
                 for worker in workers:
                     if worker.poll() is None:

@@ -38,7 +38,7 @@ from typing import NoReturn
 import tensorflow as tf
 from absl import logging
 
-from trainer import config_diff, watchdog
+from trainer import cluster, config_diff, watchdog
 from trainer.errors import PeerLost, UserError
 
 _CONFIG_CHECKS = itertools.count()  # this process's config checks so far
@@ -80,8 +80,8 @@ class Workers:
 
     def __init__(self, strategy: tf.distribute.Strategy, worker: str | None):
         self.strategy, self.worker = strategy, worker
-        self.addresses = _addresses()  # the chief first, as the replicas are ordered
-        self.index = _task_index(json.loads(os.environ["TF_CONFIG"]))
+        # The chief first, as the replicas are ordered.
+        self.addresses, self.index = cluster.members(json.loads(os.environ["TF_CONFIG"]))
         self.per_worker = max(strategy.num_replicas_in_sync // max(len(self.addresses), 1), 1)
         self._gather = None
         self.scratch: str | None = None
@@ -194,12 +194,7 @@ class Workers:
         """
         logging.info("A collective failed:", exc_info=error, extra={"console": False})
         resume = f"every worker resumes from {latest}" if latest else "no checkpoint yet"
-        stalled = watchdog.reason(error)
-        if stalled:
-            lost = f"stopped after step {step}: {stalled}"
-        else:
-            who = _named_peer(error, self.index, self.addresses)
-            lost = f"lost {who} after step {step}: it died or stopped answering"
+        lost = _what_stopped(error, f"after step {step}", self.index, self.addresses)
         return PeerLost(
             f"{lost}; {resume} when all {len(self)} are started again with the same command"
         )
@@ -217,7 +212,7 @@ def check_same_cluster(timeout_seconds: int = 60) -> None:
 
     config = json.loads(os.environ["TF_CONFIG"])
     mine = json.dumps(config["cluster"], sort_keys=True)
-    addresses, index = _addresses(), _task_index(config)
+    addresses, index = cluster.members(config)
     store = context.context()
     try:
         store.set_config_key_value(f"trainer/cluster/{index}", mine)
@@ -244,15 +239,6 @@ def check_same_cluster(timeout_seconds: int = 60) -> None:
             )
 
 
-def _task_index(config: dict) -> int:
-    """This worker's place in ``_addresses()``: the chief first, then the workers."""
-    task = config.get("task", {})
-    index = int(task.get("index", 0))
-    if task.get("type", "worker") == "worker" and "chief" in config["cluster"]:
-        index += len(config["cluster"]["chief"])
-    return index
-
-
 # What a collective raises when a peer dies or stops answering.
 PEER_ERRORS = (
     tf.errors.UnavailableError,
@@ -262,22 +248,20 @@ PEER_ERRORS = (
 )
 
 
-def _addresses() -> list[str]:
-    """The workers' addresses from TF_CONFIG, chief first (checked by parallel.make_strategy)."""
-    cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
-    return [*cluster.get("chief", []), *cluster.get("worker", [])]
-
-
 def lost_before_training(error: Exception) -> PeerLost:
     """The one line for a peer lost while the workers start (the loop's own is ``lost``)."""
-    addresses = _addresses()
+    addresses, index = cluster.members(json.loads(os.environ["TF_CONFIG"]))
+    lost = _what_stopped(error, "before training", index, addresses)
+    return PeerLost(f"{lost}; start all {len(addresses)} workers again with the same command")
+
+
+def _what_stopped(error: Exception, when: str, index: int, addresses: list[str]) -> str:
+    """The watchdog's reason an aborted collective carries, or the peer a failed one lost."""
     stalled = watchdog.reason(error)
     if stalled:
-        lost = f"stopped before training: {stalled}"
-    else:
-        who = _named_peer(error, _task_index(json.loads(os.environ["TF_CONFIG"])), addresses)
-        lost = f"lost {who} before training: it died or stopped answering"
-    return PeerLost(f"{lost}; start all {len(addresses)} workers again with the same command")
+        return f"stopped {when}: {stalled}"
+    who = _named_peer(error, index, addresses)
+    return f"lost {who} {when}: it died or stopped answering"
 
 
 def _named_peer(error: Exception, index: int, addresses: list[str]) -> str:
