@@ -82,6 +82,7 @@ def test_help_lists_the_trainers_own_flags_and_exits_0():
         "--run_eagerly",
         "--overwrite_config",
         "--num_devices",
+        "--sweep",
         "--workers",
     ]
     assert "schedules: train, evaluate, train_and_evaluate" in proc.stdout

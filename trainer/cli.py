@@ -13,6 +13,7 @@ import gc
 import json
 import os
 import shutil
+import sys
 import time
 import tokenize
 import uuid
@@ -38,6 +39,7 @@ from trainer import (
     parallel,
     preemption,
     summaries,
+    sweep,
     workers,
     writer_lock,
 )
@@ -172,7 +174,7 @@ def main() -> None:
     _CLOCK["imports"] = time.perf_counter() - trainer.STARTED
     logs.use_console()
     try:
-        failure = _run()
+        failure = _sweep() if FLAGS.sweep else _run(FLAGS.gin_param, FLAGS.model_dir, FLAGS.results)
     except preemption.Interrupted:  # said by the command line; a new model_dir goes
         _remove_unused(_CREATED_DIRS)
         raise
@@ -187,21 +189,53 @@ def main() -> None:
         _fail(*failure)
 
 
-def _run() -> tuple[str, int, str] | None:
-    """Runs the command; returns (message, exit code, prefix) if it failed cleanly."""
+def _sweep() -> tuple[str, int, str] | None:
+    """``--sweep``: the trials of the grid, then their table (``sweep.Sweep``)."""
+    try:
+        if FLAGS.schedule not in ("train", "train_and_evaluate"):
+            raise UserError(
+                f"--sweep trains, but --schedule={FLAGS.schedule}: use train_and_evaluate "
+                "(the default) or train, and --model_dir=<a trial's directory> for the rest"
+            )
+        trials = sweep.Sweep(
+            trials=sweep.grid(FLAGS.sweep),
+            files=FLAGS.gin_file,
+            params=FLAGS.gin_param,
+            model_dir=_model_dir(FLAGS.model_dir),
+            argv=sys.argv[1:],
+            run_here=_run,
+            separate=FLAGS.workers is not None,
+        )
+        return trials.run(FLAGS.results)
+    except UserError as error:
+        return errors.first_line(error), error.exit_code, "error"
+
+
+def _model_dir(flag: str | None) -> str:
+    """``--model_dir``, or the default for the experiment, ``{timestamp}`` made now."""
+    chosen = flag or _default_model_dir(FLAGS.gin_file)
+    return chosen.replace("{timestamp}", time.strftime("%Y%m%d-%H%M%S"))
+
+
+def _run(params: list[str], model_dir: str | None, results: str | None):
+    """Runs the command with these bindings, model_dir and results file.
+
+    Returns (message, exit code, prefix) if it failed cleanly, else None.
+    """
     try:
         started = time.perf_counter()
-        gin_config.parse(FLAGS.gin_file, FLAGS.gin_param)  # imports the experiment's modules
+        if "config" in _CLOCK:  # a sweep's next trial: its time counts from here
+            _CLOCK.clear()
+            _CLOCK["since"] = started
+        gin_config.parse(FLAGS.gin_file, params)  # imports the experiment's modules
         _CLOCK["config"] = time.perf_counter() - started
-        model_dir = (FLAGS.model_dir or _default_model_dir(FLAGS.gin_file)).replace(
-            "{timestamp}", time.strftime("%Y%m%d-%H%M%S")
-        )
+        model_dir = _model_dir(model_dir)
         _CREATED_DIRS[:] = writer_lock.missing_dirs(model_dir)
         _check_writable(model_dir, "--model_dir")
-        if FLAGS.schedule == "predict" and not FLAGS.results:
+        if FLAGS.schedule == "predict" and not results:
             raise UserError("--schedule=predict needs --results=PATH.jsonl to write to")
-        if FLAGS.results:
-            _check_results(FLAGS.results, model_dir)
+        if results:
+            _check_results(results, model_dir)
         if FLAGS.num_devices:
             value = FLAGS.num_devices
             gin.bind_parameter("Estimator.num_devices", int(value) if value.isdigit() else value)
@@ -235,7 +269,7 @@ def _run() -> tuple[str, int, str] | None:
             profile_steps=profile,
         )
         logs.keep_log(model_dir)
-        _report(result, FLAGS.schedule, FLAGS.results)
+        _report(result, FLAGS.schedule, results)
     except workers.PEER_ERRORS as error:  # the training loop names its own lost peers
         if not parallel.multi_worker_started():
             raise
@@ -414,8 +448,8 @@ def summary(result: dict) -> list[str]:
 
 def _time_breakdown(estimator_seconds: dict[str, float]) -> dict[str, float]:
     """Wall time from process start, split into imports, config, the Estimator's parts."""
-    wall = time.perf_counter() - trainer.STARTED
-    parts = {**_CLOCK, **estimator_seconds}
+    wall = time.perf_counter() - _CLOCK.get("since", trainer.STARTED)
+    parts = {**{k: v for k, v in _CLOCK.items() if k != "since"}, **estimator_seconds}
     return {"wall": wall, **parts, "other": max(wall - sum(parts.values()), 0.0)}
 
 

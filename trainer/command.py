@@ -60,6 +60,13 @@ flags.DEFINE_string(
     "'auto' (every GPU, else one CPU) or how many devices to train on; sets "
     "Estimator.num_devices. How they share a step is Estimator.distribution.",
 )
+flags.DEFINE_multi_string(
+    "sweep",
+    [],
+    "A binding with a list of values, e.g. 'Adam.learning_rate = [1e-3, 1e-2]': one trial "
+    "per value (repeat for a grid), each in a model_dir under --model_dir named by its "
+    "values, then a table of them all. Rerunning the command resumes the sweep.",
+)
 flags.DEFINE_integer(
     "workers",
     None,
@@ -80,8 +87,10 @@ def main(argv: list[str]) -> None:
         fail(missing)
     try:
         with preemption.outside_training():
-            if FLAGS.workers is not None:  # the launcher passes signals on once it runs them
-                sys.exit(_launch(FLAGS.workers))
+            if FLAGS.workers is not None:
+                _check_workers(FLAGS.workers)
+            if FLAGS.workers is not None and not FLAGS.sweep:  # a sweep launches per trial
+                sys.exit(_launch(FLAGS.workers))  # which passes signals on once it runs them
             console.quiet_tensorflow_import()
             from trainer import cli  # noqa: PLC0415 - TensorFlow loads here, after the flags
 
@@ -95,8 +104,8 @@ def main(argv: list[str]) -> None:
         )
 
 
-def _launch(count: int) -> int:
-    """``--workers N``: this command as N local workers (``launcher.run``)."""
+def _check_workers(count: int) -> None:
+    """Refuses a ``--workers`` count below 1, or one given where TF_CONFIG is set."""
     if count < 1:
         fail(f"--workers={count}: give the number of worker processes, 1 or more")
     if os.environ.get("TF_CONFIG"):
@@ -104,6 +113,10 @@ def _launch(count: int) -> int:
             "--workers starts its own workers on this machine, but TF_CONFIG is set: unset "
             "it, or drop --workers to run as the worker TF_CONFIG names"
         )
+
+
+def _launch(count: int) -> int:
+    """``--workers N``: this command as N local workers (``launcher.run``)."""
     from trainer import launcher  # noqa: PLC0415 - only this command needs it
 
     return launcher.run(count, sys.argv[1:])

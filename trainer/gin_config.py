@@ -69,8 +69,8 @@ gin.config._FILE_READERS[:] = [  # noqa: SLF001 - gin offers only register_file_
 ]
 
 
-def parse(files: list[str], params: list[str]) -> None:
-    """Parses each file, then the --gin_param bindings, naming the source of any error.
+def parse(files: list[str], params: list[str], swept: list[str] = ()) -> None:
+    """Parses the files, the --gin_param bindings, a sweep trial's; names any error's source.
 
     The files are there (``command.missing_gin_file`` said so before TensorFlow loaded).
     An ``include`` is looked for from the working directory, then from each directory
@@ -81,6 +81,8 @@ def parse(files: list[str], params: list[str]) -> None:
         gin.add_config_file_search_path(directory)
     sources = [(path, lambda path=path: gin.parse_config_file(path)) for path in files]
     sources.append(("--gin_param", lambda: gin.parse_config(params)))
+    if swept:
+        sources.append(("--sweep", lambda: gin.parse_config(swept)))
     for source, parse in sources:
         try:
             parse()
@@ -93,7 +95,7 @@ def parse(files: list[str], params: list[str]) -> None:
             tokenize.TokenError,
         ) as error:
             raise UserError(gin_errors.parse_error(error, source)) from None
-    unused = gin_errors.unused_macro(params)
+    unused = gin_errors.unused_macro([*params, *swept])
     if unused:
         raise UserError(unused)
 

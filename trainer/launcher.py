@@ -61,7 +61,7 @@ def run(count: int, argv: list[str]) -> int:
     ]
     for reader in readers:
         reader.start()
-    forward = _forward(workers, forwarded)
+    forward = forward_signals(workers, forwarded)
     previous = {s: signal.signal(s, forward) for s in PASSED_ON}
     shown: set[int] = set()  # the workers whose lines are shown already
 
@@ -240,11 +240,11 @@ def _start(args: list[str], ports: list[int], index: int) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # signals reach the workers once, from here
-        preexec_fn=_end_with_parent,
+        preexec_fn=end_with_parent,
     )
 
 
-def _end_with_parent() -> None:
+def end_with_parent() -> None:
     """Linux: the worker is killed if the command dies (killed itself), not left running."""
     if sys.platform.startswith("linux"):
         import ctypes  # noqa: PLC0415
@@ -282,7 +282,7 @@ def _collect(stream, lines: list[str]) -> None:
     lines.extend(stream)
 
 
-def _forward(workers: list[subprocess.Popen], received: list[int]):
+def forward_signals(workers: list[subprocess.Popen], received: list[int]):
     """Passes the first signal of ``PASSED_ON`` on; a second one kills the workers.
 
     ``received`` lists the signals.

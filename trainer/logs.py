@@ -103,6 +103,14 @@ def keep_log(model_dir: str, name: str = LOG_NAME) -> None:
         held.keep(model_dir, name)
 
 
+def end_log() -> None:
+    """The run is over: the next ``keep_log`` opens the next run's log (a sweep's trials)."""
+    for held in _LOG:
+        if held.file is not None:
+            held.file.close()
+            held.file = None
+
+
 def use_console() -> None:
     """Log lines without absl's prefix: INFO to stdout, warnings and errors to stderr.
 

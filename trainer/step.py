@@ -123,16 +123,16 @@ class Steps:
                 0.0, dtype=tf.float64, trainable=False, name="input_wait"
             )
         self.updates = Updates(plan, placement, clip_gradient_norm, by_group, self.gradient_norm)
-        self._compiled_block = tf.function(self._train_stacked, jit_compile=True)
+        self._compiled_block = _function(self._train_stacked, jit_compile=True)
         if jit_compile:
             loop = self._stacked_train_loop
         elif placement.prefetch_device:
             loop = self._prefetching_train_loop
         else:
             loop = self._train_loop
-        self.train_loop = tf.function(loop)
-        self.evaluate = tf.function(self._evaluate)
-        self.predict = tf.function(self._predict)
+        self.train_loop = _function(loop)
+        self.evaluate = _function(self._evaluate)
+        self.predict = _function(self._predict)
 
     def count_metrics(
         self,
@@ -415,3 +415,14 @@ def _op_determinism() -> bool:
         return bool(config.is_op_determinism_enabled())
     except (ImportError, AttributeError):
         return False
+
+
+def _function(method: Callable, **options) -> Callable:
+    """``tf.function(method)``, its retracing counted for this Steps alone.
+
+    TensorFlow counts the traces of every function sharing a code object together,
+    so the fifth Estimator in one process (a sweep's fifth trial) warned of
+    "excessive retracing" on its first call, though each Steps traces once. A
+    ``functools.partial`` has no code object: TensorFlow counts it by itself.
+    """
+    return tf.function(functools.partial(method), **options)

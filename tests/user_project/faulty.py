@@ -21,7 +21,8 @@ def faulty_digits(mode, params, fault=None, at_batch=0):
     (the same in batch ``at_batch`` only), 'empty' (no data), 'shape' (4x4 images),
     'not_a_dataset' (a list of batches instead of a dataset), 'label_on_worker_1' ('label'
     in the input of worker 1 of a multi-worker run only), 'hang_on_worker_1' (worker 1's
-    input_fn never returns, its process still answering); and one of EVAL batches,
+    input_fn never returns, its process still answering), 'slow' (each batch read 50 ms
+    late, as from a busy disk); and one of EVAL batches,
     'corrupt_eval' (each fails as a corrupt record read lazily does).
     The pipeline has the same structure with or without a fault, so a checkpointed
     input iterator restores into it.
@@ -51,6 +52,9 @@ def faulty_digits(mode, params, fault=None, at_batch=0):
             image = tf.where(hit, image + float("inf"), image)  # inf survives ReLU
         elif fault == "shape":
             image = image[:, ::2, ::2, :]
+        elif fault == "slow":
+            late = tf.py_function(lambda: time.sleep(0.05) or 0.0, [], tf.float32)
+            image += tf.ensure_shape(late, [])
         label = labels["label"]
         if fault == "label" or fault == "label_on_worker_1" and params.input_pipeline_id == 1:
             label = tf.where(hit, label + 10, label)
