@@ -11,7 +11,7 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
 
-from tests.conftest import ENV, REPO, run_cli
+from tests.conftest import ENV, REPO, digits_args, run_cli
 from tests.helpers import checkpoint_steps, dir_hash
 from trainer import sweep
 from trainer.errors import UserError
@@ -72,7 +72,7 @@ def test_a_sweep_stopped_and_rerun_trains_each_trial_once(tmp_path, faulty_gin):
 
     # The table: every trial, best eval loss first; the same in --results.
     table = rerun.stdout.split("sweep: 6 trials in ")[1].splitlines()
-    assert table[0] == f"{sweep_dir}, best eval_eval loss first"
+    assert table[0] == f"{sweep_dir}, best first by loss on 'eval'"
     assert table[1].split() == ["trial", "step", "loss", "accuracy", "best", "loss", "at", "step"]
     recorded = json.loads(results.read_text())
     assert recorded["metric"] == "loss" and recorded["higher"] is False
@@ -141,3 +141,17 @@ def test_a_grid_is_every_combination_named_by_its_values():
         "optimizers.Adam.epsilon = 1e-7",
         "scope/Adam.epsilon = '/tmp/x y'",
     ]
+
+
+def test_a_sweep_of_the_devices_runs_each_trial_as_a_command_of_its_own(tmp_path, data_dir):
+    sweep_dir = tmp_path / "devices"
+    args = digits_args(data_dir, sweep_dir, "--gin_file", "experiments/smoke.gin")
+    proc = run_cli(*args, "--sweep", "Estimator.num_devices = [1, 2]")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert " on 1 device (CPU:0) " in proc.stdout  # a process splits its CPU once
+    assert " on 2 devices (CPU:0, CPU:1), towers " in proc.stdout
+    for name in ("num_devices=1", "num_devices=2"):
+        record = json.loads((sweep_dir / name / sweep.TRIAL_FILE).read_text())
+        assert record["trial"] == name and record["global_step"] == 10
+        assert record["bindings"] == {"Estimator.num_devices": name[-1]}
+    assert proc.stdout.split("sweep: 2 trials in ")[1].count("num_devices=") == 2

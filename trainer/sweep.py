@@ -313,12 +313,13 @@ def table(rows: list[dict], metric: str, higher: bool, model_dir: str):
     names = [n for n in names if n not in ("step", "time", "writer")]
     width = max(5, *(len(r["trial"]) for r in rows))
     cells = [max(10, len(n) + 2) for n in names]
-    kind = next((r["history"][0]["writer"] for r in rows if r["history"]), "train")
+    writer = next((r["history"][0]["writer"] for r in rows if r["history"]), "train")
+    by = f"training {metric}" if writer == "train" else f"{metric} on {writer[5:]!r}"
     header = f"{'trial':<{width}}{'step':>8}" + "".join(
         f"{n:>{c}}" for n, c in zip(names, cells, strict=True)
     )
     lines = [
-        f"sweep: {len(rows)} trials in {model_dir}, best {kind} {metric} first",
+        f"sweep: {len(rows)} trials in {model_dir}, best first by {by}",
         header + f"{'best ' + metric:>{len(metric) + 7}}{'at step':>9}",
     ]
     for row in rows:
