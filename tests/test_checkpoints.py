@@ -1,13 +1,15 @@
 """Checkpoints on their own: round trip, what is kept, mismatches, config record, warm start."""
 
+import json
 import os
 
 import keras
 import pytest
 import tensorflow as tf
 
+from tests.conftest import digits_args, run_cli
 from tests.helpers import checkpoint_steps
-from trainer import ModelFn, Spec, UserError, checkpoints, warm_start
+from trainer import ModelFn, Spec, UserError, checkpoints, saving, warm_start
 
 
 class Two(ModelFn):
@@ -34,14 +36,14 @@ def built(width=4, value=None):
 
 def test_the_newest_checkpoint_comes_back_and_only_the_last_ones_are_kept(tmp_path):
     model, step = built(value=1.0), tf.Variable(0, dtype=tf.int64)
-    saver = checkpoints.Checkpointer(str(tmp_path), 2, model=model, step=step)
+    saver = saving.Checkpointer(str(tmp_path), 2, model=model, step=step)
     for s in (10, 20, 30):
         step.assign(s)
         saver.save(s)
     assert checkpoint_steps(tmp_path) == [20, 30]
     assert checkpoints.step_of(checkpoints.latest_checkpoint(str(tmp_path))) == 30
     fresh, fresh_step = built(value=0.0), tf.Variable(0, dtype=tf.int64)
-    loader = checkpoints.Checkpointer(str(tmp_path), model=fresh, step=fresh_step)
+    loader = saving.Checkpointer(str(tmp_path), model=fresh, step=fresh_step)
     assert loader.restore_latest().endswith("ckpt-30")
     assert int(fresh_step.numpy()) == 30
     assert float(fresh.body.kernel.numpy()[0, 0]) == 1.0
@@ -50,8 +52,8 @@ def test_the_newest_checkpoint_comes_back_and_only_the_last_ones_are_kept(tmp_pa
 
 
 def test_a_checkpoint_of_another_model_is_named_in_one_line(tmp_path):
-    checkpoints.Checkpointer(str(tmp_path), model=built(width=4)).save(1)
-    other = checkpoints.Checkpointer(str(tmp_path), model=built(width=5))
+    saving.Checkpointer(str(tmp_path), model=built(width=4)).save(1)
+    other = saving.Checkpointer(str(tmp_path), model=built(width=5))
     with pytest.raises(UserError) as raised:
         other.restore_latest()
     message = str(raised.value)
@@ -74,7 +76,7 @@ def test_the_config_record_guards_resume_and_keeps_the_text(tmp_path):
 
 
 def test_a_warm_start_takes_only_the_weights_its_pattern_names(tmp_path):
-    checkpoints.Checkpointer(str(tmp_path), model=built(value=3.0)).save(5)
+    saving.Checkpointer(str(tmp_path), model=built(value=3.0)).save(5)
     model = built(value=0.0)
     warm_start.warm_start(model, str(tmp_path), pattern="^body")
     assert float(model.body.kernel.numpy()[0, 0]) == 3.0
@@ -87,13 +89,13 @@ def test_a_relative_model_dir_lists_restores_warm_starts_and_names_damage(tmp_pa
     """As a user types it: ``output/run``, relative to the working directory."""
     monkeypatch.chdir(tmp_path)
     model, step = built(value=1.0), tf.Variable(0, dtype=tf.int64)
-    saver = checkpoints.Checkpointer("output/run", 5, model=model, step=step)
+    saver = saving.Checkpointer("output/run", 5, model=model, step=step)
     for s in (10, 20):
         step.assign(s)
         saver.save(s)
     assert checkpoints.all_checkpoints("output/run") == ["output/run/ckpt-10", "output/run/ckpt-20"]
     assert checkpoints.latest_checkpoint("output/run") == "output/run/ckpt-20"
-    again = checkpoints.Checkpointer("output/run", 5, model=built(value=0.0), step=step)
+    again = saving.Checkpointer("output/run", 5, model=built(value=0.0), step=step)
     assert again.restore_latest() == "output/run/ckpt-20"
     warm = built(value=0.0)
     warm_start.warm_start(warm, "output/run", "^body")
@@ -112,7 +114,7 @@ def test_a_relative_model_dir_lists_restores_warm_starts_and_names_damage(tmp_pa
 )
 def test_an_empty_binary_or_foreign_checkpoint_list_is_rebuilt_from_the_files(tmp_path, pointer):
     model, step = built(value=1.0), tf.Variable(10, dtype=tf.int64)
-    checkpoints.Checkpointer(str(tmp_path), 5, model=model, step=step).save(10)
+    saving.Checkpointer(str(tmp_path), 5, model=model, step=step).save(10)
     (tmp_path / "checkpoint").write_bytes(pointer)
     assert checkpoints.latest_checkpoint(str(tmp_path)) == f"{tmp_path}/ckpt-10"
 
@@ -123,13 +125,60 @@ def test_checkpoints_listed_again_after_a_lost_list_are_still_deleted_past_the_l
     """The list rebuilt from the files keeps each checkpoint's time: without it TensorFlow
     kept every checkpoint listed forever (4 of keep_checkpoint_max = 2, and growing)."""
     model, step = built(value=1.0), tf.Variable(0, dtype=tf.int64)
-    saver = checkpoints.Checkpointer(str(tmp_path), 5, model=model, step=step)
+    saver = saving.Checkpointer(str(tmp_path), 5, model=model, step=step)
     for s in (10, 20, 30, 40):
         saver.save(s)
     os.remove(tmp_path / "checkpoint")
     assert checkpoints.latest_checkpoint(str(tmp_path), repair=True).endswith("ckpt-40")
-    rerun = checkpoints.Checkpointer(str(tmp_path), 2, model=model, step=step)
+    rerun = saving.Checkpointer(str(tmp_path), 2, model=model, step=step)
     for s in (50, 60):
         rerun.save(s)
     assert checkpoint_steps(tmp_path) == [50, 60]
     assert [checkpoints.step_of(p) for p in checkpoints.all_checkpoints(str(tmp_path))] == [50, 60]
+
+
+def test_checkpoint_policies_hold_across_restarts_and_a_lost_list(tmp_path, data_dir):
+    """The newest two, every multiple of 25 and the best export's step are kept and
+    listed; after a restart, and after the list was lost, the same rule; a kept
+    checkpoint is evaluated by its step."""
+    model_dir = tmp_path / "run"
+    policy = [
+        "MLP.hidden_units = [32]",
+        "Estimator.save_checkpoints_steps = 10",
+        "Estimator.keep_checkpoint_max = 2",
+        "Estimator.keep_checkpoint_every_steps = 25",  # saved there too, off the cadence
+        "Estimator.keep_best_checkpoints = True",
+        "Estimator.export_best_metric = 'loss'",
+        "Estimator.export_best_higher = False",
+        "experiment.eval_every_steps = 20",
+        "experiment.eval_steps = 2",
+    ]
+    args = digits_args(data_dir, model_dir, *(a for b in policy for a in ("--gin_param", b)))
+
+    def run(max_steps, *extra):
+        proc = run_cli(*args, "--gin_param", f"experiment.max_steps = {max_steps}", *extra)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        best = json.loads((model_dir / "export" / "best" / "best.json").read_text())
+        saved = sorted({*range(10, max_steps + 1, 10), *range(25, max_steps + 1, 25)})
+        kept = sorted({*saved[-2:], *range(25, max_steps + 1, 25), best[0]["step"]})
+        assert checkpoint_steps(model_dir) == kept
+        listed = checkpoints.all_checkpoints(str(model_dir))
+        assert [checkpoints.step_of(p) for p in listed] == kept
+        return proc
+
+    run(60)
+    run(80)  # restarted
+    (model_dir / "checkpoint").unlink()
+    assert f"found {len(checkpoint_steps(model_dir))} checkpoints by their files" in run(100).stderr
+    results = tmp_path / "at25.json"
+    evaluated = run_cli(
+        *args, "--schedule", "evaluate", "--checkpoint", "25", "--results", str(results)
+    )
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert json.loads(results.read_text())["global_step"] == 25
+    missing = run_cli(*args, "--schedule", "export", "--checkpoint", "30")
+    assert missing.returncode == 2 and missing.stderr.strip() == (
+        f"error: no checkpoint of step 30 in {model_dir} (its checkpoints: "
+        + ", ".join(map(str, checkpoint_steps(model_dir)))
+        + "): name one of them, or keep more (Estimator.keep_checkpoint_every_steps)"
+    )

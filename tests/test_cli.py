@@ -78,6 +78,7 @@ def test_help_lists_the_trainers_own_flags_and_exits_0():
         "--model_dir",
         "--schedule",
         "--results",
+        "--checkpoint",
         "--profile_steps",
         "--run_eagerly",
         "--overwrite_config",

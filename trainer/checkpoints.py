@@ -151,7 +151,7 @@ def latest_checkpoint(model_dir: str, repair: bool = False) -> str | None:
                 " (the list is rewritten)" if repair else "",
             )
             if repair:
-                _relist(model_dir, paths)
+                relist(model_dir, paths)
     if not paths:
         return None
     problem = damage(paths[-1])
@@ -214,7 +214,7 @@ def numeric_bytes(reader) -> int:
     )
 
 
-def _read_error(error: Exception) -> str:
+def read_error(error: Exception) -> str:
     """What a failed read of a checkpoint says, without TensorFlow's op and path."""
     if isinstance(error, tf.errors.OpError):
         return re.sub(r"TensorBundle at \S+ ", "", errors.op_error_text(error))
@@ -276,7 +276,7 @@ def _found(model_dir: str) -> list[str]:
     return sorted(paths, key=step_of)
 
 
-def _relist(model_dir: str, paths: list[str]) -> None:
+def relist(model_dir: str, paths: list[str]) -> None:
     """Writes a new ``checkpoint`` file listing ``paths`` (newest last).
 
     Each with the time its index was written: a list without times makes TensorFlow's
@@ -307,146 +307,9 @@ def saved_ints(path: str | None, **defaults: int) -> dict[str, int]:
             for name, key in keys.items()
         }
     except READ_ERRORS as error:
-        raise Damaged(path, _read_error(error)) from None
+        raise Damaged(path, read_error(error)) from None
 
 
 def step_of(path: str) -> int:
     """The global step a checkpoint path was saved at (``.../ckpt-1200`` -> 1200)."""
     return int(path.rsplit("-", 1)[1])
-
-
-class Checkpointer:
-    """Saves every named trackable together and restores the newest checkpoint.
-
-    Args:
-      model_dir: where checkpoints and the ``checkpoint`` index file live.
-      max_to_keep: how many recent checkpoints to keep (older ones are deleted).
-      **trackables: what to save: model, optimizer, step, input iterator, RNG state.
-    """
-
-    def __init__(
-        self, model_dir: str, max_to_keep: int = 5, save_dir: str | None = None, **trackables
-    ):
-        self.model_dir = model_dir
-        # Another worker than the chief saves to a scratch directory and removes it:
-        # what every worker restores is the chief's, in model_dir (trainer/workers.py).
-        self.scratch = save_dir if save_dir not in (None, model_dir) else None
-        self.saved: str | None = None
-        self.checkpoint = tf.train.Checkpoint(**trackables)
-        model = trackables.get("model")
-        self._variables = [  # to name a mismatched variable by its Keras path
-            *getattr(model, "trainable_variables", []),
-            *getattr(model, "non_trainable_variables", []),
-        ]
-        self.found = latest_checkpoint(model_dir)  # checked whole; found by its files if need be
-        self.manager = tf.train.CheckpointManager(
-            self.checkpoint,
-            self.scratch or model_dir,
-            max_to_keep=max_to_keep,
-            checkpoint_name=CHECKPOINT_NAME,
-        )
-
-    @property
-    def latest(self) -> str | None:
-        """The newest checkpoint's path prefix, or None."""
-        if self.scratch:
-            return self.saved or self.found
-        return self.manager.latest_checkpoint or self.found
-
-    def restore_latest(self, partial: bool = False) -> str | None:
-        """Restores the newest checkpoint, if any, and returns its path.
-
-        Args:
-          partial: allow the checkpoint to hold state this object does not ask for
-            (an evaluator does not need the training input iterator); what it asks for
-            must be there either way.
-
-        Raises:
-          UserError: the checkpoint was written by a different model or input pipeline.
-        """
-        path = self.latest
-        if path is None:
-            return None
-        try:
-            status = self.checkpoint.restore(path)
-            if partial:
-                status.expect_partial()
-            status.assert_existing_objects_matched()
-        except READ_ERRORS as error:
-            raise Damaged(path, _read_error(error)) from None
-        except (AssertionError, ValueError, tf.errors.OpError) as error:
-            raise UserError(
-                f"checkpoint {path} does not fit this model: {_mismatch(error, self._variables)}; "
-                "train in a "
-                "new --model_dir, or restore the config this checkpoint was trained with"
-            ) from None
-        logging.info("Restored %s", path)
-        return path
-
-    def restore(self, path: str) -> None:
-        """Restores one given checkpoint (used to roll back to the last good state)."""
-        self.checkpoint.restore(path).assert_existing_objects_matched()
-        logging.info("Restored %s", path)
-
-    def save(self, step: int) -> str:
-        """Writes a checkpoint numbered by ``step`` unless one for it exists already.
-
-        Raises:
-          UserError: the write failed (disk full, permissions); partial files are removed
-            and the previous checkpoint stays the newest.
-        """
-        if self.latest is not None and step_of(self.latest) == step:
-            return self.latest
-        try:
-            path = self.manager.save(checkpoint_number=step)
-        except (tf.errors.OpError, OSError) as error:
-            self._remove_partial(step, self.scratch or self.model_dir)
-            reason = errors.first_line(error)
-            raise UserError(
-                f"could not write checkpoint {CHECKPOINT_NAME}-{step} in {self.model_dir} "
-                f"({reason}); free space or choose another --model_dir. The newest complete "
-                f"checkpoint is still {self.latest}"
-            ) from None
-        if self.scratch:  # the chief's copy is the one kept
-            self._remove_partial(step, self.scratch)
-            self.saved = path = os.path.join(self.model_dir, os.path.basename(path))
-            return path
-        logging.info("Saved checkpoint %s", path)
-        return path
-
-    @staticmethod
-    def _remove_partial(step: int, directory: str) -> None:
-        prefix = os.path.join(directory, f"{CHECKPOINT_NAME}-{step}")
-        for path in tf.io.gfile.glob(prefix + ".*") + tf.io.gfile.glob(prefix + "_temp*"):
-            if tf.io.gfile.isdir(path):
-                tf.io.gfile.rmtree(path)
-            else:
-                tf.io.gfile.remove(path)
-
-
-def _mismatch(error: Exception, variables: list) -> str:
-    """Names the variables a failed restore complained about, in one line.
-
-    TensorFlow names a variable by its short name (``dense/kernel``); when exactly one
-    of ``variables`` has the shape it complains about, its Keras path is used instead.
-    """
-    text = str(error)
-    if "DeserializeIterator" in text:
-        return (
-            "its saved input position does not fit this input pipeline (did the input_fn change?)"
-        )
-    shapes = re.search(
-        r"incompatible tensor with shape (\(.*?\)) when attempting to restore "
-        r"variable with shape (\(.*?\)) and name (\S+)",
-        text,
-    )
-    if shapes:
-        name = re.sub(r"(:0)?\.?$", "", shapes.group(3))
-        same = [v.path for v in variables if str(tuple(v.shape)) == shapes.group(2)]
-        name = same[0] if len(same) == 1 else name
-        return f"{name} has shape {shapes.group(2)} here but {shapes.group(1)} in the checkpoint"
-    paths = sorted(set(re.findall(r"path=([^,>\s]+)", text)))
-    if paths:
-        shown = ", ".join(paths[:6]) + (f" and {len(paths) - 6} more" if len(paths) > 6 else "")
-        return f"no saved value for {shown}"
-    return errors.first_line(text)

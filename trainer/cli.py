@@ -56,16 +56,19 @@ _CREATED_DIRS: list[str] = []  # directories this run made, deepest first
 # how often, not what is trained (estimator.RESUMABLE_SETTINGS lists the
 # Estimator's).
 RESUMABLE = ("max_steps", "eval_every_steps", "eval_steps", "eval_input_fns")
+INFERENCE = ("evaluate", "predict", "export")  # the schedules --checkpoint applies to
 
 
 @gin.configurable(
-    "experiment", denylist=["model_dir", "schedule", "overwrite_config", "profile_steps"]
+    "experiment",
+    denylist=["model_dir", "schedule", "overwrite_config", "profile_steps", "checkpoint"],
 )
 def experiment(
     model_dir: str,
     schedule: str,
     overwrite_config: bool = False,
     profile_steps: tuple[int, int] | None = None,
+    checkpoint: int | None = None,
     model_fn=gin.REQUIRED,
     input_fn=gin.REQUIRED,
     eval_input_fns=None,
@@ -82,6 +85,8 @@ def experiment(
       schedule: from ``--schedule``.
       overwrite_config: from ``--overwrite_config``: resume under a changed config.
       profile_steps: from ``--profile_steps``.
+      checkpoint: from ``--checkpoint``: the step whose checkpoint evaluate, predict and
+        export use instead of the newest.
       model_fn: the model, e.g. ``@MLP()``.
       input_fn: ``input_fn(mode, params)`` for training (and eval, unless
         ``eval_input_fns`` is given), e.g. ``@digits.input_fn``.
@@ -118,7 +123,8 @@ def experiment(
             estimator.train(input_fn, max_steps)
     elif schedule == "evaluate":
         metrics = {
-            name: estimator.evaluate(fn, eval_steps, name) for name, fn in eval_input_fns.items()
+            name: estimator.evaluate(fn, eval_steps, name, checkpoint)
+            for name, fn in eval_input_fns.items()
         }
     elif schedule == "train_and_evaluate":
         with recorded:
@@ -128,9 +134,9 @@ def experiment(
     elif schedule == "continuous_eval":
         metrics = estimator.continuous_evaluate(eval_input_fns, max_steps, eval_steps)
     elif schedule == "predict":
-        return {"predictions": estimator.predict(input_fn), "model_dir": model_dir}
+        return {"predictions": estimator.predict(input_fn, checkpoint), "model_dir": model_dir}
     elif schedule == "export":
-        path = estimator.export(input_fn)
+        path = estimator.export(input_fn, checkpoint=checkpoint)
         return {
             "global_step": estimator.step,
             "model_dir": model_dir,
@@ -232,6 +238,11 @@ def _run(params: list[str], model_dir: str | None, results: str | None):
         model_dir = _model_dir(model_dir)
         _CREATED_DIRS[:] = writer_lock.missing_dirs(model_dir)
         _check_writable(model_dir, "--model_dir")
+        if FLAGS.checkpoint is not None and FLAGS.schedule not in INFERENCE:
+            raise UserError(
+                f"--checkpoint={FLAGS.checkpoint} names the checkpoint --schedule evaluate, "
+                f"predict or export uses; --schedule={FLAGS.schedule} trains on from the newest"
+            )
         if FLAGS.schedule == "predict" and not results:
             raise UserError("--schedule=predict needs --results=PATH.jsonl to write to")
         if results:
@@ -267,6 +278,7 @@ def _run(params: list[str], model_dir: str | None, results: str | None):
             schedule=FLAGS.schedule,
             overwrite_config=FLAGS.overwrite_config,
             profile_steps=profile,
+            checkpoint=FLAGS.checkpoint,
         )
         logs.keep_log(model_dir)
         _report(result, FLAGS.schedule, results)

@@ -40,6 +40,12 @@ flags.DEFINE_string(
     "Write results here: JSON with global_step and the final metrics of each eval set; "
     "for --schedule=predict, one JSON line of predictions per example.",
 )
+flags.DEFINE_integer(
+    "checkpoint",
+    None,
+    "The step of the checkpoint that --schedule evaluate, predict or export uses, instead "
+    "of the newest (one the model_dir keeps: see Estimator.keep_checkpoint_every_steps).",
+)
 flags.DEFINE_list(
     "profile_steps",
     None,
@@ -63,9 +69,9 @@ flags.DEFINE_string(
 flags.DEFINE_multi_string(
     "sweep",
     [],
-    "A binding with a list of values, e.g. 'Adam.learning_rate = [1e-3, 1e-2]': one trial "
-    "per value (repeat for a grid), each in a model_dir under --model_dir named by its "
-    "values, then a table of them all. Rerunning the command resumes the sweep.",
+    "One trial per value of a binding's list, as 'Adam.learning_rate = [1e-3, 1e-2]' (repeat "
+    "for a grid), each in a model_dir under --model_dir named by its values, then a table "
+    "of them all. Rerunning the command resumes the sweep.",
 )
 flags.DEFINE_integer(
     "workers",

@@ -29,6 +29,7 @@ from trainer import (
     logs,
     precision,
     rules,
+    saving,
     serving,
     training,
 )
@@ -48,6 +49,9 @@ RESUMABLE_SETTINGS = (
     "log_every_steps",
     "save_checkpoints_steps",
     "keep_checkpoint_max",
+    "keep_checkpoint_every_steps",
+    "keep_best_checkpoints",
+    "async_checkpoints",
     "steps_per_loop",
     "eval_batch_size",
     "nonfinite_loss",
@@ -98,6 +102,13 @@ class Estimator:
       log_every_steps: how often to write train scalars and print progress.
       save_checkpoints_steps: how often to checkpoint (also always at the end).
       keep_checkpoint_max: how many recent checkpoints to keep.
+      keep_checkpoint_every_steps: also keep, for good, a checkpoint at every multiple
+        of this step (saved there if the cadence would not); the same on every restart.
+      keep_best_checkpoints: also keep the checkpoints of the best exports (those
+        ``export_best_metric`` ranks; it must be set), each listed by its step.
+      async_checkpoints: write checkpoints in the background, training waiting only
+        while the values are copied; None (default) does where it is safe (one device,
+        or towers; not under a tf.distribute strategy).
       seed: seed given to input_fns (shuffling); None for nondeterministic input.
       checkpoint_input: resume the training input at the exact next batch instead of
         restarting the data: a positioned dataset (``datasets/`` pipelines) by its
@@ -183,6 +194,9 @@ class Estimator:
         log_every_steps: int = 100,
         save_checkpoints_steps: int | None = 1000,
         keep_checkpoint_max: int = 5,
+        keep_checkpoint_every_steps: int | None = None,
+        keep_best_checkpoints: bool = False,
+        async_checkpoints: bool | None = None,
         seed: int | None = None,
         checkpoint_input: bool = True,
         clip_gradient_norm: float | None = None,
@@ -287,6 +301,13 @@ class Estimator:
         self.early_stopping = evaluation.early_stopping(
             early_stopping_metric, early_stopping_patience, early_stopping_higher
         )
+        self.checkpoint_policy = saving.policy(
+            keep_checkpoint_every_steps,
+            keep_best_checkpoints,
+            async_checkpoints,
+            self.best_exporter,
+            distribution=None if self.placement.strategy is None else distribution,
+        )
 
     # ---------------------------------------------------------------- public API
 
@@ -306,28 +327,36 @@ class Estimator:
 
     @_speaking
     def evaluate(
-        self, input_fn: InputFn, steps: int | None = None, name: str = "eval"
+        self,
+        input_fn: InputFn,
+        steps: int | None = None,
+        name: str = "eval",
+        checkpoint: int | None = None,
     ) -> dict[str, float]:
         """Evaluates on the whole eval set (or its first ``steps`` batches).
 
         Uses the weights in memory after ``train``; otherwise restores the newest
-        checkpoint. Writes the metrics to ``model_dir/eval_<name>`` at the global step.
+        checkpoint, or the one of step ``checkpoint``. Writes the metrics to
+        ``model_dir/eval_<name>`` at the global step.
 
         Returns:
           Mean loss and metrics over every example seen, keyed by metric name.
         """
         dataset = self.inputs.dataset(input_fn, Mode.EVAL)
+        if checkpoint is not None:
+            self.model.build(dataset.element_spec, Mode.EVAL)
+            self.model.restore_for_inference(self.model_dir, checkpoint)
         return self._evaluate(dataset, steps, name)
 
-    def predict(self, input_fn: InputFn) -> Iterator[dict[str, Any]]:
+    def predict(self, input_fn: InputFn, checkpoint: int | None = None) -> Iterator[dict[str, Any]]:
         """One dict of numpy predictions per example of ``input_fn(PREDICT)``, as they come.
 
-        The model is built and restored now, so a mistake is raised here, not at the
-        first prediction.
+        The model is built and restored now (the checkpoint of step ``checkpoint`` if
+        given), so a mistake is raised here, not at the first prediction.
         """
         dataset = self.inputs.dataset(input_fn, Mode.PREDICT)
         steps = self.model.build(dataset.element_spec, Mode.PREDICT)
-        self.model.restore_for_inference(self.model_dir)
+        self.model.restore_for_inference(self.model_dir, checkpoint)
         return self._predictions(dataset, steps)
 
     def _predictions(self, dataset: tf.data.Dataset, steps) -> Iterator[dict[str, Any]]:
@@ -366,7 +395,7 @@ class Estimator:
         """
         eval_sets = self.inputs.eval_datasets(eval_input_fns)
         self.model.build(next(iter(eval_sets.values())).element_spec, Mode.EVAL)
-        checkpointer = checkpoints.Checkpointer(
+        checkpointer = saving.Checkpointer(
             self.model_dir, **self.model.checkpoint_items(optimizer=False)
         )
         results: dict[str, dict[str, float]] = {}
@@ -383,22 +412,26 @@ class Estimator:
         return results
 
     @_speaking
-    def export(self, input_fn: InputFn, export_dir: str | None = None) -> str:
+    def export(
+        self, input_fn: InputFn, export_dir: str | None = None, checkpoint: int | None = None
+    ) -> str:
         """Writes a SavedModel whose signatures map examples to predictions (``trainer.serving``).
 
-        Uses the weights in memory after training, otherwise the newest checkpoint (and
-        the moving average of the weights when ``ema_decay`` is set).
+        Uses the weights in memory after training, otherwise the newest checkpoint or
+        that of step ``checkpoint`` (and the moving average of the weights when
+        ``ema_decay`` is set).
 
         Args:
           input_fn: its PREDICT dataset fixes the signature's feature shapes and dtypes.
           export_dir: where to write; default ``model_dir/export/<global step>``.
+          checkpoint: the step of the checkpoint to export.
 
         Returns:
           The export directory.
         """
         dataset = self.inputs.dataset(input_fn, Mode.PREDICT)
         self.model.build(dataset.element_spec, Mode.PREDICT)
-        self.model.restore_for_inference(self.model_dir)
+        self.model.restore_for_inference(self.model_dir, checkpoint)
         target = export_dir or os.path.join(self.model_dir, "export", str(self.step))
         return self._save_model(dataset, Mode.PREDICT, target)
 
@@ -438,6 +471,7 @@ class Estimator:
             self.best_exporter,
             lambda path: self._save_model(first, Mode.EVAL, path),
             self.early_stopping,
+            self._exported,
         )
         self._train(
             train_input_fn,
@@ -447,6 +481,12 @@ class Estimator:
             ready=lambda: self.model.build(first.element_spec, Mode.EVAL),
         )
         return evaluations.final(self.step)
+
+    def _exported(self) -> None:
+        """The best exports changed: so may the checkpoints kept for them."""
+        policy = self.checkpoint_policy
+        if policy.keep_best and self.placement.worker is None:
+            policy.retention(self.model_dir, self.settings.keep_checkpoint_max).add()
 
     @property
     def step(self) -> int:
@@ -472,6 +512,7 @@ class Estimator:
                 self.writers,
                 self.model_dir,
                 self.config,
+                self.checkpoint_policy,
             )
             return run.run(input_fn, max_steps, extra, hooks_, ready)
 

@@ -62,6 +62,7 @@ class Evaluations:
       best_exporter: exports when the first set's metric ranks among the best, or None.
       export_model: ``export_model(path)`` writes a SavedModel there.
       early_stopping: when the first set's metric stopped improving, or None.
+      exported: called after a best export (the checkpoints kept may change).
     """
 
     def __init__(
@@ -71,8 +72,9 @@ class Evaluations:
         best_exporter: export.BestExporter | None,
         export_model: Callable[[str], str],
         early_stopping: hooks.Patience | None,
+        exported: Callable[[], None] = lambda: None,
     ):
-        self.evaluate, self.names = evaluate, names
+        self.evaluate, self.names, self.exported = evaluate, names, exported
         self.best_exporter, self.export_model = best_exporter, export_model
         self.early_stopping = early_stopping
         self.results: dict[str, Metrics] = {}
@@ -85,7 +87,8 @@ class Evaluations:
         self.evaluated_at.append(step)
         first = self.results[self.names[0]]
         if self.best_exporter is not None:
-            self.best_exporter.maybe_export(step, first, self.export_model)
+            if self.best_exporter.maybe_export(step, first, self.export_model):
+                self.exported()
         if self.early_stopping is not None and self.early_stopping.should_stop(first, step):
             raise hooks.StopTraining(
                 f"early stopping at step {step}: {self.early_stopping.metric} has not "

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 import keras
 import tensorflow as tf
 
-from trainer import checkpoints, custom_step, errors, groups, precision
+from trainer import checkpoints, custom_step, errors, groups, precision, saving
 from trainer import rules as rules_
 from trainer.distribution import Placement
 from trainer.errors import UserError
@@ -176,13 +176,13 @@ class ModelState:
             items["ema"] = self.ema.averages
         return items
 
-    def restore_for_inference(self, model_dir: str) -> None:
-        """Restores the newest checkpoint unless the weights in memory are trained."""
-        if self.has_state:
+    def restore_for_inference(self, model_dir: str, step: int | None = None) -> None:
+        """Restores the checkpoint of ``step``, else the newest unless memory is trained."""
+        if self.has_state and step is None:
             return
-        checkpointer = checkpoints.Checkpointer(model_dir, **self.checkpoint_items(False))
+        checkpointer = saving.Checkpointer(model_dir, **self.checkpoint_items(False))
         try:
-            restored = checkpointer.restore_latest(partial=True)
+            restored = checkpointer.restore_latest(partial=True, step=step)
         except checkpoints.Damaged:
             raise
         except UserError:

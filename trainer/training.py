@@ -8,6 +8,7 @@ compiled block of steps; one step function touches the model.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -28,6 +29,7 @@ from trainer import (
     logs,
     monitoring,
     preemption,
+    saving,
     warm_start,
     workers,
 )
@@ -88,6 +90,7 @@ class TrainingRun:
       writers: TensorBoard writers of the model_dir.
       model_dir: where checkpoints go.
       config: the operative config, checked before resuming and written on start.
+      policy: which checkpoints are kept, and whether they are written in the background.
     """
 
     def __init__(
@@ -99,10 +102,11 @@ class TrainingRun:
         writers: Writers,
         model_dir: str,
         config: checkpoints.ConfigRecord,
+        policy: saving.Policy,
     ):
         self.settings, self.model, self.inputs = settings, model, inputs
         self.placement, self.writers, self.model_dir = placement, writers, model_dir
-        self.config = config
+        self.config, self.policy = config, policy
         self.iterator: Any = None
         self.check_saved_input = False  # a saved iterator's size is checked once
         self.config_written = False
@@ -159,6 +163,7 @@ class TrainingRun:
         actions = [
             hooks.Periodic(self.settings.log_every_steps, log),
             hooks.Periodic(self.settings.save_checkpoints_steps, self.save),
+            hooks.Periodic(self.policy.keep_every, self.save),
             *self._tensorboard_actions(input_fn),
             *extra,
         ]
@@ -167,6 +172,7 @@ class TrainingRun:
             if not actions[0].is_due(step):  # the end: log and save unless just done
                 log(step)
             self.save(step)
+            self.checkpointer.wait()  # training returns with its checkpoints whole
         except workers.PEER_ERRORS as error:
             if self.placement.workers is None:
                 raise
@@ -175,6 +181,8 @@ class TrainingRun:
             ) from None
         finally:
             log.progress.close()
+            with contextlib.suppress(UserError):  # the error on its way says more
+                self.checkpointer.wait()
         self.input_wait.report()
         return step
 
@@ -193,6 +201,8 @@ class TrainingRun:
         started = time.perf_counter()
         try:
             path = self.checkpointer.save(step)
+            if first:  # whole before its record counts, and its input is measured
+                self.checkpointer.wait()
         except UserError:
             if new_record:
                 self.config.remove()
@@ -239,10 +249,13 @@ class TrainingRun:
         if self.settings.checkpoint_input and self.iterator is not None and not self.positioned:
             state.update(self.inputs.iterator_state(self.iterator, latest))
             self.check_saved_input = True
-        self.checkpointer = checkpoints.Checkpointer(
+        self.checkpointer = saving.Checkpointer(
             self.model_dir,
             self.settings.keep_checkpoint_max,
             save_dir=self.placement.write_dir(self.model_dir),
+            keep_every=self.policy.keep_every,
+            protected=self.policy.protected,
+            background=self.policy.background,
             **state,
         )
         if self.checkpointer.latest is not None:
@@ -311,6 +324,7 @@ class TrainingRun:
                 signalled = self.placement.signalled(signals)  # any worker's, under multi_worker
                 if signalled:
                     path = self.save(step)
+                    self.checkpointer.wait()
                     raise Preempted(
                         f"{signalled}: saved {path} at step {step}; rerun the same "
                         "command to resume"
@@ -328,6 +342,7 @@ class TrainingRun:
             return
         try:
             self.save(step)
+            self.checkpointer.wait()
         except UserError:  # the failing action was a save, and it failed again
             return
 
