@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from trainer import UserError, evaluation, hooks
-from trainer.checkpoints import Checkpointer
+from trainer.saving import Checkpointer
 
 
 def test_one_input_fn_is_the_eval_set_named_eval():
