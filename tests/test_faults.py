@@ -259,6 +259,40 @@ def saved_state(model_dir):
     }
 
 
+def test_sigkill_during_a_background_save_resumes_bitwise_exact(tmp_path, data_dir):
+    """Killed while a save is written in the background (its files half there): the
+    list still names the checkpoint before, and the rerun ends as an unbroken run."""
+    args = ["--gin_file", "experiments/digits_mlp.gin", "--schedule", "train"]
+    for binding in (
+        f"digits.input_fn.data_dir = '{data_dir}'",
+        "MLP.hidden_units = [2048, 2048]",  # a 52 MB checkpoint: its write takes a while
+        "experiment.deterministic = True",
+        "experiment.max_steps = 60",
+        "Estimator.save_checkpoints_steps = 20",  # the first save waits, the next do not
+        "Estimator.steps_per_loop = 20",
+    ):
+        args += ["--gin_param", binding]
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    assert run_cli(*args, "--model_dir", str(straight)).returncode == 0
+    proc = start([*args, "--model_dir", str(killed)])
+    try:
+        deadline = time.time() + 120
+        while not list(killed.glob("ckpt-*_temp")) or checkpoint_steps(killed) != [20]:
+            assert proc.poll() is None and time.time() < deadline, "no background save seen"
+            time.sleep(0.001)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert tf.train.latest_checkpoint(str(killed)).endswith("ckpt-20")  # the one before
+    resumed = run_cli(*args, "--model_dir", str(killed))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "from step 20 to 60" in resumed.stdout
+    expected, actual = saved_state(straight), saved_state(killed)
+    assert expected.keys() == actual.keys()
+    for key, value in expected.items():
+        np.testing.assert_array_equal(value, actual[key], err_msg=key)
+
+
 @pytest.mark.parametrize("experiment", ["digits_mlp", "digits_mlp_tfrecord"])
 def test_sigkill_at_random_steps_then_resume_is_bitwise_exact(tmp_path, data_dir, experiment):
     """Two kills at random moments (mid-save included); the end equals an unbroken run.
