@@ -418,6 +418,22 @@ def test_help_as_written(clone):
     assert proc.stdout.startswith("usage: python3 -m trainer --gin_file")
 
 
+SWEEP = (
+    f"{DIGITS} --gin_param 'experiment.max_steps = 300' --model_dir output/digits_sweep "
+    "--sweep 'Adam.learning_rate = [1e-3, 3e-3]' --sweep 'MLP.hidden_units = [[64], [256, 256]]'"
+)
+
+
+def test_sweep_as_written(clone):
+    """README's sweep, from a clone's root: four trials, then their table, best first."""
+    proc = ok(sh(SWEEP, clone))
+    table = proc.stdout.split("sweep: 4 trials in output/digits_sweep, best first by ")[1]
+    rows = [line.split() for line in table.splitlines()[2:6]]
+    assert sorted(row[0] for row in rows) == sorted(os.listdir(clone / "output" / "digits_sweep"))
+    losses = [float(row[2]) for row in rows]
+    assert losses == sorted(losses) and all(row[1] == "300" for row in rows)
+
+
 def test_every_command_shown_is_run_here():
     """Each command shown is one the tests above run, or one NOT_RUN excuses."""
     covered = {
@@ -425,6 +441,7 @@ def test_every_command_shown_is_run_here():
         f"{DIGITS} --gin_file experiments/smoke.gin",
         f"{DIGITS} --workers 2",
         "python3 -m trainer --help",
+        SWEEP,
         "python3 -m datasets.prepare --dataset digits --out data/digits --shards 4",
         "python3 -m datasets.prepare --verify data/digits",
         IMAGES,

@@ -17,6 +17,7 @@ it is whole, so a process killed mid-save resumes from the one before.
 from __future__ import annotations
 
 import dataclasses
+import logging as pylogging
 import os
 import re
 import threading
@@ -329,6 +330,20 @@ class Checkpointer:
         )
 
 
+class _OneTracePerSave(pylogging.Filter):
+    """Drops TensorFlow's "excessive retracing" warning about async checkpointing's copy.
+
+    Each Checkpoint has its own copy function, traced once; TensorFlow counts the
+    traces of all of them together, so the fifth model trained in one process (a
+    sweep's fifth trial) was warned of retracing it did not do.
+    """
+
+    def filter(self, record: pylogging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not ("_copy_to_cpu" in message and "retracing" in message)
+
+
+tf.get_logger().addFilter(_OneTracePerSave())
 _PATCHED: list[bool] = []
 
 

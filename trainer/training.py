@@ -255,7 +255,9 @@ class TrainingRun:
             save_dir=self.placement.write_dir(self.model_dir),
             keep_every=self.policy.keep_every,
             protected=self.policy.protected,
-            background=self.policy.background,
+            # A saved tf.data iterator is copied by its own serialization, which async
+            # checkpointing did not capture exactly (a shuffle buffer resumed apart).
+            background=self.policy.background and "input" not in state,
             **state,
         )
         if self.checkpointer.latest is not None:
