@@ -23,6 +23,7 @@ in its own row, and every worker reads every row.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import json
 import logging as std_logging
@@ -153,6 +154,13 @@ class Workers:
             "same --model_dir"
         )
 
+    def _wait_for_readers(self, store, check: int, seconds: float = 10) -> None:
+        """Waits (a while) until every other worker has read the configs exchanged."""
+        for index in range(1, len(self)):
+            with contextlib.suppress(tf.errors.OpError):  # a worker gone cannot read
+                key = f"trainer/config/{check}/read/{index}"
+                store.get_config_key_value(key, timeout_in_ms=int(seconds * 1000))
+
     def _check_same_config(self, config: str) -> None:
         from tensorflow.python.eager import context  # the key-value store has no public API
 
@@ -164,9 +172,12 @@ class Workers:
         texts = [
             store.get_config_key_value(f"trainer/config/{check}/{i}") for i in range(len(self))
         ]
+        store.set_config_key_value(f"trainer/config/{check}/read/{self.index}", "read")
         for index, text in enumerate(texts[1:], 1):
             changes = config_diff.differences(texts[0], text)
             if changes:
+                if self.index == 0:  # the store ends with the chief: the others read first
+                    self._wait_for_readers(store, check)
                 raise UserError(
                     f"worker {index} was started with another config than worker 0: "
                     f"{'; '.join(changes)} (worker 0 -> {index}); start every worker with the "
