@@ -277,7 +277,10 @@ def test_sigkill_during_a_background_save_resumes_bitwise_exact(tmp_path, data_d
     proc = start([*args, "--model_dir", str(killed)])
     try:
         deadline = time.time() + 120
-        while not list(killed.glob("ckpt-*_temp")) or checkpoint_steps(killed) != [20]:
+        # ckpt-20 waits (listed before training goes on); ckpt-40 is the background one.
+        # (ckpt-20_temp alone would not do: it outlives ckpt-20.index for a moment,
+        # before the list names ckpt-20.)
+        while not list(killed.glob("ckpt-40_temp")) or checkpoint_steps(killed) != [20]:
             assert proc.poll() is None and time.time() < deadline, "no background save seen"
             time.sleep(0.001)
     finally:
