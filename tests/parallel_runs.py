@@ -9,9 +9,10 @@ RUN is ``DISTRIBUTION:DEVICES@GLOBAL_BATCH``, e.g. ``towers:4@30``; ``towers:1``
 single-device reference. A ``/keras`` suffix trains with Keras's own Adam update
 instead of the fused kernel the framework uses where it can (strategies use Keras's);
 ``/clip`` (or ``/keras+clip``) clips the gradient's global norm to 0.1; ``/compiled``
-gives the Estimator the MLP as a compiled Keras model, its optimizer from ``compile``.
+gives the Estimator the MLP as a compiled Keras model, its optimizer from ``compile``;
+``/micro4`` takes each batch in 4 micro-batches.
 Every run trains 50 steps from the same seed; the JSON maps each RUN to its train-loss
-curve (every 10 steps), final weights and eval metrics.
+and gradient-norm curves (every 10 steps), final weights and eval metrics.
 """
 
 import itertools
@@ -62,6 +63,7 @@ def train(out_dir: str, data_dir: str, run: str) -> dict:
         os.path.join(out_dir, "".join(c if c.isalnum() else "_" for c in run)),
         optimizer=None if compiled else optimizer,
         clip_gradient_norm=0.1 if "clip" in options else None,
+        microbatches=4 if "micro4" in options else 1,
         global_batch_size=int(batch),
         steps_per_loop=10,
         log_every_steps=10,
@@ -74,10 +76,11 @@ def train(out_dir: str, data_dir: str, run: str) -> dict:
     def input_fn(mode, params):
         return datasets.digits.input_fn(mode, params, data_dir=data_dir)
 
-    losses = []
-    estimator.train(input_fn, 50, hooks_=[lambda step, logs: losses.append(logs["loss"])])
+    logged = []
+    estimator.train(input_fn, 50, hooks_=[lambda step, logs: logged.append(logs)])
     result = {
-        "losses": losses,
+        "losses": [logs["loss"] for logs in logged],
+        "gradient_norms": [logs["gradient_norm"] for logs in logged],
         "weights": [np.asarray(v.numpy()).tolist() for v in estimator.model_fn.trainable_variables],
         "metrics": estimator.evaluate(input_fn),
     }

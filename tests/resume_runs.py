@@ -7,7 +7,8 @@ before TensorFlow starts (and strategies of different sizes cannot share a proce
 
 (several MAX_STEPS: train to each in turn, printing a table at each; CLIP: clip the
 gradient's global norm to it; RESUME_RUNS_INPUT=own in the environment: the input_fn a
-user writes from arrays instead of the framework's indexed one). Under
+user writes from arrays instead of the framework's indexed one;
+RESUME_RUNS_MICROBATCHES=k: each batch in k micro-batches). Under
 ``multi_worker:1`` each worker process runs it with its TF_CONFIG.
 
 The model holds one weight per example id, its loss is the mean weight of the batch,
@@ -87,11 +88,15 @@ def main(model_dir: str, stops: list[int]) -> None:
         distribution=distribution,
         num_devices="auto" if distribution == "multi_worker" else int(devices),
         clip_gradient_norm=float(sys.argv[4]) if len(sys.argv) > 4 else None,
+        microbatches=int(os.environ.get("RESUME_RUNS_MICROBATCHES", "1")),
     )
+    logged = [{}]
     for max_steps in stops:
-        estimator.train(INPUT_FNS[os.environ.get("RESUME_RUNS_INPUT", "indexed")], max_steps)
+        input_fn = INPUT_FNS[os.environ.get("RESUME_RUNS_INPUT", "indexed")]
+        estimator.train(input_fn, max_steps, hooks_=[lambda step, logs: logged.append(logs)])
         table = estimator.model_fn.table.embeddings.numpy()[:, 0].tolist()
-        print(json.dumps({"step": estimator.step, "table": table}))
+        norm = logged[-1].get("gradient_norm")  # of the last step
+        print(json.dumps({"step": estimator.step, "table": table, "gradient_norm": norm}))
 
 
 if __name__ == "__main__":

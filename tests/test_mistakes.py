@@ -178,6 +178,12 @@ ROWS = {
         gin("Estimator.steps_per_loop = 0"),
         r"Estimator\.steps_per_loop must be a whole number >= 1, got 0",
     ),
+    "keras_gradient_accumulation": (
+        gin("Adam.gradient_accumulation_steps = 4"),
+        r"the optimizer has gradient_accumulation_steps=4, which counts every slice as a step: "
+        r"drop it and set Estimator\.microbatches = 4 \(one step stays one update of the "
+        r"whole batch\)",
+    ),
     "unknown_nan_policy": (
         gin("Estimator.nonfinite_loss = 'ignore'"),
         r"Estimator\.nonfinite_loss must be 'stop' or 'rollback', got 'ignore'",

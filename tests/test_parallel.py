@@ -218,6 +218,9 @@ def device_runs(tmp_path, data_dir, *groups):
 
 def assert_same_training(run, reference, rtol=1e-5):
     np.testing.assert_allclose(run["losses"], reference["losses"], rtol=rtol)
+    # The logged gradient norm (of each block's last step), under strategies too.
+    assert np.all(np.isfinite(run["gradient_norms"]))
+    np.testing.assert_allclose(run["gradient_norms"], reference["gradient_norms"], rtol=rtol * 10)
     for w, r in zip(run["weights"], reference["weights"], strict=True):
         np.testing.assert_allclose(w, r, rtol=rtol, atol=rtol / 10)
     assert run["metrics"]["accuracy"] == pytest.approx(reference["metrics"]["accuracy"])
@@ -233,15 +236,17 @@ def test_one_two_and_four_devices_train_alike(tmp_path, data_dir):
         + ["towers:1@30", "towers:4@30"]  # 30 examples on 4 towers: shards of 8, 8, 7, 7
         + ["towers:1@128/keras", "towers:1@128/keras+clip", "mirrored:2@128/clip"]
         + ["towers:1@128/compiled+keras", "towers:2@128/compiled+keras"]
-        + ["mirrored:2@128/compiled+keras"],
+        + ["mirrored:2@128/compiled+keras", "mirrored:2@128/keras+clip+micro4"],
         # Two MirroredStrategies of different sizes cannot share a process's collectives.
-        ["mirrored:4@128"],
+        ["mirrored:4@128", "towers:4@30/micro4"],
     )
     reference = runs["towers:1@128"]
     assert reference["losses"][-1] < reference["losses"][0] - 0.5  # it did learn
     for run in ["towers:2@128", "towers:4@128"]:
         assert_same_training(runs[run], reference)
     assert_same_training(runs["towers:4@30"], runs["towers:1@30"])
+    # Micro-batches: 30 examples in slices of 7, 8, 7, 8, each on 4 towers.
+    assert_same_training(runs["towers:4@30/micro4"], runs["towers:1@30"])
     # Strategies run Keras's Adam update, one device and towers the fused kernel: the
     # same arithmetic, rounded otherwise, which Adam's division by sqrt(v) amplifies
     # (1e-4 relative in some weights after 50 steps). So they compare with Keras's.
@@ -252,6 +257,7 @@ def test_one_two_and_four_devices_train_alike(tmp_path, data_dir):
     unclipped = runs["towers:1@128/keras"]
     assert abs(clipped["losses"][-1] - unclipped["losses"][-1]) > 0.01  # the clipping acted
     assert_same_training(runs["mirrored:2@128/clip"], clipped)
+    assert_same_training(runs["mirrored:2@128/keras+clip+micro4"], clipped)  # summed, clipped
     # A compiled Keras model trains alike everywhere, and holds the weights afterwards.
     compiled = runs["towers:1@128/compiled+keras"]
     assert compiled["losses"][-1] < compiled["losses"][0] - 0.5

@@ -331,6 +331,11 @@ def test_a_worker_stuck_in_its_input_fn_is_named_and_the_run_ends_resumable(tmp_
     assert not (tmp_path / "run").exists() or checkpoint_steps(tmp_path / "run") == []
 
 
+def weights(stop: dict) -> dict:
+    """What a run printed at a stop, but the gradient norm (rounded by the replica count)."""
+    return {"step": stop["step"], "table": stop["table"]}
+
+
 def test_reruns_on_fewer_or_more_workers_read_what_one_uninterrupted_run_reads(tmp_path):
     """Stopped at step 6 on 2 workers, resumed on 3 to step 12 and on 1 to step 16: every
     step reads the examples one uninterrupted process reads, and the weights are bit-equal
@@ -341,8 +346,8 @@ def test_reruns_on_fewer_or_more_workers_read_what_one_uninterrupted_run_reads(t
         ports = free_ports(count)
         env = [{"TF_CONFIG": tf_config(ports, i)} for i in range(count)]
         runs = [resume_run(model_dir, "multi_worker:1", steps, env[i]) for i in range(count)]
-        tables.append([table(run) for run in runs])
-    expected = table(straight, stops=3)
+        tables.append([weights(table(run)) for run in runs])
+    expected = [weights(stop) for stop in table(straight, stops=3)]
     assert np.std(expected[-1]["table"]) > 0.1  # the table tells steps and examples apart
     for seen, wanted in zip(tables, expected, strict=True):
         assert all(worker == wanted for worker in seen)  # every worker holds the same weights
@@ -369,18 +374,28 @@ def test_a_users_own_input_fn_is_shared_out_between_workers_as_one_process_reads
 
 
 def test_two_workers_clip_the_summed_gradient_as_one_process_does(tmp_path):
-    """The global norm of the gradient summed over the workers is clipped: the id-table
-    model's weights equal one process's, and differ from unclipped training."""
+    """The global norm of the gradient summed over the workers (and over each one's 3
+    micro-batches) is clipped: the id-table model's weights equal one process's, and
+    differ from unclipped training. Its learning rate is the step: a micro-batch counted
+    as a step would show."""
     straight = resume_run(tmp_path / "straight", "towers:1", 8, clip=0.1)
     unclipped = resume_run(tmp_path / "unclipped", "towers:1", 8)
     ports = free_ports(2)
     runs = [
-        resume_run(tmp_path / "run", "multi_worker:1", 8, {"TF_CONFIG": tf_config(ports, i)}, 0.1)
+        resume_run(
+            tmp_path / "run",
+            "multi_worker:1",
+            8,
+            {"TF_CONFIG": tf_config(ports, i), "RESUME_RUNS_MICROBATCHES": "3"},
+            0.1,
+        )
         for i in range(2)
     ]
-    expected = table(straight)["table"]
-    for run in runs:
-        np.testing.assert_allclose(table(run)["table"], expected, rtol=1e-6, atol=1e-7)
+    expected, tables = table(straight), [table(run) for run in runs]
+    for run in tables:
+        np.testing.assert_allclose(run["table"], expected["table"], rtol=1e-6, atol=1e-7)
+        assert run["gradient_norm"] == pytest.approx(expected["gradient_norm"], rel=1e-5)
+    expected = expected["table"]
     assert np.abs(np.subtract(table(unclipped)["table"], expected)).max() > 0.1
 
 

@@ -12,7 +12,6 @@ import functools
 import gc
 import json
 import os
-import shutil
 import sys
 import time
 import tokenize
@@ -182,11 +181,11 @@ def main() -> None:
     try:
         failure = _sweep() if FLAGS.sweep else _run(FLAGS.gin_param, FLAGS.model_dir, FLAGS.results)
     except preemption.Interrupted:  # said by the command line; a new model_dir goes
-        _remove_unused(_CREATED_DIRS)
+        writer_lock.remove_unused(_CREATED_DIRS)
         raise
     logs.keep_native()
     if failure:
-        _remove_unused(_CREATED_DIRS)  # a run that failed before training leaves no directory
+        writer_lock.remove_unused(_CREATED_DIRS)  # a run failed before training: no directory
     if parallel.multi_worker_started():  # Python's own exit can take tens of seconds
         workers.exit_now(*(failure or ("", 0, "")))
     if failure:
@@ -343,19 +342,6 @@ def _config_guard(model_dir: str, saved: str, new: str) -> None:
 
 def _default_model_dir(files: list[str]) -> str:
     return os.path.join("output", os.path.splitext(os.path.basename(files[0]))[0])
-
-
-def _remove_unused(directories: list[str]) -> None:
-    """Removes each directory (deepest first) that holds nothing but the writer lock."""
-    for directory in directories:
-        leftovers = [
-            os.path.join(root, name)
-            for root, _, names in os.walk(directory)
-            for name in names
-            if name != writer_lock.LOCK_NAME
-        ]
-        if os.path.isdir(directory) and not leftovers:
-            shutil.rmtree(directory, ignore_errors=True)
 
 
 def _check_writable(directory: str, flag: str) -> None:

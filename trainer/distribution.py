@@ -93,30 +93,24 @@ class Placement:
         """Whether the step runs in several replicas, each keeping its own metric sums."""
         return self.strategy is not None
 
-    @property
-    def measures_gradient_norm(self) -> bool:
-        """Whether the step knows the gradient's norm (under a strategy no replica does)."""
-        return self.strategy is None
-
     def towers(self, model_fn: ModelFn) -> parallel.Towers | None:
         """Towers over this process's devices when it has several (no strategy), else None."""
         if self.strategy is None and len(self.devices) > 1:
             return parallel.Towers(self.devices, model_fn.non_trainable_variables)
         return None
 
-    def update_fn(self, optimizer: keras.optimizers.Optimizer, summed: bool = False) -> Callable:
+    def update_fn(self, optimizer: keras.optimizers.Optimizer) -> Callable:
         """``update(gradients, variables)``: the optimizer's step.
 
-        Fused kernels in one process; under a strategy Keras's ``apply_gradients``,
-        which sums the replicas' gradients, unless ``summed``: the step has summed them
-        already (``sum_gradients``, to clip their global norm), and the optimizer is
-        told not to sum them again (Keras 2's ``skip_gradients_aggregation``).
+        Fused kernels in one process; under a strategy Keras's ``apply_gradients``, told
+        not to sum the replicas' gradients (Keras 2's ``skip_gradients_aggregation``):
+        the step has summed them already (``sum_gradients``), to clip and measure the
+        summed gradient's norm.
         """
         if self.strategy is None:
             return optimization.fused_update(optimizer)
-        if summed:
-            inner = getattr(optimizer, "inner_optimizer", optimizer)  # under loss scaling
-            inner._all_reduce_sum_gradients = lambda grads_and_vars: list(grads_and_vars)
+        inner = getattr(optimizer, "inner_optimizer", optimizer)  # under loss scaling
+        inner._all_reduce_sum_gradients = lambda grads_and_vars: list(grads_and_vars)
 
         def update(gradients, variables):
             optimizer.apply_gradients(zip(gradients, variables, strict=True))
@@ -133,7 +127,8 @@ class Placement:
         """``step(*args)``, in every replica under a strategy; returns the first's result."""
         if self.strategy is None:
             return step(*args)
-        return self.strategy.experimental_local_results(self.strategy.run(step, args=args))[0]
+        first = lambda value: self.strategy.experimental_local_results(value)[0]  # noqa: E731
+        return tf.nest.map_structure(first, self.strategy.run(step, args=args))
 
     def replica_share(self, examples: tf.Tensor) -> tuple[tf.Tensor | float, int]:
         """This replica's share of the global batch's examples, and the replica count.

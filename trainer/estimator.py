@@ -70,6 +70,7 @@ RESUMABLE_SETTINGS = (
     "startup_timeout",
     "progress_timeout",
     "prefetch_to_device",
+    "microbatches",  # the same update, in less memory: resume with more after running out
     "progress",
 )
 
@@ -125,6 +126,11 @@ class Estimator:
         (its batches are read first and stacked, at most ``step.STACKED_BYTES`` of them).
         Faster for dense models on CPU, slower for convolutions there; measure with
         benchmarks/throughput.py. Needs training batches of one fixed shape.
+      microbatches: take each training batch in this many slices, one after another
+        inside the step, and apply their summed gradients as one update: a batch
+        whose activations do not fit in memory trains as the whole batch would
+        (models without batch statistics), each step still one step
+        (``trainer/microbatch.py``).
       ema_decay: keep an exponential moving average of the weights with this decay
         and evaluate and predict with it (e.g. 0.999); None for no average.
       nonfinite_loss: what a NaN or infinite training loss does: ``'stop'`` ends the
@@ -205,6 +211,7 @@ class Estimator:
         no_weight_decay: Sequence[str] = (),
         ema_decay: float | None = None,
         jit_compile: bool = False,
+        microbatches: int = 1,
         nonfinite_loss: str = "stop",
         max_rollbacks: int = 3,
         profile_steps: tuple[int, int] | None = None,
@@ -286,6 +293,7 @@ class Estimator:
             clip_gradient_norm=clip_gradient_norm,
             ema_decay=ema_decay,
             jit_compile=jit_compile,
+            microbatches=microbatches,
             config=self.config,
         )
         self.global_step = self.model.global_step

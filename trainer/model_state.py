@@ -20,7 +20,7 @@ from collections.abc import Mapping
 import keras
 import tensorflow as tf
 
-from trainer import checkpoints, custom_step, errors, groups, precision, saving
+from trainer import checkpoints, custom_step, errors, groups, microbatch, precision, saving
 from trainer import rules as rules_
 from trainer.distribution import Placement
 from trainer.errors import UserError
@@ -39,7 +39,8 @@ class ModelState:
         optimizer group of the model; each is made again in the placement's scope.
       placement: where the variables live and the steps run.
       seconds: where the time went; tracing the model adds to ``'building'``.
-      clip_gradient_norm, ema_decay, jit_compile: the step's options (see Estimator).
+      clip_gradient_norm, ema_decay, jit_compile, microbatches: the step's options
+        (see Estimator).
       rules: learning-rate multipliers, frozen and undecayed variables.
       config: the model_dir's config record, to name another model when its
         checkpoints do not fit this one.
@@ -57,16 +58,27 @@ class ModelState:
         clip_gradient_norm: float | None = None,
         ema_decay: float | None = None,
         jit_compile: bool = False,
+        microbatches: int = 1,
         config: checkpoints.ConfigRecord | None = None,
     ):
         self.model_fn, self.placement = model_fn, placement
         self.groups = groups.declared(model_fn)
+        optimizers = groups.optimizers_for(self.groups, optimizer)
+        for group, given in optimizers.items():
+            microbatch.check_optimizer(given, "the optimizer" + (f" of {group!r}" if group else ""))
         self.optimizers = {  # by group; None keys a model's one optimizer
             group: placement.adopt(precision.scaled(given, mixed_precision))
-            for group, given in groups.optimizers_for(self.groups, optimizer).items()
+            for group, given in optimizers.items()
         }
         self.rules = rules
+        errors.check_count("Estimator.microbatches", microbatches)
+        self.microbatches = microbatches
         self.own_step = custom_step.has_own_step(model_fn)
+        if self.own_step and microbatches > 1:
+            raise UserError(
+                f"{model_fn}.train_step computes its own gradients of the whole batch, which "
+                "Estimator.microbatches would slice: set it to 1 (and slice in train_step)"
+            )
         if self.own_step and any(
             isinstance(o, keras.optimizers.LossScaleOptimizer) for o in self.optimizers.values()
         ):
@@ -143,6 +155,7 @@ class ModelState:
                 jit_compile=self.jit_compile,
                 scalar_names=scalars,
                 by_group=self.loss_by_group,
+                microbatches=self.microbatches,
             )
         return self.steps
 

@@ -112,8 +112,8 @@ class TrainLog:
       progress: rates and ETA.
       input_wait: the input-wait share since the last log.
       hooks_: callables ``hook(step, logs)``.
-      gradient_norm: log the gradient norm of the block's last step (known to the
-        step except under a strategy).
+
+    The gradient norm logged is the block's last step's.
     """
 
     def __init__(
@@ -124,18 +124,15 @@ class TrainLog:
         progress: Progress,
         input_wait: InputWait,
         hooks_: Sequence[hooks.Hook],
-        gradient_norm: bool,
     ):
         self.steps, self.writers, self.units = steps, writers, units
         self.progress, self.input_wait, self.hooks = progress, input_wait, hooks_
-        self.gradient_norm = gradient_norm
 
     def __call__(self, step: int) -> None:
         """Logs the metrics since the previous log."""
         logs = self.steps.train_metrics.result()
         self.steps.train_metrics.reset()
-        if self.gradient_norm:
-            logs["gradient_norm"] = float(self.steps.gradient_norm.numpy())
+        logs["gradient_norm"] = float(self.steps.gradient_norm.numpy())
         logs.update(self.progress.rates(step))
         logs.update(self.input_wait.since_last_log())
         for unit in self.units:  # learning_rate, or learning_rate/generator, ...

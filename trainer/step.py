@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 import keras
 import tensorflow as tf
 
-from trainer import custom_step
+from trainer import custom_step, microbatch
 from trainer.distribution import Placement
 from trainer.errors import UserError
 from trainer.groups import Plan
@@ -81,6 +81,7 @@ class Steps:
       ema: a WeightAverage to update after each step, or None.
       jit_compile: compile each block of steps with XLA as one computation, fed by
         the block's batches stacked (``_stacked_train_loop``).
+      microbatches: take each step's batch in this many slices (``microbatch.py``).
     """
 
     def __init__(
@@ -96,8 +97,10 @@ class Steps:
         jit_compile: bool = False,
         scalar_names: Sequence[str] = (),
         by_group: bool = False,
+        microbatches: int = 1,
     ):
         self.model_fn, self.plan, self.global_step = model_fn, plan, global_step
+        self.microbatches = microbatches
         self.placement = placement
         self.ema = ema
         self.weights = [
@@ -116,13 +119,12 @@ class Steps:
             self.nonfinite = tf.Variable(False, trainable=False, name="nonfinite")
             # After the block some weight is NaN or Inf (its step is not known).
             self.nonfinite_weights = tf.Variable(False, trainable=False, name="nonfinite_weights")
-            # The global norm of the gradients of each block's last step; NaN where
-            # the step does not know it (``Placement.measures_gradient_norm``).
+            # The global norm of the gradients of each block's last step.
             self.gradient_norm = tf.Variable(float("nan"), trainable=False, name="gradient_norm")
             self.input_seconds = tf.Variable(
                 0.0, dtype=tf.float64, trainable=False, name="input_wait"
             )
-        self.updates = Updates(plan, placement, clip_gradient_norm, by_group, self.gradient_norm)
+        self.updates = Updates(plan, placement, clip_gradient_norm, by_group)
         self._compiled_block = _function(self._train_stacked, jit_compile=True)
         if jit_compile:
             loop = self._stacked_train_loop
@@ -158,45 +160,62 @@ class Steps:
 
     # ------------------------------------------------------------ the step
 
-    def _forward(self, features, labels, examples, phase, share=1.0, replicas: int = 1):
+    def _forward(
+        self, features, labels, examples, phase, share=1.0, replicas: int = 1, fraction=1.0
+    ):
         """``(objective, scalars, per-example metrics)`` of one batch, shard or replica.
 
         The objective is the loss weighted by this replica's ``share`` of the global
-        batch, plus this replica's part of the regularization loss; with a loss per
-        group, a dict of them. ``examples()`` is the step's global batch (asked by a
-        loss summed over it: ``_examples``).
+        batch, plus this replica's part of the regularization loss, all weighted by
+        the micro-batch's ``fraction`` of the step's batch; with a loss per group, a
+        dict of them. ``examples()`` is the step's global batch (asked by a loss
+        summed over it: ``_examples``).
         """
         spec = self.model_fn(features, labels, Mode.TRAIN)
         loss = batch_loss(spec, batch_size_of(features), examples)
         scalars = {"loss": total_loss(loss), **reported_scalars(spec, loss)}
-        objective = tf.nest.map_structure(lambda loss: loss * share, loss)
+        objective = tf.nest.map_structure(lambda loss: loss * share * fraction, loss)
         if self.has_regularization:
             scalars["regularization_loss"] = tf.add_n(self.model_fn.regularization_losses)
-            part = scalars["regularization_loss"] / replicas  # each group's own layers'
+            part = scalars["regularization_loss"] / replicas * fraction  # each group's layers'
             objective = tf.nest.map_structure(lambda loss: loss + part, objective)
         # Mixed float16: scaled up so that small gradients survive (identity otherwise).
         per_example, _ = split_metrics(spec.metrics)  # streamed ones are evaluated only
         return self.updates.scale_loss(objective, phase), scalars, per_example
 
     def _gradients(self, features, labels, phase):
-        """``(objective, scalars, per-example metrics, gradients)`` of one batch.
+        """``(finite, gradients)`` of one batch; adds its metrics to ``train_metrics``.
 
         Towers split it over their devices; a strategy's replica weights its loss by
         its share of the global batch, so that the replicas' gradients sum to the
         global batch mean's. Gradients are taken of the units active in ``phase``.
+        With micro-batches, of each slice in turn, summed (``microbatch.py``).
         """
         batch = batch_size_of(features)
         wanted = self.updates.wanted(phase)
-        if self.towers is not None:
-            forward = functools.partial(self._forward, examples=self._examples(batch), phase=phase)
-            return self.towers.run(forward, features, labels, wanted)
-        share, replicas = self.placement.replica_share(batch)
+        share, replicas = self.placement.replica_share(batch)  # towers: (1.0, 1)
         examples = self._examples(batch, share)
-        with tf.GradientTape(persistent=isinstance(wanted, dict)) as tape:
-            objective, scalars, metrics = self._forward(
-                features, labels, examples, phase, share, replicas
-            )
-        return objective, scalars, metrics, tape_gradients(tape, objective, wanted)
+
+        def run(features, labels, fraction=1.0):
+            if self.towers is not None:
+                forward = functools.partial(
+                    self._forward, examples=examples, phase=phase, fraction=fraction
+                )
+                objective, scalars, metrics, gradients = self.towers.run(
+                    forward, features, labels, wanted
+                )
+            else:
+                with tf.GradientTape(persistent=isinstance(wanted, dict)) as tape:
+                    objective, scalars, metrics = self._forward(
+                        features, labels, examples, phase, share, replicas, fraction
+                    )
+                gradients = tape_gradients(tape, objective, wanted)
+            self.train_metrics.update(metrics, scalars, batch_size_of(features))
+            return _finite(objective), gradients
+
+        if self.microbatches == 1:
+            return run(features, labels)
+        return microbatch.accumulate(run, features, labels, self.microbatches, wanted)
 
     def _examples(self, batch: tf.Tensor, share=None) -> Callable[[], tf.Tensor]:
         """The examples of the step's global batch, computed only if a summed loss asks.
@@ -213,8 +232,8 @@ class Steps:
 
         return examples
 
-    def _step(self, features, labels, last_of_block: tf.Tensor, phase=None) -> tf.Tensor:
-        """One step (one replica's part under a strategy); returns whether it was finite.
+    def _step(self, features, labels, last_of_block: tf.Tensor, phase=None):
+        """One step (one replica's part under a strategy): ``(finite, gradient norm)``.
 
         ``phase``: the units to update (``groups.Plan.phases``); all by default.
 
@@ -225,20 +244,20 @@ class Steps:
         of them costs the MLP another ~15% under XLA on CPU): a NaN or Inf gradient
         leaves NaN or Inf weights for good, and the loops check the weights once per
         block (``_check_weights``). For the same reason the gradient norm is measured
-        at the block's last step (at every step when clipping needs it).
+        at the block's last step (at every step when clipping needs it; NaN otherwise).
         """
         phase = self.plan.phases[0] if phase is None else phase
         if self.own_step:
             objective, scalars, metrics, gradients = custom_step.run(self, features, labels, phase)
+            self.train_metrics.update(metrics, scalars, batch_size_of(features))
+            finite = _finite(objective)
         else:
-            objective, scalars, metrics, gradients = self._gradients(features, labels, phase)
-        self.updates.apply(gradients, phase, last_of_block)
-        self.train_metrics.update(metrics, scalars, batch_size_of(features))
-        finite = [tf.math.is_finite(o) for o in tf.nest.flatten(objective)]
-        return self.placement.all_finite(tf.reduce_all(tf.stack(finite)))
+            finite, gradients = self._gradients(features, labels, phase)
+        norm = self.updates.apply(gradients, phase, last_of_block)
+        return self.placement.all_finite(finite), norm
 
-    def _run_step(self, features, labels, last_of_block: tf.Tensor) -> tf.Tensor:
-        """The step of the phase the global step is in; whether it was finite."""
+    def _run_step(self, features, labels, last_of_block: tf.Tensor):
+        """The step of the phase the global step is in: ``(finite, gradient norm)``."""
         args = (features, labels, last_of_block)
         if len(self.plan.phases) == 1:
             return self.placement.run(self._step, args)
@@ -264,7 +283,10 @@ class Steps:
         for i in tf.range(num_steps):
             element, carried = fetch(i, carried)
             features, labels = split_element(element, Mode.TRAIN)
-            finite = self._run_step(features, labels, i == num_steps - 1)
+            last = i == num_steps - 1
+            finite, norm = self._run_step(features, labels, last)
+            if last:
+                self.gradient_norm.assign(norm)
             if self.ema is not None:
                 self.ema.update()
             self.global_step.assign_add(tf.cast(finite, tf.int64))
@@ -405,6 +427,11 @@ class Steps:
         if self.towers is not None:
             return make_parallel(predictions, self.towers.devices, features=features)
         return predictions(features)
+
+
+def _finite(objective) -> tf.Tensor:
+    """Whether every loss of a step's objective is finite."""
+    return tf.reduce_all(tf.stack([tf.math.is_finite(o) for o in tf.nest.flatten(objective)]))
 
 
 def _op_determinism() -> bool:

@@ -158,7 +158,6 @@ class TrainingRun:
             monitoring.Progress(start, max_steps, self.settings.global_batch_size, display),
             self.input_wait,
             hooks_,
-            self.placement.measures_gradient_norm,
         )
         actions = [
             hooks.Periodic(self.settings.log_every_steps, log),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import socket
 
 import tensorflow as tf
@@ -95,6 +96,31 @@ def missing_dirs(path: str) -> list[str]:
         parent = os.path.dirname(path)
         path = parent if parent != path else ""
     return missing
+
+
+def remove_unused(directories: list[str]) -> None:
+    """Removes each directory (deepest first) that holds nothing but writer locks no one holds.
+
+    A run refused because another holds the lock may have made the directory a moment
+    before the other took it: the holder's lock keeps it (removing it would let a third
+    trainer in). The locks are held while the directory is removed.
+    """
+    for directory in directories:
+        names = [os.path.join(root, n) for root, _, ns in os.walk(directory) for n in ns]
+        if not os.path.isdir(directory) or any(os.path.basename(n) != LOCK_NAME for n in names):
+            continue
+        held: list[int] = []
+        try:
+            for name in names:
+                held.append(os.open(name, os.O_RDWR))
+                fcntl.flock(held[-1], fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # another trainer holds it (or it is gone): leave it be
+            continue
+        else:
+            shutil.rmtree(directory, ignore_errors=True)
+        finally:
+            for fd in held:
+                os.close(fd)
 
 
 def _read(fd: int) -> str:

@@ -1,0 +1,114 @@
+"""Micro-batches: a step's batch taken in slices, their gradients summed, one update.
+
+A batch whose activations do not fit in memory is split inside the compiled step
+(``Estimator.microbatches = k``) into ``k`` slices taken one after another in a
+``tf.while_loop``, so that one slice's activations are alive at a time. Each slice's
+loss is weighted by its share of the batch, so the summed gradients are the whole
+batch's (for models without batch statistics) and one update applies them. One step
+stays one update: the learning-rate schedule, the moving average, checkpoints and
+exact resume count steps as without slices, and under a strategy the replicas'
+gradients are still all-reduced once per step. What it costs: the slices run one
+after another, and the summed gradients take one more copy of the weights' size.
+
+Keras's own ``gradient_accumulation_steps`` is refused: it counts each slice as a
+step (the schedule and the average move k times as fast), and in Keras 3.15 it
+breaks under tf.distribute strategies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import keras
+import tensorflow as tf
+
+from trainer.errors import UserError
+
+
+def check_optimizer(optimizer: keras.optimizers.Optimizer, name: str) -> None:
+    """Refuses an optimizer that accumulates gradients itself (Keras's own way)."""
+    steps = getattr(optimizer, "gradient_accumulation_steps", None)
+    if steps:
+        raise UserError(
+            f"{name} has gradient_accumulation_steps={steps}, which counts every slice as a "
+            f"step: drop it and set Estimator.microbatches = {steps} (one step stays one "
+            "update of the whole batch)"
+        )
+
+
+def accumulate(run: Callable, features, labels, k: int, variables):
+    """Runs ``run(features, labels, fraction) -> (finite, gradients)`` on k slices.
+
+    ``fraction`` is the slice's share of the batch (the slice's loss is to be
+    weighted by it); ``gradients`` are arranged as ``variables`` (a list, or a dict
+    of lists), None where a variable has none. Returns whether every slice was
+    finite, and the slices' gradients summed. A batch of fewer than k examples is
+    taken one example at a time; one of n examples not divisible by k in slices
+    of n // k and n // k + 1.
+    """
+    batch = tf.shape(tf.nest.flatten(features)[0])[0]
+    count, take = _slicing((features, labels), batch, k)
+    flat = tf.nest.flatten(variables)
+    has_gradient: list[bool] = []  # found when the loop's body is traced
+
+    def body(i, finite, sums):
+        part, size = take(i)
+        fraction = tf.cast(size, tf.float32) / tf.cast(batch, tf.float32)
+        part_finite, gradients = run(*part, fraction)
+        gradients = tf.nest.flatten(gradients)
+        has_gradient[:] = [g is not None for g in gradients]
+        sums = [
+            s if g is None else s + tf.convert_to_tensor(g)
+            for s, g in zip(sums, gradients, strict=True)
+        ]
+        return i + 1, tf.logical_and(finite, part_finite), sums
+
+    start = [tf.zeros(v.shape, v.dtype) for v in flat]
+    _, finite, sums = tf.while_loop(
+        lambda i, *_: i < count,
+        body,
+        (tf.constant(0), tf.constant(True), start),
+        parallel_iterations=1,  # one slice's activations at a time
+    )
+    summed = [s if kept else None for s, kept in zip(sums, has_gradient, strict=True)]
+    return finite, tf.nest.pack_sequence_as(variables, summed)
+
+
+def _slicing(batched, batch: tf.Tensor, k: int):
+    """``(count, take)``: the number of slices and ``take(i) -> (slice i, its size)``.
+
+    A batch of a size known when traced and divisible by k is reshaped to
+    ``[k, size, ...]`` and indexed, as XLA needs; any other is cut where
+    ``i * batch // count`` falls.
+    """
+    known = tf.get_static_value(batch)
+    if known is not None and known >= k and known % k == 0:
+        size = int(known) // k
+        stacked = tf.nest.map_structure(lambda x: _apply(x, _stack, k, size), batched)
+        return k, lambda i: (tf.nest.map_structure(lambda x: _apply(x, _index, i), stacked), size)
+    count = tf.minimum(k, batch)
+
+    def take(i):
+        start = i * batch // count
+        size = (i + 1) * batch // count - start
+        return tf.nest.map_structure(lambda x: _apply(x, _rows, start, size), batched), size
+
+    return count, take
+
+
+def _apply(x, fn, *args):
+    """``fn(x, *args)`` of a batched tensor; None and scalars as they are."""
+    return x if x is None or x.shape.rank == 0 else fn(x, *args)
+
+
+def _stack(x, k, size):
+    return tf.reshape(x, tf.concat([[k, size], tf.shape(x)[1:]], axis=0))
+
+
+def _index(x, i):
+    return x[i]
+
+
+def _rows(x, start, size):
+    """Rows ``[start, start + size)`` of a batched tensor."""
+    return x[start : start + size]
