@@ -19,6 +19,7 @@ from trainer.updates import global_norm
 SWEEP = ["--sweep", "Estimator.microbatches = [1, 4]"]
 BINDINGS = (
     "MLP.dropout_rate = 0.0",  # dropout's random draws would differ by slice
+    "MLP.hidden_units = [64, 64]",
     "experiment.max_steps = 30",
     "experiment.eval_every_steps = None",
     "Estimator.save_checkpoints_steps = 30",
