@@ -26,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 
 # Exit codes from the most to the least telling; any other non-zero one is a crash.
 EXIT_PREEMPTED = 75  # errors.EXIT_PREEMPTED: restart the job, it resumes
@@ -46,7 +47,7 @@ def run(count: int, argv: list[str]) -> int:
     if crowded:
         sys.stderr.write(f"warning: {crowded}\n")
     ports = free_ports(count)
-    argv = with_start_time(without_workers(argv), time.strftime("%Y%m%d-%H%M%S"))
+    argv = with_start_time(without_flags(argv, ["workers"]), time.strftime("%Y%m%d-%H%M%S"))
     args = [*argv, "--gin_param", "Estimator.distribution = 'multi_worker'"]
     workers = [_start(args, ports, index) for index in range(count)]
     said: set[str] = set()  # every line shown: another worker's same line is not
@@ -178,15 +179,16 @@ def with_start_time(argv: list[str], started: str) -> list[str]:
     return expanded
 
 
-def without_workers(argv: list[str]) -> list[str]:
-    """``argv`` without its ``--workers N`` or ``--workers=N``."""
+def without_flags(argv: list[str], names: Sequence[str]) -> list[str]:
+    """``argv`` without the flags ``names``, given as ``--name value`` or ``--name=value``."""
+    flags = [f"--{name}" for name in names]
     kept, skip = [], False
     for arg in argv:
         if skip:
             skip = False
-        elif arg == "--workers":
+        elif arg in flags:
             skip = True
-        elif not arg.startswith("--workers="):
+        elif not arg.startswith(tuple(f"{flag}=" for flag in flags)):
             kept.append(arg)
     return kept
 

@@ -224,7 +224,8 @@ class Sweep:
                 logs.end_log()  # the next trial's log goes to its own model_dir
                 keras.backend.clear_session()  # the trial's graphs and names go with it
                 gc.collect()
-        argv = [*_without_sweeps(self.argv), "--model_dir", directory, "--results", results]
+        argv = launcher.without_flags(self.argv, ["sweep", "model_dir", "results"])
+        argv += ["--model_dir", directory, "--results", results]
         argv += [arg for p in trial.params for arg in ("--gin_param", p)]
         code = _run_command(argv)
         if code == 0:
@@ -340,19 +341,6 @@ def table(rows: list[dict], metric: str, higher: bool, model_dir: str):
 
 def _number(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _without_sweeps(argv: list[str]) -> list[str]:
-    """``argv`` without its ``--sweep``, ``--model_dir`` and ``--results`` flags."""
-    kept, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg in ("--sweep", "--model_dir", "--results"):
-            skip = True
-        elif not arg.startswith(("--sweep=", "--model_dir=", "--results=")):
-            kept.append(arg)
-    return kept
 
 
 def _run_command(argv: list[str]) -> int:
