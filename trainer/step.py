@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 import keras
 import tensorflow as tf
 
-from trainer import custom_step, microbatch
+from trainer import batch_gradients, custom_step
 from trainer.distribution import Placement
 from trainer.errors import UserError
 from trainer.groups import Plan
@@ -23,7 +23,7 @@ from trainer.losses import batch_loss, batch_size_of, reported_scalars, total_lo
 from trainer.metric_sums import MetricSums
 from trainer.model_fn import Mode, ModelFn, Weighted, split_metrics
 from trainer.optimization import WeightAverage
-from trainer.parallel import make_parallel, tape_gradients
+from trainer.parallel import make_parallel
 from trainer.updates import Updates
 
 STACKED_BYTES = 256 * 2**20  # most memory one jit_compile block's stacked batches take
@@ -160,78 +160,6 @@ class Steps:
 
     # ------------------------------------------------------------ the step
 
-    def _forward(
-        self, features, labels, examples, phase, share=1.0, replicas: int = 1, fraction=1.0
-    ):
-        """``(objective, scalars, per-example metrics)`` of one batch, shard or replica.
-
-        The objective is the loss weighted by this replica's ``share`` of the global
-        batch, plus this replica's part of the regularization loss, all weighted by
-        the micro-batch's ``fraction`` of the step's batch; with a loss per group, a
-        dict of them. ``examples()`` is the step's global batch (asked by a loss
-        summed over it: ``_examples``).
-        """
-        spec = self.model_fn(features, labels, Mode.TRAIN)
-        loss = batch_loss(spec, batch_size_of(features), examples)
-        scalars = {"loss": total_loss(loss), **reported_scalars(spec, loss)}
-        objective = tf.nest.map_structure(lambda loss: loss * share * fraction, loss)
-        if self.has_regularization:
-            scalars["regularization_loss"] = tf.add_n(self.model_fn.regularization_losses)
-            part = scalars["regularization_loss"] / replicas * fraction  # each group's layers'
-            objective = tf.nest.map_structure(lambda loss: loss + part, objective)
-        # Mixed float16: scaled up so that small gradients survive (identity otherwise).
-        per_example, _ = split_metrics(spec.metrics)  # streamed ones are evaluated only
-        return self.updates.scale_loss(objective, phase), scalars, per_example
-
-    def _gradients(self, features, labels, phase):
-        """``(finite, gradients)`` of one batch; adds its metrics to ``train_metrics``.
-
-        Towers split it over their devices; a strategy's replica weights its loss by
-        its share of the global batch, so that the replicas' gradients sum to the
-        global batch mean's. Gradients are taken of the units active in ``phase``.
-        With micro-batches, of each slice in turn, summed (``microbatch.py``).
-        """
-        batch = batch_size_of(features)
-        wanted = self.updates.wanted(phase)
-        share, replicas = self.placement.replica_share(batch)  # towers: (1.0, 1)
-        examples = self._examples(batch, share)
-
-        def run(features, labels, fraction=1.0):
-            if self.towers is not None:
-                forward = functools.partial(
-                    self._forward, examples=examples, phase=phase, fraction=fraction
-                )
-                objective, scalars, metrics, gradients = self.towers.run(
-                    forward, features, labels, wanted
-                )
-            else:
-                with tf.GradientTape(persistent=isinstance(wanted, dict)) as tape:
-                    objective, scalars, metrics = self._forward(
-                        features, labels, examples, phase, share, replicas, fraction
-                    )
-                gradients = tape_gradients(tape, objective, wanted)
-            self.train_metrics.update(metrics, scalars, batch_size_of(features))
-            return _finite(objective), gradients
-
-        if self.microbatches == 1:
-            return run(features, labels)
-        return microbatch.accumulate(run, features, labels, self.microbatches, wanted)
-
-    def _examples(self, batch: tf.Tensor, share=None) -> Callable[[], tf.Tensor]:
-        """The examples of the step's global batch, computed only if a summed loss asks.
-
-        Towers see the whole batch; a strategy's replica its ``share`` of it (found
-        by an all-reduce when not given).
-        """
-
-        def examples() -> tf.Tensor:
-            if self.towers is not None:
-                return batch
-            found = share if share is not None else self.placement.replica_share(batch)[0]
-            return batch / tf.cast(found, tf.float64)
-
-        return examples
-
     def _step(self, features, labels, last_of_block: tf.Tensor, phase=None):
         """One step (one replica's part under a strategy): ``(finite, gradient norm)``.
 
@@ -250,9 +178,9 @@ class Steps:
         if self.own_step:
             objective, scalars, metrics, gradients = custom_step.run(self, features, labels, phase)
             self.train_metrics.update(metrics, scalars, batch_size_of(features))
-            finite = _finite(objective)
+            finite = batch_gradients.finite(objective)
         else:
-            finite, gradients = self._gradients(features, labels, phase)
+            finite, gradients = batch_gradients.of_batch(self, features, labels, phase)
         norm = self.updates.apply(gradients, phase, last_of_block)
         return self.placement.all_finite(finite), norm
 
@@ -391,7 +319,7 @@ class Steps:
 
     def _eval_batch(self, features, labels):
         """``(loss, scalars, per-example metrics)`` of one eval batch, over towers if any."""
-        examples = self._examples(batch_size_of(features))
+        examples = batch_gradients.global_examples(self, batch_size_of(features))
 
         def forward(features, labels):  # of a batch, or of a tower's shard of it
             spec = self.model_fn(features, labels, Mode.EVAL)
@@ -427,11 +355,6 @@ class Steps:
         if self.towers is not None:
             return make_parallel(predictions, self.towers.devices, features=features)
         return predictions(features)
-
-
-def _finite(objective) -> tf.Tensor:
-    """Whether every loss of a step's objective is finite."""
-    return tf.reduce_all(tf.stack([tf.math.is_finite(o) for o in tf.nest.flatten(objective)]))
 
 
 def _op_determinism() -> bool:
