@@ -124,9 +124,12 @@ def test_help_and_flag_mistakes_answer_before_tensorflow_loads(args, out):
 
 
 def test_flag_mistakes_exit_with_the_user_error_code():
-    from trainer import UserError, command
+    import inspect
 
-    assert command.EXIT_USER_ERROR == UserError.exit_code == 2
+    from trainer import UserError, command, exit_codes
+
+    default = inspect.signature(command.fail).parameters["exit_code"].default
+    assert default == exit_codes.USER_ERROR == UserError.exit_code == 2
 
 
 def test_a_batch_larger_than_the_training_set_is_warned_of_once(tmp_path, data_dir):

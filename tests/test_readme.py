@@ -132,3 +132,14 @@ def test_own_arrays_snippet_reads_by_index_and_shares_out_the_examples():
         assert features["x"].shape == (16, 64) and labels["y"].shape == (16,)
         shares.append({tuple(row) for row in np.round(features["x"].numpy(), 5)})
     assert not shares[0] & shares[1]
+
+
+def test_the_exit_code_table_is_the_one_the_code_uses():
+    """README's table of exit codes, row for row, is ``trainer/exit_codes.py``'s."""
+    from trainer import exit_codes
+
+    with open(os.path.join(REPO, "README.md")) as f:
+        readme = f.read()
+    table = readme.split("| exit | meaning | what to do |\n| --- | --- | --- |\n", 1)[1]
+    rows = [line.strip("|").split(" | ") for line in table.split("\n\n", 1)[0].splitlines()]
+    assert [tuple(cell.strip() for cell in row) for row in rows] == list(exit_codes.TABLE)

@@ -16,7 +16,7 @@ import textwrap
 
 from absl import app, flags
 
-from trainer import console, preemption
+from trainer import console, exit_codes, preemption
 
 SCHEDULES = ["train", "evaluate", "train_and_evaluate", "continuous_eval", "predict", "export"]
 
@@ -80,8 +80,6 @@ flags.DEFINE_integer(
     "with a free port and its TF_CONFIG); to try and test multi-worker training.",
 )
 FLAGS = flags.FLAGS
-
-EXIT_USER_ERROR = 2  # errors.UserError.exit_code, without importing TensorFlow
 
 
 def main(argv: list[str]) -> None:
@@ -174,7 +172,7 @@ def missing_gin_file(files: list[str]) -> str | None:
     return None
 
 
-def fail(message: str, exit_code: int = EXIT_USER_ERROR, prefix: str = "error") -> None:
+def fail(message: str, exit_code: int = exit_codes.USER_ERROR, prefix: str = "error") -> None:
     """Ends the command with one line on stderr."""
     print(f"{prefix}: {message}", file=sys.stderr)
     sys.exit(exit_code)

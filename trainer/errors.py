@@ -10,15 +10,13 @@ import re
 
 import tensorflow as tf
 
-EXIT_USER_ERROR = 2
-EXIT_DIVERGED = 3
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: a temporary failure; rerun to resume
+from trainer import exit_codes
 
 
 class UserError(Exception):
     """Bad input from the user: says what is wrong, where, and how to fix it."""
 
-    exit_code = EXIT_USER_ERROR
+    exit_code = exit_codes.USER_ERROR
 
 
 def check_count(name: str, value, minimum: int = 1, optional: bool = False) -> None:
@@ -52,13 +50,13 @@ def check_instance(name: str, value, kind: type, described: str) -> None:
 class TrainingDiverged(Exception):
     """The loss became NaN or infinite; the last good checkpoint is left untouched."""
 
-    exit_code = EXIT_DIVERGED
+    exit_code = exit_codes.DIVERGED
 
 
 class Preempted(Exception):
     """SIGTERM, SIGINT or SIGUSR1 arrived; a checkpoint was saved and the run stopped early."""
 
-    exit_code = EXIT_PREEMPTED
+    exit_code = exit_codes.PREEMPTED
     prefix = "preempted"
 
 

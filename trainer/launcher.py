@@ -6,8 +6,8 @@ and its own index. The chief's output is shown as it comes (its bar included); t
 other workers' lines on stderr are shown at the end, prefixed with their worker,
 unless the chief said the same. SIGINT, SIGTERM, SIGUSR1 and SIGHUP (as SIGTERM) are passed on
 to every worker, which then save one checkpoint together and exit 75 (a second one
-kills them); the job exits with the code that says the most: a mistake (2),
-divergence (3), a crash, restart me (75: a lost worker too), done (0). A worker dies
+kills them); the job exits with the code that says the most
+(``exit_codes.PRECEDENCE``: a mistake, divergence, a crash, restart me, done). A worker dies
 with the command if it is killed. ``{timestamp}`` in ``--model_dir`` is expanded
 once, here, so that every worker has the same model_dir.
 
@@ -28,9 +28,8 @@ import threading
 import time
 from collections.abc import Sequence
 
-# Exit codes from the most to the least telling; any other non-zero one is a crash.
-EXIT_PREEMPTED = 75  # errors.EXIT_PREEMPTED: restart the job, it resumes
-PRECEDENCE = (2, 3, None, EXIT_PREEMPTED, 0)
+from trainer import exit_codes
+
 # What the command passes on to every worker: SIGHUP (its terminal closed, an ssh
 # connection dropped) as SIGTERM, so that they save before they stop.
 PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
@@ -120,7 +119,9 @@ def _wait(workers: list[subprocess.Popen], failed, forwarded: list[int]) -> list
             failures = [  # a worker killed by a signal is lost: the others say so, exit 75
                 i
                 for i, w in enumerate(workers)
-                if w.poll() is not None and w.poll() >= 0 and w.poll() not in (0, EXIT_PREEMPTED)
+                if w.poll() is not None
+                and w.poll() >= 0
+                and w.poll() not in (exit_codes.DONE, exit_codes.PREEMPTED)
             ]
             if failures and not forwarded:
                 failed(failures[0])
@@ -154,10 +155,10 @@ def job_code(codes: list[int]) -> int:
     to be restarted (75) is a lost worker: the job is restarted too (75). Otherwise
     a signal ``n`` is ``128 + n``, as a shell reports it.
     """
-    lost = EXIT_PREEMPTED if EXIT_PREEMPTED in codes else None
-    codes = [(lost or 128 - c) if c < 0 else c for c in codes]
-    crashes = [c for c in codes if c not in PRECEDENCE]
-    for code in PRECEDENCE:
+    lost = exit_codes.PREEMPTED if exit_codes.PREEMPTED in codes else None
+    codes = [(lost or exit_codes.of_signal(-c)) if c < 0 else c for c in codes]
+    crashes = [c for c in codes if c not in exit_codes.PRECEDENCE]
+    for code in exit_codes.PRECEDENCE:
         if code is None and crashes:
             return crashes[0]
         if code in codes:

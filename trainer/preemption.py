@@ -13,6 +13,8 @@ import contextlib
 import signal
 import threading
 
+from trainer import exit_codes
+
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 
@@ -46,7 +48,9 @@ class Interrupted(BaseException):
         super().__init__(signal.Signals(signum).name)
         # As a shell reports a process ended by the signal; but the end of a time
         # limit is near: 75, for the job to be requeued (README's exit codes).
-        self.exit_code = 75 if signum == signal.SIGUSR1 else 128 + signum
+        self.exit_code = (
+            exit_codes.PREEMPTED if signum == signal.SIGUSR1 else exit_codes.of_signal(signum)
+        )
 
 
 @contextlib.contextmanager
