@@ -413,7 +413,7 @@ def test_each_tf_config_mistake_is_named_before_anything_starts(monkeypatch, tf_
     said = str(refused.value)
     assert said == line or line.startswith("TF_CONFIG must") and re.fullmatch(line, said), said
     monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["a:1", "b:2"]}, "task": {"index": 1}}')
-    assert cluster.find() == ("worker 1 of 2", "b:2")
+    assert cluster.find().where == ("worker 1 of 2", "b:2")
 
 
 def test_num_devices_on_a_machine_without_gpus_splits_its_cpu(tmp_path, data_dir):
@@ -501,7 +501,7 @@ def test_the_cluster_is_found_in_a_slurm_job_step_or_its_absence_named(monkeypat
         "with srun"
     )
     in_slurm_step(monkeypatch, PROCID="1", STEP_NUM_TASKS="2", STEP_TASKS_PER_NODE="1(x2)")
-    assert cluster.find() == ("worker 1 of 2", "gpu-node08:8888")
+    assert cluster.find().where == ("worker 1 of 2", "gpu-node08:8888")
     assert json.loads(os.environ["TF_CONFIG"]) == {
         "cluster": {"worker": ["gpu-node07:8888", "gpu-node08:8888"]},
         "task": {"type": "worker", "index": 1},
@@ -531,7 +531,7 @@ def test_slurm_tasks_sharing_a_node_get_their_gpus_and_their_jobs_ports(monkeypa
         STEP_TASKS_PER_NODE="2(x2)",
     )
     base = 10000 + 4242 % 687 * 32
-    assert cluster.find() == ("worker 3 of 4", f"gpu-node08:{base + 1}")
+    assert cluster.find().where == ("worker 3 of 4", f"gpu-node08:{base + 1}")
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "2,3"
     assert json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"] == [
         f"gpu-node07:{base}",

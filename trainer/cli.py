@@ -184,8 +184,8 @@ def main() -> None:
         writer_lock.remove_unused(_CREATED_DIRS)
         raise
     logs.keep_native()
-    if failure:
-        writer_lock.remove_unused(_CREATED_DIRS)  # a run failed before training: no directory
+    if failure:  # a run failed before training: no directory (the workers' other runs ended)
+        writer_lock.remove_unused(_CREATED_DIRS, 10 if parallel.multi_worker_started() else 0)
     if parallel.multi_worker_started():  # Python's own exit can take tens of seconds
         workers.exit_now(*(failure or ("", 0, "")))
     if failure:
@@ -284,7 +284,7 @@ def _run(params: list[str], model_dir: str | None, results: str | None):
     except workers.PEER_ERRORS as error:  # the training loop names its own lost peers
         if not parallel.multi_worker_started():
             raise
-        error = workers.lost_before_training(error)
+        error = workers.lost_before_training(error, parallel.joined_cluster())
         return errors.first_line(error), error.exit_code, error.prefix
     except Preempted as error:  # or a lost peer: restarting resumes either
         return errors.first_line(error), error.exit_code, error.prefix

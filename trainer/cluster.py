@@ -3,11 +3,14 @@
 ``TF_CONFIG`` names the cluster and this worker, as TensorFlow reads it. Started by
 ``srun`` without one, each task finds the cluster in SLURM's variables (TensorFlow's
 ``SlurmClusterResolver``: the step's nodes, its tasks per node, this task's rank)
-and writes it as TF_CONFIG, so that the rest of the run reads one description.
+and writes it as TF_CONFIG, so that TensorFlow reads one description. The framework
+reads TF_CONFIG here only: ``find`` parses and checks it once, and the ``Cluster`` it
+returns is passed on (``parallel.make_strategy`` keeps the process's).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -30,8 +33,35 @@ STARTUP_TIMEOUT = 300  # seconds for every worker to join: Estimator.startup_tim
 SLURM_VARIABLES = ("SLURM_PROCID", "SLURM_STEP_NODELIST")  # a task of a job step has them
 
 
-def find() -> tuple[str, str]:
-    """This worker's name and address: ``('worker 1 of 2', '10.0.0.2:2222')``.
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """A multi-worker run's cluster and this worker's place in it, from TF_CONFIG.
+
+    Attributes:
+      spec: TF_CONFIG's ``cluster``: ``{'worker': ['host:port', ...]}`` (and a 'chief').
+      addresses: every worker's address, the chief first, as the replicas are ordered.
+      index: this worker's place in ``addresses``.
+      name: this worker as the messages name it: ``'worker 1 of 2'``.
+    """
+
+    spec: dict
+    addresses: tuple[str, ...]
+    index: int
+    name: str
+
+    @property
+    def address(self) -> str:
+        """This worker's ``host:port``."""
+        return self.addresses[self.index]
+
+    @property
+    def where(self) -> tuple[str, str]:
+        """``('worker 1 of 2', '10.0.0.2:2222')``."""
+        return self.name, self.address
+
+
+def find() -> Cluster:
+    """The cluster TF_CONFIG describes, and this worker in it; checked once, here.
 
     TF_CONFIG is set from SLURM's job step first when it is unset.
 
@@ -49,7 +79,7 @@ def find() -> tuple[str, str]:
         os.environ["TF_CONFIG"] = slurm_tf_config()
         logging.info("TF_CONFIG from SLURM's job step: %s", os.environ["TF_CONFIG"])
     found = _check_tf_config()
-    _bypass_proxies(json.loads(os.environ["TF_CONFIG"])["cluster"])
+    _bypass_proxies(found.spec)
     return found
 
 
@@ -162,7 +192,7 @@ def _count_gpus() -> int:
     return sum(line.startswith("GPU ") for line in listed.splitlines())
 
 
-def _check_tf_config() -> tuple[str, str]:
+def _check_tf_config() -> Cluster:
     """One line for a malformed TF_CONFIG, instead of a hang or a traceback; see ``find``.
 
     Every part is checked here, once: JSON, the cluster's jobs and addresses, the
@@ -203,8 +233,10 @@ def _check_tf_config() -> tuple[str, str]:
     if not 0 <= index < len(cluster[task_type]):
         count = len(cluster[task_type])
         raise UserError(f"TF_CONFIG task index {index} is outside its {count} {task_type}s")
-    count = len(cluster["worker"]) + len(cluster.get("chief", []))
-    return f"{task_type} {index} of {count}", cluster[task_type][index]
+    addresses = [*cluster.get("chief", []), *cluster["worker"]]
+    place = index + (len(cluster.get("chief", [])) if task_type == "worker" else 0)
+    name = f"{task_type} {index} of {len(addresses)}"
+    return Cluster(cluster, tuple(addresses), place, name)
 
 
 def _check_addresses(job: str, addresses) -> None:
@@ -221,16 +253,7 @@ def _check_addresses(job: str, addresses) -> None:
             )
 
 
-def members(config: dict) -> tuple[list[str], int]:
-    """The workers' addresses in a TF_CONFIG, the chief first, and this task's place."""
-    cluster, task = config.get("cluster", {}), config.get("task", {})
-    index = int(task.get("index", 0))
-    if task.get("type", "worker") == "worker":
-        index += len(cluster.get("chief", []))
-    return [*cluster.get("chief", []), *cluster.get("worker", [])], index
-
-
-def join(make: Callable[[], T], timeout_seconds: float, name: str) -> T:
+def join(make: Callable[[], T], timeout_seconds: float, found: Cluster) -> T:
     """``make()``, which waits for every worker in C++, once they have met in ``lobby``.
 
     There, within ``timeout_seconds``, SIGINT and SIGTERM are answered as the caller
@@ -238,9 +261,7 @@ def join(make: Callable[[], T], timeout_seconds: float, name: str) -> T:
     ``make()`` the signal handlers are installed again: TensorFlow's preemption
     notifier takes SIGTERM over while the cluster forms.
     """
-    config = json.loads(os.environ["TF_CONFIG"])
-    addresses, mine = members(config)
-    lobby.meet(addresses, mine, config["cluster"], timeout_seconds, name)
+    lobby.meet(list(found.addresses), found.index, found.spec, timeout_seconds, found.name)
     handlers = {number: signal.getsignal(number) for number in preemption.SIGNALS}
     try:
         return make()

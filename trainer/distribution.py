@@ -76,7 +76,9 @@ class Placement:
         # The chief (or a single process) is None; other workers are 'worker_1', ...
         self.worker = parallel.worker_name(self.strategy)
         self.workers = (
-            workers.Workers(self.strategy, self.worker) if distribution == "multi_worker" else None
+            workers.Workers(self.strategy, self.worker, parallel.joined_cluster())
+            if distribution == "multi_worker"
+            else None
         )
 
     @property

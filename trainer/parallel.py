@@ -218,6 +218,7 @@ def _weighted_sum(values: Sequence[tf.Tensor], weights: tf.Tensor) -> tf.Tensor:
 
 
 _multi_worker: tf.distribute.Strategy | None = None
+_cluster: cluster.Cluster | None = None  # the one _multi_worker was made over
 
 
 def make_strategy(
@@ -231,7 +232,7 @@ def make_strategy(
     ``make_strategy('multi_worker', [])`` at its start. It waits up to
     ``startup_timeout`` seconds for every worker to join (``cluster.join``).
     """
-    global _multi_worker
+    global _multi_worker, _cluster
     if distribution == "mirrored":
         return tf.distribute.MirroredStrategy(list(devices))
     if distribution != "multi_worker":
@@ -240,18 +241,18 @@ def make_strategy(
         )
     if _multi_worker is None:
         errors.check_seconds("Estimator.startup_timeout", startup_timeout)
-        name, address = cluster.find()
-        logging.info("Joining the cluster as %s (%s); waiting for every worker", name, address)
+        found = cluster.find()
+        logging.info("Joining the cluster as %s (%s); waiting for every worker", *found.where)
         try:
             _multi_worker = cluster.join(
-                tf.distribute.MultiWorkerMirroredStrategy, startup_timeout, name
+                tf.distribute.MultiWorkerMirroredStrategy, startup_timeout, found
             )
         except tf.errors.UnknownError as error:
             if "Could not start gRPC server" not in str(error):
                 raise
             raise UserError(
-                f"could not listen on {address}, {name}'s address in TF_CONFIG: is another "
-                "worker using the same task index, or another program the same port?"
+                f"could not listen on {found.address}, {found.name}'s address in TF_CONFIG: "
+                "is another worker using the same task index, or another program the same port?"
             ) from None
         except RuntimeError as error:
             if "program startup" not in str(error):
@@ -261,13 +262,21 @@ def make_strategy(
                 "call trainer.parallel.make_strategy('multi_worker', []) at the start of "
                 "the program (python -m trainer does)"
             ) from None
-        workers.check_same_cluster()
+        _cluster = found
+        workers.check_same_cluster(found)
     return _multi_worker
 
 
 def multi_worker_started() -> bool:
     """Whether this process joined a multi-worker cluster (``make_strategy``)."""
     return _multi_worker is not None
+
+
+def joined_cluster() -> cluster.Cluster:
+    """The cluster this process joined (``make_strategy('multi_worker', ...)``)."""
+    if _cluster is None:
+        raise RuntimeError("no multi-worker cluster was joined: make_strategy first")
+    return _cluster
 
 
 def worker_name(strategy: tf.distribute.Strategy | None) -> str | None:

@@ -79,10 +79,12 @@ class Workers:
       worker: this worker's name (``'worker_1'``), None for the chief.
     """
 
-    def __init__(self, strategy: tf.distribute.Strategy, worker: str | None):
+    def __init__(
+        self, strategy: tf.distribute.Strategy, worker: str | None, found: cluster.Cluster
+    ):
         self.strategy, self.worker = strategy, worker
         # The chief first, as the replicas are ordered.
-        self.addresses, self.index = cluster.members(json.loads(os.environ["TF_CONFIG"]))
+        self.addresses, self.index = list(found.addresses), found.index
         self.per_worker = max(strategy.num_replicas_in_sync // max(len(self.addresses), 1), 1)
         self._gather = None
         self.scratch: str | None = None
@@ -211,7 +213,7 @@ class Workers:
         )
 
 
-def check_same_cluster(timeout_seconds: int = 60) -> None:
+def check_same_cluster(found: cluster.Cluster, timeout_seconds: int = 60) -> None:
     """Refuses, on every worker, a TF_CONFIG whose cluster differs between workers.
 
     Once the strategy is made every worker has joined the coordination service; each
@@ -221,9 +223,8 @@ def check_same_cluster(timeout_seconds: int = 60) -> None:
     """
     from tensorflow.python.eager import context  # the key-value store has no public API
 
-    config = json.loads(os.environ["TF_CONFIG"])
-    mine = json.dumps(config["cluster"], sort_keys=True)
-    addresses, index = cluster.members(config)
+    mine = json.dumps(found.spec, sort_keys=True)
+    addresses, index = found.addresses, found.index
     store = context.context()
     try:
         store.set_config_key_value(f"trainer/cluster/{index}", mine)
@@ -259,10 +260,10 @@ PEER_ERRORS = (
 )
 
 
-def lost_before_training(error: Exception) -> PeerLost:
+def lost_before_training(error: Exception, found: cluster.Cluster) -> PeerLost:
     """The one line for a peer lost while the workers start (the loop's own is ``lost``)."""
-    addresses, index = cluster.members(json.loads(os.environ["TF_CONFIG"]))
-    lost = _what_stopped(error, "before training", index, addresses)
+    addresses = list(found.addresses)
+    lost = _what_stopped(error, "before training", found.index, addresses)
     return PeerLost(f"{lost}; start all {len(addresses)} workers again with the same command")
 
 

@@ -19,6 +19,7 @@ import fcntl
 import os
 import shutil
 import socket
+import time
 
 import tensorflow as tf
 from absl import logging
@@ -98,29 +99,41 @@ def missing_dirs(path: str) -> list[str]:
     return missing
 
 
-def remove_unused(directories: list[str]) -> None:
+def remove_unused(directories: list[str], patience: float = 0.0) -> None:
     """Removes each directory (deepest first) that holds nothing but writer locks no one holds.
 
     A run refused because another holds the lock may have made the directory a moment
     before the other took it: the holder's lock keeps it (removing it would let a third
-    trainer in). The locks are held while the directory is removed.
+    trainer in). The locks are held while the directory is removed. ``patience``:
+    seconds to wait for another holder to let go (the workers of one job, which fail
+    together: the one that made the directory removes it once the others are gone).
     """
+    deadline = time.monotonic() + patience
     for directory in directories:
-        names = [os.path.join(root, n) for root, _, ns in os.walk(directory) for n in ns]
-        if not os.path.isdir(directory) or any(os.path.basename(n) != LOCK_NAME for n in names):
-            continue
-        held: list[int] = []
-        try:
-            for name in names:
-                held.append(os.open(name, os.O_RDWR))
-                fcntl.flock(held[-1], fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # another trainer holds it (or it is gone): leave it be
-            continue
-        else:
-            shutil.rmtree(directory, ignore_errors=True)
-        finally:
-            for fd in held:
-                os.close(fd)
+        while not _removed_if_unused(directory) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+def _removed_if_unused(directory: str) -> bool:
+    """Whether ``directory`` is gone, or was kept for its files; False while a lock is held."""
+    names = [os.path.join(root, n) for root, _, ns in os.walk(directory) for n in ns]
+    if not os.path.isdir(directory) or any(os.path.basename(n) != LOCK_NAME for n in names):
+        return True
+    held: list[int] = []
+    try:
+        for name in names:
+            held.append(os.open(name, os.O_RDWR))
+            fcntl.flock(held[-1], fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except FileNotFoundError:  # its holder removed it on the way out: look again
+        return False
+    except OSError:  # another trainer holds it
+        return False
+    else:
+        shutil.rmtree(directory, ignore_errors=True)
+        return True
+    finally:
+        for fd in held:
+            os.close(fd)
 
 
 def _read(fd: int) -> str:
