@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from trainer import config_diff, errors, files
+from trainer import config_diff, errors, files, internals
 from trainer.errors import UserError
 
 CHECKPOINT_NAME = "ckpt"
@@ -120,10 +120,8 @@ def misfit(path: str, variables: list) -> str | None:
 
 def unreachable(root, variables: list) -> list:
     """The ``variables`` a ``tf.train.Checkpoint(model=root)`` would not save."""
-    from tensorflow.python.checkpoint import graph_view  # no public way to list them
-
     checkpoint = tf.train.Checkpoint(model=root)
-    reachable = {id(obj) for obj in graph_view.ObjectGraphView(checkpoint).descendants()}
+    reachable = {id(obj) for obj in internals.checkpoint_descendants(checkpoint)}
     return [v for v in variables if id(v) not in reachable]
 
 

@@ -34,7 +34,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from trainer import errors, optimization, parallel, workers
+from trainer import errors, internals, optimization, parallel, workers
 from trainer.errors import UserError
 from trainer.model_fn import InputParams, Mode, ModelFn, is_positioned
 
@@ -111,8 +111,7 @@ class Placement:
         """
         if self.strategy is None:
             return optimization.fused_update(optimizer)
-        inner = getattr(optimizer, "inner_optimizer", optimizer)  # under loss scaling
-        inner._all_reduce_sum_gradients = lambda grads_and_vars: list(grads_and_vars)
+        internals.skip_gradient_summing(optimizer)
 
         def update(gradients, variables):
             optimizer.apply_gradients(zip(gradients, variables, strict=True))
@@ -230,10 +229,8 @@ class Placement:
         """Each Keras variable made outside the strategy's scope, made again in it."""
         with self.scope():
             for variable in variables:
-                inner = getattr(variable, "_value", None)  # Keras 3's tf.Variable within
-                if inner is None or self.strategy.extended.variable_created_in_scope(inner):
-                    continue
-                variable._initialize(variable.numpy())  # noqa: SLF001 (no public way)
+                if internals.variable_made_outside(variable, self.strategy):
+                    internals.make_again(variable)
 
     def pipeline_batch(self, batch_size: int, mode: Mode) -> int:
         """The batch one input pipeline yields in ``mode``.

@@ -27,6 +27,7 @@ from typing import Any
 import keras
 from absl import logging
 
+from trainer import internals
 from trainer.errors import UserError
 
 OWN_STEPS = ("train_step", "test_step", "predict_step", "compute_loss")
@@ -147,7 +148,7 @@ def _compiled(model: keras.Model) -> dict:
     """What ``model.compile`` was given (the objects themselves: custom functions too)."""
     if not getattr(model, "compiled", False):
         return {}
-    return dict(model._compile_config.config)  # Keras keeps compile's arguments
+    return internals.compile_arguments(model)
 
 
 def _reduction(loss) -> str:
@@ -273,8 +274,7 @@ def _metric(identifier, y_true, y_pred) -> tuple[str, Any]:
             "function or class, or pass a keras.metrics.Metric)"
         ) from None
     if isinstance(metric, keras.metrics.MeanMetricWrapper):
-        fn, kwargs = metric._fn, metric._fn_kwargs  # the per-example function Keras averages
-        return name or metric.name, lambda y, p: fn(y, p, **kwargs)
+        return name or metric.name, internals.mean_metric_function(metric)
     if isinstance(metric, keras.metrics.Metric):  # AUC, precision: streamed
         return name or metric.name, metric
     return name or getattr(metric, "__name__", "metric"), metric

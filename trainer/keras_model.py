@@ -36,7 +36,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from trainer import keras_compile
+from trainer import internals, keras_compile
 from trainer.errors import UserError
 from trainer.model_fn import Mode, ModelFn, Spec, Weighted
 
@@ -166,7 +166,7 @@ class KerasModel(ModelFn):
                 f"features {sorted(features)}: name each keras.Input like the feature it takes "
                 f"(keras.Input(..., name={sorted(features)[0]!r}))"
             )
-        if isinstance(getattr(self.model, "_inputs_struct", None), Mapping):  # dict inputs
+        if internals.takes_dict_inputs(self.model):
             return {n: features[n] for n in names}
         return [features[n] for n in names]
 

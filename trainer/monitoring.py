@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 import tensorflow as tf
 from absl import logging
 
-from trainer import checkpoints, console, hooks
+from trainer import checkpoints, console, hooks, internals
 from trainer.model_fn import Mode, ModelFn
 from trainer.step import Steps
 from trainer.summaries import Writers
@@ -252,7 +252,7 @@ def buffering_stages(dataset: tf.data.Dataset) -> set[str]:
         elif "Cache" in kind:
             found.add("cache (Dataset.cache)")
         try:
-            stack.extend(stage._inputs())  # noqa: SLF001 - no public view of the stages
+            stack.extend(internals.dataset_inputs(stage))
         except (AttributeError, TypeError):
             continue
     return found

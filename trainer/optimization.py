@@ -12,6 +12,7 @@ import math
 import keras
 import tensorflow as tf
 
+from trainer import internals
 from trainer.errors import UserError
 
 DECAYS = ("constant", "step", "exponential", "cosine")
@@ -176,7 +177,7 @@ def _fused(optimizer, kernel, gradients, variables) -> None:
         return _keras_update(optimizer, gradients, variables)
     learning_rate = tf.convert_to_tensor(optimizer.learning_rate)  # the schedule's, now
     for gradient, variable in zip(gradients, variables, strict=True):
-        slot = optimizer._get_variable_index(variable)  # noqa: SLF001 (Keras's slot order)
+        slot = internals.slot_index(optimizer, variable)
         gradient = tf.cast(tf.convert_to_tensor(gradient), variable.dtype)  # dense, as Keras
         kernel(optimizer, slot, variable.handle, gradient, learning_rate)
     optimizer.iterations.assign_add(1)
@@ -193,10 +194,11 @@ def _adam(optimizer, slot, handle, gradient, learning_rate) -> None:
         return tf.cast(x, gradient.dtype)
 
     step = cast(optimizer.iterations + 1)
+    m, v = internals.adam_slots(optimizer, slot)
     tf.raw_ops.ResourceApplyAdam(
         var=handle,
-        m=optimizer._momentums[slot].handle,  # noqa: SLF001
-        v=optimizer._velocities[slot].handle,  # noqa: SLF001
+        m=m.handle,
+        v=v.handle,
         beta1_power=tf.pow(cast(optimizer.beta_1), step),
         beta2_power=tf.pow(cast(optimizer.beta_2), step),
         lr=cast(learning_rate),

@@ -27,7 +27,7 @@ from collections.abc import Callable
 import tensorflow as tf
 from absl import logging
 
-from trainer import checkpoints, errors
+from trainer import checkpoints, errors, internals
 from trainer.checkpoints import CHECKPOINT_NAME, READ_ERRORS, Damaged, step_of
 from trainer.errors import UserError
 
@@ -144,7 +144,7 @@ class Background:
     OPTIONS = tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True)
 
     def __init__(self, checkpoint: tf.train.Checkpoint):
-        _keras_variables_copy_again()
+        internals.copy_keras_variables_again()
         # Copying a tf.data iterator in a tf.function reads its dataset's options there,
         # which tf.data warns of each time; the copy serializes the iterator's state,
         # whatever its options say.
@@ -344,31 +344,6 @@ class _OneTracePerSave(pylogging.Filter):
 
 
 tf.get_logger().addFilter(_OneTracePerSave())
-_PATCHED: list[bool] = []
-
-
-def _keras_variables_copy_again() -> None:
-    """Lets TensorFlow's async checkpointing copy a Keras variable more than once.
-
-    Keras 3 (3.15) makes a new ``tf.Variable`` for its copy of a variable on every
-    copy, which TensorFlow refuses from the second save on ("tf.function only supports
-    singleton tf.Variables created on the first call"); its copy is assigned again
-    here instead, as TensorFlow's own variables do.
-    """
-    from keras.src.backend.tensorflow import core  # noqa: PLC0415 - a private Keras class
-
-    if _PATCHED or not hasattr(core.Variable, "_copy_trackable_to_cpu"):
-        return
-
-    def copy_to_cpu(self, object_map):
-        self.value._copy_trackable_to_cpu(object_map)  # noqa: SLF001
-        if self in object_map:
-            object_map[self].assign(object_map[self.value])
-        else:
-            object_map[self] = tf.Variable(object_map[self.value])
-
-    core.Variable._copy_trackable_to_cpu = copy_to_cpu  # noqa: SLF001
-    _PATCHED.append(True)
 
 
 def _mismatch(error: Exception, variables: list) -> str:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 import keras
 import tensorflow as tf
 
-from trainer import batch_gradients, custom_step
+from trainer import batch_gradients, custom_step, internals
 from trainer.distribution import Placement
 from trainer.errors import UserError
 from trainer.groups import Plan
@@ -360,9 +360,7 @@ class Steps:
 def _op_determinism() -> bool:
     """Whether tf.config.experimental.enable_op_determinism() is on (no public getter)."""
     try:
-        from tensorflow.python.framework import config
-
-        return bool(config.is_op_determinism_enabled())
+        return internals.op_determinism_enabled()
     except (ImportError, AttributeError):
         return False
 

@@ -21,6 +21,8 @@ import time
 import tensorflow as tf
 from absl import logging
 
+from trainer import internals
+
 MARKER = "progress watchdog: "  # begins the reason carried by the aborted collectives
 END = " |"  # ends it
 GRACE_SECONDS = 10  # for the main thread to end on its own once collectives are aborted
@@ -62,9 +64,7 @@ class Watchdog:
         self._thread.join(timeout=1)
 
     def _watch(self) -> None:
-        from tensorflow.python.eager import context  # the key-value store has no public API
-
-        store = context.context()
+        store = internals.key_value_store()
         started = time.monotonic()
         seen: dict[int, tuple] = {}
         changed = dict.fromkeys(range(len(self.addresses)), started)

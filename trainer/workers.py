@@ -39,7 +39,7 @@ from typing import NoReturn
 import tensorflow as tf
 from absl import logging
 
-from trainer import cluster, config_diff, watchdog
+from trainer import cluster, config_diff, internals, watchdog
 from trainer.errors import PeerLost, UserError
 
 _CONFIG_CHECKS = itertools.count()  # this process's config checks so far
@@ -164,9 +164,7 @@ class Workers:
                 store.get_config_key_value(key, timeout_in_ms=int(seconds * 1000))
 
     def _check_same_config(self, config: str) -> None:
-        from tensorflow.python.eager import context  # the key-value store has no public API
-
-        store = context.context()
+        store = internals.key_value_store()
         # A key is written once: each check (a train() call) has its own, numbered
         # alike on every worker, which makes the same calls in the same order.
         check = next(_CONFIG_CHECKS)
@@ -221,11 +219,9 @@ def check_same_cluster(found: cluster.Cluster, timeout_seconds: int = 60) -> Non
     its own, the chief's first. Without this a worker given another address hangs, and
     one given another worker count dies in a collective.
     """
-    from tensorflow.python.eager import context  # the key-value store has no public API
-
     mine = json.dumps(found.spec, sort_keys=True)
     addresses, index = found.addresses, found.index
-    store = context.context()
+    store = internals.key_value_store()
     try:
         store.set_config_key_value(f"trainer/cluster/{index}", mine)
     except tf.errors.AlreadyExistsError:

@@ -1,0 +1,110 @@
+"""One test per private TensorFlow or Keras name in ``trainer/internals.py``.
+
+Each test is named after the private name it relies on, so that an upgrade that
+removes or changes one fails here, naming it, before the framework misbehaves.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from trainer import internals
+
+
+def test_keras_optimizer__all_reduce_sum_gradients():
+    grads_and_vars = [(tf.constant([1.0]), tf.Variable([0.0]))]
+    for optimizer in (
+        keras.optimizers.Adam(),
+        keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()),
+    ):
+        internals.skip_gradient_summing(optimizer)
+        inner = getattr(optimizer, "inner_optimizer", optimizer)
+        assert inner._all_reduce_sum_gradients(grads_and_vars) == grads_and_vars
+    lost = keras.optimizers.SGD()
+    lost._all_reduce_sum_gradients = None
+    with pytest.raises(RuntimeError, match="has no _all_reduce_sum_gradients: the replicas'"):
+        internals.skip_gradient_summing(lost)
+
+
+def test_keras_model__compile_config():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    loss = keras.losses.MeanSquaredError()
+    model.compile(keras.optimizers.SGD(), loss=loss, metrics=["mae"], loss_weights=[0.5])
+    given = internals.compile_arguments(model)
+    assert given["loss"] is loss and given["metrics"] == ["mae"] and given["loss_weights"] == [0.5]
+
+
+def test_keras_mean_metric__fn_and__fn_kwargs():
+    metric = keras.metrics.MeanMetricWrapper(keras.metrics.mean_absolute_error, name="mae")
+    per_example = internals.mean_metric_function(metric)
+    values = per_example(tf.constant([[1.0], [2.0]]), tf.constant([[0.5], [4.0]]))
+    np.testing.assert_allclose(values, [0.5, 2.0])
+    top3 = keras.metrics.SparseTopKCategoricalAccuracy(k=3)  # its k is a kwarg of fn
+    hits = internals.mean_metric_function(top3)(tf.constant([3]), tf.constant([[4.0, 3, 2, 1]]))
+    np.testing.assert_array_equal(hits, [0.0])
+
+
+def test_keras_functional__inputs_struct():
+    image, ink = keras.Input((2,), name="image"), keras.Input((1,), name="ink")
+    joined = keras.layers.Concatenate()([image, ink])
+    assert internals.takes_dict_inputs(keras.Model({"image": image, "ink": ink}, joined))
+    assert not internals.takes_dict_inputs(keras.Model([image, ink], joined))
+
+
+def test_keras_variable__value_and__initialize():
+    variable = keras.Variable(np.array([1.0, 2.0], np.float32))
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    assert internals.variable_made_outside(variable, strategy)
+    with strategy.scope():
+        internals.make_again(variable)
+    assert not internals.variable_made_outside(variable, strategy)
+    np.testing.assert_array_equal(variable.numpy(), [1.0, 2.0])
+
+
+def test_keras_adam__get_variable_index__momentums__velocities():
+    weights = [keras.Variable(np.zeros(n, np.float32)) for n in (2, 3)]
+    adam = keras.optimizers.Adam()
+    adam.build(weights)
+    index = internals.slot_index(adam, weights[1])
+    assert index == 1
+    assert [tuple(slot.shape) for slot in internals.adam_slots(adam, index)] == [(3,), (3,)]
+
+
+def test_keras_variable__copy_trackable_to_cpu():
+    """Copied twice (two background saves), the copy is the same tf.Variable, updated."""
+    from keras.src.backend.tensorflow import core
+    from tensorflow.python.util import object_identity  # what TensorFlow passes
+
+    internals.copy_keras_variables_again()
+    assert getattr(core.Variable._copy_trackable_to_cpu, "patched", False)
+    variable = keras.Variable(np.array([1.0], np.float32))
+    copies = object_identity.ObjectIdentityDictionary()
+    variable._copy_trackable_to_cpu(copies)
+    first = copies[variable]
+    variable.assign([2.0])
+    variable._copy_trackable_to_cpu(copies)
+    assert copies[variable] is first and first.numpy().tolist() == [2.0]
+
+
+def test_tensorflow_context_key_value_store():
+    store = internals.key_value_store()
+    for name in ("set_config_key_value", "get_config_key_value"):
+        assert callable(getattr(store, name, None)), name
+
+
+def test_tensorflow_config_is_op_determinism_enabled():
+    assert internals.op_determinism_enabled() is False
+
+
+def test_tensorflow_graph_view_descendants():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    found = {id(o) for o in internals.checkpoint_descendants(tf.train.Checkpoint(model=model))}
+    assert all(id(v) in found for v in model.weights)
+
+
+def test_tensorflow_dataset__inputs():
+    source = tf.data.Dataset.range(4)
+    mapped = source.map(lambda x: x + 1)
+    assert [type(d).__name__ for d in internals.dataset_inputs(mapped)] == [type(source).__name__]
+    assert internals.dataset_inputs(mapped.batch(2))[0] is mapped

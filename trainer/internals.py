@@ -1,0 +1,123 @@
+"""Every private TensorFlow and Keras name the framework relies on, in one place.
+
+Each is used where no public API does the job, says why, and has a test in
+``tests/test_internals.py`` that fails, naming it, when an upgrade removes or
+changes it. The one whose loss would be silent (the optimizer's own summing of the
+replicas' gradients, which would then sum them twice) raises here instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import keras
+import tensorflow as tf
+
+# ---------------------------------------------------------------- Keras
+
+
+def skip_gradient_summing(optimizer: keras.optimizers.Optimizer) -> None:
+    """Under a strategy, ``apply_gradients`` takes the gradients as already summed.
+
+    Keras 3 has no public switch (Keras 2's ``skip_gradients_aggregation``); the step
+    sums them itself to clip and measure the summed gradient (``updates.py``).
+    """
+    inner = getattr(optimizer, "inner_optimizer", optimizer)  # under loss scaling
+    if not callable(getattr(inner, "_all_reduce_sum_gradients", None)):
+        raise RuntimeError(
+            f"Keras {keras.__version__}'s {type(inner).__name__} has no "
+            "_all_reduce_sum_gradients: the replicas' gradients would be summed twice; "
+            "see trainer/internals.py"
+        )
+    inner._all_reduce_sum_gradients = lambda grads_and_vars: list(grads_and_vars)
+
+
+def compile_arguments(model: keras.Model) -> dict:
+    """What ``model.compile`` was given: the objects themselves, custom functions too."""
+    return dict(model._compile_config.config)
+
+
+def mean_metric_function(metric: keras.metrics.MeanMetricWrapper) -> Callable:
+    """``fn(y_true, y_pred)``: the per-example function a Keras mean metric averages."""
+    fn, kwargs = metric._fn, metric._fn_kwargs
+    return lambda y, p: fn(y, p, **kwargs)
+
+
+def takes_dict_inputs(model: keras.Model) -> bool:
+    """Whether a functional model was built on a dict of inputs (called with a dict)."""
+    return isinstance(getattr(model, "_inputs_struct", None), Mapping)
+
+
+def variable_made_outside(variable, strategy: tf.distribute.Strategy) -> bool:
+    """Whether a Keras variable's ``tf.Variable`` was made outside ``strategy``'s scope."""
+    inner = getattr(variable, "_value", None)  # Keras 3's tf.Variable within
+    return inner is not None and not strategy.extended.variable_created_in_scope(inner)
+
+
+def make_again(variable) -> None:
+    """Makes a Keras variable's ``tf.Variable`` anew, in the current scope, same value."""
+    variable._initialize(variable.numpy())
+
+
+def slot_index(optimizer: keras.optimizers.Optimizer, variable) -> int:
+    """Where ``variable``'s slots are in the optimizer's slot lists (``adam_slots``)."""
+    return optimizer._get_variable_index(variable)
+
+
+def adam_slots(optimizer: keras.optimizers.Adam, index: int) -> tuple:
+    """Adam's first and second moments of the variable at ``index``."""
+    return optimizer._momentums[index], optimizer._velocities[index]
+
+
+def copy_keras_variables_again() -> None:
+    """Lets TensorFlow's async checkpointing copy a Keras variable more than once.
+
+    Keras 3 (3.15) makes a new ``tf.Variable`` for its copy of a variable on every
+    copy, which TensorFlow refuses from the second save on ("tf.function only supports
+    singleton tf.Variables created on the first call"); its copy is assigned again
+    here instead, as TensorFlow's own variables do. Once per process.
+    """
+    from keras.src.backend.tensorflow import core  # noqa: PLC0415
+
+    own = getattr(core.Variable, "_copy_trackable_to_cpu", None)
+    if own is None or getattr(own, "patched", False):
+        return
+
+    def copy_to_cpu(self, object_map):
+        self.value._copy_trackable_to_cpu(object_map)
+        if self in object_map:
+            object_map[self].assign(object_map[self.value])
+        else:
+            object_map[self] = tf.Variable(object_map[self.value])
+
+    copy_to_cpu.patched = True
+    core.Variable._copy_trackable_to_cpu = copy_to_cpu
+
+
+# ---------------------------------------------------------------- TensorFlow
+
+
+def key_value_store():
+    """The coordination service's key-value store of a multi-worker run (no public API)."""
+    from tensorflow.python.eager import context  # noqa: PLC0415
+
+    return context.context()
+
+
+def op_determinism_enabled() -> bool:
+    """Whether ``tf.config.experimental.enable_op_determinism()`` is on (no public getter)."""
+    from tensorflow.python.framework import config  # noqa: PLC0415
+
+    return bool(config.is_op_determinism_enabled())
+
+
+def checkpoint_descendants(checkpoint: tf.train.Checkpoint) -> list:
+    """Every object a checkpoint would save (no public way to list them)."""
+    from tensorflow.python.checkpoint import graph_view  # noqa: PLC0415
+
+    return list(graph_view.ObjectGraphView(checkpoint).descendants())
+
+
+def dataset_inputs(dataset: tf.data.Dataset) -> list:
+    """The datasets a dataset stage reads from (no public view of the stages)."""
+    return list(dataset._inputs())
