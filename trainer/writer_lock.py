@@ -124,9 +124,7 @@ def _removed_if_unused(directory: str) -> bool:
         for name in names:
             held.append(os.open(name, os.O_RDWR))
             fcntl.flock(held[-1], fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except FileNotFoundError:  # its holder removed it on the way out: look again
-        return False
-    except OSError:  # another trainer holds it
+    except OSError:  # another trainer holds it (or removed it on the way out): look again
         return False
     else:
         shutil.rmtree(directory, ignore_errors=True)
