@@ -38,6 +38,7 @@ parallel.split_cpu(2)
 import gin  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+import synthetic  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tensorflow_datasets as tfds  # noqa: E402
 from absl import logging  # noqa: E402
@@ -70,9 +71,7 @@ def training_rate(steps: int) -> float:
     images = tf.constant(rng.random((BATCH, 32, 32, 3), np.float32))
     labels = tf.constant(rng.integers(0, 10, BATCH))
 
-    def input_fn(mode, params):
-        del mode, params
-        return tf.data.Dataset.from_tensors(({"image": images}, {"label": labels})).repeat()
+    input_fn = synthetic.input_fn(images, labels)
 
     with tempfile.TemporaryDirectory() as model_dir:
         estimator = Estimator(

@@ -21,6 +21,7 @@ import tempfile
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import trainer  # noqa: E402, F401, I001 - first: TensorFlow loads without its start-up lines
+import synthetic  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from absl import logging  # noqa: E402
 
@@ -34,11 +35,7 @@ DEVICE = "CPU:0" if not tf.config.list_physical_devices("GPU") else "GPU:0"
 
 def step_memory(k: int, batch: int) -> int:
     """Bytes a training step allocates above what is held between steps."""
-    images = tf.random.stateless_uniform([batch, 28, 28, 1], seed=[1, 2])
-    labels = tf.random.stateless_uniform([batch], seed=[3, 4], maxval=10, dtype=tf.int64)
-
-    def input_fn(mode, params):
-        return tf.data.Dataset.from_tensors(({"image": images}, {"label": labels})).repeat()
+    input_fn = synthetic.input_fn(*synthetic.batch(batch))
 
     with tempfile.TemporaryDirectory() as model_dir:
         estimator = Estimator(

@@ -28,6 +28,7 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import trainer  # noqa: E402, F401, I001 - first: TensorFlow loads without its start-up lines
+import synthetic  # noqa: E402
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from absl import logging  # noqa: E402
@@ -98,12 +99,6 @@ def training_flops(make_keras) -> float:
     return 6.0 * macs
 
 
-def data(shape):
-    images = tf.random.stateless_uniform([BATCH, *shape], seed=[1, 2])
-    labels = tf.random.stateless_uniform([BATCH], seed=[3, 4], maxval=10, dtype=tf.int64)
-    return images, labels
-
-
 def timed(run_steps, seconds: float, chunk: int) -> float:
     """Examples/s of ``run_steps(chunk)`` called repeatedly for ``seconds``, after a warm-up."""
     run_steps(chunk)
@@ -153,11 +148,8 @@ def framework(
     shape, make_model, make_keras = MODELS[model]
     if keras_model:
         make_model = lambda: compiled(make_keras)  # noqa: E731
-    images, labels = data(shape)
+    input_fn = synthetic.input_fn(*synthetic.batch(BATCH, shape))
     marks = Marks(seconds)
-
-    def input_fn(mode, params):
-        return tf.data.Dataset.from_tensors(({"image": images}, {"label": labels})).repeat()
 
     def timer(step, logs):
         if marks.add(step):
@@ -190,7 +182,7 @@ def keras_fit(
 ) -> float:
     """One Model.fit call; timed between its batch-end callbacks."""
     shape, _, make_keras = MODELS[model]
-    images, labels = data(shape)
+    images, labels = synthetic.batch(BATCH, shape)
     marks = Marks(seconds)
     set_precision(precision)
     try:
@@ -216,7 +208,7 @@ def keras_fit(
 
 def plain_loop(model: str, seconds: float, chunk: int) -> float:
     shape, _, make_keras = MODELS[model]
-    images, labels = data(shape)
+    images, labels = synthetic.batch(BATCH, shape)
     net = make_keras()
     optimizer = keras.optimizers.Adam()
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
