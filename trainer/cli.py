@@ -1,61 +1,54 @@
 """The command line: ``python -m trainer --gin_file experiments/digits_mlp.gin``.
 
-Its flags are parsed in ``command`` before it is imported. It parses the gin files
-(with ``gin_config``, which makes ``Estimator``, Keras optimizers and learning-rate
-schedules configurable) and calls ``experiment``, which builds the objects and runs
-one schedule. Bad input ends in one line on stderr and exit code 2.
+Its flags are defined and parsed in ``command`` before it is imported (it reads them
+from absl's ``FLAGS``). It parses the gin files (with ``gin_config``, which makes
+``Estimator``, Keras optimizers and learning-rate schedules configurable), sets up
+the process and calls ``experiment``, which builds the objects and runs one
+schedule; ``report`` prints the summary and writes the results file. Bad input
+ends in one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
 
 import functools
 import gc
-import json
 import os
 import sys
 import time
-import tokenize
 import uuid
 
 import gin
 import keras
-import numpy as np
 import tensorflow as tf
-from absl import logging
+from absl import flags, logging
 
 import trainer
 from trainer import (
     checkpoints,
     cluster,
-    command,
     errors,
     evaluation,
-    files,
+    exit_codes,
     gin_config,
     gin_errors,
     hparams,
     logs,
     parallel,
     preemption,
+    report,
     summaries,
     sweep,
     workers,
     writer_lock,
 )
-from trainer.checkpoints import OPERATIVE_CONFIG
-from trainer.command import FLAGS
 from trainer.errors import Preempted, TrainingDiverged, UserError
-from trainer.estimator import RESUMABLE_SETTINGS
 from trainer.precision import set_precision
 
 _CLOCK: dict[str, float] = {}  # seconds spent importing and parsing the config
 _CREATED_DIRS: list[str] = []  # directories this run made, deepest first
 
-# Experiment settings that may change between runs of one model_dir: how long and
-# how often, not what is trained (estimator.RESUMABLE_SETTINGS lists the
-# Estimator's).
-RESUMABLE = ("max_steps", "eval_every_steps", "eval_steps", "eval_input_fns")
 INFERENCE = ("evaluate", "predict", "export")  # the schedules --checkpoint applies to
+FLAGS = flags.FLAGS  # defined and parsed by trainer.command before this module is imported
 
 
 @gin.configurable(
@@ -110,13 +103,15 @@ def experiment(
         model_dir=model_dir,
         seed=seed,
         config_text_fn=gin.operative_config_str,
-        config_guard=None if overwrite_config else functools.partial(_config_guard, model_dir),
+        config_guard=None
+        if overwrite_config
+        else functools.partial(gin_config.check_resumable, model_dir),
         **({"profile_steps": profile_steps} if profile_steps else {}),
     )
     eval_input_fns = evaluation.eval_sets(eval_input_fns or input_fn)
     metrics = {}
     chief = estimator.placement.worker is None
-    recorded = hparams.session(model_dir, gin.operative_config_str, _resumable(), chief)
+    recorded = hparams.session(model_dir, gin.operative_config_str, gin_config.RESUMABLE, chief)
     if schedule == "train":
         with recorded:
             estimator.train(input_fn, max_steps)
@@ -146,26 +141,9 @@ def experiment(
         "global_step": estimator.step,
         "model_dir": model_dir,
         "metrics": metrics,
-        "best": _best(estimator),
+        "best": report.best(estimator.best_exporter, estimator.early_stopping),
         "seconds": dict(estimator.seconds),
     }
-
-
-def _best(estimator: trainer.Estimator) -> dict[str, dict]:
-    """The best evaluation by the best-export and the early-stopping metric, where set."""
-    found = {}
-    exporter, stopping = estimator.best_exporter, estimator.early_stopping
-    if exporter is not None and exporter.kept:
-        top = exporter.kept[0]
-        path = os.path.join(exporter.directory, str(top["step"]))
-        found["export"] = {"metric": exporter.metric, **top, "path": path}
-    if stopping is not None and stopping.best is not None:
-        found["early_stopping"] = {
-            "metric": stopping.metric,
-            "value": stopping.best,
-            "step": stopping.best_step,
-        }
-    return found
 
 
 # ---------------------------------------------------------------- main
@@ -235,41 +213,8 @@ def _run(params: list[str], model_dir: str | None, results: str | None):
         gin_config.parse(FLAGS.gin_file, params)  # imports the experiment's modules
         _CLOCK["config"] = time.perf_counter() - started
         model_dir = _model_dir(model_dir)
-        _CREATED_DIRS[:] = writer_lock.missing_dirs(model_dir)
-        _check_writable(model_dir, "--model_dir")
-        if FLAGS.checkpoint is not None and FLAGS.schedule not in INFERENCE:
-            raise UserError(
-                f"--checkpoint={FLAGS.checkpoint} names the checkpoint --schedule evaluate, "
-                f"predict or export uses; --schedule={FLAGS.schedule} trains on from the newest"
-            )
-        if FLAGS.schedule == "predict" and not results:
-            raise UserError("--schedule=predict needs --results=PATH.jsonl to write to")
-        if results:
-            _check_results(results, model_dir)
-        if FLAGS.num_devices:
-            value = FLAGS.num_devices
-            gin.bind_parameter("Estimator.num_devices", int(value) if value.isdigit() else value)
-        devices = gin_config.query("Estimator.num_devices", "auto")
-        if parallel.split_cpu_for(devices):  # before any op runs
-            logging.info(
-                "No GPU here: the CPU is split into %d logical devices to try multi-device "
-                "training on (for trying and testing: it is not faster than one)",
-                devices,
-            )
-        precision = gin_config.query("Estimator.mixed_precision", None)
-        set_precision(precision)  # before the model is made
-        if gin_config.query("Estimator.distribution", "auto") == "multi_worker":
-            logs.hold_native_stderr()  # a lost peer's gRPC errors go to trainer.log
-            timeout = gin_config.query("Estimator.startup_timeout", cluster.STARTUP_TIMEOUT)
-            parallel.make_strategy("multi_worker", [], timeout)  # before any op runs
-        seed = gin_config.query("experiment.seed", 0)
-        if seed is not None:
-            keras.utils.set_random_seed(seed)
-        if FLAGS.run_eagerly:
-            tf.config.run_functions_eagerly(True)
-        if gin_config.query("experiment.deterministic", False):
-            tf.config.experimental.enable_op_determinism()
-        tf.get_logger().setLevel("WARNING")  # TF's per-save INFO lines are noise here
+        _check_paths(model_dir, results)
+        _set_up_the_process()  # before any op runs
         logging.info("model_dir: %s", model_dir)
         profile = _profile_steps(FLAGS.profile_steps)
         result = experiment(
@@ -280,7 +225,7 @@ def _run(params: list[str], model_dir: str | None, results: str | None):
             checkpoint=FLAGS.checkpoint,
         )
         logs.keep_log(model_dir)
-        _report(result, FLAGS.schedule, results)
+        report.write(result, FLAGS.schedule, results, _CLOCK)
     except workers.PEER_ERRORS as error:  # the training loop names its own lost peers
         if not parallel.multi_worker_started():
             raise
@@ -301,11 +246,47 @@ def _run(params: list[str], model_dir: str | None, results: str | None):
     return None
 
 
-def _resumable() -> set[str]:
-    """The bindings that only say where, how long or how often: ``'Estimator.steps_per_loop'``."""
-    return {f"experiment.{name}" for name in RESUMABLE} | {
-        f"Estimator.{name}" for name in RESUMABLE_SETTINGS
-    }
+def _check_paths(model_dir: str, results: str | None) -> None:
+    """Makes model_dir (remembering what it made) and refuses flags that cannot work."""
+    _CREATED_DIRS[:] = writer_lock.missing_dirs(model_dir)
+    _check_writable(model_dir, "--model_dir")
+    if FLAGS.checkpoint is not None and FLAGS.schedule not in INFERENCE:
+        raise UserError(
+            f"--checkpoint={FLAGS.checkpoint} names the checkpoint --schedule evaluate, "
+            f"predict or export uses; --schedule={FLAGS.schedule} trains on from the newest"
+        )
+    if FLAGS.schedule == "predict" and not results:
+        raise UserError("--schedule=predict needs --results=PATH.jsonl to write to")
+    if results:
+        _check_results(results, model_dir)
+
+
+def _set_up_the_process() -> None:
+    """What the config asks of TensorFlow before any op runs: devices, precision, seeds."""
+    if FLAGS.num_devices:
+        value = FLAGS.num_devices
+        gin.bind_parameter("Estimator.num_devices", int(value) if value.isdigit() else value)
+    devices = gin_config.query("Estimator.num_devices", "auto")
+    if parallel.split_cpu_for(devices):  # before any op runs
+        logging.info(
+            "No GPU here: the CPU is split into %d logical devices to try multi-device "
+            "training on (for trying and testing: it is not faster than one)",
+            devices,
+        )
+    precision = gin_config.query("Estimator.mixed_precision", None)
+    set_precision(precision)  # before the model is made
+    if gin_config.query("Estimator.distribution", "auto") == "multi_worker":
+        logs.hold_native_stderr()  # a lost peer's gRPC errors go to trainer.log
+        timeout = gin_config.query("Estimator.startup_timeout", cluster.STARTUP_TIMEOUT)
+        parallel.make_strategy("multi_worker", [], timeout)  # before any op runs
+    seed = gin_config.query("experiment.seed", 0)
+    if seed is not None:
+        keras.utils.set_random_seed(seed)
+    if FLAGS.run_eagerly:
+        tf.config.run_functions_eagerly(True)
+    if gin_config.query("experiment.deterministic", False):
+        tf.config.experimental.enable_op_determinism()
+    tf.get_logger().setLevel("WARNING")  # TF's per-save INFO lines are noise here
 
 
 def _profile_steps(values: list[str] | None) -> tuple[int, int] | None:
@@ -322,22 +303,6 @@ def _profile_steps(values: list[str] | None) -> tuple[int, int] | None:
             "with START < STOP, e.g. 100,110"
         )
     return start, stop
-
-
-def _config_guard(model_dir: str, saved: str, new: str) -> None:
-    """Refuses to resume when what is trained changed (``gin_config.check_resumable``).
-
-    ``saved`` is model_dir's record; one that does not parse is named with its line.
-    """
-    resumable = _resumable()
-    try:
-        gin_config.check_resumable(saved, new, resumable)
-    except (SyntaxError, ValueError, tokenize.TokenError) as error:
-        where = gin_errors.parse_error(error, os.path.join(model_dir, OPERATIVE_CONFIG))
-        raise UserError(
-            f"{where}; it records the config this model_dir was trained with: restore it, "
-            "or pass --overwrite_config to resume with this run's config"
-        ) from None
 
 
 def _default_model_dir(files: list[str]) -> str:
@@ -386,79 +351,9 @@ def _runs_own(relative: str) -> bool:
     )
 
 
-def _report(result: dict, schedule: str, results_path: str | None) -> None:
-    """The end of a run: a summary a person reads on stdout, the results file a script reads."""
-    if schedule == "predict":
-        count = files.write_atomically(
-            results_path,
-            (
-                json.dumps({k: _jsonable(v) for k, v in example.items()}) + "\n"
-                for example in result["predictions"]
-            ),
-        )
-        print(f"Wrote {count} predictions to {results_path}")
-        return
-    if "seconds" in result:
-        result["seconds"] = _time_breakdown(result["seconds"])
-    print("\n".join(summary(result)))
-    if results_path:
-        files.write_json(results_path, result)
-        print(f"{'results':<12} {results_path}")
-
-
-def summary(result: dict) -> list[str]:
-    """The end-of-run lines: step and time, a table of the final metrics, where things are."""
-    lines = [f"step {result['global_step']}"]
-    if "seconds" in result:
-        seconds = result["seconds"]
-        parts = ", ".join(f"{k} {v:.1f}s" for k, v in seconds.items() if k != "wall")
-        lines[0] += f" reached in {seconds['wall']:.1f}s ({parts})"
-    metrics = result["metrics"]
-    if metrics:
-        names = list(dict.fromkeys(k for values in metrics.values() for k in values))
-        width = max(10, *(len(n) for n in metrics))
-        cell = [max(12, len(n) + 2) for n in names]  # every name apart, however long
-        lines.append(
-            f"{'eval set':<{width}}"
-            + "".join(f"{n:>{w}}" for n, w in zip(names, cell, strict=True))
-        )
-        for eval_set, values in metrics.items():
-            cells = "".join(
-                f"{values[n]:>{w}.4g}" if n in values else " " * w
-                for n, w in zip(names, cell, strict=True)
-            )
-            lines.append(f"{eval_set:<{width}}{cells}")
-    model_dir = result["model_dir"]
-    where = []
-    for kind, best in result.get("best", {}).items():
-        text = f"{best['metric']} {best['value']:.4g} at step {best['step']}"
-        where.append(("best", text + (f" ({best['path']})" if kind == "export" else "")))
-    if "export_dir" in result:
-        where.append(("exported", result["export_dir"]))
-        where.append(("serve it", f"saved_model_cli show --dir {result['export_dir']} --all"))
-    where.append(("model_dir", model_dir))
-    for label, name in (("metrics", summaries.METRICS), ("log", logs.LOG_NAME)):
-        if os.path.exists(os.path.join(model_dir, name)):
-            where.append((label, os.path.join(model_dir, name)))
-    where.append(("tensorboard", f"tensorboard --logdir {model_dir}"))
-    return lines + [f"{label:<12} {text}" for label, text in where]
-
-
-def _time_breakdown(estimator_seconds: dict[str, float]) -> dict[str, float]:
-    """Wall time from process start, split into imports, config, the Estimator's parts."""
-    wall = time.perf_counter() - _CLOCK.get("since", trainer.STARTED)
-    parts = {**{k: v for k, v in _CLOCK.items() if k != "since"}, **estimator_seconds}
-    return {"wall": wall, **parts, "other": max(wall - sum(parts.values()), 0.0)}
-
-
-def _jsonable(value):
-    value = np.asarray(value)
-    return value.item() if value.ndim == 0 else value.tolist()
-
-
 def _fail(message: str, exit_code: int = UserError.exit_code, prefix: str = "error") -> None:
     # TF logs warnings about half-restored objects as they are freed at exit; the
     # one line below says everything, so keep it the last line.
     logging.set_verbosity(logging.ERROR)
     tf.get_logger().setLevel("ERROR")
-    command.fail(message, exit_code, prefix)
+    exit_codes.fail(message, exit_code, prefix)

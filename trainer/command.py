@@ -16,7 +16,8 @@ import textwrap
 
 from absl import app, flags
 
-from trainer import console, exit_codes, preemption
+from trainer import console, preemption
+from trainer.exit_codes import fail
 
 SCHEDULES = ["train", "evaluate", "train_and_evaluate", "continuous_eval", "predict", "export"]
 
@@ -170,12 +171,6 @@ def missing_gin_file(files: list[str]) -> str | None:
             hint = f"; experiments here: {', '.join(known)}" if known else ""
             return f"--gin_file={path}: no such file{hint}"
     return None
-
-
-def fail(message: str, exit_code: int = exit_codes.USER_ERROR, prefix: str = "error") -> None:
-    """Ends the command with one line on stderr."""
-    print(f"{prefix}: {message}", file=sys.stderr)
-    sys.exit(exit_code)
 
 
 # Flags Keras and Lightning users type, and the gin setting that does what they mean.

@@ -6,8 +6,9 @@ decides which, when, and what follows from the metrics:
 * ``eval_sets``: one input_fn or a dict of them, as a dict keyed by eval-set name;
 * ``Evaluations``: the action ``train_and_evaluate`` runs at its evaluation steps:
   every eval set, then the best export and early stopping on the first one;
-* ``new_checkpoints``: each checkpoint a training job writes, once, for an
-  evaluator running beside it (``Estimator.continuous_evaluate``).
+* ``continuous`` and ``new_checkpoints``: each checkpoint a training job writes,
+  evaluated once by an evaluator running beside it (``Estimator.continuous_evaluate``);
+* ``predictions``: the model's outputs, one dict per example (``Estimator.predict``).
 """
 
 from __future__ import annotations
@@ -17,14 +18,16 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import tensorflow as tf
 from absl import logging
 
-from trainer import checkpoints, console, errors, export, files, hooks, monitoring
+from trainer import checkpoints, console, errors, export, files, hooks, monitoring, saving
 from trainer.errors import UserError
 from trainer.model_fn import Mode, num_examples
 from trainer.model_state import ModelState
+from trainer.step import split_element
 from trainer.summaries import Writers
 
 PROGRESS_FILE = "continuous_eval.json"  # the last step a side-car evaluator finished
@@ -163,6 +166,42 @@ def _examples(dataset: tf.data.Dataset, steps: int | None, batch_size: int | Non
     if exact is not None and at_most is not None:
         return min(exact, at_most)
     return exact if steps is None else at_most
+
+
+def predictions(model: ModelState, dataset: tf.data.Dataset, steps) -> Iterator[dict[str, Any]]:
+    """One dict of numpy predictions per example of ``dataset``, as the batches come."""
+    for element in errors.guarded(dataset, "predict input"):
+        features, _ = split_element(element, Mode.PREDICT)
+        with errors.runtime_errors("predict"), model.averaged_weights():
+            batch = {k: v.numpy() for k, v in steps.predict(features).items()}
+        for i in range(len(next(iter(batch.values())))):
+            yield {k: v[i] for k, v in batch.items()}
+
+
+def continuous(
+    model: ModelState,
+    model_dir: str,
+    eval_sets: Mapping[str, tf.data.Dataset],
+    evaluate: Callable[[tf.data.Dataset, str], Metrics],
+    new: Iterator[str],
+) -> dict[str, Metrics]:
+    """Restores each checkpoint ``new`` hands out and evaluates every eval set on it.
+
+    A checkpoint deleted before its turn is skipped with a warning. Returns the
+    metrics of the last evaluation, keyed by eval-set name.
+    """
+    model.build(next(iter(eval_sets.values())).element_spec, Mode.EVAL)
+    checkpointer = saving.Checkpointer(model_dir, **model.checkpoint_items(optimizer=False))
+    results: dict[str, Metrics] = {}
+    for path in new:
+        try:
+            checkpointer.checkpoint.restore(path).expect_partial()
+        except (tf.errors.NotFoundError, ValueError):
+            logging.warning("Checkpoint %s was deleted before evaluation: skipped", path)
+            continue
+        model.has_state = True
+        results = {name: evaluate(dataset, name) for name, dataset in eval_sets.items()}
+    return results
 
 
 def _evaluated_step(path: str) -> int:

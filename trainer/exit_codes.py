@@ -10,11 +10,18 @@ flag parsing run before it loads.
 from __future__ import annotations
 
 import signal
+import sys
 
 DONE = 0
 USER_ERROR = 2  # a mistake in the config, flags or data: fix it, do not restart
 DIVERGED = 3  # the loss became NaN or infinite: look at the run
 PREEMPTED = 75  # EX_TEMPFAIL: stopped with nothing lost beyond the last checkpoint; rerun
+
+
+def fail(message: str, exit_code: int = USER_ERROR, prefix: str = "error") -> None:
+    """Ends the command with one line on stderr, ``prefix: message``, and ``exit_code``."""
+    print(f"{prefix}: {message}", file=sys.stderr)
+    sys.exit(exit_code)
 
 
 def of_signal(signum: int) -> int:

@@ -4,8 +4,8 @@ Importing this module registers the configurables every experiment may use:
 ``Estimator`` (all but what the run itself gives), ``KerasModel``, Keras optimizers under
 ``optimizers.`` and learning-rate schedules under ``schedules.``. ``parse`` reads
 the gin files and bindings and turns gin's errors into one line with file, line and
-the closest real name (``gin_errors``). ``check_resumable`` compares two operative configs before a
-run resumes under a checkpoint.
+the closest real name (``gin_errors``). ``check_resumable`` compares two operative
+configs before a run resumes under a checkpoint, letting only ``RESUMABLE`` change.
 """
 
 from __future__ import annotations
@@ -17,7 +17,30 @@ import gin
 import keras
 
 from trainer import config_diff, estimator, gin_errors, keras_model, optimization
+from trainer.checkpoints import OPERATIVE_CONFIG
 from trainer.errors import UserError
+
+# The bindings that may change between runs of one model_dir: how long, how often,
+# where and on what devices, not what is trained (Estimator.microbatches: the same
+# update in less memory, so a run that ran out of memory resumes with more slices).
+# Any ``data_dir`` may change too (where the data is, not what it is).
+RESUMABLE = frozenset(
+    [
+        f"experiment.{name}"
+        for name in ("max_steps", "eval_every_steps", "eval_steps", "eval_input_fns")
+    ]
+    + [
+        f"Estimator.{name}"
+        for name in """
+        log_every_steps save_checkpoints_steps keep_checkpoint_max keep_checkpoint_every_steps
+        keep_best_checkpoints async_checkpoints steps_per_loop eval_batch_size nonfinite_loss
+        max_rollbacks export_best_metric export_best_keep export_best_higher
+        early_stopping_metric early_stopping_patience early_stopping_higher write_graph
+        histogram_every_steps image_every_steps distribution num_devices startup_timeout
+        progress_timeout prefetch_to_device microbatches progress
+        """.split()
+    ]
+)
 
 ConfiguredEstimator = gin.external_configurable(  # the Estimator with its gin bindings
     estimator.Estimator,
@@ -111,20 +134,26 @@ def _above(files: list[str]) -> list[str]:
     return [d for d in found if d not in gin.config._LOCATION_PREFIXES]  # noqa: SLF001
 
 
-def check_resumable(saved: str, new: str, resumable: set[str]) -> None:
-    """Refuses to resume when what is trained changed; names the changes that matter.
+def check_resumable(model_dir: str, saved: str, new: str) -> None:
+    """Refuses to resume when what is trained changed: any binding but ``RESUMABLE``.
 
     Args:
+      model_dir: where ``saved`` was read from, to name it when it does not parse.
       saved: the operative config the checkpoints were trained with.
       new: this run's.
-      resumable: ``'Configurable.param'`` names that may change (how long, how
-        often, where: declared next to what they configure); so may any
-        ``data_dir`` parameter (where the data is, not what it is).
 
     Raises:
       ConfigChanged: naming the changes, another model first.
+      UserError: ``saved`` does not parse (named with its line).
     """
-    changes = config_diff.changes(saved, new, resumable)
+    try:
+        changes = config_diff.changes(saved, new, RESUMABLE)
+    except (SyntaxError, ValueError, tokenize.TokenError) as error:
+        where = gin_errors.parse_error(error, os.path.join(model_dir, OPERATIVE_CONFIG))
+        raise UserError(
+            f"{where}; it records the config this model_dir was trained with: restore it, "
+            "or pass --overwrite_config to resume with this run's config"
+        ) from None
     if changes:
         raise config_diff.ConfigChanged(changes)
 

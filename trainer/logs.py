@@ -11,6 +11,7 @@ memory until the run has really started, then appended to ``model_dir/trainer.lo
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging as pylogging
 import os
 import re
@@ -183,6 +184,17 @@ def _concise() -> list[pylogging.Handler]:
     problems.addFilter(_NotAProblem())
     problems.setFormatter(_LevelPrefix())
     return [info, problems]
+
+
+def speaks(method):
+    """A method that runs ``speaking(self.speaks)``: the Estimator's public calls."""
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        with speaking(self.speaks):
+            return method(self, *args, **kwargs)
+
+    return call
 
 
 @contextlib.contextmanager

@@ -189,6 +189,14 @@ class ModelState:
             items["ema"] = self.ema.averages
         return items
 
+    def for_inference(
+        self, element_spec, mode: Mode, model_dir: str, step: int | None = None
+    ) -> Steps:
+        """Built for ``mode``, then restored as ``restore_for_inference`` says; its steps."""
+        steps = self.build(element_spec, mode)
+        self.restore_for_inference(model_dir, step)
+        return steps
+
     def restore_for_inference(self, model_dir: str, step: int | None = None) -> None:
         """Restores the checkpoint of ``step``, else the newest unless memory is trained."""
         if self.has_state and step is None:

@@ -47,6 +47,11 @@ class Policy:
         """The rule that keeps checkpoints in ``model_dir`` under this policy."""
         return Retention(model_dir, keep_max, self.keep_every, self.protected)
 
+    def exported(self, model_dir: str, keep_max: int) -> None:
+        """The best exports changed: so may the checkpoints kept for them (the chief's call)."""
+        if self.keep_best:
+            self.retention(model_dir, keep_max).add()
+
 
 def policy(
     keep_every: int | None,

@@ -14,7 +14,7 @@ import functools
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -65,7 +65,15 @@ class Settings:
     progress: bool = True
     progress_timeout: float = 600
 
+    @classmethod
+    def of(cls, arguments: Mapping[str, Any]) -> Settings:
+        """The settings among ``arguments`` (the Estimator's, as ``locals()``), by name."""
+        return cls(**{field.name: arguments[field.name] for field in dataclasses.fields(cls)})
+
     def __post_init__(self):
+        object.__setattr__(self, "warm_start_map", dict(self.warm_start_map or {}))
+        steps = tuple(self.profile_steps) if self.profile_steps else None
+        object.__setattr__(self, "profile_steps", steps)
         for name in ("global_batch_size", "steps_per_loop", "log_every_steps"):
             errors.check_count(f"Estimator.{name}", getattr(self, name))
         errors.check_count("Estimator.keep_checkpoint_max", self.keep_checkpoint_max)
