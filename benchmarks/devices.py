@@ -10,7 +10,7 @@ the extra time per step is what the split, the reduction of the gradient and the
 coordination of the devices cost. Logical CPU devices share one memory and two
 cores: nothing here is a speed-up, MirroredStrategy reduces on one device (NCCL's
 ring is for GPUs), and a byte costs a memory copy, not a link's transfer. These
-figures choose the default on logical CPUs (``distribution.choose``).
+figures choose the default on logical CPUs (``devices.choose`` in trainer/devices.py).
 
 Modelled (``costs.py``): bytes through the busiest link and the step's efficiency
 for AlexNet (ImageNet, 62M parameters) and the MLP on 2, 8 and 8 x 4 GPUs, which

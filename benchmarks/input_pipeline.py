@@ -180,6 +180,9 @@ def first_batch_seconds(estimator: Estimator, input_fn, step: int) -> float:
     return time.perf_counter() - start
 
 
+KNOBS = dict(cache=True, shuffle_buffer=10_000, deterministic=True)  # the pre-index path's
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", type=int, default=10_000)
@@ -188,103 +191,122 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     logging.set_verbosity(logging.ERROR)
-    results: dict[str, float] = {}
     examples = cifar_arrays(args.examples)
+    with tempfile.TemporaryDirectory() as root:
+        results = speeds(root, examples, args.batches, args.steps)
+        results.update(input_states(root))
+        results.update(resume_costs(root, examples))
+    report(results)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+def _sequential(examples, mode, p):
+    """The pre-index pipeline over ``examples``, for comparison."""
+    return pipeline._sequential(  # noqa: SLF001 - the pre-index path, for comparison
+        [tf.data.Dataset.from_tensor_slices(examples)],
+        mode,
+        p,
+        tfds_images.preprocess,
+        None,
+        None,
+        "old",
+        KNOBS,
+    )
+
+
+def speeds(root: str, examples: dict, batches: int, steps: int) -> dict[str, float]:
+    """1. Examples per second of each path, and of the AlexNet step that consumes them."""
+    results = {}
     rows = [
         {"image": i, "label": int(y)}
         for i, y in zip(examples["image"], examples["label"], strict=True)
     ]
-    with tempfile.TemporaryDirectory() as root:
-        # 1. Speed of each path.
-        for image_format in ("raw", "png"):
-            out = os.path.join(root, image_format)
-            shards.write(rows, out, "train", 8, image_format, num_classes=10)
-            for by_index in (True, False):
-                dataset = tfrecord.read(
-                    out, "train", Mode.TRAIN, params(), augment=True, by_index=by_index
-                )
-                name = f"tfrecord_{image_format}_{'index' if by_index else 'sequential'}"
-                results[name] = rate(dataset, args.batches)
-        source = pipeline.ArraySource(examples, "cifar-shaped")
-        results["memory_index"] = rate(
-            pipeline.build(source, Mode.TRAIN, params(), tfds_images.preprocess), args.batches
+    for image_format in ("raw", "png"):
+        out = os.path.join(root, image_format)
+        shards.write(rows, out, "train", 8, image_format, num_classes=10)
+        for by_index in (True, False):
+            dataset = tfrecord.read(
+                out, "train", Mode.TRAIN, params(), augment=True, by_index=by_index
+            )
+            name = f"tfrecord_{image_format}_{'index' if by_index else 'sequential'}"
+            results[name] = rate(dataset, batches)
+    source = pipeline.ArraySource(examples, "cifar-shaped")
+    results["memory_index"] = rate(
+        pipeline.build(source, Mode.TRAIN, params(), tfds_images.preprocess), batches
+    )
+    results["memory_sequential"] = rate(_sequential(examples, Mode.TRAIN, params()), batches)
+    CifarShaped.EXAMPLES = len(examples["label"])
+    for file_format in ("array_record", "tfrecord"):
+        data_dir = os.path.join(root, f"tfds-{file_format}")
+        CifarShaped(data_dir=data_dir, file_format=file_format).download_and_prepare()
+        results[f"tfds_{file_format}"] = tfds_rate(data_dir, batches)
+    results["alexnet_train_step"] = training_rate(steps)
+    return results
+
+
+def input_states(root: str) -> dict[str, float]:
+    """2. Bytes of input state in a checkpoint, by source (``speeds`` wrote the files)."""
+    results = {}
+    for count in (2_000, 20_000, 200_000):
+        big = pipeline.ArraySource(cifar_arrays(count), f"{count} examples")
+        results[f"state_memory_{count}"] = input_state_bytes(
+            lambda mode, p, s=big: pipeline.build(s, mode, p, tfds_images.preprocess),
+            os.path.join(root, f"state-{count}"),
         )
-        old = [tf.data.Dataset.from_tensor_slices(examples)]
-        knobs = dict(cache=True, shuffle_buffer=10_000, deterministic=True)
-        results["memory_sequential"] = rate(
-            pipeline._sequential(  # noqa: SLF001 - the pre-index path, for comparison
-                old, Mode.TRAIN, params(), tfds_images.preprocess, None, None, "old", knobs
+    with tfds.testing.mock_data(num_examples=2_000):
+        results["state_tfds_cifar10"] = input_state_bytes(
+            lambda mode, p: tfds_images.input_fn(mode, p, name="cifar10", data_dir="unused"),
+            os.path.join(root, "state-tfds"),
+        )
+    with never_in_memory():
+        results["state_tfds_array_record"] = input_state_bytes(
+            lambda mode, p: tfds_images.input_fn(
+                mode, p, name="cifar_shaped", data_dir=os.path.join(root, "tfds-array_record")
             ),
-            args.batches,
+            os.path.join(root, "state-tfds-array-record"),
         )
-        CifarShaped.EXAMPLES = args.examples
-        for file_format in ("array_record", "tfrecord"):
-            data_dir = os.path.join(root, f"tfds-{file_format}")
-            CifarShaped(data_dir=data_dir, file_format=file_format).download_and_prepare()
-            results[f"tfds_{file_format}"] = tfds_rate(data_dir, args.batches)
-        results["alexnet_train_step"] = training_rate(args.steps)
+    results["state_tfrecord"] = input_state_bytes(
+        lambda mode, p: tfrecord.read(os.path.join(root, "raw"), "train", mode, p),
+        os.path.join(root, "state-tfrecord"),
+    )
+    return results
 
-        # 2. Input state in a checkpoint.
-        for count in (2_000, 20_000, 200_000):
-            big = pipeline.ArraySource(cifar_arrays(count), f"{count} examples")
-            results[f"state_memory_{count}"] = input_state_bytes(
-                lambda mode, p, s=big: pipeline.build(s, mode, p, tfds_images.preprocess),
-                os.path.join(root, f"state-{count}"),
-            )
-        with tfds.testing.mock_data(num_examples=2_000):
-            results["state_tfds_cifar10"] = input_state_bytes(
-                lambda mode, p: tfds_images.input_fn(mode, p, name="cifar10", data_dir="unused"),
-                os.path.join(root, "state-tfds"),
-            )
-        with never_in_memory():
-            results["state_tfds_array_record"] = input_state_bytes(
-                lambda mode, p: tfds_images.input_fn(
-                    mode, p, name="cifar_shaped", data_dir=os.path.join(root, "tfds-array_record")
-                ),
-                os.path.join(root, "state-tfds-array-record"),
-            )
-        results["state_tfrecord"] = input_state_bytes(
-            lambda mode, p: tfrecord.read(os.path.join(root, "raw"), "train", mode, p),
-            os.path.join(root, "state-tfrecord"),
+
+def resume_costs(root: str, examples: dict) -> dict[str, float]:
+    """3. Seconds to the first batch when resuming at step 0 and at step 20,000."""
+    source = pipeline.ArraySource(examples, "cifar-shaped")
+    results = {}
+
+    def index_fn(mode, p):
+        return pipeline.build(source, mode, p, tfds_images.preprocess)
+
+    for distribution, devices in (("towers", 1), ("mirrored", 2)):
+        estimator = Estimator(
+            Tiny(),
+            os.path.join(root, distribution),
+            global_batch_size=BATCH,
+            progress=False,
+            distribution=distribution,
+            num_devices=devices,
+            seed=0,
         )
-
-        # 3. Resume cost: time to the first batch at step 0 and at step 20,000.
-        def index_fn(mode, p):
-            return pipeline.build(source, mode, p, tfds_images.preprocess)
-
-        def sequential_fn(mode, p):
-            return pipeline._sequential(  # noqa: SLF001
-                [tf.data.Dataset.from_tensor_slices(examples)],
-                mode,
-                p,
-                tfds_images.preprocess,
-                None,
-                None,
-                "old",
-                knobs,
+        for step in (0, 20_000):
+            first_batch_seconds(estimator, index_fn, step)  # warm-up
+            results[f"resume_{distribution}_{step}"] = min(
+                first_batch_seconds(estimator, index_fn, step) for _ in range(3)
             )
-
-        for distribution, devices in (("towers", 1), ("mirrored", 2)):
-            estimator = Estimator(
-                Tiny(),
-                os.path.join(root, distribution),
-                global_batch_size=BATCH,
-                progress=False,
-                distribution=distribution,
-                num_devices=devices,
-                seed=0,
-            )
-            for step in (0, 20_000):
-                first_batch_seconds(estimator, index_fn, step)  # warm-up
-                results[f"resume_{distribution}_{step}"] = min(
-                    first_batch_seconds(estimator, index_fn, step) for _ in range(3)
+        if distribution == "mirrored":
+            for step in (0, 2_000):
+                results[f"resume_mirrored_sequential_{step}"] = first_batch_seconds(
+                    estimator, lambda mode, p: _sequential(examples, mode, p), step
                 )
-            if distribution == "mirrored":
-                for step in (0, 2_000):
-                    results[f"resume_mirrored_sequential_{step}"] = first_batch_seconds(
-                        estimator, sequential_fn, step
-                    )
+    return results
 
+
+def report(results: dict[str, float]) -> None:
+    """Prints the three tables; adds the by-index / pre-index ratios to ``results``."""
     step_rate = results["alexnet_train_step"]
     print(f"{'pipeline (training, batch 128)':<44}{'examples/s':>12}{'/ step':>9}")
     for key, label in [
@@ -316,9 +338,6 @@ def main() -> None:
     ]:
         first, then = results[f"{name}_0"], results[f"{name}_{later}"]
         print(f"{label:<44}{first:>9.3f}{then:>9.3f}  (at step {later}: {then / first:.2f}x)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
 
 
 if __name__ == "__main__":

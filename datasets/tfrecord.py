@@ -242,8 +242,14 @@ def read(
         if not training:  # in order, by offset: a corrupt record is named with its shard
             source = records.in_order(source, params.num_input_pipelines, params.input_pipeline_id)
         return batched(source)
+    shard_list = metadata["splits"][split]["shards"]
+    return batched(_in_sequence(paths, shard_list, compression, params, training, skip_corrupt))
+
+
+def _in_sequence(paths, shard_list, compression, params, training, skip_corrupt) -> tf.data.Dataset:
+    """The shards' records read in sequence (compressed, or ``by_index=False``)."""
     if skip_corrupt:
-        for path, shard in zip(paths, metadata["splits"][split]["shards"], strict=True):
+        for path, shard in zip(paths, shard_list, strict=True):
             count, clean = count_readable(path, compression)
             if count != shard["count"] or not clean:
                 logging.warning(
@@ -270,7 +276,7 @@ def read(
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=True,
     )
-    return batched(dataset)
+    return dataset
 
 
 @gin.configurable

@@ -20,8 +20,8 @@ from models.mlp import MLP
 from tests.conftest import REPO, digits_args, run_cli
 from tests.helpers import on_two_cpus
 from tests.workers import free_ports, run_local_workers, tf_config
-from trainer import Estimator, UserError, cluster, distribution, parallel
-from trainer.distribution import check_devices
+from trainer import Estimator, UserError, cluster, devices, parallel
+from trainer.devices import check as check_devices
 
 DEVICES = ["/CPU:0"] * 3  # the shard logic does not care that they are one device
 
@@ -288,13 +288,13 @@ def test_device_settings_that_cannot_run_are_refused():
 def test_auto_is_all_reduce_over_gpus_and_towers_elsewhere(caplog):
     gpus = [f"/job:localhost/replica:0/task:0/device:GPU:{i}" for i in range(8)]
     cpus = [f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(4)]
-    assert distribution.choose("auto", gpus, 256) == "mirrored"
-    assert distribution.choose("auto", gpus[:2], 128) == "mirrored"
-    assert distribution.choose("auto", gpus[:1], 128) == "towers"  # one device: no split
-    assert distribution.choose("auto", cpus, 128) == "towers"  # logical CPUs share memory
-    assert distribution.choose("towers", gpus, 256) == "towers"  # what is asked is kept
+    assert devices.choose("auto", gpus, 256) == "mirrored"
+    assert devices.choose("auto", gpus[:2], 128) == "mirrored"
+    assert devices.choose("auto", gpus[:1], 128) == "towers"  # one device: no split
+    assert devices.choose("auto", cpus, 128) == "towers"  # logical CPUs share memory
+    assert devices.choose("towers", gpus, 256) == "towers"  # what is asked is kept
     caplog.set_level("INFO")
-    assert distribution.choose("auto", gpus, 100) == "towers"  # 100 does not divide by 8
+    assert devices.choose("auto", gpus, 100) == "towers"  # 100 does not divide by 8
     assert "Global batch 100 does not divide over 8 GPUs: towers" in caplog.text
 
 

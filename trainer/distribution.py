@@ -4,7 +4,7 @@
 framework asks it: which scope variables are made in, how big a batch one input
 pipeline yields, how the training input is iterated, which directory this worker
 writes. Three kinds (``Estimator.distribution``; ``'auto'``, the default, is
-all-reduce over several GPUs and towers otherwise: ``choose``):
+all-reduce over several GPUs and towers otherwise: ``devices.choose``):
 
 * ``'towers'``: one process splits each batch over its devices (``parallel.Towers``),
   or runs on its one device;
@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import keras
 import tensorflow as tf
 from absl import logging
 
-from trainer import errors, internals, optimization, parallel, workers
+from trainer import devices, errors, internals, optimization, parallel, workers
 from trainer.errors import UserError
 from trainer.model_fn import InputParams, Mode, ModelFn, is_positioned
 
@@ -43,7 +43,7 @@ class Placement:
     """The devices of this worker, the strategy over them (None for towers), and checks.
 
     Args:
-      distribution: ``'auto'`` (see ``choose``), ``'towers'``, ``'mirrored'`` or
+      distribution: ``'auto'`` (see ``devices.choose``), ``'towers'``, ``'mirrored'`` or
         ``'multi_worker'``.
       num_devices: ``'auto'`` (every GPU, else one CPU) or how many devices to use.
       global_batch_size: examples per step over all devices and workers.
@@ -62,15 +62,15 @@ class Placement:
         prefetch_to_device: bool | None = None,
         startup_timeout: float = 300,
     ):
-        self.strategy, self.devices, distribution = _strategy_and_devices(
+        self.strategy, self.devices, distribution = devices.strategy_and_devices(
             distribution, num_devices, global_batch_size, startup_timeout
         )
         self.distribution = distribution
         self.num_replicas = (
             self.strategy.num_replicas_in_sync if self.strategy else len(self.devices)
         )
-        check_devices(distribution, self.num_replicas, global_batch_size, jit_compile)
-        self.prefetch_device = _prefetch_device(
+        devices.check(distribution, self.num_replicas, global_batch_size, jit_compile)
+        self.prefetch_device = devices.prefetch_device(
             prefetch_to_device, self.devices, distribution, jit_compile
         )
         # The chief (or a single process) is None; other workers are 'worker_1', ...
@@ -343,102 +343,3 @@ def _shared_out(dataset: tf.data.Dataset, context: tf.distribute.InputContext):
 
 
 _WARNED: set[str] = set()
-
-
-def _strategy_and_devices(
-    distribution: str, num_devices: int | str, global_batch_size: int, startup_timeout: float
-) -> tuple[tf.distribute.Strategy | None, list[str], str]:
-    """The strategy (None for towers), the devices of this worker, and the distribution."""
-    if distribution == "multi_worker":
-        if num_devices != "auto":
-            raise UserError(
-                "distribution 'multi_worker' uses every GPU of each machine (or its CPU); "
-                "leave num_devices 'auto' and limit GPUs with CUDA_VISIBLE_DEVICES"
-            )
-        # Created before anything else touches TensorFlow's runtime, as it must be.
-        strategy = parallel.make_strategy(distribution, [], startup_timeout)
-        return strategy, list(strategy.extended.worker_devices), distribution
-    if distribution not in parallel.DISTRIBUTIONS:
-        raise UserError(
-            f"Estimator.distribution must be one of {', '.join(parallel.DISTRIBUTIONS)}, "
-            f"got {distribution!r}"
-        )
-    devices = parallel.choose_devices(num_devices)
-    distribution = choose(distribution, devices, global_batch_size)
-    if distribution == "towers":
-        return None, devices, distribution
-    return parallel.make_strategy(distribution, devices), devices, distribution
-
-
-def choose(distribution: str, devices: Sequence[str], global_batch_size: int) -> str:
-    """What ``'auto'`` means on these devices: all-reduce over GPUs, else towers.
-
-    Over n GPUs towers bring every gradient to the first one and the variables back:
-    its link carries (n - 1) x the gradient each way per step, against 2 (n - 1) / n
-    for MirroredStrategy's all-reduce (4x less at 8 GPUs; see README, "What a step
-    costs on many GPUs"). Towers stay for one device, for logical CPU devices (which
-    share one memory, and where towers cost less: benchmarks/devices.py), and for a
-    global batch that does not divide over the GPUs (towers split it unevenly).
-    """
-    if distribution != "auto":
-        return distribution
-    gpus = all(tf.DeviceSpec.from_string(d).device_type == "GPU" for d in devices)
-    if len(devices) < 2 or not gpus:
-        return "towers"
-    if global_batch_size % len(devices) == 0:
-        return "mirrored"
-    logging.info(
-        "Global batch %d does not divide over %d GPUs: towers, which split it unevenly, "
-        "instead of all-reduce (mirrored), which would move less per step",
-        global_batch_size,
-        len(devices),
-    )
-    return "towers"
-
-
-def check_devices(
-    distribution: str,
-    replicas: int,
-    global_batch_size: int,
-    jit_compile: bool,
-) -> None:
-    """Refuses settings the chosen devices cannot run, before anything is built."""
-    if global_batch_size < replicas:
-        raise UserError(
-            f"Estimator.global_batch_size {global_batch_size} is smaller than the "
-            f"{replicas} devices it is split over: raise it or use fewer devices"
-        )
-    if jit_compile and (replicas > 1 or distribution != "towers"):
-        raise UserError(
-            "Estimator.jit_compile compiles the step for a single device: turn it off "
-            f"for {distribution!r} on {replicas} device(s)"
-        )
-    if distribution == "towers":
-        return
-    if global_batch_size % replicas:
-        raise UserError(
-            f"Estimator.global_batch_size {global_batch_size} does not divide over the "
-            f"{replicas} replicas of {distribution!r}: use a multiple of {replicas}, or "
-            "distribution 'towers', which splits batches unevenly"
-        )
-
-
-def _prefetch_device(
-    prefetch_to_device: bool | None, devices: Sequence[str], distribution: str, jit_compile: bool
-) -> str | None:
-    """The device each batch is copied to while the step before it runs, or None."""
-    single = distribution == "towers" and len(devices) == 1 and not jit_compile
-    if prefetch_to_device is None:  # on where there is a copy to hide: not on a CPU
-        if single and tf.DeviceSpec.from_string(devices[0]).device_type != "CPU":
-            return devices[0]
-        return None
-    if prefetch_to_device and not single:
-        count = f"{len(devices)} device" + ("s" if len(devices) > 1 else "")
-        setting = "jit_compile" if jit_compile else f"distribution {distribution!r} on {count}"
-        raise UserError(
-            f"Estimator.prefetch_to_device applies to one device without jit_compile, not "
-            f"{setting}: strategies prefetch to their replicas themselves, towers copy each "
-            "shard in the step, and jit_compile reads a block's batches before the block; "
-            "leave it None"
-        )
-    return devices[0] if prefetch_to_device else None

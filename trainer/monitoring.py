@@ -25,7 +25,7 @@ from absl import logging
 
 from trainer import checkpoints, console, hooks, internals
 from trainer.model_fn import Mode, ModelFn
-from trainer.step import Steps
+from trainer.step import Steps, split_element
 from trainer.summaries import Writers
 
 
@@ -325,3 +325,23 @@ class _Named:
 
     def __init__(self, path: str, value: tf.Tensor):
         self.path, self.value = path, value
+
+
+def tensorboard_actions(
+    every, train_dir: str, writers: Writers, steps: Steps, eval_batch: Callable[[], tuple]
+) -> list[hooks.Periodic | hooks.At]:
+    """Histograms, labelled images and the profiler, at the steps ``every`` asks for.
+
+    ``every`` holds the Estimator's ``profile_steps``, ``histogram_every_steps`` and
+    ``image_every_steps``; ``eval_batch`` gives the one batch the images are drawn from.
+    """
+    actions = profiler_actions(every.profile_steps, train_dir)
+    if every.histogram_every_steps or every.image_every_steps:
+        features, labels = split_element(eval_batch(), Mode.EVAL)
+    if every.histogram_every_steps:
+        write = histogram_action(writers, steps.model_fn, features)
+        actions.append(hooks.Periodic(every.histogram_every_steps, write))
+    if every.image_every_steps:
+        write = image_action(writers, steps, features, labels)
+        actions.append(hooks.Periodic(every.image_every_steps, write))
+    return actions

@@ -38,7 +38,7 @@ from trainer.errors import Preempted, TrainingDiverged, UserError
 from trainer.inputs import InputFn, Inputs
 from trainer.model_fn import Mode, is_positioned
 from trainer.model_state import ModelState
-from trainer.step import Steps, split_element, stackable_steps
+from trainer.step import Steps, stackable_steps
 from trainer.summaries import Writers
 
 
@@ -146,16 +146,7 @@ class TrainingRun:
         if self.iterator is None:  # a strategy's, made at the restored position
             self.placement.mark("making its input pipeline", start)
             self.iterator = self.inputs.train_iterator(input_fn, start)
-        parameters = sum(int(np.prod(v.shape)) for v in self.model.model_fn.trainable_variables)
-        logging.info(
-            "Training %s (%s parameters) from step %d to %d on %s in %s",
-            self.model.model_fn,
-            f"{parameters:,}",
-            start,
-            max_steps,
-            self.placement.description,
-            self.model_dir if restored else f"new {self.model_dir}",
-        )
+        self._say_start(start, max_steps, restored)
         display = None
         if self.settings.progress and self.placement.worker is None:  # the chief shows it
             display = "bar" if sys.stdout.isatty() else "lines"
@@ -171,7 +162,13 @@ class TrainingRun:
             hooks.Periodic(self.settings.log_every_steps, log),
             hooks.Periodic(self.settings.save_checkpoints_steps, self.save),
             hooks.Periodic(self.policy.keep_every, self.save),
-            *self._tensorboard_actions(input_fn),
+            *monitoring.tensorboard_actions(
+                self.settings,
+                os.path.join(self.placement.write_dir(self.model_dir), "train"),
+                self.writers,
+                self.steps,
+                lambda: next(iter(self.inputs.dataset(input_fn, Mode.EVAL))),
+            ),
             *extra,
         ]
         try:
@@ -340,6 +337,19 @@ class TrainingRun:
                     )
         return step
 
+    def _say_start(self, start: int, max_steps: int, restored: bool) -> None:
+        """The start line: the model, its size, the steps, the devices, the model_dir."""
+        parameters = sum(int(np.prod(v.shape)) for v in self.model.model_fn.trainable_variables)
+        logging.info(
+            "Training %s (%s parameters) from step %d to %d on %s in %s",
+            self.model.model_fn,
+            f"{parameters:,}",
+            start,
+            max_steps,
+            self.placement.description,
+            self.model_dir if restored else f"new {self.model_dir}",
+        )
+
     def _keep_trained_steps(self, step: int) -> None:
         """Checkpoints ``step`` as an action between blocks (an evaluation, say) fails.
 
@@ -386,20 +396,3 @@ class TrainingRun:
                 f"the training input ran out of data at step {self.model.step}: an input_fn "
                 "must repeat its data in TRAIN mode (dataset.repeat())"
             ) from None
-
-    def _tensorboard_actions(self, input_fn: InputFn) -> list[hooks.Periodic | hooks.At]:
-        """Histograms, labelled images and the profiler, at the steps asked for."""
-        every = self.settings
-        actions = monitoring.profiler_actions(
-            every.profile_steps, os.path.join(self.placement.write_dir(self.model_dir), "train")
-        )
-        if every.histogram_every_steps or every.image_every_steps:
-            batch = next(iter(self.inputs.dataset(input_fn, Mode.EVAL)))
-            features, labels = split_element(batch, Mode.EVAL)
-        if every.histogram_every_steps:
-            write = monitoring.histogram_action(self.writers, self.model.model_fn, features)
-            actions.append(hooks.Periodic(every.histogram_every_steps, write))
-        if every.image_every_steps:
-            write = monitoring.image_action(self.writers, self.steps, features, labels)
-            actions.append(hooks.Periodic(every.image_every_steps, write))
-        return actions
