@@ -186,7 +186,7 @@ def test_a_missing_feature_is_a_user_error_and_a_bug_keeps_its_key_error(tmp_pat
 
 def test_a_streamed_metric_must_report_one_number():
     from trainer.errors import UserError
-    from trainer.metric_sums import MetricSums
+    from trainer.metrics import MetricSums
 
     sums = MetricSums([], streamed={"f1": keras.metrics.F1Score(), "auc": keras.metrics.AUC()})
     y, p = tf.constant([[1.0, 0.0], [0.0, 1.0]]), tf.constant([[0.9, 0.1], [0.2, 0.8]])

@@ -23,7 +23,8 @@ import tensorflow as tf
 
 from trainer import microbatch
 from trainer.losses import batch_loss, batch_size_of, reported_scalars, total_loss
-from trainer.model_fn import Mode, split_metrics
+from trainer.metrics import split_metrics
+from trainer.model_fn import Mode
 from trainer.parallel import tape_gradients
 
 

@@ -25,7 +25,8 @@ import tensorflow as tf
 
 from trainer.errors import UserError
 from trainer.losses import batch_loss, batch_size_of, reported_scalars, total_loss
-from trainer.model_fn import Mode, ModelFn, check_spec, split_metrics
+from trainer.metrics import split_metrics
+from trainer.model_fn import Mode, ModelFn, check_spec
 
 MODEL = "model"  # the group name a model without optimizer_groups is given
 

@@ -24,6 +24,8 @@ from typing import Any, NamedTuple
 import keras
 import tensorflow as tf
 
+from trainer.metrics import check_metric
+
 
 class Mode(str, enum.Enum):
     """What the model is asked to do; the values are Estimator's mode strings."""
@@ -301,7 +303,7 @@ def check_spec(
                 f"got {spec.loss_reduction!r}"
             )
     for name, value in spec.metrics.items():
-        _check_metric(where, name, value)
+        check_metric(where, name, value)
     for name, value in spec.scalars.items():
         if not tf.is_tensor(value) or value.shape.rank != 0:
             shape = getattr(value, "shape", type(value).__name__)
@@ -333,41 +335,6 @@ def _check_loss(where: str, loss, groups: collections.abc.Collection) -> None:
                 f"{where}: Spec.loss{f'[{name!r}]' if name else ''} must be a scalar "
                 f"(mean over the batch), got shape {shape}"
             )
-
-
-def _check_metric(where: str, name: str, value) -> None:
-    if is_streamed(value):
-        return  # streamed: its update_state takes what it takes
-    weighted = isinstance(value, tuple) and len(value) == 2 and all(map(tf.is_tensor, value))
-    if isinstance(value, tuple | list) and not weighted:
-        raise ValueError(
-            f"{where}: metric {name!r} is a {type(value).__name__} whose first item is "
-            f"{type(value[0]).__name__ if value else 'missing'}; give a tensor of "
-            "per-example values, (values, weights), or (keras.metrics.Metric, "
-            "*update_state args)"
-        )
-    for tensor in value if weighted else [value]:
-        if tensor.shape.rank != 1:
-            raise ValueError(
-                f"{where}: metric {name!r} must hold one value per example (shape [batch]), "
-                f"got shape {tensor.shape}"
-            )
-    if name == "loss":
-        raise ValueError(f"{where}: metric name 'loss' is reserved for Spec.loss")
-
-
-def split_metrics(metrics: Mapping) -> tuple[dict, dict]:
-    """``(per-example values, streamed (metric, *args) tuples)`` of a Spec's metrics.
-
-    A per-example metric is a ``[batch]`` tensor or a ``(values, weights)`` pair.
-    """
-    streamed = {n: v for n, v in metrics.items() if is_streamed(v)}
-    return {n: v for n, v in metrics.items() if n not in streamed}, streamed
-
-
-def is_streamed(value) -> bool:
-    """Whether a Spec's metric is a streamed ``(keras.metrics.Metric, *args)`` tuple."""
-    return isinstance(value, tuple) and bool(value) and isinstance(value[0], keras.metrics.Metric)
 
 
 def check_class_ids(labels: tf.Tensor, num_classes: int, what: str, hint: str = "") -> tf.Tensor:

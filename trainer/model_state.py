@@ -25,7 +25,8 @@ from trainer import rules as rules_
 from trainer.distribution import Placement
 from trainer.errors import UserError
 from trainer.losses import loss_name
-from trainer.model_fn import Mode, ModelFn, Weighted, check_spec, split_metrics
+from trainer.metrics import split_metrics, unfit_metric
+from trainer.model_fn import Mode, ModelFn, Weighted, check_spec
 from trainer.optimization import WeightAverage
 from trainer.step import Steps, split_element
 
@@ -255,7 +256,7 @@ class ModelState:
             self.by_group = self.by_group or bool(losses)
             found["scalars"] = sorted([*spec.scalars, *map(loss_name, losses)])
             found["streamed"] = {name: value[0] for name, value in streamed.items()}
-            found["unfit"] = _unfit_metric(name, streamed)  # traced, never run
+            found["unfit"] = unfit_metric(name, streamed)  # traced, never run
             return spec.predictions
 
         args = (features_spec,) if labels_spec is None else (features_spec, labels_spec)
@@ -329,34 +330,6 @@ def _missing_key(error: KeyError):
     key = error.args[0] if error.args else None
     quoted = re.search(r"KeyError: (['\"].*['\"])\s*$", str(key), re.M)
     return ast.literal_eval(quoted.group(1)) if quoted else key
-
-
-def _unfit_metric(name: str, streamed: dict) -> str | None:
-    """Why a streamed metric cannot take the values named with it, found while tracing.
-
-    Its ``update_state`` is traced (never run) with them, so that a mistake is said
-    before training rather than at the first evaluation.
-    """
-    names: dict[int, str] = {}
-    for metric_name, (metric, *args) in streamed.items():
-        if id(metric) in names:
-            return (
-                f"{name} gives one {type(metric).__name__} object as metric "
-                f"{names[id(metric)]!r} and as {metric_name!r}: both would add up in one "
-                "state; make one metric object for each"
-            )
-        names[id(metric)] = metric_name
-        try:
-            metric.update_state(*args)
-        except (TypeError, ValueError) as error:
-            given = ", ".join(f"{a.dtype.name} {a.shape.as_list()}" for a in args)
-            count = f"{len(args)} value{'s' if len(args) != 1 else ''}"
-            return (
-                f"{name}'s metric {metric_name!r} ({type(metric).__name__}) cannot take the "
-                f"{count} given with it ({given}): {errors.first_line(error)}; name it as "
-                "(metric, *update_state arguments), e.g. (metric, labels, predictions)"
-            )
-    return None
 
 
 def _cannot_take(name: str, features_spec, labels_spec, error: Exception) -> str:

@@ -20,8 +20,8 @@ from trainer.distribution import Placement
 from trainer.errors import UserError
 from trainer.groups import Plan
 from trainer.losses import batch_loss, batch_size_of, reported_scalars, total_loss
-from trainer.metric_sums import MetricSums
-from trainer.model_fn import Mode, ModelFn, Weighted, split_metrics
+from trainer.metrics import MetricSums, split_metrics
+from trainer.model_fn import Mode, ModelFn, Weighted
 from trainer.optimization import WeightAverage
 from trainer.parallel import make_parallel
 from trainer.updates import Updates

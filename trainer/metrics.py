@@ -1,4 +1,21 @@
-"""What the steps report: streamed sums of the metrics, over batches, devices and workers."""
+"""What a metric is, how it is checked, and how it is summed over batches, devices, workers.
+
+A Spec's metrics (``Spec.metrics``) are of two kinds:
+
+* per-example values, a ``[batch]`` tensor or ``(values, weights)``: the framework
+  streams their (weighted) mean in float64 sums, in training and evaluation alike;
+* streamed metrics, ``(keras.metrics.Metric, *update_state args)`` (AUC, precision),
+  which keep their own state and are evaluated only.
+
+Here: ``check_metric`` (part of ``model_fn.check_spec``), ``split_metrics`` into the
+two kinds, ``unfit_metric`` (a streamed metric's ``update_state`` traced before
+training, so a mistake is said at once) and ``MetricSums``, the sums a mode's steps
+add to (``Steps.count_metrics`` makes them for each mode once the model was traced
+in it, ``ModelState.build``), read by ``result`` and zeroed by ``reset`` before each
+evaluation. Under a strategy the sums, and the Keras metrics' state
+(``Placement.adopt_metrics``), are kept per replica and added up when read.
+``keras_model`` turns compile()'s metrics into these two kinds.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +24,72 @@ from collections.abc import Mapping, Sequence
 import keras
 import tensorflow as tf
 
+from trainer import errors
 from trainer.errors import UserError
+
+
+def check_metric(where: str, name: str, value) -> None:
+    """Refuses a metric that is neither kind (ValueError, which check_spec raises)."""
+    if is_streamed(value):
+        return  # streamed: its update_state takes what it takes
+    weighted = isinstance(value, tuple) and len(value) == 2 and all(map(tf.is_tensor, value))
+    if isinstance(value, tuple | list) and not weighted:
+        raise ValueError(
+            f"{where}: metric {name!r} is a {type(value).__name__} whose first item is "
+            f"{type(value[0]).__name__ if value else 'missing'}; give a tensor of "
+            "per-example values, (values, weights), or (keras.metrics.Metric, "
+            "*update_state args)"
+        )
+    for tensor in value if weighted else [value]:
+        if tensor.shape.rank != 1:
+            raise ValueError(
+                f"{where}: metric {name!r} must hold one value per example (shape [batch]), "
+                f"got shape {tensor.shape}"
+            )
+    if name == "loss":
+        raise ValueError(f"{where}: metric name 'loss' is reserved for Spec.loss")
+
+
+def split_metrics(metrics: Mapping) -> tuple[dict, dict]:
+    """``(per-example values, streamed (metric, *args) tuples)`` of a Spec's metrics.
+
+    A per-example metric is a ``[batch]`` tensor or a ``(values, weights)`` pair.
+    """
+    streamed = {n: v for n, v in metrics.items() if is_streamed(v)}
+    return {n: v for n, v in metrics.items() if n not in streamed}, streamed
+
+
+def is_streamed(value) -> bool:
+    """Whether a Spec's metric is a streamed ``(keras.metrics.Metric, *args)`` tuple."""
+    return isinstance(value, tuple) and bool(value) and isinstance(value[0], keras.metrics.Metric)
+
+
+def unfit_metric(name: str, streamed: dict) -> str | None:
+    """Why a streamed metric cannot take the values named with it, found while tracing.
+
+    Its ``update_state`` is traced (never run) with them, so that a mistake is said
+    before training rather than at the first evaluation.
+    """
+    names: dict[int, str] = {}
+    for metric_name, (metric, *args) in streamed.items():
+        if id(metric) in names:
+            return (
+                f"{name} gives one {type(metric).__name__} object as metric "
+                f"{names[id(metric)]!r} and as {metric_name!r}: both would add up in one "
+                "state; make one metric object for each"
+            )
+        names[id(metric)] = metric_name
+        try:
+            metric.update_state(*args)
+        except (TypeError, ValueError) as error:
+            given = ", ".join(f"{a.dtype.name} {a.shape.as_list()}" for a in args)
+            count = f"{len(args)} value{'s' if len(args) != 1 else ''}"
+            return (
+                f"{name}'s metric {metric_name!r} ({type(metric).__name__}) cannot take the "
+                f"{count} given with it ({given}): {errors.first_line(error)}; name it as "
+                "(metric, *update_state arguments), e.g. (metric, labels, predictions)"
+            )
+    return None
 
 
 class MetricSums:
