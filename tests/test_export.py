@@ -171,3 +171,20 @@ def test_tabular_data_is_served_in_its_units_and_undeclared_input_as_its_feature
         "them (x float32 [?, 10]): the input_fn declares no serving preprocessing "
         "(trainer.serves), so a client preprocesses as the input_fn does"
     ) in capsys.readouterr().out
+
+
+def test_a_prefetch_keeps_what_an_export_serves_and_a_map_is_said_to_drop_it(monkeypatch, caplog):
+    from datasets import diabetes
+    from trainer import InputParams, Mode, marks, serving
+
+    served = diabetes.input_fn(Mode.PREDICT, InputParams(8, 8))
+    assert serving.declared(served).stored["x"].shape == [10]
+    assert serving.declared(served.prefetch(1)) is serving.declared(served)
+    monkeypatch.setattr(marks, "_SAID", set())  # said once a process: this test sees it
+    caplog.set_level("WARNING")
+    assert serving.declared(served.map(lambda features, labels: (features, labels))) is None
+    assert (
+        "marked serving, but a Map stage after the mark drops it: the export takes the "
+        "model's features, not stored examples: mark the dataset the input_fn returns with "
+        "trainer.serves, its features_of doing the map"
+    ) in caplog.text

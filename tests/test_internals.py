@@ -108,3 +108,18 @@ def test_tensorflow_dataset__inputs():
     mapped = source.map(lambda x: x + 1)
     assert [type(d).__name__ for d in internals.dataset_inputs(mapped)] == [type(source).__name__]
     assert internals.dataset_inputs(mapped.batch(2))[0] is mapped
+
+
+def test_tensorflow_dataset_stage_class_names():
+    source = tf.data.Dataset.range(8)
+    kept = [
+        source.prefetch(1),
+        source.with_options(tf.data.Options()),
+        source.cache(),
+        source.apply(tf.data.experimental.assert_cardinality(8)),
+    ]
+    assert [internals.dataset_stage(d) for d in kept] == ["same"] * 4
+    maps = [source.map(lambda x: x), source.map(lambda x: x, num_parallel_calls=2)]
+    assert [internals.dataset_stage(d) for d in maps] == ["map", "map"]
+    assert internals.dataset_stage(source.filter(lambda x: x > 1)) == "_FilterDataset"
+    assert internals.dataset_inputs(source) == []

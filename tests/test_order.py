@@ -13,8 +13,8 @@ from datasets import pipeline, records, shards
 from datasets.order import MIX_BLOCK, Order, pipeline_positions
 from models.mlp import MLP
 from tests.helpers import finish, resume_run
-from trainer import Estimator, InputParams, Mode, ModelFn, Spec, UserError, monitoring
-from trainer.model_fn import is_positioned
+from trainer import Estimator, InputParams, Mode, ModelFn, Spec, UserError, marks, monitoring
+from trainer.model_fn import is_positioned, num_examples
 
 
 def rows(order, start, count):
@@ -304,3 +304,32 @@ def test_sources_that_cannot_be_held_or_indexed_are_one_line(tmp_path):
     os.utime(index, ns=(0, 0))
     offsets = records.record_offsets(shard, 20)
     assert not np.array_equal(offsets, np.load(io.BytesIO(stale)))
+
+
+def test_a_users_map_after_the_pipeline_keeps_its_position_and_a_filter_says_it_drops_it(
+    tmp_path, caplog, monkeypatch
+):
+    """README's input_fn, then the user's own .map() and .prefetch(): still read by position."""
+    source = cifar_shaped(64)
+
+    def input_fn(mode, params):
+        dataset = pipeline.build(source, mode, params, to_float)
+        return dataset.map(
+            lambda features, labels: ({"image": features["image"] * 2.0}, labels)
+        ).prefetch(1)
+
+    params = InputParams(16, 16, seed=0)
+    assert is_positioned(input_fn(Mode.TRAIN, params))
+    assert num_examples(input_fn(Mode.EVAL, params)) == 64  # its progress counts examples
+    estimator = Estimator(Tiny(), str(tmp_path / "run"), global_batch_size=16, seed=0)
+    estimator.train(input_fn, 3)
+    assert input_state_bytes(tf.train.latest_checkpoint(tmp_path / "run")) == 16  # no iterator
+
+    monkeypatch.setattr(marks, "_SAID", set())  # said once a process: this test sees it
+    caplog.set_level("WARNING")
+    filtered = pipeline.build(source, Mode.TRAIN, params, to_float).filter(lambda *_: True)
+    assert not is_positioned(filtered)
+    assert (
+        "The input_fn's dataset was marked positioned, but a Filter stage after the mark "
+        "drops it: training resumes it as any other input"
+    ) in caplog.text

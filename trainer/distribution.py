@@ -293,9 +293,10 @@ class Placement:
                 }
             )
             dataset = build(share)
+            positioned = is_positioned(dataset)
             if context.num_input_pipelines > 1 and not share.shared_out:
-                dataset = _shared_out(dataset, context)
-            if is_positioned(dataset) or not step:
+                dataset, positioned = _shared_out(dataset, context), False  # a share of it
+            if positioned or not step:
                 return dataset
             skipping.append(step)
             per_step = context.num_replicas_in_sync // context.num_input_pipelines

@@ -120,4 +120,27 @@ def checkpoint_descendants(checkpoint: tf.train.Checkpoint) -> list:
 
 def dataset_inputs(dataset: tf.data.Dataset) -> list:
     """The datasets a dataset stage reads from (no public view of the stages)."""
-    return list(dataset._inputs())
+    try:
+        return list(dataset._inputs())
+    except (AttributeError, TypeError, NotImplementedError):  # not a stage of a pipeline
+        return []
+
+
+_SAME_ELEMENTS = (
+    "_PrefetchDataset",
+    "_OptionsDataset",
+    "CacheDataset",
+    "_AssertCardinalityDataset",
+)
+_MAPS = ("_MapDataset", "_ParallelMapDataset")
+
+
+def dataset_stage(dataset: tf.data.Dataset) -> str:
+    """What a dataset stage does: ``'same'`` elements on, a ``'map'``, or its class name.
+
+    tf.data has no public kind of stage; ``marks.find`` needs to know which keep a mark.
+    """
+    kind = type(dataset).__name__
+    if kind in _SAME_ELEMENTS:
+        return "same"
+    return "map" if kind in _MAPS else kind

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 import keras
 import tensorflow as tf
 
+from trainer import marks
 from trainer.metrics import check_metric
 
 
@@ -59,27 +60,29 @@ class InputParams:
     start_example: int = 0
 
 
-_POSITIONED = "_trainer_positioned"
-
-
 def positioned(dataset: tf.data.Dataset) -> tf.data.Dataset:
     """Marks a training dataset that starts where ``params.start_example`` says.
 
     Its order must be a function of the stream position alone (as the index-based
     pipelines in ``datasets/`` are), so that the Estimator resumes it by arithmetic:
     it neither saves the iterator in checkpoints nor replays batches, and a run may
-    resume on another number of devices or workers.
+    resume on another number of devices or workers. A ``.map()`` or ``.prefetch()``
+    after it keeps the mark (``trainer/marks.py``).
     """
-    setattr(dataset, _POSITIONED, True)
-    return dataset
+    return marks.put(dataset, "positioned", True)
 
 
 def is_positioned(dataset: tf.data.Dataset) -> bool:
-    """Whether ``positioned`` marked ``dataset``."""
-    return bool(getattr(dataset, _POSITIONED, False))
-
-
-_NUM_EXAMPLES = "_trainer_num_examples"
+    """Whether ``positioned`` marked ``dataset`` (or what it maps)."""
+    return bool(
+        marks.find(
+            dataset,
+            "positioned",
+            through_maps=True,
+            dropped="training resumes it as any other input (by its saved iterator, or replaying "
+            "its batches), not at its position",
+        )
+    )
 
 
 def counted(dataset: tf.data.Dataset, num_examples: int) -> tf.data.Dataset:
@@ -88,13 +91,17 @@ def counted(dataset: tf.data.Dataset, num_examples: int) -> tf.data.Dataset:
     An evaluation's progress bar then counts to the real total, not to its batches
     times the batch size (the last batch may be partial).
     """
-    setattr(dataset, _NUM_EXAMPLES, int(num_examples))
-    return dataset
+    return marks.put(dataset, "num_examples", int(num_examples))
 
 
 def num_examples(dataset: tf.data.Dataset) -> int | None:
-    """The count ``counted`` gave ``dataset``, or None."""
-    return getattr(dataset, _NUM_EXAMPLES, None)
+    """The count ``counted`` gave ``dataset`` (or what it maps), or None."""
+    return marks.find(
+        dataset,
+        "num_examples",
+        through_maps=True,
+        dropped="an evaluation's progress counts batches, not examples",
+    )
 
 
 LOSS_REDUCTIONS = ("mean", "sum")

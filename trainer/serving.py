@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 
 import tensorflow as tf
 
-_SERVING = "_trainer_serving"
+from trainer import marks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,10 +69,15 @@ def serves(
       parse_examples: serialized ``tf.train.Example`` strings ``[batch]`` -> a batch
         of stored features; gives the export a ``serving_examples`` signature.
     """
-    setattr(dataset, _SERVING, Serving(features_of, dict(stored), parse_examples))
-    return dataset
+    return marks.put(dataset, "serving", Serving(features_of, dict(stored), parse_examples))
 
 
 def declared(dataset: tf.data.Dataset) -> Serving | None:
-    """What ``serves`` marked ``dataset`` with, or None."""
-    return getattr(dataset, _SERVING, None)
+    """What ``serves`` marked ``dataset`` with (kept by prefetch, not by a map), or None."""
+    return marks.find(
+        dataset,
+        "serving",
+        through_maps=False,
+        dropped="the export takes the model's features, not stored examples: mark the "
+        "dataset the input_fn returns with trainer.serves, its features_of doing the map",
+    )
