@@ -4,6 +4,7 @@ Each test is named after the private name it relies on, so that an upgrade that
 removes or changes one fails here, naming it, before the framework misbehaves.
 """
 
+import gin
 import keras
 import numpy as np
 import pytest
@@ -123,3 +124,36 @@ def test_tensorflow_dataset_stage_class_names():
     assert [internals.dataset_stage(d) for d in maps] == ["map", "map"]
     assert internals.dataset_stage(source.filter(lambda x: x > 1)) == "_FilterDataset"
     assert internals.dataset_inputs(source) == []
+
+
+def test_gin_config__REGISTRY():
+    from trainer import gin_config  # noqa: F401 - registers the framework's configurables
+
+    registry = internals.gin_registry()
+    assert "trainer.Estimator" in dict(registry.items())
+    assert registry.get_match("Estimator").wrapped is gin_config.estimator.Estimator
+
+
+def test_gin_config__CONFIG():
+    from trainer import gin_config  # noqa: F401 - registers Keras's Adam as optimizers.Adam
+
+    gin.parse_config("Adam.learning_rate = 0.5")
+    assert {key: dict(value) for key, value in internals.gin_bindings().items()} == {
+        ("", "optimizers.Adam"): {"learning_rate": 0.5}
+    }
+
+
+def test_gin_config__FILE_READERS(tmp_path):
+    readers = internals.gin_file_readers()
+    assert readers and all(callable(read) and callable(exists) for read, exists in readers)
+    (tmp_path / "here.gin").write_text("")
+    assert any(exists(str(tmp_path / "here.gin")) for _, exists in readers)
+
+
+def test_gin_config__LOCATION_PREFIXES(tmp_path):
+    paths = internals.gin_include_paths()
+    gin.add_config_file_search_path(str(tmp_path))
+    try:
+        assert str(tmp_path) in internals.gin_include_paths()
+    finally:
+        paths.remove(str(tmp_path))  # the test leaves gin's include paths as they were

@@ -16,7 +16,7 @@ import tokenize
 import gin
 import keras
 
-from trainer import config_diff, estimator, gin_errors, keras_model, optimization
+from trainer import config_diff, estimator, gin_errors, internals, keras_model, optimization
 from trainer.checkpoints import OPERATIVE_CONFIG
 from trainer.errors import UserError
 
@@ -86,9 +86,9 @@ def _safe_check(exists):
     return check
 
 
-gin.config._FILE_READERS[:] = [  # noqa: SLF001 - gin offers only register_file_reader
+internals.gin_file_readers()[:] = [  # gin offers only register_file_reader
     (reader, exists if getattr(exists, "safe", False) else _safe_check(exists))
-    for reader, exists in gin.config._FILE_READERS  # noqa: SLF001
+    for reader, exists in internals.gin_file_readers()
 ]
 
 
@@ -131,7 +131,7 @@ def _above(files: list[str]) -> list[str]:
         while directory not in found:
             found.append(directory)
             directory = os.path.dirname(directory)
-    return [d for d in found if d not in gin.config._LOCATION_PREFIXES]  # noqa: SLF001
+    return [d for d in found if d not in internals.gin_include_paths()]
 
 
 def check_resumable(model_dir: str, saved: str, new: str) -> None:

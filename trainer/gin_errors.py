@@ -15,9 +15,7 @@ import os
 import re
 import tokenize
 
-import gin
-
-from trainer import errors
+from trainer import errors, internals
 
 
 def unused_macro(params: list[str]) -> str | None:
@@ -33,7 +31,7 @@ def unused_macro(params: list[str]) -> str | None:
         for item in value if isinstance(value, (list, tuple)) else []:
             collect(item)
 
-    for bindings in gin.config._CONFIG.values():  # noqa: SLF001 - no public listing
+    for bindings in internals.gin_bindings().values():
         collect(dict(bindings))
     for param in params:
         binding = re.fullmatch(r"\s*([A-Za-z_]\w*)\s*=\s*(.*?)\s*", param, re.S)
@@ -52,7 +50,7 @@ def unused_macro(params: list[str]) -> str | None:
 def _owners_of(parameter: str) -> list[str]:
     """The configurables (by their shortest name) that take a ``parameter`` so named."""
     owners = []
-    for selector, configurable in gin.config._REGISTRY.items():  # noqa: SLF001
+    for selector, configurable in internals.gin_registry().items():
         try:
             names = _parameters(configurable.wrapped)
         except (TypeError, ValueError):  # no signature to read
@@ -134,7 +132,7 @@ def _unclosed_bracket_line(source: str) -> int | None:
 
 def _closest_name_hint(message: str) -> str:
     """Names the nearest real configurable, module or parameter for a misspelt one."""
-    registry = gin.config._REGISTRY  # noqa: SLF001 - gin has no public listing
+    registry = internals.gin_registry()
     missing = re.search(r"No configurable matching (?:reference )?'@?([\w.]+)", message)
     if missing:
         return _configurable_hint(missing.group(1), registry)
@@ -261,7 +259,7 @@ def call_error(error: Exception) -> str | None:
 
 def _settings_of(name: str) -> dict:
     """The gin settings of configurable ``name`` (unscoped)."""
-    for (scope, selector), params in gin.config._CONFIG.items():  # noqa: SLF001 - no public listing
+    for (scope, selector), params in internals.gin_bindings().items():
         if not scope and selector.rsplit(".", 1)[-1] == name:
             return dict(params)
     return {}

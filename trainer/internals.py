@@ -1,15 +1,18 @@
-"""Every private TensorFlow and Keras name the framework relies on, in one place.
+"""Every private TensorFlow, Keras and gin name the framework relies on, in one place.
 
 Each is used where no public API does the job, says why, and has a test in
 ``tests/test_internals.py`` that fails, naming it, when an upgrade removes or
-changes it. The one whose loss would be silent (the optimizer's own summing of the
-replicas' gradients, which would then sum them twice) raises here instead.
+changes it (gin-config 0.5 has no public listing of its configurables, bindings,
+file readers or include paths). The one whose loss would be silent (the
+optimizer's own summing of the replicas' gradients, which would then sum them
+twice) raises here instead.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+import gin
 import keras
 import tensorflow as tf
 
@@ -144,3 +147,26 @@ def dataset_stage(dataset: tf.data.Dataset) -> str:
     if kind in _SAME_ELEMENTS:
         return "same"
     return "map" if kind in _MAPS else kind
+
+
+# ---------------------------------------------------------------- gin
+
+
+def gin_registry():
+    """Every configurable by selector (``.items()``, ``.get_match(name)``), for hints."""
+    return gin.config._REGISTRY
+
+
+def gin_bindings() -> Mapping:
+    """The bindings parsed so far: ``{(scope, selector): {parameter: value}}``."""
+    return gin.config._CONFIG
+
+
+def gin_file_readers() -> list:
+    """Gin's ``(reader, exists)`` pairs, which ``include`` tries in turn (a list to edit)."""
+    return gin.config._FILE_READERS
+
+
+def gin_include_paths() -> list[str]:
+    """The directories ``include`` looks in (``gin.add_config_file_search_path`` adds one)."""
+    return gin.config._LOCATION_PREFIXES
