@@ -133,7 +133,11 @@ def test_the_time_limits_warning_saves_and_the_batch_script_requeues_the_job(slu
         assert f"preempted: SIGUSR1 received: saved {model_dir}/ckpt-{before}" in first
     # SLURM holds a requeued job a minute or two: start it now, with time to spare.
     slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now", "TimeLimit=10")
-    wait_until(lambda: checkpoint_steps(model_dir)[-1:] > [before], 180, "a new checkpoint")
+    wait_until(  # (no model_dir yet if the warning came before training started)
+        lambda: model_dir.exists() and checkpoint_steps(model_dir)[-1:] > [before],
+        180,
+        "a new checkpoint",
+    )
     slurm.run("scancel", "--signal=TERM", job)
     second = requeued(2)[len(first) :]
     if before:
