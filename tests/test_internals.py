@@ -4,6 +4,8 @@ Each test is named after the private name it relies on, so that an upgrade that
 removes or changes one fails here, naming it, before the framework misbehaves.
 """
 
+import os
+
 import gin
 import keras
 import numpy as np
@@ -157,3 +159,38 @@ def test_gin_config__LOCATION_PREFIXES(tmp_path):
         assert str(tmp_path) in internals.gin_include_paths()
     finally:
         paths.remove(str(tmp_path))  # the test leaves gin's include paths as they were
+
+
+def test_keras_imports_ipython_pandas_and_sklearn_only_if_they_are_there():
+    """``console.OPTIONAL_AT_IMPORT``, held back while the command line imports TensorFlow."""
+    import subprocess
+    import sys
+
+    script = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("console", sys.argv[1])  # not trainer's
+console = importlib.util.module_from_spec(spec)  # __init__, which imports TensorFlow
+spec.loader.exec_module(console)
+with console.optional_packages_held_back():
+    import tensorflow as tf
+    import keras
+held = sorted({m.partition(".")[0] for m in sys.modules} & set(console.OPTIONAL_AT_IMPORT))
+model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+model.compile("adam", "mse")
+model.fit(tf.zeros([4, 3]), tf.zeros([4, 2]), verbose=0)
+import sklearn.datasets  # imported as usual afterwards
+print(held, len(sklearn.datasets.load_digits().target))
+"""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            script,
+            os.path.join(os.path.dirname(internals.__file__), "console.py"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["[]", "1797"]

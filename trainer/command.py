@@ -96,7 +96,7 @@ def main(argv: list[str]) -> None:
                 _check_workers(FLAGS.workers)
             if FLAGS.workers is not None and not FLAGS.sweep:  # a sweep launches per trial
                 sys.exit(_launch(FLAGS.workers))  # which passes signals on once it runs them
-            console.quiet_tensorflow_import()
+            console.quiet_tensorflow_import(command_line=True)
             from trainer import cli  # noqa: PLC0415 - TensorFlow loads here, after the flags
 
             cli.main()
