@@ -113,18 +113,13 @@ class Workers:
         return self.scratch
 
     def gather(self, values: Sequence[int]) -> list[list[int]]:
-        """``values`` of every worker, in worker order (one small all-reduce)."""
+        """``values`` of every worker, in worker order (one small all-gather)."""
         if self._gather is None:
-            replicas = self.strategy.num_replicas_in_sync
 
             @tf.function
             def gather(row: tf.Tensor) -> tf.Tensor:
-                def one_hot_row() -> tf.Tensor:
-                    replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-                    return tf.one_hot(replica, replicas, dtype=tf.int64)[:, None] * row[None, :]
-
-                rows = self.strategy.run(one_hot_row)
-                return self.strategy.reduce(tf.distribute.ReduceOp.SUM, rows, axis=None)
+                rows = self.strategy.run(lambda: row[None, :])  # each replica's [1, n]
+                return self.strategy.gather(rows, axis=0)  # [replicas, n], in replica order
 
             self._gather = gather
         rows = self._gather(tf.constant(list(values), tf.int64)).numpy().tolist()
