@@ -17,6 +17,8 @@ with TRAIN_STEPS the output also holds scikit-learn's of the same predictions.
 import json
 import sys
 
+import lean_start  # noqa: F401 - TensorFlow loads as the command line loads it
+
 from trainer import parallel
 
 SETUP = sys.argv[3].partition(":")

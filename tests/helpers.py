@@ -79,6 +79,7 @@ def on_two_cpus(module: str, function: str, *args: str):
     devices before TensorFlow started; its JSON result."""
     script = (
         "import json, sys\n"
+        "from tests import lean_start\n"  # TensorFlow loads as the command line loads it
         "from trainer import parallel\n"
         "parallel.split_cpu(2)\n"
         f"from {module} import {function}\n"

@@ -20,6 +20,8 @@ import json
 import os
 import sys
 
+import lean_start  # noqa: F401 - TensorFlow loads as the command line loads it
+
 from trainer import parallel
 
 parallel.split_cpu(4)

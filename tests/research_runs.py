@@ -8,6 +8,8 @@ import json
 import sys
 
 if __name__ == "__main__":  # a worker: the strategy before any op runs
+    import lean_start  # noqa: F401 - TensorFlow loads as the command line loads it
+
     from trainer import parallel
 
     parallel.make_strategy("multi_worker", [])

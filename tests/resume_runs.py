@@ -23,6 +23,8 @@ import json
 import os
 import sys
 
+import lean_start  # noqa: F401 - TensorFlow loads as the command line loads it
+
 from trainer import parallel
 
 SETUP = sys.argv[2].partition(":")

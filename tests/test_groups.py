@@ -443,6 +443,7 @@ def on_one_device(model_dir, data_dir):
 
 ONE_PROCESS = (
     "import json, sys\n"
+    "from tests import lean_start\n"  # TensorFlow loads as the command line loads it
     "from tests.research_runs import train_gan\n"
     "print(json.dumps(train_gan(sys.argv[1], sys.argv[2], 'gan')))\n"
 )
