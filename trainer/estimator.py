@@ -72,7 +72,8 @@ class Estimator:
       jit_compile: compile each block of steps with XLA (training batches of one
         shape); faster for dense models on CPU: measure (benchmarks/throughput.py).
       microbatches: take each batch in this many slices inside the step, applying
-        their summed gradients once: less memory, the same update (``microbatch.py``).
+        their summed gradients once: less memory, the same update (but for batch
+        statistics, which each slice computes alone; ``trainer/microbatch.py``).
       ema_decay: evaluate and predict with a moving average of the weights (e.g. 0.999).
       nonfinite_loss: on a NaN or infinite loss, ``'stop'`` (TrainingDiverged, the last
         checkpoint kept) or ``'rollback'`` (restore it and skip the batch).
