@@ -125,8 +125,7 @@ def evaluate(
     progress bar shows on a terminal (moved from beside the one compiled call; its
     total estimated from the batches and ``batch_size``).
     """
-    compiled = model.build(dataset.element_spec, Mode.EVAL)
-    model.restore_for_inference(model_dir)
+    compiled = model.for_inference(dataset.element_spec, Mode.EVAL, model_dir)
     watched = contextlib.nullcontext()
     placement = model.placement
     if bar and sys.stdout.isatty() and placement.workers is None:  # counted as they come

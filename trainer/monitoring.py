@@ -251,10 +251,7 @@ def buffering_stages(dataset: tf.data.Dataset) -> set[str]:
             found.add("shuffle buffer (Dataset.shuffle)")
         elif "Cache" in kind:
             found.add("cache (Dataset.cache)")
-        try:
-            stack.extend(internals.dataset_inputs(stage))
-        except (AttributeError, TypeError):
-            continue
+        stack.extend(internals.dataset_inputs(stage))  # [] for what is not a stage
     return found
 
 
