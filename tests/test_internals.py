@@ -30,6 +30,37 @@ def test_keras_optimizer__all_reduce_sum_gradients():
         internals.skip_gradient_summing(lost)
 
 
+class _Penalised(keras.layers.Layer):
+    def call(self, x):
+        self.add_loss(keras.ops.sum(x))
+        return x
+
+
+def test_keras_layer__flatten_layers__get_own_losses__clear_losses():
+    inner = _Penalised()
+    outer = keras.Sequential([keras.Input((2,)), inner])
+    found = [id(layer) for layer in internals.sublayers(outer)]
+    assert found[0] == id(outer) and found.count(id(inner)) == 1
+    outer(tf.ones([1, 2]))
+    assert internals.own_losses(outer) == [] and len(internals.own_losses(inner)) == 1
+    internals.clear_losses(outer)  # its sublayers' too
+    assert internals.own_losses(inner) == []
+
+
+def test_keras_layer_call_context_global_state():
+    layer = _Penalised()
+    layer(tf.ones([1, 2]))
+    layer(tf.ones([1, 2]) * 3)  # outermost: Keras forgets the first call's loss
+    assert [float(v) for v in internals.own_losses(layer)] == [6.0]
+    internals.clear_losses(layer)
+    with internals.one_keras_call():
+        layer(tf.ones([1, 2]))
+        layer(tf.ones([1, 2]) * 3)
+    assert [float(v) for v in internals.own_losses(layer)] == [2.0, 6.0]
+    layer(tf.ones([1, 2]))  # the context is gone: an outermost call clears again
+    assert [float(v) for v in internals.own_losses(layer)] == [2.0]
+
+
 def test_keras_model__compile_config():
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     loss = keras.losses.MeanSquaredError()

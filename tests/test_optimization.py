@@ -104,8 +104,8 @@ def test_l2_is_added_to_the_training_loss(tmp_path):
 def test_eval_uses_the_moving_average_of_the_weights(tmp_path):
     decay, lr, steps = 0.9, 0.1, 6
     estimator, w = weights_per_step(tmp_path, keras.optimizers.SGD(lr), steps, ema_decay=decay)
-    average = w[0]
-    for value in w[1:]:
+    average = w[1]  # the weights after the first step, as Keras's use_ema starts
+    for value in w[2:]:
         average = decay * average + (1 - decay) * value
     metrics = estimator.evaluate(eval_ones)
     assert metrics["loss"] == pytest.approx(average, abs=1e-6)  # loss = mean(w * 1)
@@ -133,8 +133,8 @@ def test_momentum_and_schedules_are_gin_configurable():
 
 def test_export_saves_the_moving_average(tmp_path):
     estimator, w = weights_per_step(tmp_path / "run", keras.optimizers.SGD(0.1), 4, ema_decay=0.5)
-    average = w[0]
-    for value in w[1:]:
+    average = w[1]
+    for value in w[2:]:
         average = 0.5 * average + 0.5 * value
     path = estimator.export(eval_ones, str(tmp_path / "export"))
     serve = tf.saved_model.load(path).signatures["serving_default"]

@@ -21,8 +21,14 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from trainer import microbatch
-from trainer.losses import batch_loss, batch_size_of, reported_scalars, total_loss
+from trainer import layer_losses, microbatch
+from trainer.losses import (
+    batch_loss,
+    batch_size_of,
+    reported_scalars,
+    total_loss,
+    with_mean_weight,
+)
 from trainer.metrics import split_metrics
 from trainer.model_fn import Mode
 from trainer.parallel import tape_gradients
@@ -34,6 +40,7 @@ def of_batch(steps, features, labels, phase):
     The gradients are arranged as ``steps.updates.wanted(phase)`` lists the variables.
     """
     batch = batch_size_of(features)
+    labels = with_mean_weight(labels, steps.placement.total)  # before the batch is cut
     wanted = steps.updates.wanted(phase)
     share, replicas = steps.placement.replica_share(batch)  # towers: (1.0, 1)
     examples = global_examples(steps, batch, share)
@@ -89,12 +96,13 @@ def _forward(steps, features, labels, examples, phase, share=1.0, replicas=1, fr
     micro-batch's ``fraction`` of the step's batch; with a loss per group, a dict of
     them. ``examples()`` is the step's global batch (asked by a loss summed over it).
     """
-    spec = steps.model_fn(features, labels, Mode.TRAIN)
+    spec, added = layer_losses.forward(steps.model_fn, features, labels, Mode.TRAIN)
     loss = batch_loss(spec, batch_size_of(features), examples)
     scalars = {"loss": total_loss(loss), **reported_scalars(spec, loss)}
-    objective = tf.nest.map_structure(lambda loss: loss * share * fraction, loss)
+    # In float32, as Keras computes losses: a float16 model's loss meets float32 penalties.
+    objective = tf.nest.map_structure(lambda v: tf.cast(v, tf.float32) * share * fraction, loss)
     if steps.has_regularization:
-        scalars["regularization_loss"] = tf.add_n(steps.model_fn.regularization_losses)
+        scalars["regularization_loss"] = layer_losses.total(added)
         part = scalars["regularization_loss"] / replicas * fraction  # each group's layers'
         objective = tf.nest.map_structure(lambda loss: loss + part, objective)
     # Mixed float16: scaled up so that small gradients survive (identity otherwise).

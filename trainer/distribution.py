@@ -131,6 +131,12 @@ class Placement:
         first = lambda value: self.strategy.experimental_local_results(value)[0]  # noqa: E731
         return tf.nest.map_structure(first, self.strategy.run(step, args=args))
 
+    def total(self, values: list[tf.Tensor]) -> list[tf.Tensor]:
+        """Each scalar summed over a strategy's replicas (one all-reduce); else as given."""
+        if self.strategy is None:
+            return values
+        return tf.distribute.get_replica_context().all_reduce("sum", values)
+
     def replica_share(self, examples: tf.Tensor) -> tuple[tf.Tensor | float, int]:
         """This replica's share of the global batch's examples, and the replica count.
 
@@ -201,7 +207,9 @@ class Placement:
         if self.strategy is None:
             return
 
-        def blank(spec: tf.TensorSpec) -> tf.Tensor:
+        def blank(spec: tf.TensorSpec | None) -> tf.Tensor | None:
+            if spec is None:  # Weighted labels' mean_weight, filled in by the step
+                return None
             shape = [1 if d is None else d for d in spec.shape]
             return tf.fill(shape, "") if spec.dtype == tf.string else tf.zeros(shape, spec.dtype)
 

@@ -10,11 +10,14 @@ twice) raises here instead.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 
 import gin
 import keras
 import tensorflow as tf
+from keras.src.backend.common import global_state
+from keras.src.layers.layer import CallContext
 
 # ---------------------------------------------------------------- Keras
 
@@ -33,6 +36,43 @@ def skip_gradient_summing(optimizer: keras.optimizers.Optimizer) -> None:
             "see trainer/internals.py"
         )
     inner._all_reduce_sum_gradients = lambda grads_and_vars: list(grads_and_vars)
+
+
+def sublayers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
+    """``layer`` and every layer inside it, at any depth, each once."""
+    return layer._flatten_layers(include_self=True, recursive=True)
+
+
+def own_losses(layer: keras.layers.Layer) -> list:
+    """The values ``layer`` itself added with ``add_loss`` (activity regularizers too).
+
+    ``layer.losses`` adds its sublayers' and its weights' regularizers: a layer held
+    twice (alone and inside a model) would count them twice (``layer_losses``).
+    """
+    return layer._get_own_losses()
+
+
+def clear_losses(layer: keras.layers.Layer) -> None:
+    """Forgets the ``add_loss`` values of ``layer``'s last call (and its sublayers')."""
+    layer._clear_losses()
+
+
+@contextlib.contextmanager
+def one_keras_call():
+    """Keras layers called inside keep every ``add_loss`` value, as inside one model.
+
+    Keras clears a layer's added losses when it is called from outside any layer (the
+    outermost call): a layer a ModelFn calls twice would keep its last call's only. A
+    call context whose entry is no layer keeps them all, as a functional model's does.
+    """
+    outer = global_state.get_global_attribute("current_call_ctx")
+    if outer is None:
+        global_state.set_global_attribute("current_call_ctx", CallContext(entry_layer=None))
+    try:
+        yield
+    finally:
+        if outer is None:
+            global_state.set_global_attribute("current_call_ctx", None)
 
 
 def compile_arguments(model: keras.Model) -> dict:

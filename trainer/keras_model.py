@@ -85,9 +85,9 @@ class KerasModel(ModelFn):
         predictions = _by_name(outputs, self._output_names(outputs))
         if labels is None:
             return Spec(predictions=predictions)
-        weights = None
+        weights = mean_weights = None
         if isinstance(labels, Weighted):  # the input_fn's (features, labels, sample_weight)
-            labels, weights = labels
+            labels, weights, mean_weights = labels
         if not isinstance(labels, Mapping):  # Keras's habit: one bare label tensor
             labels = {"label": labels}
         targets = self._targets(labels, list(predictions))
@@ -97,7 +97,8 @@ class KerasModel(ModelFn):
             y, p = _same_rank(targets[output.name], predictions[output.name])
             w = self._weights(weights, output.name, p)
             values = self._loss_of(output.name, output.loss, y, p)  # per example
-            output_loss, per_example = _reduced(values, w, output.reduction)
+            mean_weight = _of_output(mean_weights, output.name)
+            output_loss, per_example = _reduced(values, w, output.reduction, mean_weight)
             loss += output.weight * output_loss
             prefix = f"{output.name}_" if len(resolved) > 1 else ""
             if prefix:  # each output's loss, as Keras reports it
@@ -114,8 +115,7 @@ class KerasModel(ModelFn):
 
     def _weights(self, weights, output: str, p: tf.Tensor) -> tf.Tensor | None:
         """The sample weights of ``output`` (one for all, or a dict by output) as ``[batch]``."""
-        if isinstance(weights, Mapping):
-            weights = weights.get(output)
+        weights = _of_output(weights, output)
         if weights is None:
             return None
         shape = weights.shape
@@ -150,8 +150,10 @@ class KerasModel(ModelFn):
 
     # ------------------------------------------------------------ matching by name
 
-    def _inputs(self, features: Mapping[str, tf.Tensor]):
+    def _inputs(self, features):
         names = [t.name for t in getattr(self.model, "inputs", None) or []]
+        if not isinstance(features, Mapping):  # Keras's habit: x as a tensor, or a tuple
+            return self._unnamed_inputs(features, names)
         if not names:  # subclassed: it takes what the input_fn gives
             return next(iter(features.values())) if len(features) == 1 else dict(features)
         if len(names) == 1:
@@ -169,6 +171,22 @@ class KerasModel(ModelFn):
         if internals.takes_dict_inputs(self.model):
             return {n: features[n] for n in names}
         return [features[n] for n in names]
+
+    def _unnamed_inputs(self, features, names: list[str]):
+        """Features given as Keras ``fit`` takes ``x``: one tensor, or one per input in order."""
+        if not names or not isinstance(features, list | tuple):
+            return features  # one tensor for one input; a subclassed model takes x as it is
+        if len(features) != len(names):
+            raise UserError(
+                f"Keras model {self.model.name!r} has {len(names)} inputs {names}, but the "
+                f"input_fn gives {len(features)} features in a tuple: give one per input, in "
+                "order, or a dict by input name"
+            )
+        if len(names) == 1:
+            return features[0]
+        if internals.takes_dict_inputs(self.model):
+            return dict(zip(names, features, strict=True))
+        return list(features)
 
     def _output_names(self, outputs) -> list[str]:
         if isinstance(outputs, Mapping):
@@ -219,6 +237,11 @@ class KerasModel(ModelFn):
         return given.outputs
 
 
+def _of_output(value, output: str):
+    """``value`` (sample weights, or their mean) for ``output``: one for all, or by output."""
+    return value.get(output) if isinstance(value, Mapping) else value
+
+
 def _by_name(outputs, names: list[str]) -> dict[str, tf.Tensor]:
     if isinstance(outputs, Mapping):
         return {n: outputs[n] for n in names}
@@ -227,21 +250,22 @@ def _by_name(outputs, names: list[str]) -> dict[str, tf.Tensor]:
     return {names[0]: outputs}
 
 
-def _reduced(values: tf.Tensor, weights: tf.Tensor | None, reduction: str):
+def _reduced(values: tf.Tensor, weights: tf.Tensor | None, reduction: str, mean_weight=None):
     """``(the batch's loss, its per-example values)``: reduced as the loss says, weighted.
 
     As Keras does: the mean is over the examples (weighted or not), the weighted mean
     over the weights, the sum over the batch (the framework sums it over the step).
+    The weighted mean divides by ``mean_weight`` (the step's whole batch's mean weight,
+    ``Weighted.mean_weight``) where given, so that a slice, tower or replica's part is
+    its share of the whole batch's weighted mean.
     """
     weighted = values if weights is None else values * weights
     if reduction == "sum":
         batch = tf.cast(tf.shape(values)[0], values.dtype)
         return tf.reduce_sum(weighted), weighted * batch
     if reduction == "weighted mean" and weights is not None:
-        return tf.math.divide_no_nan(tf.reduce_sum(weighted), tf.reduce_sum(weights)), (
-            values,
-            weights,
-        )
+        mean_weight = tf.reduce_mean(weights) if mean_weight is None else mean_weight
+        return tf.math.divide_no_nan(tf.reduce_mean(weighted), mean_weight), (values, weights)
     return tf.reduce_mean(weighted), weighted
 
 

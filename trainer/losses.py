@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 
 import tensorflow as tf
 
-from trainer.model_fn import Spec
+from trainer.model_fn import Spec, Weighted
 
 
 def batch_size_of(features) -> tf.Tensor:
@@ -34,6 +34,23 @@ def batch_loss(spec: Spec, shard: tf.Tensor, examples: Callable[[], tf.Tensor]):
         return dict(spec.loss) if isinstance(spec.loss, Mapping) else spec.loss
     scale = tf.math.divide_no_nan(examples(), shard)
     return tf.nest.map_structure(lambda loss: loss * tf.cast(scale, loss.dtype), spec.loss)
+
+
+def with_mean_weight(labels, total: Callable):
+    """Weighted labels given the mean weight of the step's whole batch (``Weighted``).
+
+    ``total(values)`` sums a list of scalars over a strategy's replicas (as given
+    outside one); called before the batch is cut into towers or slices.
+    """
+    if not isinstance(labels, Weighted):
+        return labels
+
+    def mean(weights):
+        weights = tf.cast(weights, tf.float32)
+        weight, count = total([tf.reduce_sum(weights), tf.cast(tf.size(weights), tf.float32)])
+        return tf.math.divide_no_nan(weight, count)
+
+    return labels._replace(mean_weight=tf.nest.map_structure(mean, labels.sample_weight))
 
 
 def loss_name(group: str) -> str:

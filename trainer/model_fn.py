@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import keras
 import tensorflow as tf
 
-from trainer import marks
+from trainer import layer_losses, marks
 from trainer.metrics import check_metric
 
 
@@ -108,10 +108,19 @@ LOSS_REDUCTIONS = ("mean", "sum")
 
 
 class Weighted(NamedTuple):
-    """Labels with the per-example weights an input_fn yields as its third item."""
+    """Labels with the per-example weights an input_fn yields as its third item.
+
+    ``mean_weight`` is the mean of ``sample_weight`` over the step's whole batch (every
+    micro-batch slice, tower, replica and worker; in evaluation, the eval batch's), a
+    scalar or a dict like ``sample_weight``, filled in before the batch is cut: a
+    weighted mean (sum of weight x loss over sum of weights) is then
+    ``mean(weight * loss) / mean_weight`` in every part, and the parts, weighted by
+    their share of the examples as every loss is, add up to the whole batch's exactly.
+    """
 
     labels: Any
-    sample_weight: tf.Tensor
+    sample_weight: Any
+    mean_weight: Any = None
 
 
 @dataclasses.dataclass
@@ -241,8 +250,12 @@ class ModelFn(tf.Module):
 
     @property
     def regularization_losses(self) -> list[tf.Tensor]:
-        """Weight-decay terms of the layers (e.g. ``kernel_regularizer``), to add to the loss."""
-        return [loss for layer in self.layers for loss in layer.losses]
+        """What the layers add to the loss: weight penalties, ``add_loss`` values of the last call.
+
+        Each layer and variable counts once, however often it is reachable
+        (``trainer/layer_losses.py``).
+        """
+        return layer_losses.current(self.layers, self.trainable_variables)
 
     def _collect(self, trainable: bool) -> list[tf.Variable]:
         found, seen = [], set()

@@ -96,8 +96,11 @@ def momentum(
 class WeightAverage:
     """An exponential moving average of variables, swapped in for eval and export.
 
-    ``average = decay * average + (1 - decay) * value`` after every training step,
-    starting from the initial values. The averages are checkpointed with the model.
+    ``average = decay * average + (1 - decay) * value`` after every training step, and
+    ``average = value`` after the first (global step 0), as Keras's ``use_ema``: the
+    average starts from the weights training starts from, warm-started ones too, not
+    from the values the variables were made with. The averages are checkpointed
+    with the model.
     """
 
     def __init__(self, variables: list, decay: float):
@@ -111,10 +114,12 @@ class WeightAverage:
                 for i, v in enumerate(variables)
             ]
 
-    def update(self) -> None:
-        """One averaging step (called inside the compiled train step)."""
+    def update(self, first: tf.Tensor | bool = False) -> None:
+        """One averaging step (inside the compiled train step); ``first``: the run's first."""
+        decay = tf.where(first, 0.0, self.decay)
         for average, v in zip(self.averages, self.variables, strict=True):
-            average.assign(self.decay * average + (1.0 - self.decay) * tf.cast(v, average.dtype))
+            decay = tf.cast(decay, average.dtype)
+            average.assign(decay * average + (1.0 - decay) * tf.cast(v, average.dtype))
 
     @contextlib.contextmanager
     def swapped_in(self):
@@ -180,6 +185,9 @@ def _fused(optimizer, kernel, gradients, variables) -> None:
         slot = internals.slot_index(optimizer, variable)
         gradient = tf.cast(tf.convert_to_tensor(gradient), variable.dtype)  # dense, as Keras
         kernel(optimizer, slot, variable.handle, gradient, learning_rate)
+    for variable in variables:  # after the update, as Keras's apply: a NonNeg kernel, say
+        if getattr(variable, "constraint", None) is not None:
+            variable.assign(variable.constraint(variable))
     optimizer.iterations.assign_add(1)
 
 

@@ -98,13 +98,17 @@ def split(structure, num_shards: int) -> tuple[list, tf.Tensor]:
     Returns:
       ``num_shards`` structures like ``structure``, and the shard sizes (int32 [n]).
       A batch that does not divide evenly gives shards one example apart; a batch
-      smaller than ``num_shards`` gives some empty shards.
+      smaller than ``num_shards`` gives some empty shards. A scalar (a batch-wide
+      value such as ``Weighted.mean_weight``) is given to every shard as it is.
     """
     flat = tf.nest.flatten(structure)  # None (no labels) is a leaf, and stays None
-    first = next(t for t in flat if t is not None)
+    first = next(t for t in flat if t is not None and t.shape.rank)
     sizes = shard_sizes(tf.shape(first)[0], num_shards)
     pieces = [
-        [None] * num_shards if t is None else tf.split(t, sizes, num=num_shards) for t in flat
+        [t] * num_shards  # None (no labels), or a scalar every shard takes as it is
+        if t is None or t.shape.rank == 0
+        else tf.split(t, sizes, num=num_shards)
+        for t in flat
     ]
     shards = [
         tf.nest.pack_sequence_as(structure, [p[i] for p in pieces]) for i in range(num_shards)
@@ -217,6 +221,7 @@ def _weighted_sum(values: Sequence[tf.Tensor], weights: tf.Tensor) -> tf.Tensor:
 # ---------------------------------------------------------------- tf.distribute
 
 
+_mirrored: dict[tuple, tf.distribute.MirroredStrategy] = {}
 _multi_worker: tf.distribute.Strategy | None = None
 _cluster: cluster.Cluster | None = None  # the one _multi_worker was made over
 
@@ -234,7 +239,13 @@ def make_strategy(
     """
     global _multi_worker, _cluster
     if distribution == "mirrored":
-        return tf.distribute.MirroredStrategy(list(devices))
+        # One per set of devices and process: a second MirroredStrategy numbers its
+        # collectives from the same keys as the first, and TensorFlow's process-wide
+        # collective executor then fails any whose shapes or types differ ("Shape
+        # mismatch in the collective instance 101"): a sweep's second trial, say.
+        if tuple(devices) not in _mirrored:
+            _mirrored[tuple(devices)] = tf.distribute.MirroredStrategy(list(devices))
+        return _mirrored[tuple(devices)]
     if distribution != "multi_worker":
         raise UserError(
             f"distribution must be one of {', '.join(DISTRIBUTIONS)}, got {distribution!r}"

@@ -19,7 +19,13 @@ from trainer import batch_gradients, custom_step, internals
 from trainer.distribution import Placement
 from trainer.errors import UserError
 from trainer.groups import Plan
-from trainer.losses import batch_loss, batch_size_of, reported_scalars, total_loss
+from trainer.losses import (
+    batch_loss,
+    batch_size_of,
+    reported_scalars,
+    total_loss,
+    with_mean_weight,
+)
 from trainer.metrics import MetricSums, split_metrics
 from trainer.model_fn import Mode, ModelFn, Weighted
 from trainer.optimization import WeightAverage
@@ -216,7 +222,7 @@ class Steps:
             if last:
                 self.gradient_norm.assign(norm)
             if self.ema is not None:
-                self.ema.update()
+                self.ema.update(first=self.global_step == 0)
             self.global_step.assign_add(tf.cast(finite, tf.int64))
             if not finite:
                 self.nonfinite.assign(True)
@@ -320,6 +326,7 @@ class Steps:
     def _eval_batch(self, features, labels):
         """``(loss, scalars, per-example metrics)`` of one eval batch, over towers if any."""
         examples = batch_gradients.global_examples(self, batch_size_of(features))
+        labels = with_mean_weight(labels, self.placement.total)  # before towers cut it
 
         def forward(features, labels):  # of a batch, or of a tower's shard of it
             spec = self.model_fn(features, labels, Mode.EVAL)

@@ -1,0 +1,414 @@
+"""The parity harness: one Keras model trained a few steps two ways, compared.
+
+A *row* is a model feature users' models contain (batch norm, a constraint, an
+``add_loss``, sample weights, ...): a function that makes the compiled Keras model,
+and what data it takes. A *column* is how the framework trains it (one device,
+towers, mirrored replicas, micro-batches, XLA, mixed precision, optimizer groups).
+A *cell* trains the row's model from the same initial weights on the same batches
+two ways and compares every variable, trainable and not (batch-norm moving
+statistics), and the optimizer's slots:
+
+* the reference is Keras (``train_on_batch``, which is ``fit``'s step) for every
+  column: where Keras has no such setting (towers, micro-batches, groups), the
+  framework must train what it trains on one device, which the ``one_device``
+  column checks equal to Keras; mixed precision is compared with Keras under the
+  same policy, at a looser tolerance (``TOLERANCE``);
+* a model whose forward pass depends on how the batch is cut (batch statistics)
+  is compared after one step, on its moving statistics: each shard, slice or
+  replica normalises by its own statistics (as Keras does under a strategy), and
+  the moving statistics must be what one device computes on the whole batch;
+* deep nets are chaotic (a 1e-7 nudge to MobileNetV2's weights is 0.35 apart by
+  step 3 at SGD 0.02), so a cell compares the first ``STEPS`` steps of a small model;
+* dropout is left out: its draws differ between Keras and the framework's step.
+
+The data is Keras's own: ``(x, y)`` or ``(x, y, sample_weight)`` tensors, not dicts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+import tempfile
+from collections.abc import Callable
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import trainer
+from trainer.errors import UserError
+
+BATCH = 16  # a global batch: 2 devices take 8 each, 4 slices 4 each
+STEPS = 3
+TOLERANCE = {None: 2e-5, "mixed_float16": 2e-2, "mixed_bfloat16": 5e-2}
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """A model feature.
+
+    Attributes:
+      make: makes the compiled Keras model (seeded: the same weights every time).
+      weighted: the data carries sample weights, ``(x, y, w)``.
+      outputs: several outputs: their names (labels of those names).
+      model_fn: the framework trains ``model_fn(model)``, a ModelFn over the Keras
+        model's layers, with its optimizer (Keras trains the model itself).
+      batch_statistics: its forward pass depends on how the batch is cut.
+    """
+
+    make: Callable[[], keras.Model]
+    weighted: bool = False
+    outputs: tuple[str, ...] = ()
+    model_fn: Callable | None = None
+    batch_statistics: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    """How the framework trains: Estimator settings, on ``devices`` logical CPUs."""
+
+    settings: dict
+    devices: int = 1
+    precision: str | None = None
+    cuts_batch: bool = False  # shards, slices or replicas: batch statistics differ
+
+
+COLUMNS = {
+    "one_device": Column({}),
+    "microbatches_2": Column({"microbatches": 2}, cuts_batch=True),
+    "microbatches_4": Column({"microbatches": 4}, cuts_batch=True),
+    "jit_compile": Column({"jit_compile": True}),
+    "groups": Column({"learning_rate_multipliers": {"kernel": 1.0}}),  # kernels, the rest
+    "mixed_float16": Column({"mixed_precision": "mixed_float16"}, precision="mixed_float16"),
+    "mixed_bfloat16": Column({"mixed_precision": "mixed_bfloat16"}, precision="mixed_bfloat16"),
+    "towers": Column({"distribution": "towers", "num_devices": 2}, 2, cuts_batch=True),
+    "mirrored": Column({"distribution": "mirrored", "num_devices": 2}, 2, cuts_batch=True),
+}
+
+
+def arrays(seed: int = 0, examples: int = BATCH * STEPS):
+    """Keras-style data: features [n, 6], class ids [n] in 0..2, a weight per example."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(examples, 6)).astype("float32")
+    y = (np.abs(x[:, 0] * 2 + x[:, 1]) % 3).astype("int64")
+    w = rng.uniform(0.2, 3.0, size=examples).astype("float32")
+    return x, y, w
+
+
+def elements(row: Row):
+    """The row's data as Keras users give it: ``(x, y)`` or ``(x, y, w)`` arrays."""
+    x, y, w = arrays()
+    if row.outputs:
+        y = {name: y if i == 0 else (y + 1) % 3 for i, name in enumerate(row.outputs)}
+    return (x, y, w) if row.weighted else (x, y)
+
+
+def input_fn(row: Row):
+    """An input_fn as a Keras user writes one: ``from_tensor_slices((x, y)).batch(...)``."""
+
+    def fn(mode, params):
+        dataset = tf.data.Dataset.from_tensor_slices(elements(row))
+        if mode == trainer.Mode.TRAIN:  # of one shape, as jit_compile asks
+            return dataset.repeat().batch(params.batch_size, drop_remainder=True)
+        return dataset.batch(params.batch_size)
+
+    return fn
+
+
+def state(model: keras.Model, optimizers: list | None = None) -> dict[str, np.ndarray]:
+    """Every variable of the model and its optimizers' slots, as numpy.
+
+    Keyed so that two models made one after the other (whose paths differ by Keras's
+    layer counters, ``dense_3``) match: ``'w2 dense/bias'`` is the third weight, and
+    ``'momentum of w2'`` its slot, whichever optimizer holds it (``optimizers``: the
+    model's compiled one by default).
+    """
+    weights = list(model.weights)
+    found = {f"w{i} {re.sub(r'_[0-9]+', '', v.path)}": np.array(v) for i, v in enumerate(weights)}
+    flat = sorted(((v.path.replace("/", "_"), i) for i, v in enumerate(weights)), reverse=True)
+    held = [v for o in optimizers or [model.optimizer] for v in o.variables]
+    for v in held:
+        name = v.path.rsplit("/", 1)[-1]  # under loss scaling: 'loss_scale_optimizer/adam/...'
+        owner = next((i for path, i in flat if name.startswith(path + "_")), None)
+        if owner is not None:
+            slot = name[len(weights[owner].path) + 1 :]
+            found[f"{slot} of w{owner}"] = np.array(v)
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def keras_run(row: Row, steps: int = STEPS, precision: str | None = None) -> dict:
+    """The reference: Keras's own step on each batch in turn (``fit``'s step).
+
+    Kept once computed: every column of a row compares with it.
+    """
+    with policy(precision):
+        model = row.make()
+    data = elements(row)
+    for i in range(steps):
+        part = tf.nest.map_structure(lambda a, i=i: a[i * BATCH : (i + 1) * BATCH], data)
+        model.train_on_batch(*part[:2], sample_weight=part[2] if row.weighted else None)
+    return state(model)
+
+
+def framework_run(row: Row, model_dir: str, steps: int = STEPS, **settings) -> dict:
+    """The framework's run of the same model on the same batches."""
+    with policy(settings.get("mixed_precision")):
+        model = row.make()
+    given = row.model_fn(model) if row.model_fn else model
+    optimizer = {"optimizer": model.optimizer} if row.model_fn else {}
+    estimator = trainer.Estimator(
+        given,
+        model_dir,
+        global_batch_size=BATCH,
+        steps_per_loop=steps,
+        save_checkpoints_steps=None,
+        progress=False,
+        **optimizer,
+        **settings,
+    )
+    estimator.train(input_fn(row), max_steps=steps)
+    # The optimizers that trained: one per unit with groups, remade in a strategy's scope.
+    return state(model, [unit.optimizer for unit in estimator.model.plan.units])
+
+
+class policy:  # noqa: N801 (a context manager, named as one)
+    """Keras's global dtype policy set inside the block, float32 again after it."""
+
+    def __init__(self, name: str | None):
+        self.name = name
+
+    def __enter__(self):
+        if self.name:
+            keras.mixed_precision.set_dtype_policy(self.name)
+
+    def __exit__(self, *exc):
+        keras.mixed_precision.set_dtype_policy("float32")
+
+
+def differences(expected: dict, found: dict) -> dict[str, float]:
+    """The largest absolute difference of each variable; those only one run has are inf."""
+    return {
+        key: float(np.max(np.abs(expected[key].astype("float64") - found[key]), initial=0.0))
+        if key in expected and key in found and expected[key].shape == found[key].shape
+        else float("inf")
+        for key in {**expected, **found}
+    }
+
+
+def cell(row_name: str, column_name: str, model_dir: str | None = None) -> dict:
+    """One cell: ``{'worst': (variable, difference), 'tolerance': t, 'reference': policy}``,
+    or ``{'refused': line}``, the framework's one line.
+
+    Where Keras's own step fails under a mixed policy (3.15 cannot add float16
+    ``add_loss`` values to its float32 loss), the reference is Keras in float32, at the
+    mixed tolerance.
+
+    A row with batch statistics under a column that cuts the batch is compared after
+    one step, on its moving statistics only.
+    """
+    if model_dir is None:  # a directory of its own, removed after
+        with tempfile.TemporaryDirectory() as made:
+            return cell(row_name, column_name, made)
+    row, column = ROWS[row_name], COLUMNS[column_name]
+    cut = row.batch_statistics and column.cuts_batch
+    steps = 1 if cut else STEPS
+    reference = column.precision
+    try:
+        expected = keras_run(row, steps, column.precision)
+    except TypeError:  # Keras 3.15 under mixed_float16 fails to add float16 add_loss values
+        reference, expected = "float32", keras_run(row, steps)
+    try:
+        found = framework_run(row, model_dir, steps, **column.settings)
+    except UserError as error:
+        return {"refused": str(error)}
+    found_diff = differences(expected, found)
+    kept = {
+        key: value
+        for key, value in found_diff.items()
+        if not cut or "moving" in key
+    }
+    worst = max(kept, key=kept.get)
+    return {
+        "worst": [worst, kept[worst]],
+        "tolerance": TOLERANCE[column.precision],
+        "reference": reference or "float32",
+    }
+
+
+def cells(row_names: str, column_names: str) -> dict:
+    """The cells of comma-separated rows and columns, keyed ``'row column'`` (the
+    multi-device test runs them in one process)."""
+    return {f"{r} {c}": cell(r, c) for r in row_names.split(",") for c in column_names.split(",")}
+
+
+# ---------------------------------------------------------------- rows
+
+
+def _seeded(build: Callable[[], keras.Model], optimizer=None, **compile_args) -> keras.Model:
+    keras.utils.set_random_seed(1)
+    model = build()
+    model.compile(
+        optimizer=optimizer or keras.optimizers.Adam(0.01),
+        loss=compile_args.pop("loss", "sparse_categorical_crossentropy"),
+        **compile_args,
+    )
+    return model
+
+
+def _dense_stack(*middle) -> keras.Model:
+    return keras.Sequential([keras.Input((6,)), *middle, keras.layers.Dense(3)])
+
+
+def batch_norm() -> keras.Model:
+    return _seeded(
+        lambda: _dense_stack(
+            keras.layers.Dense(8, use_bias=False),  # a bias before batch norm is noise
+            keras.layers.BatchNormalization(momentum=0.5),
+            keras.layers.ReLU(),
+        ),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+
+
+def constraint() -> keras.Model:
+    return _seeded(
+        lambda: _dense_stack(
+            keras.layers.Dense(8, activation="relu", kernel_constraint=keras.constraints.NonNeg())
+        ),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+
+
+def regularizers() -> keras.Model:
+    return _seeded(
+        lambda: _dense_stack(
+            keras.layers.Dense(
+                8,
+                activation="relu",
+                kernel_regularizer=keras.regularizers.L2(0.01),
+                activity_regularizer=keras.regularizers.L1(0.01),
+            )
+        ),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+
+
+class _AddedLoss(keras.layers.Layer):
+    """A layer that adds a loss of its activations: their mean, or their sum."""
+
+    def __init__(self, reduce: str = "mean", **kwargs):
+        super().__init__(**kwargs)
+        self.reduce = reduce
+
+    def call(self, x):
+        squared = keras.ops.square(x) * 0.01
+        self.add_loss(keras.ops.mean(squared) if self.reduce == "mean" else keras.ops.sum(squared))
+        return x
+
+    def get_config(self):
+        return {**super().get_config(), "reduce": self.reduce}
+
+
+def add_loss(reduce: str) -> Callable[[], keras.Model]:
+    def make():
+        return _seeded(
+            lambda: _dense_stack(keras.layers.Dense(8, activation="relu"), _AddedLoss(reduce)),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+
+    return make
+
+
+def weighted_loss(reduction: str) -> Callable[[], keras.Model]:
+    def make():
+        return _seeded(
+            lambda: _dense_stack(keras.layers.Dense(8, activation="relu")),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=reduction),
+        )
+
+    return make
+
+
+def two_outputs() -> keras.Model:
+    def build():
+        x = keras.Input((6,))
+        hidden = keras.layers.Dense(8, activation="relu")(x)
+        first = keras.layers.Dense(3, name="first")(hidden)
+        second = keras.layers.Dense(3, name="second")(hidden)
+        return keras.Model(x, {"first": first, "second": second})
+
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return _seeded(
+        build, loss={"first": loss, "second": loss}, loss_weights={"first": 1.0, "second": 0.3}
+    )
+
+
+def shared_layer() -> keras.Model:
+    """One Dense (with a kernel regularizer) called on two halves of the input: siamese."""
+
+    def build():
+        x = keras.Input((6,))
+        tower = keras.layers.Dense(
+            4,
+            name="tower",
+            activation="relu",
+            kernel_regularizer=keras.regularizers.L2(0.01),
+            activity_regularizer=keras.regularizers.L2(0.1),
+        )
+        left = tower(keras.layers.Lambda(lambda t: t[:, :3] * 1.0)(x))
+        right = tower(keras.layers.Lambda(lambda t: t[:, 3:] * 2.0)(x))
+        joined = keras.layers.Concatenate()([left, right])
+        return keras.Model(x, keras.layers.Dense(3, name="head")(joined))
+
+    return _seeded(build, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+
+class HeldTwice(trainer.ModelFn):
+    """A ModelFn over a Keras model that also holds the model's first layer itself."""
+
+    def __init__(self, model: keras.Model):
+        super().__init__()
+        self.body = model
+        self.first = model.layers[0]  # reachable twice: alone and inside the body
+
+    def __call__(self, features, labels, mode):
+        logits = self.body(features, training=mode == trainer.Mode.TRAIN)
+        if labels is None:
+            return trainer.Spec({"logits": logits})
+        loss = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+        return trainer.Spec({"logits": logits}, loss=tf.reduce_mean(loss))
+
+
+class CalledTwice(trainer.ModelFn):
+    """``shared_layer``'s computation written as a ModelFn: one tower called twice."""
+
+    def __init__(self, model: keras.Model):
+        super().__init__()
+        self.tower, self.head = model.get_layer("tower"), model.get_layer("head")
+
+    def __call__(self, features, labels, mode):
+        left, right = self.tower(features[:, :3] * 1.0), self.tower(features[:, 3:] * 2.0)
+        logits = self.head(tf.concat([left, right], axis=-1))
+        if labels is None:
+            return trainer.Spec({"logits": logits})
+        loss = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+        return trainer.Spec({"logits": logits}, loss=tf.reduce_mean(loss))
+
+
+ROWS = {
+    "plain": Row(weighted_loss("sum_over_batch_size")),
+    "batch_norm": Row(batch_norm, batch_statistics=True),
+    "constraint": Row(constraint),
+    "regularizers": Row(regularizers),
+    "add_loss_mean": Row(add_loss("mean")),
+    "add_loss_sum": Row(add_loss("sum")),
+    "weights_mean": Row(weighted_loss("sum_over_batch_size"), weighted=True),
+    "weights_weighted_mean": Row(weighted_loss("mean_with_sample_weight"), weighted=True),
+    "weights_sum": Row(weighted_loss("sum"), weighted=True),
+    "two_outputs": Row(two_outputs, outputs=("first", "second")),
+    "shared_layer": Row(shared_layer),
+    "layer_held_twice": Row(regularizers, model_fn=HeldTwice),
+    "layer_called_twice": Row(shared_layer, model_fn=CalledTwice),
+}

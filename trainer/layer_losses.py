@@ -1,0 +1,70 @@
+"""The losses a model's Keras layers add: weight regularizers and ``add_loss`` values.
+
+Keras adds to a model's loss each trainable variable's ``regularizer`` (a kernel's L2)
+and the values layers give ``add_loss`` during the forward pass (activity
+regularizers, a VAE's KL term), summed as they are. Two things make the plain
+``sum(layer.losses for layer in model_fn.layers)`` wrong for a ``ModelFn``, which is
+not a Keras layer:
+
+* a layer reachable twice (a Dense inside a Sequential that the ModelFn also holds
+  as an attribute) would count its losses twice: here every layer and variable
+  counts once;
+* Keras forgets a layer's added losses whenever it is called from outside any layer,
+  so a layer the ModelFn calls twice (siamese towers) would keep its last call's
+  only: ``during_call`` runs the forward pass as one Keras call, as a functional
+  model does, and keeps every call's values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import keras
+import tensorflow as tf
+
+from trainer import internals
+
+
+def unique_layers(layers: list[keras.layers.Layer]) -> list[keras.layers.Layer]:
+    """Every layer in ``layers`` and inside them, each once."""
+    found, seen = [], set()
+    for top in layers:
+        for layer in internals.sublayers(top):
+            if id(layer) not in seen:
+                seen.add(id(layer))
+                found.append(layer)
+    return found
+
+
+def current(layers: list[keras.layers.Layer], variables: list) -> list[tf.Tensor]:
+    """The losses the layers hold now: each layer's added values, each variable's penalty."""
+    added = [loss for layer in unique_layers(layers) for loss in internals.own_losses(layer)]
+    penalties = [v.regularizer(v) for v in variables if getattr(v, "regularizer", None)]
+    return added + penalties
+
+
+@contextlib.contextmanager
+def during_call(layers: list[keras.layers.Layer], variables: list):
+    """Yields a list that, after the block, holds the losses of the forward pass within.
+
+    The layers' earlier values are forgotten first, so that each call (a micro-batch
+    slice, a tower) counts its own.
+    """
+    for layer in layers:
+        internals.clear_losses(layer)
+    found: list[tf.Tensor] = []
+    with internals.one_keras_call():
+        yield found
+    found.extend(current(layers, variables))
+
+
+def forward(model_fn, features, labels, mode):
+    """``(spec, losses)``: the model's Spec of one batch and its layers' losses from it."""
+    with during_call(model_fn.layers, model_fn.trainable_variables) as losses:
+        spec = model_fn(features, labels, mode)
+    return spec, losses
+
+
+def total(losses: list[tf.Tensor]) -> tf.Tensor:
+    """The losses' sum as float32 (0 for none)."""
+    return tf.add_n([tf.cast(loss, tf.float32) for loss in losses]) if losses else tf.constant(0.0)
