@@ -137,7 +137,7 @@ def state(model: keras.Model, optimizers: list | None = None) -> dict[str, np.nd
     return found
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def keras_run(row: Row, steps: int = STEPS, precision: str | None = None) -> dict:
     """The reference: Keras's own step on each batch in turn (``fit``'s step).
 
@@ -224,11 +224,7 @@ def cell(row_name: str, column_name: str, model_dir: str | None = None) -> dict:
     except UserError as error:
         return {"refused": str(error)}
     found_diff = differences(expected, found)
-    kept = {
-        key: value
-        for key, value in found_diff.items()
-        if not cut or "moving" in key
-    }
+    kept = {key: value for key, value in found_diff.items() if not cut or "moving" in key}
     worst = max(kept, key=kept.get)
     return {
         "worst": [worst, kept[worst]],

@@ -20,7 +20,7 @@ from models.mlp import MLP
 from tests.conftest import REPO, digits_args, run_cli
 from tests.helpers import on_two_cpus
 from tests.workers import free_ports, run_local_workers, tf_config
-from trainer import Estimator, UserError, cluster, devices, parallel
+from trainer import Estimator, UserError, batch_statistics, cluster, devices, parallel
 from trainer.devices import check as check_devices
 
 DEVICES = ["/CPU:0"] * 3  # the shard logic does not care that they are one device
@@ -165,18 +165,27 @@ def test_towers_update_batch_norm_statistics_from_the_whole_batch():
         return tf.reduce_mean(outputs), {}, {}
 
     forward(x, None)
-    start = norm.moving_mean.numpy()
+    start = [v.numpy() for v in norm.non_trainable_variables]
     forward(x, None)
-    whole_batch = norm.moving_mean.numpy()
-    norm.moving_mean.assign(start)
-    parallel.Towers(DEVICES, norm.non_trainable_variables).run(forward, x, None)
-    # The mean of the shard means, weighted by shard size, is the batch mean; the
+    whole_batch = [v.numpy() for v in norm.non_trainable_variables]
+    for v, value in zip(norm.non_trainable_variables, start, strict=True):
+        v.assign(value)
+    parallel.Towers(
+        DEVICES,
+        batch_statistics.Parts(
+            norm.non_trainable_variables,
+            [batch_statistics.Moments(norm.moving_mean, norm.moving_variance, 0.5)],
+        ),
+    ).run(forward, x, None)
+    # The mean of the shard means, weighted by shard size, is the batch mean, and the
+    # variance adds the spread of the shards' means (the law of total variance); the
     # TF1 recipe took the statistics of the first tower's shard only.
-    np.testing.assert_allclose(norm.moving_mean.numpy(), whole_batch, rtol=1e-5, atol=1e-6)
+    for found, expected in zip(norm.non_trainable_variables, whole_batch, strict=True):
+        np.testing.assert_allclose(found.numpy(), expected, rtol=1e-5, atol=1e-6)
 
     # Evaluation leaves the statistics exactly as they were (shard sizes 4, 4, 3).
     before = norm.moving_mean.numpy()
-    towers = parallel.Towers(DEVICES, norm.non_trainable_variables)
+    towers = parallel.Towers(DEVICES, batch_statistics.Parts(norm.non_trainable_variables))
     towers.run(
         lambda features, _: (tf.reduce_mean(norm(features, training=False)), {}, {}),
         dense(x),

@@ -20,10 +20,6 @@ DIFFER: dict[tuple[str, str], str] = {
     ("add_loss_sum", "microbatches_4"): "an add_loss value is taken as a mean over the batch",
     ("add_loss_sum", "towers"): "an add_loss value is taken as a mean over the batch",
     ("add_loss_sum", "mirrored"): "an add_loss value is taken as a mean over the batch",
-    ("batch_norm", "microbatches_2"): "moving statistics move once per slice",
-    ("batch_norm", "microbatches_4"): "moving statistics move once per slice",
-    ("batch_norm", "towers"): "moving variance: the shards' mean, not the batch's",
-    ("batch_norm", "mirrored"): "moving statistics: replica 0's",
 }
 
 

@@ -62,9 +62,18 @@ def of_batch(steps, features, labels, phase):
         steps.train_metrics.update(metrics, scalars, batch_size_of(features))
         return finite(objective), gradients
 
+    shared = steps.placement.per_replica and steps.batch_state.state
+    start = steps.batch_state.start() if shared else None
     if steps.microbatches == 1:
-        return run(features, labels)
-    return microbatch.accumulate(run, features, labels, steps.microbatches, wanted)
+        result = run(features, labels)
+    else:
+        result = microbatch.accumulate(
+            run, features, labels, steps.microbatches, wanted, steps.batch_state
+        )
+    if shared:  # each replica's statistics moved by its share: made the global batch's
+        sums = steps.batch_state.add(steps.batch_state.zeros(), start, share)
+        steps.batch_state.finish(steps.placement.total(sums), start)
+    return result
 
 
 def global_examples(steps, batch: tf.Tensor, share=None) -> Callable[[], tf.Tensor]:

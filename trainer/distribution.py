@@ -34,7 +34,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from trainer import devices, errors, internals, optimization, parallel, workers
+from trainer import batch_statistics, devices, errors, internals, optimization, parallel, workers
 from trainer.errors import UserError
 from trainer.model_fn import InputParams, Mode, ModelFn, is_positioned
 
@@ -98,7 +98,7 @@ class Placement:
     def towers(self, model_fn: ModelFn) -> parallel.Towers | None:
         """Towers over this process's devices when it has several (no strategy), else None."""
         if self.strategy is None and len(self.devices) > 1:
-            return parallel.Towers(self.devices, model_fn.non_trainable_variables)
+            return parallel.Towers(self.devices, batch_statistics.parts_of(model_fn))
         return None
 
     def update_fn(self, optimizer: keras.optimizers.Optimizer) -> Callable:

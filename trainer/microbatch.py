@@ -7,8 +7,10 @@ loss is weighted by its share of the batch, so the summed gradients are the whol
 batch's (for models without batch statistics) and one update applies them. One step
 stays one update: the learning-rate schedule, the moving average, checkpoints and
 exact resume count steps as without slices, and under a strategy the replicas'
-gradients are still all-reduced once per step. What it costs: the slices run one
-after another, and the summed gradients take one more copy of the weights' size.
+gradients are still all-reduced once per step. Batch-norm moving statistics move
+once per step too, by the whole batch's mean and variance (``batch_statistics``),
+though each slice normalises by its own. What it costs: the slices run one after
+another, and the summed gradients take one more copy of the weights' size.
 
 Keras's own ``gradient_accumulation_steps`` is refused: it counts each slice as a
 step (the schedule and the average move k times as fast), and in Keras 3.15 it
@@ -22,6 +24,7 @@ from collections.abc import Callable
 import keras
 import tensorflow as tf
 
+from trainer.batch_statistics import Parts
 from trainer.errors import UserError
 
 
@@ -36,7 +39,7 @@ def check_optimizer(optimizer: keras.optimizers.Optimizer, name: str) -> None:
         )
 
 
-def accumulate(run: Callable, features, labels, k: int, variables):
+def accumulate(run: Callable, features, labels, k: int, variables, state: Parts):
     """Runs ``run(features, labels, fraction) -> (finite, gradients)`` on k slices.
 
     ``fraction`` is the slice's share of the batch (the slice's loss is to be
@@ -44,32 +47,38 @@ def accumulate(run: Callable, features, labels, k: int, variables):
     of lists), None where a variable has none. Returns whether every slice was
     finite, and the slices' gradients summed. A batch of fewer than k examples is
     taken one example at a time; one of n examples not divisible by k in slices
-    of n // k and n // k + 1.
+    of n // k and n // k + 1. ``state`` (batch-norm statistics) starts every slice
+    where the step started, and ends as the whole batch leaves it.
     """
     batch = tf.shape(tf.nest.flatten(features)[0])[0]
     count, take = _slicing((features, labels), batch, k)
     flat = tf.nest.flatten(variables)
     has_gradient: list[bool] = []  # found when the loop's body is traced
 
-    def body(i, finite, sums):
+    start = state.start()
+
+    def body(i, finite, sums, moved):
         part, size = take(i)
         fraction = tf.cast(size, tf.float32) / tf.cast(batch, tf.float32)
+        state.reset(start)
         part_finite, gradients = run(*part, fraction)
+        moved = state.add(moved, start, fraction)
         gradients = tf.nest.flatten(gradients)
         has_gradient[:] = [g is not None for g in gradients]
         sums = [
             s if g is None else s + tf.convert_to_tensor(g)
             for s, g in zip(sums, gradients, strict=True)
         ]
-        return i + 1, tf.logical_and(finite, part_finite), sums
+        return i + 1, tf.logical_and(finite, part_finite), sums, moved
 
-    start = [tf.zeros(v.shape, v.dtype) for v in flat]
-    _, finite, sums = tf.while_loop(
+    zeros = [tf.zeros(v.shape, v.dtype) for v in flat]
+    _, finite, sums, moved = tf.while_loop(
         lambda i, *_: i < count,
         body,
-        (tf.constant(0), tf.constant(True), start),
+        (tf.constant(0), tf.constant(True), zeros, state.zeros()),
         parallel_iterations=1,  # one slice's activations at a time
     )
+    state.finish(moved, start)
     summed = [s if kept else None for s, kept in zip(sums, has_gradient, strict=True)]
     return finite, tf.nest.pack_sequence_as(variables, summed)
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 import tensorflow as tf
 from absl import logging
 
-from trainer import cluster, errors, workers
+from trainer import batch_statistics, cluster, errors, workers
 from trainer.errors import UserError
 
 DISTRIBUTIONS = ("auto", "towers", "mirrored", "multi_worker")
@@ -136,16 +136,15 @@ class Towers:
 
     Args:
       devices: one tower per device.
-      state: non-trainable variables a training pass updates. Float ones (batch-norm
-        moving statistics) are updated by each tower from the same starting value and
-        the results averaged weighted by shard size, so the statistics cover the whole
-        batch rather than one tower's shard; integer ones (dropout RNG seeds) simply
-        advance through the towers in turn.
+      state: the non-trainable state a training pass updates
+        (``batch_statistics.Parts``): each tower starts from the same values and
+        the towers leave what one pass over the whole batch would, so batch-norm
+        statistics cover the whole batch rather than one tower's shard.
     """
 
-    def __init__(self, devices: Sequence[str], state: Sequence = ()):
+    def __init__(self, devices: Sequence[str], state: batch_statistics.Parts | None = None):
         self.devices = list(devices)
-        self.state = [v for v in state if tf.as_dtype(v.dtype).is_floating]
+        self.state = state if state is not None else batch_statistics.Parts([])
 
     def run(
         self,
@@ -167,8 +166,8 @@ class Towers:
         """
         shards, sizes = split((features, labels), len(self.devices))
         weights = tf.cast(sizes, tf.float32) / tf.cast(tf.reduce_sum(sizes), tf.float32)
-        state = self.state if training else []
-        start = [tf.identity(v.value) for v in state]
+        state = self.state if training else batch_statistics.Parts([])
+        start, sums = state.start(), state.zeros()
         towers = []
         for i, (device, (shard_features, shard_labels)) in enumerate(
             zip(self.devices, shards, strict=True)
@@ -178,13 +177,11 @@ class Towers:
                     loss, scalars, per_example = fn(shard_features, shard_labels)
                 grads = tape_gradients(tape, loss, variables)
                 grads = tf.nest.map_structure(lambda g, i=i: _weighted(g, weights[i]), grads)
-                ended = [tf.identity(v.value) for v in state]
-            for v, value in zip(state, start, strict=True):
-                v.assign(value)  # the next tower starts from the same statistics
-            towers.append((loss, scalars, per_example, grads, ended))
-        losses, scalars, per_example, grads, ended = zip(*towers, strict=True)
-        for v, values in zip(state, zip(*ended, strict=True), strict=True):
-            v.assign(_weighted_sum(values, weights))
+                sums = state.add(sums, start, weights[i])
+            state.reset(start)  # the next tower starts from the same statistics
+            towers.append((loss, scalars, per_example, grads))
+        state.finish(sums, start)
+        losses, scalars, per_example, grads = zip(*towers, strict=True)
         average = lambda *values: _weighted_sum(values, weights)  # noqa: E731
         return (
             tf.nest.map_structure(average, *losses),

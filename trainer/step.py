@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 import keras
 import tensorflow as tf
 
-from trainer import batch_gradients, custom_step, internals
+from trainer import batch_gradients, batch_statistics, custom_step, internals
 from trainer.distribution import Placement
 from trainer.errors import UserError
 from trainer.groups import Plan
@@ -116,6 +116,7 @@ class Steps:
         ]
         self.has_regularization = bool(model_fn.regularization_losses)
         self.towers = placement.towers(model_fn)
+        self.batch_state = batch_statistics.parts_of(model_fn)  # cut into micro-batches
         self.own_step = custom_step.has_own_step(model_fn)  # ModelFn.train_step
         self.count_metrics(Mode.TRAIN, metric_names, {}, scalar_names)
         self.count_metrics(Mode.EVAL, metric_names, streamed_metrics, scalar_names)
