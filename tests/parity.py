@@ -55,6 +55,9 @@ class Row:
       model_fn: the framework trains ``model_fn(model)``, a ModelFn over the Keras
         model's layers, with its optimizer (Keras trains the model itself).
       batch_statistics: its forward pass depends on how the batch is cut.
+      frozen: a prefix of layer names: Keras trains the model with those layers set
+        ``trainable = False`` (its fine-tuning guide), the framework with
+        ``frozen_until_step`` on them.
     """
 
     make: Callable[[], keras.Model]
@@ -62,6 +65,7 @@ class Row:
     outputs: tuple[str, ...] = ()
     model_fn: Callable | None = None
     batch_statistics: bool = False
+    frozen: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,6 +149,9 @@ def keras_run(row: Row, steps: int = STEPS, precision: str | None = None) -> dic
     """
     with policy(precision):
         model = row.make()
+    for layer in model.layers:
+        if row.frozen and layer.name.startswith(row.frozen):
+            layer.trainable = False
     data = elements(row)
     for i in range(steps):
         part = tf.nest.map_structure(lambda a, i=i: a[i * BATCH : (i + 1) * BATCH], data)
@@ -158,6 +165,8 @@ def framework_run(row: Row, model_dir: str, steps: int = STEPS, **settings) -> d
         model = row.make()
     given = row.model_fn(model) if row.model_fn else model
     optimizer = {"optimizer": model.optimizer} if row.model_fn else {}
+    if row.frozen:  # frozen for longer than the run
+        settings = {**settings, "frozen_until_step": {f"/{row.frozen}": 10**6}}
     estimator = trainer.Estimator(
         given,
         model_dir,
@@ -188,12 +197,18 @@ class policy:  # noqa: N801 (a context manager, named as one)
 
 
 def differences(expected: dict, found: dict) -> dict[str, float]:
-    """The largest absolute difference of each variable; those only one run has are inf."""
+    """The largest absolute difference of each variable; those only one run has are inf.
+
+    But for the zero slots of variables one run never updated (frozen ones, which the
+    framework's optimizer holds slots for and Keras's does not).
+    """
+    unused = {key for key in found.keys() - expected.keys() if " of w" in key}
+    unused = {key for key in unused if not np.any(found[key])}
     return {
         key: float(np.max(np.abs(expected[key].astype("float64") - found[key]), initial=0.0))
         if key in expected and key in found and expected[key].shape == found[key].shape
         else float("inf")
-        for key in {**expected, **found}
+        for key in (expected.keys() | found.keys()) - unused
     }
 
 
@@ -255,6 +270,22 @@ def _seeded(build: Callable[[], keras.Model], optimizer=None, **compile_args) ->
 
 def _dense_stack(*middle) -> keras.Model:
     return keras.Sequential([keras.Input((6,)), *middle, keras.layers.Dense(3)])
+
+
+def frozen_batch_norm() -> keras.Model:
+    """A body with batch norm under a head: the body to freeze, as in fine-tuning."""
+    return _seeded(
+        lambda: keras.Sequential(
+            [
+                keras.Input((6,)),
+                keras.layers.Dense(8, use_bias=False, name="body_dense"),
+                keras.layers.BatchNormalization(momentum=0.5, name="body_norm"),
+                keras.layers.ReLU(),
+                keras.layers.Dense(3, name="head"),
+            ]
+        ),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
 
 
 def batch_norm() -> keras.Model:
@@ -396,6 +427,7 @@ class CalledTwice(trainer.ModelFn):
 ROWS = {
     "plain": Row(weighted_loss("sum_over_batch_size")),
     "batch_norm": Row(batch_norm, batch_statistics=True),
+    "frozen_batch_norm": Row(frozen_batch_norm, frozen="body"),
     "constraint": Row(constraint),
     "regularizers": Row(regularizers),
     "add_loss_mean": Row(add_loss("mean")),

@@ -121,6 +121,17 @@ class Parts:
             v.assign(tf.cast(value, v.dtype))
 
 
+def frozen_norms(layers, frozen: set[int]) -> list[keras.layers.Layer]:
+    """The batch-norm layers (in and inside ``layers``) whose weights are all ``frozen`` ids."""
+    return [
+        layer
+        for layer in layer_losses.unique_layers(layers)
+        if isinstance(layer, keras.layers.BatchNormalization)
+        and layer.trainable_variables
+        and all(id(v) in frozen for v in layer.trainable_variables)
+    ]
+
+
 @contextlib.contextmanager
 def inference_mode(layers):
     """Batch-norm layers among ``layers`` normalise by, and keep, their moving statistics.

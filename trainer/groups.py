@@ -100,6 +100,21 @@ class Plan:
         """The indices of the units applied at global step ``step`` (0 for the first)."""
         return tuple(i for i, unit in enumerate(self.units) if self._is_active(unit, step))
 
+    def frozen(self, phase: tuple[int, ...]) -> set[int]:
+        """The ids of the variables that wait for their ``frozen_until_step`` in ``phase``.
+
+        Not those of a group whose turn it is not (a GAN's discriminator while the
+        generator trains): only units left out at every step of the phase because
+        their step has not come.
+        """
+        steps = [s for s in self._telling_steps() if self.active(s) == tuple(phase)]
+        return {
+            id(v)
+            for i, unit in enumerate(self.units)
+            if i not in phase and steps and all(s < unit.frozen_until for s in steps)
+            for v in unit.variables
+        }
+
     def phase_index(self, step: tf.Tensor) -> tf.Tensor:
         """The index in ``phases`` of the units active at ``step``, computed in the graph."""
         active = tf.stack([self._is_active(unit, step) for unit in self.units])

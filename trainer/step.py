@@ -182,12 +182,18 @@ class Steps:
         at the block's last step (at every step when clipping needs it; NaN otherwise).
         """
         phase = self.plan.phases[0] if phase is None else phase
-        if self.own_step:
-            objective, scalars, metrics, gradients = custom_step.run(self, features, labels, phase)
-            self.train_metrics.update(metrics, scalars, batch_size_of(features))
-            finite = batch_gradients.finite(objective)
-        else:
-            finite, gradients = batch_gradients.of_batch(self, features, labels, phase)
+        # Batch norm whose weights wait for frozen_until_step runs as Keras runs a
+        # frozen layer: normalised by its moving statistics, which stay as they are.
+        frozen = batch_statistics.frozen_norms(self.model_fn.layers, self.plan.frozen(phase))
+        with batch_statistics.inference_mode(frozen):
+            if self.own_step:
+                objective, scalars, metrics, gradients = custom_step.run(
+                    self, features, labels, phase
+                )
+                self.train_metrics.update(metrics, scalars, batch_size_of(features))
+                finite = batch_gradients.finite(objective)
+            else:
+                finite, gradients = batch_gradients.of_batch(self, features, labels, phase)
         norm = self.updates.apply(gradients, phase, last_of_block)
         return self.placement.all_finite(finite), norm
 
