@@ -449,6 +449,38 @@ ONE_PROCESS = (
 )
 
 
+def test_one_loss_over_two_loss_scaled_groups_is_unscaled_by_the_scale_it_was_scaled_by(
+    tmp_path,
+):
+    """mixed_float16, one loss, two groups whose scales differ (the head's twice the
+    body's): each group's update is the one a single optimizer over both makes; the
+    head's was exactly halved when each unscaled by its own scale."""
+
+    def sgd(initial_scale):
+        return keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale)
+
+    trainer.set_precision("mixed_float16")
+    try:
+        model = BodyHead()
+        model.groups = {"body": trainer.Group("^body/"), "head": trainer.Group(model.head)}
+        two = estimator(
+            model, tmp_path / "two", optimizer={"body": sgd(2.0**8), "head": sgd(2.0**9)}
+        )
+        start = built(two)
+        two.train(line_data, 3)
+        one_model = BodyHead()
+        one = estimator(one_model, tmp_path / "one", optimizer=sgd(2.0**8))
+        built(one, start)
+        one.train(line_data, 3)
+    finally:
+        trainer.set_precision(None)
+    expected, found = weights(one_model), weights(model)
+    for path, value in expected.items():
+        np.testing.assert_allclose(found[path], value, rtol=1e-3, atol=1e-5, err_msg=path)
+    scales = {g: float(o.dynamic_scale.numpy()) for g, o in two.optimizer.items()}
+    assert scales == {"body": 2.0**8, "head": 2.0**8}  # one scale, kept by both
+
+
 def test_groups_keep_loss_scaling_and_the_moving_average_per_group(tmp_path):
     """mixed_float16: each group's optimizer scales its own loss; EMA averages every
     group's weights and evaluation swaps them in."""

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import keras
 import tensorflow as tf
 
 from trainer.distribution import Placement
+from trainer.errors import UserError
 from trainer.groups import Plan, Unit
 
 
@@ -39,6 +41,14 @@ class Updates:
         self.plan, self.placement, self.by_group = plan, placement, by_group
         self.clip_gradient_norm = clip_gradient_norm
         self.apply_fns = [placement.update_fn(u.optimizer) for u in plan.units]
+        self.one_scale = _one_scale_per_loss(plan, by_group)
+        if self.one_scale and placement.strategy is not None:
+            names = ", ".join(u.name for units in self.one_scale.values() for u in units)
+            raise UserError(
+                f"mixed_float16 with one loss over several optimizers ({names}) keeps one loss "
+                "scale for them in one process only: under a tf.distribute strategy use "
+                "mixed_bfloat16 (no loss scale), or one optimizer without per-variable rules"
+            )
 
     def wanted(self, phase: Sequence[int]):
         """The variables to take gradients of: a list, or per group a dict of lists."""
@@ -76,11 +86,17 @@ class Updates:
             if self.clip_gradient_norm:
                 grads, norm = self._clipped(grads, self._scale(self.plan.units[units[0]]))
                 norms.append(norm)
+            owner = self._first(phase, group).optimizer  # its scale scaled the loss
+            if group in self.one_scale:  # one scale: unscaled by it, every unit skips or none
+                _share_scale(owner, self.one_scale[group])
+                grads = _poisoned_unless_finite(grads)
             offset = 0
             for i in units:
                 count = len(self.plan.units[i].variables)
                 self._apply_unit(i, grads[offset : offset + count])
                 offset += count
+            if group in self.one_scale:  # the frozen units too, for when they thaw
+                _share_scale(owner, self.one_scale[group])
         if self.clip_gradient_norm:
             return _root_sum_square(norms)
         return tf.cond(
@@ -130,6 +146,51 @@ class Updates:
             if not self.by_group or unit.group == group:
                 return unit
         return self.plan.units[phase[0]]
+
+
+def _one_scale_per_loss(plan: Plan, by_group: bool) -> dict:
+    """The losses followed by several loss-scaled units (mixed_float16), with the units.
+
+    Keras scales one loss by one scale: the loss is scaled by its first active unit's
+    scale (``scale_loss``), so every unit of it must unscale by that same scale, skip
+    together on an overflow, and grow together.
+    """
+    by_loss: dict = {}
+    for unit in plan.units:
+        if isinstance(unit.optimizer, keras.optimizers.LossScaleOptimizer):
+            by_loss.setdefault(unit.group if by_group else None, []).append(unit)
+    return {loss: units for loss, units in by_loss.items() if len(units) > 1}
+
+
+def _poisoned_unless_finite(grads: list) -> list:
+    """The gradients, all made NaN if any is not finite.
+
+    Each unit's loss-scale optimizer checks its own gradients: made to see what all
+    of them are, the units skip a step (and halve their scale) together.
+    """
+    present = [g for g in grads if g is not None]
+    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(_values(g))) for g in present])
+    poison = tf.where(finite, 1.0, float("nan"))
+    return [None if g is None else _scaled(g, poison) for g in grads]
+
+
+def _values(gradient):
+    return gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
+
+
+def _scaled(gradient, factor):
+    if isinstance(gradient, tf.IndexedSlices):
+        values = gradient.values * tf.cast(factor, gradient.values.dtype)
+        return tf.IndexedSlices(values, gradient.indices, gradient.dense_shape)
+    return gradient * tf.cast(factor, gradient.dtype)
+
+
+def _share_scale(owner, units: list) -> None:
+    """Every unit's loss scale and growth count set to ``owner``'s, frozen units too."""
+    for unit in units:
+        if unit.optimizer is not owner:
+            unit.optimizer.dynamic_scale.assign(owner.dynamic_scale)
+            unit.optimizer.step_counter.assign(owner.step_counter)
 
 
 def global_norm(grads: list) -> tf.Tensor:
