@@ -341,7 +341,9 @@ class _AddedLoss(keras.layers.Layer):
 def add_loss(reduce: str) -> Callable[[], keras.Model]:
     def make():
         return _seeded(
-            lambda: _dense_stack(keras.layers.Dense(8, activation="relu"), _AddedLoss(reduce)),
+            lambda: _dense_stack(
+                keras.layers.Dense(8, activation="relu"), _AddedLoss(reduce, name="added_loss")
+            ),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         )
 

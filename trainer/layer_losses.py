@@ -21,6 +21,7 @@ import contextlib
 
 import keras
 import tensorflow as tf
+from absl import logging
 
 from trainer import internals
 
@@ -34,6 +35,32 @@ def unique_layers(layers: list[keras.layers.Layer]) -> list[keras.layers.Layer]:
                 seen.add(id(layer))
                 found.append(layer)
     return found
+
+
+def own_adders(layers: list[keras.layers.Layer]) -> list[str]:
+    """The names of the layers that last added losses of their own (not Keras's regularizers)."""
+    return [
+        layer.name
+        for layer in unique_layers(layers)
+        if internals.own_losses(layer) and getattr(layer, "activity_regularizer", None) is None
+    ]
+
+
+def say_how_cut_batches_take(adders: list[str]) -> None:
+    """Says once how a batch cut in parts takes the layers' own ``add_loss`` values.
+
+    Each part (micro-batch slice, tower, replica) is weighted by its share of the
+    batch, as a mean is: exact for a mean over the examples (Keras's activity
+    regularizers divide by the batch size), but a value summed over the batch would
+    come out divided by the parts, and nothing tells the two apart.
+    """
+    if adders:
+        logging.info(
+            "Layers %s add losses of their own (add_loss); the batch is cut in parts, and "
+            "each part's value is taken as a mean over its examples: a value summed over "
+            "the batch would be divided by the number of parts (make it a mean: ops.mean)",
+            ", ".join(map(repr, adders)),
+        )
 
 
 def current(layers: list[keras.layers.Layer], variables: list) -> list[tf.Tensor]:

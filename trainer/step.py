@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 import keras
 import tensorflow as tf
 
-from trainer import batch_gradients, batch_statistics, custom_step, internals
+from trainer import batch_gradients, batch_statistics, custom_step, internals, layer_losses
 from trainer.distribution import Placement
 from trainer.errors import UserError
 from trainer.groups import Plan
@@ -115,6 +115,8 @@ class Steps:
             if tf.as_dtype(v.dtype).is_floating
         ]
         self.has_regularization = bool(model_fn.regularization_losses)
+        if microbatches > 1 or placement.num_replicas > 1:
+            layer_losses.say_how_cut_batches_take(layer_losses.own_adders(model_fn.layers))
         self.towers = placement.towers(model_fn)
         self.batch_state = batch_statistics.parts_of(model_fn)  # cut into micro-batches
         self.own_step = custom_step.has_own_step(model_fn)  # ModelFn.train_step
