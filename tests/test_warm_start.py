@@ -89,3 +89,46 @@ def test_a_warm_start_that_loads_nothing_is_refused_and_assigns_nothing(tmp_path
     np.testing.assert_array_equal(
         run.model_fn.encoder.kernel.numpy(), source.model_fn.body.kernel.numpy()
     )
+
+
+def digits_input_fn(mode, params):
+    """Scikit-learn's digits as Keras users feed them: (x, y) tensors."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x, y = (digits.data / 16.0).astype("float32"), digits.target.astype("int64")
+    dataset = tf.data.Dataset.from_tensor_slices((x, y))
+    if mode == trainer.Mode.TRAIN:
+        return dataset.shuffle(2000, seed=0).repeat().batch(params.batch_size)
+    return dataset.batch(params.batch_size)
+
+
+def digits_mlp():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((64,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(10)]
+    )
+    model.compile(
+        keras.optimizers.Adam(0.01),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    return model
+
+
+def test_a_warm_start_with_a_moving_average_evaluates_the_warm_started_weights(tmp_path):
+    """The average starts from the weights of the first step, not from the values the
+    variables were made with (it evaluated 0.169 where the source evaluates 0.95)."""
+
+    def run(model_dir, steps, **settings):
+        estimator = trainer.Estimator(
+            digits_mlp(), str(model_dir), global_batch_size=64, progress=False, **settings
+        )
+        estimator.train(digits_input_fn, max_steps=steps)
+        return estimator.evaluate(digits_input_fn)["accuracy"]
+
+    source = run(tmp_path / "source", 150)
+    plain = run(tmp_path / "plain", 5, warm_start_from=str(tmp_path / "source"))
+    averaged = run(tmp_path / "ema", 5, warm_start_from=str(tmp_path / "source"), ema_decay=0.99)
+    assert source > 0.9
+    assert abs(averaged - plain) <= 0.01, (source, plain, averaged)
