@@ -173,6 +173,29 @@ def test_what_compile_gives_that_cannot_be_honoured_is_refused_in_one_line(tmp_p
     )
 
 
+class Branching(keras.Model):
+    """A subclassed model whose call branches in Python on a tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(1, activation="sigmoid")
+
+    def call(self, image):
+        if tf.reduce_sum(image) > 0:  # fit cannot run this either
+            return self.dense(image)
+        return self.dense(-image)
+
+
+def test_a_python_branch_on_a_tensor_is_named_in_one_line(tmp_path):
+    model = Branching()
+    model.compile(loss="binary_crossentropy")
+    assert refusal(model, tmp_path).endswith(
+        "uses a tensor as a Python bool (an if or while on a tensor), which a compiled step "
+        "cannot run (nor can Keras fit): write it with tf.cond or tf.where (keras.ops.cond, "
+        "keras.ops.where)"
+    )
+
+
 def test_a_model_fn_giving_one_metric_object_under_two_names_is_refused(tmp_path):
     class TwoNames(trainer.ModelFn):
         def __init__(self):

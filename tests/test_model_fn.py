@@ -53,6 +53,11 @@ def spec_for(loss=None, metrics=None):
         (spec_for(loss=tf.zeros([4])), Mode.EVAL, "must be a scalar"),
         (spec_for(tf.zeros([]), {"acc": tf.zeros([])}), Mode.EVAL, "one value per example"),
         (spec_for(tf.zeros([]), {"loss": tf.zeros([4])}), Mode.EVAL, "reserved"),
+        (  # streamed: its result would stand where the model's loss is reported
+            spec_for(tf.zeros([]), {"loss": (keras.metrics.Mean(), tf.zeros([4]))}),
+            Mode.EVAL,
+            "metric name 'loss' is reserved for Spec.loss",
+        ),
         (
             spec_for(tf.zeros([]), {"auc": ("AUC", tf.zeros([4]), tf.zeros([4]))}),
             Mode.EVAL,

@@ -29,7 +29,13 @@ from trainer.errors import UserError
 
 
 def check_metric(where: str, name: str, value) -> None:
-    """Refuses a metric that is neither kind (ValueError, which check_spec raises)."""
+    """Refuses a metric that is neither kind (ValueError, which check_spec raises).
+
+    Or that has the loss's name: its figure would replace the loss's where both are
+    reported (a streamed 'loss' of 0.754 stood where the model's loss was 2.264).
+    """
+    if name in ("loss", "regularization_loss"):
+        raise ValueError(f"{where}: metric name {name!r} is reserved for Spec.loss")
     if is_streamed(value):
         return  # streamed: its update_state takes what it takes
     weighted = isinstance(value, tuple) and len(value) == 2 and all(map(tf.is_tensor, value))
@@ -46,8 +52,6 @@ def check_metric(where: str, name: str, value) -> None:
                 f"{where}: metric {name!r} must hold one value per example (shape [batch]), "
                 f"got shape {tensor.shape}"
             )
-    if name == "loss":
-        raise ValueError(f"{where}: metric name 'loss' is reserved for Spec.loss")
 
 
 def split_metrics(metrics: Mapping) -> tuple[dict, dict]:

@@ -24,6 +24,7 @@ from trainer import checkpoints, custom_step, errors, groups, microbatch, precis
 from trainer import rules as rules_
 from trainer.distribution import Placement
 from trainer.errors import UserError
+from trainer.keras_model import KerasModel
 from trainer.losses import loss_name
 from trainer.metrics import split_metrics, unfit_metric
 from trainer.model_fn import Mode, ModelFn, Weighted, check_spec
@@ -265,7 +266,8 @@ class ModelState:
             with self.placement.scope():
                 tf.function(trace).get_concrete_function(*args)
         except (ValueError, TypeError) as error:
-            raise UserError(_cannot_take(name, features_spec, labels_spec, error)) from None
+            keyed = not isinstance(self.model_fn, KerasModel)  # a Keras model takes bare x too
+            raise UserError(_cannot_take(name, features_spec, labels_spec, error, keyed)) from None
         except KeyError as error:
             key = _missing_key(error)
             given = {
@@ -332,8 +334,16 @@ def _missing_key(error: KeyError):
     return ast.literal_eval(quoted.group(1)) if quoted else key
 
 
-def _cannot_take(name: str, features_spec, labels_spec, error: Exception) -> str:
+def _cannot_take(name: str, features_spec, labels_spec, error: Exception, keyed=True) -> str:
     """Why the model failed on the input_fn's features and labels, and the fix."""
+    if isinstance(error, tf.errors.OperatorNotAllowedInGraphError) or "as a Python `bool`" in str(
+        error
+    ):
+        return (
+            f"{name} uses a tensor as a Python bool (an if or while on a tensor), which a "
+            "compiled step cannot run (nor can Keras fit): write it with tf.cond or tf.where "
+            "(keras.ops.cond, keras.ops.where)"
+        )
     if isinstance(features_spec, dict) and isinstance(labels_spec, tf.TensorSpec):
         return (
             f"{name} reads its labels by key, but the input_fn's labels are a bare tensor "
@@ -348,7 +358,7 @@ def _cannot_take(name: str, features_spec, labels_spec, error: Exception) -> str
         )
     shapes = tf.nest.map_structure(lambda t: t.shape.as_list(), features_spec)
     return f"{name} cannot take the input_fn's features {shapes}: " + (
-        _not_dicts(features_spec, labels_spec) or errors.first_line(error)
+        (keyed and _not_dicts(features_spec, labels_spec)) or errors.first_line(error)
     )
 
 
