@@ -426,8 +426,9 @@ class CalledTwice(trainer.ModelFn):
         return trainer.Spec({"logits": logits}, loss=tf.reduce_mean(loss))
 
 
+plain = weighted_loss("sum_over_batch_size")
 ROWS = {
-    "plain": Row(weighted_loss("sum_over_batch_size")),
+    "plain": Row(plain),
     "batch_norm": Row(batch_norm, batch_statistics=True),
     "frozen_batch_norm": Row(frozen_batch_norm, frozen="body"),
     "constraint": Row(constraint),
@@ -442,3 +443,49 @@ ROWS = {
     "layer_held_twice": Row(regularizers, model_fn=HeldTwice),
     "layer_called_twice": Row(shared_layer, model_fn=CalledTwice),
 }
+
+
+class SummedOwnStep(trainer.ModelFn):
+    """A model with its own train_step whose Spec reports the batch's summed loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(3)
+
+    def __call__(self, features, labels, mode):
+        logits = self.dense(features)
+        if labels is None:
+            return trainer.Spec({"logits": logits})
+        losses = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+        return trainer.Spec({"logits": logits}, loss=tf.reduce_sum(losses), loss_reduction="sum")
+
+    def train_step(self, features, labels, optimizers):
+        with tf.GradientTape() as tape:
+            spec = self(features, labels, trainer.Mode.TRAIN)
+            mean = spec.loss / tf.cast(tf.shape(features)[0], tf.float32)
+        variables = self.dense.trainable_variables
+        optimizers["model"].apply(tape.gradient(mean, variables), variables)
+        return spec
+
+
+def reported_summed_losses(setups: str) -> dict:
+    """The first step's reported loss of ``SummedOwnStep`` under each ``distribution:devices``."""
+    found = {}
+    for setup in setups.split(","):
+        distribution, devices = setup.split(":")
+        keras.utils.set_random_seed(1)
+        logged = []
+        with tempfile.TemporaryDirectory() as model_dir:
+            estimator = trainer.Estimator(
+                SummedOwnStep(),
+                model_dir,
+                global_batch_size=BATCH,
+                log_every_steps=1,
+                distribution=distribution,
+                num_devices=int(devices),
+                progress=False,
+            )
+            row = Row(plain)
+            estimator.train(input_fn(row), 1, hooks_=[lambda step, logs: logged.append(logs)])
+        found[setup] = logged[0]["loss"]
+    return found

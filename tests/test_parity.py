@@ -124,3 +124,10 @@ def test_keras_applications_mobilenet_fed_x_y_as_keras_users_feed_it():
     assert len(ours.weights) == len(theirs.weights) > 200
     for mine, keras_weight in zip(ours.weights, theirs.weights, strict=True):
         np.testing.assert_allclose(mine, keras_weight, atol=1e-5, rtol=0, err_msg=mine.path)
+
+
+def test_a_summed_loss_of_a_models_own_step_is_reported_as_the_whole_batchs_sum():
+    """Under a strategy it was the mean of the replicas' sums: half, on two."""
+    found = on_two_cpus("tests.parity", "reported_summed_losses", "towers:1,mirrored:2")
+    assert found["mirrored:2"] == pytest.approx(found["towers:1"], rel=1e-5)
+    assert found["towers:1"] > 10  # a sum over 16 examples, not their mean

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 
 import tensorflow as tf
 
+from trainer import batch_gradients
 from trainer.errors import UserError
 from trainer.losses import batch_loss, batch_size_of, reported_scalars, total_loss
 from trainer.metrics import split_metrics
@@ -111,6 +112,8 @@ def run(steps, features, labels, phase: Sequence[int]):
     """
     active = _active_groups(steps.plan, phase)
     batch = batch_size_of(features)
+    # A loss summed over the batch is the whole step's sum: every replica's, not this one's.
+    examples = batch_gradients.global_examples(steps, batch)
     given: list[dict[str, GroupOptimizer]] = []
 
     def shard_step(shard_features, shard_labels, weight=None):
@@ -120,7 +123,7 @@ def run(steps, features, labels, phase: Sequence[int]):
         spec = steps.model_fn.train_step(shard_features, shard_labels, optimizers)
         _check(spec, steps, active, optimizers)
         given.append(optimizers)
-        loss = batch_loss(spec, batch_size_of(shard_features), lambda: batch)
+        loss = batch_loss(spec, batch_size_of(shard_features), examples)
         per_example, _ = split_metrics(spec.metrics)
         scalars = {"loss": total_loss(loss), **reported_scalars(spec, loss)}
         if steps.has_regularization:  # the step's own loss includes it, or not
