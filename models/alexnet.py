@@ -33,7 +33,9 @@ class AlexNet(ModelFn):
       pool_strides: pooling strides; None means the window size (no overlap).
       dense_units: widths of the hidden Dense layers.
       dropout_rate: dropout after each hidden Dense layer (TRAIN only).
-      batch_norm: batch normalisation in every conv and Dense layer.
+      batch_norm: batch normalisation in every conv and Dense layer: True (Keras's
+        momentum, 0.99: its moving statistics trail for hundreds of steps, and the model
+        evaluates near chance until then, as under Keras fit) or the momentum (0.9).
       l2: L2 weight decay on all kernels.
       resize_to: resize images to this (height, width) first, e.g. (32, 32) for digits.
       top_k_errors: report ``top_K_error`` for each K, e.g. ``[1, 5]`` for ImageNet.
@@ -51,7 +53,7 @@ class AlexNet(ModelFn):
         pool_strides: Any = None,
         dense_units: Sequence[int] = (512,),
         dropout_rate: Any = 0.5,
-        batch_norm: bool = False,
+        batch_norm: bool | float = False,
         l2: float = 0.0,
         resize_to: Sequence[int] | None = None,
         top_k_errors: Sequence[int] = (),

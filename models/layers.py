@@ -34,15 +34,19 @@ def _regularizer(l2: float):
 
 def _block(
     main: keras.layers.Layer,
-    batch_norm: bool,
+    batch_norm: bool | float,
     activation,
     dropout: float,
     pool: keras.layers.Layer | None = None,
 ) -> list[keras.layers.Layer]:
-    """``main``, then batch norm (optional), activation, pooling (optional), dropout (if > 0)."""
+    """``main``, then batch norm (optional), activation, pooling (optional), dropout (if > 0).
+
+    ``batch_norm``: True for Keras's momentum (0.99), or the momentum itself (0.9).
+    """
     block = [main]
     if batch_norm:
-        block.append(keras.layers.BatchNormalization(name=f"{main.name}_bn"))
+        momentum = 0.99 if batch_norm is True else float(batch_norm)
+        block.append(keras.layers.BatchNormalization(momentum=momentum, name=f"{main.name}_bn"))
     block.append(keras.layers.Activation(activation, name=f"{main.name}_act"))
     if pool is not None:
         block.append(pool)
@@ -89,7 +93,8 @@ class DenseStack(_Stack):
       units: width of each layer (its length is the number of layers).
       activation: Keras activation name, one or per layer.
       dropout: dropout rate, one or per layer (0 for none).
-      batch_norm: batch normalisation before the activation, one or per layer.
+      batch_norm: batch normalisation before the activation, one or per layer: True
+        (Keras's momentum, 0.99), or its momentum (0.9 for a short run).
       l2: L2 weight-decay factor on the kernels (added to the training loss).
       name: prefix of the layers' names.
     """
@@ -132,7 +137,8 @@ class ConvStack(_Stack):
       pool_strides: pooling stride, one or per layer; None means the window size.
       activation: Keras activation name, one or per layer.
       dropout: dropout rate after each layer, one or per layer.
-      batch_norm: batch normalisation before the activation, one or per layer.
+      batch_norm: batch normalisation before the activation, one or per layer: True
+        (Keras's momentum, 0.99), or its momentum (0.9 for a short run).
       l2: L2 weight-decay factor on the kernels.
       padding: convolution padding, 'same' or 'valid'.
       pool_padding: pooling padding; 'valid' drops a trailing odd row and column.

@@ -485,7 +485,6 @@ def reported_summed_losses(setups: str) -> dict:
                 num_devices=int(devices),
                 progress=False,
             )
-            row = Row(plain)
-            estimator.train(input_fn(row), 1, hooks_=[lambda step, logs: logged.append(logs)])
+            estimator.train(input_fn(Row(plain)), 1, hooks_=[lambda _, logs: logged.append(logs)])  # noqa: B023
         found[setup] = logged[0]["loss"]
     return found

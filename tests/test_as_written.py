@@ -301,10 +301,11 @@ def test_diabetes_experiments_reach_the_closed_form(clone, name):
     assert mse == pytest.approx(closed_form_eval_mse(), rel=0.01)
 
 
-def test_digits_alexnet_keeps_its_promise(clone):
-    proc = ok(sh("python3 -m trainer --gin_file experiments/digits_alexnet.gin", clone))
+@pytest.mark.parametrize("name", ["digits_alexnet", "digits_alexnet_bn"])
+def test_digits_alexnet_keeps_its_promise(clone, name):
+    proc = ok(sh(f"python3 -m trainer --gin_file experiments/{name}.gin", clone))
     assert proc.stderr == ""  # not reported input-bound: its data is in memory
-    check_promise("digits_alexnet", proc.stdout)
+    check_promise(name, proc.stdout)
 
 
 def test_digits_gan_keeps_its_promise_and_resumes(clone):
@@ -450,6 +451,7 @@ def test_every_command_shown_is_run_here():
             f"python3 -m trainer --gin_file experiments/{n}.gin"
             for n in (
                 "digits_alexnet",
+                "digits_alexnet_bn",
                 "digits_gan",
                 "digits_keras",
                 "digits_mlp_tfrecord",

@@ -118,7 +118,7 @@ class Steps:
         if microbatches > 1 or placement.num_replicas > 1:
             layer_losses.say_how_cut_batches_take(layer_losses.own_adders(model_fn.layers))
         self.towers = placement.towers(model_fn)
-        self.batch_state = batch_statistics.parts_of(model_fn)  # cut into micro-batches
+        self.batch_state = batch_statistics.parts_of(model_fn)  # over slices and replicas
         self.own_step = custom_step.has_own_step(model_fn)  # ModelFn.train_step
         self.count_metrics(Mode.TRAIN, metric_names, {}, scalar_names)
         self.count_metrics(Mode.EVAL, metric_names, streamed_metrics, scalar_names)
