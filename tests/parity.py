@@ -76,16 +76,32 @@ class Column:
     devices: int = 1
     precision: str | None = None
     cuts_batch: bool = False  # shards, slices or replicas: batch statistics differ
+    rows: tuple[str, ...] = ()  # the rows it runs (every row when empty)
 
 
+COMPILED = (  # plain, batch statistics, an update, weights, outputs, a layer twice
+    "plain",
+    "batch_norm",
+    "regularizers",
+    "weights_weighted_mean",
+    "two_outputs",
+    "constraint",
+    "layer_called_twice",
+)
+GROUPED = ("plain", "batch_norm", "frozen_batch_norm", "constraint", "regularizers")
+GROUPED += ("weights_weighted_mean", "layer_held_twice")
 COLUMNS = {
     "one_device": Column({}),
     "microbatches_2": Column({"microbatches": 2}, cuts_batch=True),
     "microbatches_4": Column({"microbatches": 4}, cuts_batch=True),
-    "jit_compile": Column({"jit_compile": True}),
-    "groups": Column({"learning_rate_multipliers": {"kernel": 1.0}}),  # kernels, the rest
+    # These three change how a step is compiled, split or computed, not what a feature
+    # means: they run the rows whose arithmetic they could change.
+    "jit_compile": Column({"jit_compile": True}, rows=COMPILED),
+    "groups": Column({"learning_rate_multipliers": {"kernel": 1.0}}, rows=GROUPED),
     "mixed_float16": Column({"mixed_precision": "mixed_float16"}, precision="mixed_float16"),
-    "mixed_bfloat16": Column({"mixed_precision": "mixed_bfloat16"}, precision="mixed_bfloat16"),
+    "mixed_bfloat16": Column(
+        {"mixed_precision": "mixed_bfloat16"}, precision="mixed_bfloat16", rows=COMPILED[:5]
+    ),
     "towers": Column({"distribution": "towers", "num_devices": 2}, 2, cuts_batch=True),
     "mirrored": Column({"distribution": "mirrored", "num_devices": 2}, 2, cuts_batch=True),
 }

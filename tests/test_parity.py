@@ -48,7 +48,7 @@ def cells(columns):
             else (),
         )
         for column in columns
-        for row in parity.ROWS
+        for row in parity.COLUMNS[column].rows or parity.ROWS
     ]
 
 
@@ -61,6 +61,7 @@ def test_two_device_cells():
     """Every row under towers and mirrored, in one process that split its CPU in two
     (one test, so that the suite's two workers do not both start it)."""
     found = on_two_cpus("tests.parity", "cells", ",".join(parity.ROWS), ",".join(TWO_DEVICES))
+    assert len(found) == len(parity.ROWS) * len(TWO_DEVICES)
     failures, differing = [], set()
     for name, result in found.items():
         try:
