@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 from tensorboard.backend.event_processing import event_accumulator
 
@@ -94,3 +95,43 @@ def on_two_cpus(module: str, function: str, *args: str):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def on_workers(count: int, module: str, function: str, *args: str) -> list:
+    """``module.function(*args)`` in ``count`` processes on 127.0.0.1, each a worker of
+    one TF_CONFIG cluster (task ``i`` of ``count``); their JSON results, chief first."""
+    from trainer.launcher import free_ports, tf_config
+
+    script = (
+        "import json, sys\n"
+        "from tests import lean_start\n"  # TensorFlow loads as the command line loads it
+        f"from {module} import {function}\n"
+        f"print(json.dumps({function}(*sys.argv[1:])))\n"
+    )
+    ports = free_ports(count)
+    environment = {name: value for name, value in os.environ.items() if name != "TF_CONFIG"}
+    with tempfile.TemporaryDirectory() as logs:  # files, not pipes: a full pipe would stall
+        outputs = [os.path.join(logs, f"worker-{i}") for i in range(count)]
+        workers = []
+        for i, output in enumerate(outputs):
+            with open(output + ".out", "w") as out, open(output + ".err", "w") as err:
+                workers.append(
+                    subprocess.Popen(
+                        [sys.executable, "-c", script, *args],
+                        cwd=REPO,
+                        env=dict(
+                            environment, TF_CPP_MIN_LOG_LEVEL="2", TF_CONFIG=tf_config(ports, i)
+                        ),
+                        stdout=out,
+                        stderr=err,
+                    )
+                )
+        try:
+            codes = [worker.wait(timeout=300) for worker in workers]
+        finally:
+            for worker in workers:
+                worker.kill()
+        said = [(open(o + ".out").read(), open(o + ".err").read()) for o in outputs]
+    for code, (_, err) in zip(codes, said, strict=True):
+        assert code == 0, err[-3000:]
+    return [json.loads(out.strip().splitlines()[-1]) for out, _ in said]

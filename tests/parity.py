@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import re
 import tempfile
 from collections.abc import Callable
@@ -77,6 +78,10 @@ class Column:
     precision: str | None = None
     cuts_batch: bool = False  # shards, slices or replicas: batch statistics differ
     rows: tuple[str, ...] = ()  # the rows it runs (every row when empty)
+    resume_at: int | None = None  # stop there, then a new Estimator resumes the run
+    warm_start: bool = False  # start from other weights, warm-started from a .keras file
+    evaluates: bool = False  # also compares evaluate's metrics and predict's outputs
+    workers: int = 0  # processes of a multi_worker cluster (devices: one each)
 
 
 COMPILED = (  # plain, batch statistics, an update, weights, outputs, a layer twice
@@ -89,9 +94,12 @@ COMPILED = (  # plain, batch statistics, an update, weights, outputs, a layer tw
     "layer_called_twice",
 )
 GROUPED = ("plain", "batch_norm", "frozen_batch_norm", "constraint", "regularizers")
-GROUPED += ("weights_weighted_mean", "layer_held_twice")
+GROUPED += ("weights_weighted_mean", "layer_held_twice", "ema")
+MULTI_WORKER = ("plain", "batch_norm", "synchronized_batch_norm", "weights_weighted_mean")
+MULTI_WORKER += ("regularizers", "ema", "two_outputs")
+RESTARTED = ("plain", "batch_norm", "frozen_batch_norm", "regularizers", "ema", "two_outputs")
 COLUMNS = {
-    "one_device": Column({}),
+    "one_device": Column({}, evaluates=True),
     "microbatches_2": Column({"microbatches": 2}, cuts_batch=True),
     "microbatches_4": Column({"microbatches": 4}, cuts_batch=True),
     # These three change how a step is compiled, split or computed, not what a feature
@@ -102,8 +110,25 @@ COLUMNS = {
     "mixed_bfloat16": Column(
         {"mixed_precision": "mixed_bfloat16"}, precision="mixed_bfloat16", rows=COMPILED[:5]
     ),
-    "towers": Column({"distribution": "towers", "num_devices": 2}, 2, cuts_batch=True),
-    "mirrored": Column({"distribution": "mirrored", "num_devices": 2}, 2, cuts_batch=True),
+    # A run stopped after 2 steps and resumed by a new Estimator (a new process's
+    # view): the checkpoint holds every slot, moving statistic, average and the input.
+    "resumed": Column({}, rows=RESTARTED, resume_at=2),
+    # Made from other weights, warm-started from the row's model saved as .keras.
+    "warm_started": Column({}, rows=RESTARTED, warm_start=True),
+    "towers": Column(
+        {"distribution": "towers", "num_devices": 2}, 2, cuts_batch=True, evaluates=True
+    ),
+    "mirrored": Column(
+        {"distribution": "mirrored", "num_devices": 2}, 2, cuts_batch=True, evaluates=True
+    ),
+    "multi_worker": Column(
+        {"distribution": "multi_worker"},
+        2,
+        cuts_batch=True,
+        evaluates=True,
+        workers=2,
+        rows=MULTI_WORKER,
+    ),
 }
 
 
@@ -158,10 +183,14 @@ def state(model: keras.Model, optimizers: list | None = None) -> dict[str, np.nd
 
 
 @functools.cache
-def keras_run(row: Row, steps: int = STEPS, precision: str | None = None) -> dict:
+def keras_run(
+    row: Row, steps: int = STEPS, precision: str | None = None, evaluated: bool = False
+) -> dict:
     """The reference: Keras's own step on each batch in turn (``fit``'s step).
 
-    Kept once computed: every column of a row compares with it.
+    ``evaluated``: also what ``evaluate`` and ``predict`` give after them, on the
+    averaged weights with ``use_ema`` (as after ``fit``). Kept once computed: every
+    column of a row compares with it.
     """
     with policy(precision):
         model = row.make()
@@ -172,30 +201,94 @@ def keras_run(row: Row, steps: int = STEPS, precision: str | None = None) -> dic
     for i in range(steps):
         part = tf.nest.map_structure(lambda a, i=i: a[i * BATCH : (i + 1) * BATCH], data)
         model.train_on_batch(*part[:2], sample_weight=part[2] if row.weighted else None)
-    return state(model)
+    found = state(model)
+    if evaluated:
+        if model.optimizer.use_ema:  # what fit does when it ends
+            model.optimizer.finalize_variable_values(model.trainable_variables)
+        x, y, *w = data
+        metrics = model.evaluate(
+            x, y, sample_weight=w[0] if w else None, batch_size=BATCH, verbose=0, return_dict=True
+        )
+        found |= {f"eval {name}": np.array(value) for name, value in metrics.items()}
+        found |= predicted(model.predict(x, batch_size=BATCH, verbose=0))
+    return found
 
 
-def framework_run(row: Row, model_dir: str, steps: int = STEPS, **settings) -> dict:
-    """The framework's run of the same model on the same batches."""
-    with policy(settings.get("mixed_precision")):
-        model = row.make()
-    given = row.model_fn(model) if row.model_fn else model
-    optimizer = {"optimizer": model.optimizer} if row.model_fn else {}
+def predicted(outputs) -> dict[str, np.ndarray]:
+    """Predictions keyed ``'prediction'``, or ``'prediction NAME'`` by output."""
+    if isinstance(outputs, dict):
+        return {f"prediction {name}": np.asarray(value) for name, value in outputs.items()}
+    return {"prediction": np.asarray(outputs)}
+
+
+def framework_run(
+    row: Row,
+    model_dir: str,
+    steps: int = STEPS,
+    resume_at: int | None = None,
+    warm_start: bool = False,
+    evaluated: bool = False,
+    **settings,
+) -> dict:
+    """The framework's run of the same model on the same batches.
+
+    ``resume_at``: a first Estimator stops there, a second resumes to ``steps``.
+    ``warm_start``: the model is made with other weights and warm-started from the
+    row's model saved as ``.keras`` beside ``model_dir``. ``evaluated``: also what
+    ``evaluate`` and ``predict`` give (keys as ``keras_run``'s).
+    """
+    if warm_start:  # Keras's layer counters as a new process has them, on both sides
+        keras.backend.clear_session()
+        source = os.path.join(os.path.dirname(model_dir), "source.keras")
+        row.make().save(source)
+        settings = {**settings, "warm_start_from": source}
     if row.frozen:  # frozen for longer than the run
         settings = {**settings, "frozen_until_step": {f"/{row.frozen}": 10**6}}
-    estimator = trainer.Estimator(
-        given,
-        model_dir,
-        global_batch_size=BATCH,
-        steps_per_loop=steps,
-        save_checkpoints_steps=None,
-        progress=False,
-        **optimizer,
-        **settings,
-    )
-    estimator.train(input_fn(row), max_steps=steps)
+    for stop in (resume_at, steps) if resume_at else (steps,):
+        if warm_start:
+            keras.backend.clear_session()
+        with policy(settings.get("mixed_precision")):
+            model = row.make()
+        if warm_start:
+            for variable in model.weights:  # other weights (variances stay positive)
+                variable.assign(variable + 0.5)
+        given = row.model_fn(model) if row.model_fn else model
+        optimizer = {"optimizer": model.optimizer} if row.model_fn else {}
+        estimator = trainer.Estimator(
+            given,
+            model_dir,
+            global_batch_size=BATCH,
+            steps_per_loop=steps,
+            save_checkpoints_steps=None,
+            progress=False,
+            **optimizer,
+            **settings,
+        )
+        estimator.train(input_fn(row), max_steps=stop)
     # The optimizers that trained: one per unit with groups, remade in a strategy's scope.
-    return state(model, [unit.optimizer for unit in estimator.model.plan.units])
+    found = state(model, [unit.optimizer for unit in estimator.model.plan.units])
+    found |= averages(model, estimator.model.ema)
+    if evaluated:
+        found |= {f"eval {k}": np.array(v) for k, v in estimator.evaluate(input_fn(row)).items()}
+        rows = list(estimator.predict(input_fn(row)))
+        found |= predicted(
+            {key: np.stack([r[key] for r in rows]) for key in rows[0]}
+            if row.outputs
+            else np.stack([next(iter(r.values())) for r in rows])
+        )
+    return found
+
+
+def averages(model: keras.Model, ema) -> dict[str, np.ndarray]:
+    """The framework's moving averages of the weights, keyed as Keras's ``use_ema``
+    slots (``'average of w2'``)."""
+    if ema is None:
+        return {}
+    index = {v.path: i for i, v in enumerate(model.weights)}
+    return {
+        f"average of w{index[v.path]}": np.array(average)
+        for v, average in zip(ema.variables, ema.averages, strict=True)
+    }
 
 
 class policy:  # noqa: N801 (a context manager, named as one)
@@ -241,19 +334,24 @@ def cell(row_name: str, column_name: str, model_dir: str | None = None) -> dict:
     """
     if model_dir is None:  # a directory of its own, removed after
         with tempfile.TemporaryDirectory() as made:
-            return cell(row_name, column_name, made)
+            return cell(row_name, column_name, os.path.join(made, "model"))
     row, column = ROWS[row_name], COLUMNS[column_name]
     cut = row.batch_statistics and column.cuts_batch
     steps = 1 if cut else STEPS
+    evaluated = column.evaluates and not cut
     reference = column.precision
     try:
-        expected = keras_run(row, steps, column.precision)
+        expected = keras_run(row, steps, column.precision, evaluated)
     except TypeError:  # Keras 3.15 under mixed_float16 fails to add float16 add_loss values
-        reference, expected = "float32", keras_run(row, steps)
+        reference, expected = "float32", keras_run(row, steps, None, evaluated)
     try:
-        found = framework_run(row, model_dir, steps, **column.settings)
+        found = framework_run(
+            row, model_dir, steps, column.resume_at, column.warm_start, evaluated, **column.settings
+        )
     except UserError as error:
         return {"refused": str(error)}
+    # Each of Keras's eval metrics must be there; the framework may report more.
+    found = {key: value for key, value in found.items() if key in expected or "eval " not in key}
     found_diff = differences(expected, found)
     kept = {key: value for key, value in found_diff.items() if not cut or "moving" in key}
     worst = max(kept, key=kept.get)
@@ -270,6 +368,15 @@ def cells(row_names: str, column_names: str) -> dict:
     return {f"{r} {c}": cell(r, c) for r in row_names.split(",") for c in column_names.split(",")}
 
 
+def worker_cells(base_dir: str) -> dict:
+    """The multi_worker column's cells, run by each worker of the cluster alike (every
+    worker trains, evaluates and predicts), each cell in a model_dir under ``base_dir``
+    that the workers share."""
+    trainer.parallel.make_strategy("multi_worker", [])  # before TensorFlow runs an op
+    rows = COLUMNS["multi_worker"].rows
+    return {f"{r} multi_worker": cell(r, "multi_worker", f"{base_dir}/{r}/model") for r in rows}
+
+
 # ---------------------------------------------------------------- rows
 
 
@@ -279,6 +386,7 @@ def _seeded(build: Callable[[], keras.Model], optimizer=None, **compile_args) ->
     model.compile(
         optimizer=optimizer or keras.optimizers.Adam(0.01),
         loss=compile_args.pop("loss", "sparse_categorical_crossentropy"),
+        metrics=compile_args.pop("metrics", ["accuracy"]),
         **compile_args,
     )
     return model
@@ -304,11 +412,32 @@ def frozen_batch_norm() -> keras.Model:
     )
 
 
+def ema() -> keras.Model:
+    """Keras's moving average of the weights, as its optimizer's ``use_ema``."""
+    return _seeded(
+        lambda: _dense_stack(keras.layers.Dense(8, activation="relu")),
+        keras.optimizers.Adam(0.01, use_ema=True, ema_momentum=0.9),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+
+
 def batch_norm() -> keras.Model:
     return _seeded(
         lambda: _dense_stack(
             keras.layers.Dense(8, use_bias=False),  # a bias before batch norm is noise
             keras.layers.BatchNormalization(momentum=0.5),
+            keras.layers.ReLU(),
+        ),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+
+
+def synchronized_batch_norm() -> keras.Model:
+    """Batch norm that normalizes by the whole batch's statistics across replicas."""
+    return _seeded(
+        lambda: _dense_stack(
+            keras.layers.Dense(8, use_bias=False),
+            keras.layers.BatchNormalization(momentum=0.5, synchronized=True),
             keras.layers.ReLU(),
         ),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -386,7 +515,10 @@ def two_outputs() -> keras.Model:
 
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     return _seeded(
-        build, loss={"first": loss, "second": loss}, loss_weights={"first": 1.0, "second": 0.3}
+        build,
+        loss={"first": loss, "second": loss},
+        loss_weights={"first": 1.0, "second": 0.3},
+        metrics={"first": ["accuracy"], "second": ["accuracy"]},
     )
 
 
@@ -410,6 +542,13 @@ def shared_layer() -> keras.Model:
     return _seeded(build, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 
 
+def _spec(logits: tf.Tensor, labels: tf.Tensor) -> trainer.Spec:
+    """A ModelFn's Spec as the rows' compile() has it: the loss and accuracy."""
+    loss = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+    hits = tf.cast(tf.equal(tf.argmax(logits, -1), tf.cast(labels, tf.int64)), tf.float32)
+    return trainer.Spec({"logits": logits}, loss=tf.reduce_mean(loss), metrics={"accuracy": hits})
+
+
 class HeldTwice(trainer.ModelFn):
     """A ModelFn over a Keras model that also holds the model's first layer itself."""
 
@@ -422,8 +561,7 @@ class HeldTwice(trainer.ModelFn):
         logits = self.body(features, training=mode == trainer.Mode.TRAIN)
         if labels is None:
             return trainer.Spec({"logits": logits})
-        loss = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
-        return trainer.Spec({"logits": logits}, loss=tf.reduce_mean(loss))
+        return _spec(logits, labels)
 
 
 class CalledTwice(trainer.ModelFn):
@@ -438,8 +576,7 @@ class CalledTwice(trainer.ModelFn):
         logits = self.head(tf.concat([left, right], axis=-1))
         if labels is None:
             return trainer.Spec({"logits": logits})
-        loss = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
-        return trainer.Spec({"logits": logits}, loss=tf.reduce_mean(loss))
+        return _spec(logits, labels)
 
 
 plain = weighted_loss("sum_over_batch_size")
@@ -447,6 +584,9 @@ ROWS = {
     "plain": Row(plain),
     "batch_norm": Row(batch_norm, batch_statistics=True),
     "frozen_batch_norm": Row(frozen_batch_norm, frozen="body"),
+    # The whole batch's statistics on every replica: equal to one device throughout.
+    "synchronized_batch_norm": Row(synchronized_batch_norm),
+    "ema": Row(ema),
     "constraint": Row(constraint),
     "regularizers": Row(regularizers),
     "add_loss_mean": Row(add_loss("mean")),

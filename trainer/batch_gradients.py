@@ -110,8 +110,9 @@ def _forward(steps, features, labels, examples, phase, share=1.0, replicas=1, fr
     scalars = {"loss": total_loss(loss), **reported_scalars(spec, loss)}
     # In float32, as Keras computes losses: a float16 model's loss meets float32 penalties.
     objective = tf.nest.map_structure(lambda v: tf.cast(v, tf.float32) * share * fraction, loss)
-    if steps.has_regularization:
+    if steps.has_regularization:  # in the loss reported, as Keras reports it
         scalars["regularization_loss"] = layer_losses.total(added)
+        scalars["loss"] += scalars["regularization_loss"]
         part = scalars["regularization_loss"] / replicas * fraction  # each group's layers'
         objective = tf.nest.map_structure(lambda loss: loss + part, objective)
     # Mixed float16: scaled up so that small gradients survive (identity otherwise).

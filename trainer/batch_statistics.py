@@ -31,6 +31,7 @@ import keras
 import tensorflow as tf
 
 from trainer import layer_losses
+from trainer.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +120,32 @@ class Parts:
             values[variance] += tf.maximum(spread, 0.0) / rest if rest > 0 else 0.0
         for v, value in zip(self.state, values, strict=True):
             v.assign(tf.cast(value, v.dtype))
+
+
+def check_synchronized(layers, microbatches: int, towers: bool) -> None:
+    """Refuses ``BatchNormalization(synchronized=True)`` where a batch's parts cannot
+    share their statistics.
+
+    Micro-batch slices run one after the other, and towers have no replica context;
+    a strategy's replicas all-reduce them.
+    """
+    synchronized = [
+        repr(layer.name)
+        for layer in layer_losses.unique_layers(layers)
+        if getattr(layer, "synchronized", False)
+    ]
+    if not synchronized or (microbatches == 1 and not towers):
+        return
+    how = (
+        f"Estimator.microbatches = {microbatches} runs each slice alone; set it to 1"
+        if microbatches > 1
+        else "towers do not share them; use distribution = 'mirrored', whose replicas do"
+    )
+    raise UserError(
+        f"BatchNormalization {', '.join(synchronized)} is synchronized=True, which "
+        f"normalizes by the whole batch's statistics, but {how} (or make it "
+        "synchronized=False: each part by its own)"
+    )
 
 
 def frozen_norms(layers, frozen: set[int]) -> list[keras.layers.Layer]:

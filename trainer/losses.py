@@ -59,10 +59,10 @@ def loss_name(group: str) -> str:
 
 
 def total_loss(loss) -> tf.Tensor:
-    """The loss reported as ``loss``: the one loss, or the sum of the groups' losses."""
+    """The loss reported as ``loss`` (float32): the one loss, or the groups' sum."""
     if isinstance(loss, Mapping):
         return tf.add_n([tf.cast(v, tf.float32) for v in loss.values()])
-    return loss
+    return tf.cast(loss, tf.float32)
 
 
 def reported_scalars(spec: Spec, loss) -> dict[str, tf.Tensor]:

@@ -28,7 +28,7 @@ from trainer.keras_model import KerasModel
 from trainer.losses import loss_name
 from trainer.metrics import split_metrics, unfit_metric
 from trainer.model_fn import Mode, ModelFn, Weighted, check_spec
-from trainer.optimization import WeightAverage
+from trainer.optimization import WeightAverage, taken_ema
 from trainer.step import Steps, split_element
 
 
@@ -66,6 +66,7 @@ class ModelState:
         self.model_fn, self.placement = model_fn, placement
         self.groups = groups.declared(model_fn)
         optimizers = groups.optimizers_for(self.groups, optimizer)
+        optimizers, ema_decay = taken_ema(optimizers, ema_decay)  # Keras's use_ema
         for group, given in optimizers.items():
             microbatch.check_optimizer(given, "the optimizer" + (f" of {group!r}" if group else ""))
         self.optimizers = {  # by group; None keys a model's one optimizer

@@ -11,6 +11,7 @@ import math
 
 import keras
 import tensorflow as tf
+from absl import logging
 
 from trainer import internals
 from trainer.errors import UserError
@@ -135,6 +136,52 @@ class WeightAverage:
             current = tf.identity(v.value if hasattr(v, "value") else v)
             v.assign(average)
             average.assign(current)
+
+
+def taken_ema(optimizers: dict, ema_decay: float | None) -> tuple[dict, float | None]:
+    """The optimizers without Keras's ``use_ema``, and the weight average's decay.
+
+    An optimizer compiled with ``use_ema=True`` averages the weights the way
+    ``ema_decay`` does (from the first step, at ``ema_momentum``); ``fit`` then
+    overwrites the weights with the average when it ends, so that Keras's evaluate,
+    predict and save see it. Here the average becomes the run's ``WeightAverage``:
+    evaluation, prediction and export use it, and training goes on from the trained
+    weights (a resumed run continues as an unbroken one). The optimizers are copied
+    with ``use_ema=False``, so the average is not kept twice.
+    """
+    averaging = {group: o for group, o in optimizers.items() if getattr(o, "use_ema", False)}
+    if not averaging:
+        return optimizers, ema_decay
+    where = ", ".join("the optimizer" if g is None else f"group {g!r}" for g in averaging)
+    momenta = {float(o.ema_momentum) for o in averaging.values()}
+    if len(averaging) < len(optimizers) or len(momenta) > 1:
+        raise UserError(
+            f"use_ema is set on {where} but not on every group's optimizer with one "
+            "ema_momentum: the framework keeps one average of all weights; set it on all "
+            "alike, or use Estimator.ema_decay instead"
+        )
+    momentum = momenta.pop()
+    if any(o.ema_overwrite_frequency for o in averaging.values()):
+        raise UserError(
+            f"ema_overwrite_frequency is set on {where}: the framework trains on the "
+            "weights and evaluates and exports their average; leave it None"
+        )
+    if ema_decay is not None and ema_decay != momentum:
+        raise UserError(
+            f"Estimator.ema_decay is {ema_decay} but {where} has use_ema with "
+            f"ema_momentum {momentum}: give one of them"
+        )
+    logging.info(
+        "use_ema (ema_momentum %s) on %s is the run's weight average: evaluate, predict and "
+        "export use it, and training goes on from the trained weights",
+        momentum,
+        where,
+    )
+    copies = {
+        group: type(o).from_config({**o.get_config(), "use_ema": False})
+        for group, o in optimizers.items()
+    }
+    return copies, momentum
 
 
 # Keras options that TF's fused training kernels do not cover, at their "off" values.

@@ -118,6 +118,7 @@ class Steps:
         if microbatches > 1 or placement.num_replicas > 1:
             layer_losses.say_how_cut_batches_take(layer_losses.own_adders(model_fn.layers))
         self.towers = placement.towers(model_fn)
+        batch_statistics.check_synchronized(model_fn.layers, microbatches, self.towers is not None)
         self.batch_state = batch_statistics.parts_of(model_fn)  # over slices and replicas
         self.own_step = custom_step.has_own_step(model_fn)  # ModelFn.train_step
         self.count_metrics(Mode.TRAIN, metric_names, {}, scalar_names)
@@ -159,8 +160,8 @@ class Steps:
         traced with.
         """
         per_batch = ["loss", *scalars]
+        per_batch += ["regularization_loss"] if self.has_regularization else []
         if mode == Mode.TRAIN:
-            per_batch += ["regularization_loss"] if self.has_regularization else []
             self.train_metrics = MetricSums(names, per_batch, self.placement.per_replica)
         else:
             self.eval_metrics = MetricSums(
@@ -338,11 +339,16 @@ class Steps:
         labels = with_mean_weight(labels, self.placement.total)  # before towers cut it
 
         def forward(features, labels):  # of a batch, or of a tower's shard of it
-            spec = self.model_fn(features, labels, Mode.EVAL)
+            spec, added = layer_losses.forward(self.model_fn, features, labels, Mode.EVAL)
             per_example, streamed = split_metrics(spec.metrics)
             self.eval_metrics.stream(streamed)
             loss = batch_loss(spec, batch_size_of(features), examples)
-            return total_loss(loss), reported_scalars(spec, loss), per_example
+            scalars = reported_scalars(spec, loss)
+            if not self.has_regularization:
+                return total_loss(loss), scalars, per_example
+            # The loss reported is the one trained: with the layers' losses, as Keras's.
+            scalars["regularization_loss"] = layer_losses.total(added)
+            return total_loss(loss) + scalars["regularization_loss"], scalars, per_example
 
         if self.towers is not None:
             loss, scalars, metrics, _ = self.towers.run(forward, features, labels, training=False)

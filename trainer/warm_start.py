@@ -69,8 +69,8 @@ def warm_start(
     assign = []
     for variable in wanted:
         name = ours[id(variable)]
-        theirs = _mapped(name, names or {})
-        if theirs not in found.shapes:
+        theirs = found.find(_mapped(name, names or {}))
+        if theirs is None:
             report["left"].append(name)
             continue
         shape = tuple(found.shapes[theirs])
@@ -142,6 +142,18 @@ class Source:
             ) from None
         self.path, self._keys = path, _model_paths(graph)
         self.shapes = {name: shapes[key] for name, key in self._keys.items()}
+
+    def find(self, name: str) -> str | None:
+        """The source's name for this model's ``name``, None if it has none.
+
+        A Sequential built on an ``Input`` names its variables under its own name
+        (``sequential/dense/kernel``), the same model loaded from a ``.keras`` file
+        does not (``dense/kernel``): in a ``.keras`` source, either finds it.
+        """
+        if name in self.shapes:
+            return name
+        below = name.split("/", 1)[-1]
+        return below if self.keras_paths and below in self.shapes else None
 
     def read(self, name: str) -> np.ndarray:
         """The value of the source's variable ``name``."""
