@@ -97,6 +97,10 @@ GROUPED = ("plain", "batch_norm", "frozen_batch_norm", "constraint", "regularize
 GROUPED += ("weights_weighted_mean", "layer_held_twice", "ema")
 MULTI_WORKER = ("plain", "batch_norm", "synchronized_batch_norm", "weights_weighted_mean")
 MULTI_WORKER += ("regularizers", "ema", "two_outputs")
+# What a cut batch could change in evaluation (weighted means, sums, layer losses,
+# outputs, averages): the rows the multi-device columns evaluate (one device: all).
+EVALUATED_APART = ("plain", "weights_weighted_mean", "weights_sum", "regularizers")
+EVALUATED_APART += ("add_loss_mean", "two_outputs", "ema", "synchronized_batch_norm")
 RESTARTED = ("plain", "batch_norm", "frozen_batch_norm", "regularizers", "ema", "two_outputs")
 COLUMNS = {
     "one_device": Column({}, evaluates=True),
@@ -339,6 +343,7 @@ def cell(row_name: str, column_name: str, model_dir: str | None = None) -> dict:
     cut = row.batch_statistics and column.cuts_batch
     steps = 1 if cut else STEPS
     evaluated = column.evaluates and not cut
+    evaluated = evaluated and (column.devices == 1 or row_name in EVALUATED_APART)
     reference = column.precision
     try:
         expected = keras_run(row, steps, column.precision, evaluated)

@@ -200,8 +200,10 @@ def test_readmes_first_command_resumes_after_ctrl_c_reruns_and_serves_every_sche
     assert sorted(os.listdir(clone / "output")) == ["digits_mlp"]  # nothing nested
 
 
-def test_readmes_console_is_the_first_commands_line_for_line(clone):
-    """README shows the first command's whole console: the real one, numbers aside."""
+def test_readmes_console_is_the_first_commands_line_for_line_and_its_model_fine_tunes(clone):
+    """README shows the first command's whole console: the real one, numbers aside. Its
+    fine-tuning example then puts the digits MLP's body under a new head: the warm
+    start's report, then accuracy (one run of the first command for both)."""
     proc = ok(sh(DIGITS, clone))
     assert proc.stderr == ""  # no warning either: the digits in memory are not input-bound
     shape = lambda text: [re.sub(r"\d+(\.\d+)?", "N", line) for line in text.splitlines()]  # noqa: E731
@@ -223,6 +225,19 @@ def test_readmes_console_is_the_first_commands_line_for_line(clone):
     assert "nothing to train" in ok(sh(smoke, clone)).stdout  # its model_dir is digits_mlp's
     assert {s: os.path.getmtime(model_dir / f"ckpt-{s}.index") for s in saved} == saved
 
+    (finetune,) = [c for c in shown_commands() if "parity.gin" in c]
+    proc = ok(sh(finetune, clone))
+    report = next(line for line in proc.stdout.splitlines() if "Warm-started" in line)
+    assert report.startswith(
+        "Warm-started from output/digits_mlp/ckpt-2000: loaded 4 of the source's 6 "
+        "(hidden/dense_0/_kernel, hidden/dense_0/bias, hidden/dense_1/_kernel, "
+        "hidden/dense_1/bias); skipped 2 whose shape differs (logits/_kernel ((256, 10) "
+        "there, (256, 2) here)"
+    ), report
+    assert "'^dense/' matches 4 variables" in proc.stdout
+    assert final_metrics(proc.stdout)["accuracy"] >= 0.95
+    assert "nothing to train" in ok(sh(finetune, clone)).stdout
+
 
 def test_readmes_own_model_trains_resumes_and_predicts(clone):
     train, predict = sorted(c for c in shown_commands() if "polyfit.gin" in c)[:2]
@@ -235,23 +250,6 @@ def test_readmes_own_model_trains_resumes_and_predicts(clone):
         json.loads(line)["y"][0] for line in (clone / "predictions.jsonl").read_text().splitlines()
     ]
     assert ys == pytest.approx([3.0, 4.25, 8.0], abs=0.1)  # y = 5x^2 + 3 at x = 0, .5, 1
-
-
-def test_readmes_fine_tuning_example_warm_starts_freezes_and_keeps_its_promise(clone):
-    """The digits MLP's body under a new head: the warm start's report, then accuracy."""
-    (finetune,) = [c for c in shown_commands() if "parity.gin" in c]
-    ok(sh(DIGITS, clone))
-    proc = ok(sh(finetune, clone))
-    report = next(line for line in proc.stdout.splitlines() if "Warm-started" in line)
-    assert report.startswith(
-        "Warm-started from output/digits_mlp/ckpt-2000: loaded 4 of the source's 6 "
-        "(hidden/dense_0/_kernel, hidden/dense_0/bias, hidden/dense_1/_kernel, "
-        "hidden/dense_1/bias); skipped 2 whose shape differs (logits/_kernel ((256, 10) "
-        "there, (256, 2) here)"
-    ), report
-    assert "'^dense/' matches 4 variables" in proc.stdout
-    assert final_metrics(proc.stdout)["accuracy"] >= 0.95
-    assert "nothing to train" in ok(sh(finetune, clone)).stdout
 
 
 def test_tfrecord_experiment_prepares_trains_verifies_and_runs_from_another_directory(clone):

@@ -123,8 +123,7 @@ class Parts:
 
 
 def check_synchronized(layers, microbatches: int, towers: bool) -> None:
-    """Refuses ``BatchNormalization(synchronized=True)`` where a batch's parts cannot
-    share their statistics.
+    """Refuses ``BatchNormalization(synchronized=True)`` where parts cannot share statistics.
 
     Micro-batch slices run one after the other, and towers have no replica context;
     a strategy's replicas all-reduce them.
