@@ -92,6 +92,7 @@ COMPILED = (  # plain, batch statistics, an update, weights, outputs, a layer tw
     "two_outputs",
     "constraint",
     "layer_called_twice",
+    "ema",
 )
 GROUPED = ("plain", "batch_norm", "frozen_batch_norm", "constraint", "regularizers")
 GROUPED += ("weights_weighted_mean", "layer_held_twice", "ema")

@@ -11,7 +11,8 @@ import tensorflow as tf
 
 from tests.helpers import event_tags, scalar_series
 from trainer import Estimator, ModelFn, Spec
-from trainer.optimization import WarmupDecay, fused_update
+from trainer.errors import UserError
+from trainer.optimization import WarmupDecay, fused_update, taken_ema
 
 
 class Slope(ModelFn):
@@ -172,3 +173,26 @@ def test_the_fused_update_is_keras_update(make, fused):
     for v, twin in zip(variables + optimizer.variables, twins + reference.variables, strict=True):
         np.testing.assert_allclose(v.numpy(), twin.numpy(), rtol=1e-6, atol=1e-7, err_msg=v.path)
     assert int(optimizer.iterations.numpy()) == 3
+
+
+def test_keras_use_ema_becomes_the_weight_average_or_is_refused_in_one_line():
+    """An optimizer compiled with use_ema gives the run its average, and is copied
+    without it (not kept twice); what cannot be kept so is named in one line."""
+    adam = keras.optimizers.Adam(use_ema=True, ema_momentum=0.9)
+    taken, decay = taken_ema({None: adam}, None)
+    assert decay == 0.9 and not taken[None].use_ema and adam.use_ema  # the user's untouched
+    assert taken_ema({None: adam}, 0.9)[1] == 0.9
+    plain = keras.optimizers.Adam()
+    assert taken_ema({None: plain}, 0.99) == ({None: plain}, 0.99)
+    for optimizers, ema_decay, says in (
+        ({None: adam}, 0.999, "Estimator.ema_decay is 0.999 but the optimizer has use_ema"),
+        ({"body": adam, "head": plain}, None, "use_ema is set on group 'body' but not on"),
+        (
+            {None: keras.optimizers.SGD(use_ema=True, ema_overwrite_frequency=10)},
+            None,
+            "ema_overwrite_frequency is set on the optimizer",
+        ),
+    ):
+        with pytest.raises(UserError) as error:
+            taken_ema(optimizers, ema_decay)
+        assert str(error.value).startswith(says) and "\n" not in str(error.value)
