@@ -24,7 +24,9 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import trainer  # noqa: E402, F401, I001 - first: TensorFlow loads without its start-up lines
+import trainer  # noqa: E402, I001
+
+trainer.quiet_start()  # first: TensorFlow loads without its start-up lines
 import synthetic  # noqa: E402
 from absl import logging  # noqa: E402
 

@@ -29,7 +29,9 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import trainer  # noqa: E402, F401, I001 - first: TensorFlow loads without its start-up lines
+import trainer  # noqa: E402, I001
+
+trainer.quiet_start()  # first: TensorFlow loads without its start-up lines
 import costs  # noqa: E402
 
 SETUPS = ["towers:1", "towers:2", "towers:4", "mirrored:2", "mirrored:4"]

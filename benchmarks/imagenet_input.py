@@ -27,7 +27,9 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-# trainer first: it imports TensorFlow without its start-up lines.
+import trainer  # noqa: E402
+
+trainer.quiet_start()  # first: TensorFlow loads without its start-up lines
 from trainer import InputParams, Mode  # noqa: E402
 
 BATCH = 128

@@ -21,11 +21,16 @@ from __future__ import annotations
 
 import sys
 
-import tensorflow as tf
-import tensorflow_datasets as tfds
-from absl import app, flags
+if __name__ == "__main__":  # the command starts quietly, as python -m trainer does
+    from trainer import console
 
-from trainer import UserError, errors, logs
+    console.quiet_start(command_line=True)
+
+import tensorflow as tf  # noqa: E402
+import tensorflow_datasets as tfds  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+from trainer import UserError, errors, logs  # noqa: E402
 
 flags.DEFINE_string("images", None, "A folder of images, one subfolder per class.")
 flags.DEFINE_string("tfrecords", None, "A glob of TFRecord shards to index where they lie.")

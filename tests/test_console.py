@@ -191,12 +191,35 @@ def test_metrics_file_holds_each_step_once_after_a_resume(tmp_path, data_dir):
     assert (evals.accuracy > 0.5).all()
 
 
-def test_importing_the_framework_prints_nothing():
-    """A script's or notebook's ``import trainer`` holds TensorFlow's start-up lines back."""
+def test_importing_the_framework_changes_nothing_and_a_quiet_start_is_asked_for():
+    """``import trainer`` in a script or notebook imports nothing yet and, with its
+    modules, changes no file descriptor, import hook or environment variable beyond
+    what TensorFlow's own import changes; ``trainer.quiet_start()`` before TensorFlow
+    loads holds its start-up lines back, as the command line does."""
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-    code = "import trainer, trainer.estimator, datasets.pipeline, keras, tensorflow"
-    proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True
+    unchanged = (
+        "import os, sys\n"
+        "import trainer\n"
+        "assert not {'tensorflow', 'keras'} & set(sys.modules), 'imported at once'\n"
+        "import tensorflow, keras, tensorflow_datasets, gin, sklearn\n"  # their own changes
+        "ours = lambda: [type(f).__module__ for f in sys.meta_path\n"
+        "                if type(f).__module__.split('.')[0] in ('trainer', 'datasets')]\n"
+        "seen = lambda: (ours(), os.fstat(2).st_ino, dict(os.environ))\n"
+        "before = seen()\n"
+        "import trainer.estimator, trainer.cli, datasets.pipeline, datasets.digits\n"
+        "trainer.Estimator, trainer.ModelFn\n"
+        "print(seen() == before == ([], before[1], before[2]))\n"
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (proc.stdout, proc.stderr) == ("", "")
+    quiet = (
+        "import trainer\n"
+        "trainer.quiet_start()\n"
+        "import trainer.estimator, datasets.pipeline, keras, tensorflow\n"
+    )
+    for code, out in ((unchanged, "True\n"), (quiet, "")):
+        proc = subprocess.run(
+            [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stdout == out, proc.stdout
+        if code is quiet:
+            assert proc.stderr == ""

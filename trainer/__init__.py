@@ -4,33 +4,18 @@ Research code subclasses ``ModelFn`` and writes an ``input_fn``; ``Estimator`` t
 evaluates, predicts and checkpoints. ``python -m trainer --gin_file X.gin`` runs an
 experiment described by gin files.
 
-``import trainer`` loads TensorFlow with its C++ start-up lines held back (CUDA
-probing, CPU-feature notes: ``console.quiet_tensorflow_import``), so a script, a
-notebook or ``python -m datasets.prepare`` starts as quietly as the command line.
-The command line itself imports TensorFlow only after its flags, so that ``--help``
-or a mistyped flag answers at once; the names below are imported when first used.
+``import trainer`` changes nothing of the process it is imported in: the names below
+are imported when first used, and TensorFlow loads as it always does. The command line
+(``python -m trainer``, ``python -m datasets.prepare``) starts quietly, holding
+TensorFlow's C++ start-up lines back: a script or notebook that wants the same calls
+``trainer.quiet_start()`` before it imports TensorFlow or Keras
+(``trainer/console.py``).
 """
 
 import importlib
-import os
-import sys
 import time
 
 STARTED = time.perf_counter()  # before TensorFlow is imported: the run's clock starts here
-
-
-def _is_the_command_line() -> bool:
-    """``python -m trainer`` or the ``tf-trainer`` script, which import TensorFlow later."""
-    argv = getattr(sys, "orig_argv", [])
-    module = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else ""
-    script = os.path.basename(sys.argv[0]) if sys.argv else ""
-    return module in ("trainer", "trainer.__main__") or script == "tf-trainer"
-
-
-if not _is_the_command_line():  # TensorFlow may be in already: its devices are probed here
-    from trainer import console
-
-    console.quiet_tensorflow_import()
 
 _HOMES = {
     "Estimator": "trainer.estimator",
@@ -43,6 +28,7 @@ _HOMES = {
     "serves": "trainer.serving",
     "UserError": "trainer.errors",
     "set_precision": "trainer.precision",
+    "quiet_start": "trainer.console",
 }
 __all__ = list(_HOMES)
 

@@ -2,7 +2,7 @@
 
 This is the only module that defines flags. It imports no TensorFlow, so ``--help``
 and a mistyped flag are answered at once; a command that runs imports TensorFlow
-quietly (``console.quiet_tensorflow_import``) and hands over to ``cli.main``.
+quietly (``console.quiet_start``) and hands over to ``cli.main``.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def main(argv: list[str]) -> None:
                 _check_workers(FLAGS.workers)
             if FLAGS.workers is not None and not FLAGS.sweep:  # a sweep launches per trial
                 sys.exit(_launch(FLAGS.workers))  # which passes signals on once it runs them
-            console.quiet_tensorflow_import(command_line=True)
+            console.quiet_start(command_line=True)
             from trainer import cli  # noqa: PLC0415 - TensorFlow loads here, after the flags
 
             cli.main()

@@ -3,7 +3,7 @@
 TensorFlow's C++ runtime writes start-up chatter straight to file descriptor 2
 (CUDA probing on machines without a GPU, CPU feature notes, absl's own
 "log messages before InitializeLog" line), out of reach of Python's logging.
-``quiet_tensorflow_import`` imports TensorFlow with that descriptor pointed at a
+``quiet_start`` imports TensorFlow with that descriptor pointed at a
 buffer, keeps the lines for the run's log, and passes through any line it does not
 know to be noise, so that a real problem (a GPU driver that fails on a GPU machine)
 still shows. ``ProgressBar`` is training's live bar on a terminal, ``Watched`` an
@@ -82,7 +82,7 @@ def optional_packages_held_back(on: bool = True):
             sys.meta_path.remove(held)
 
 
-def quiet_tensorflow_import(command_line: bool = False) -> None:
+def quiet_start(command_line: bool = False) -> None:
     """Imports TensorFlow (and finds its devices) with its C++ start-up lines held back.
 
     The C++ log below errors stays off for the rest of the run too (unless

@@ -64,8 +64,10 @@ def run(count: int, argv: list[str]) -> int:
     forward = forward_signals(workers, forwarded)
     previous = {s: signal.signal(s, forward) for s in PASSED_ON}
     shown: set[int] = set()  # the workers whose lines are shown already
+    stopped_by: list[int] = []  # the worker whose own failure stopped the others
 
     def failed(index: int) -> None:  # shown first, then the others are stopped
+        stopped_by.append(index)
         if index:
             readers[index].join()
             _show(index, others[index - 1], said, said_by_others, forwarded)
@@ -86,6 +88,10 @@ def run(count: int, argv: list[str]) -> int:
         )
         return 128 + forwarded[1]
     for index, lines in enumerate(others, 1):
+        # A worker that stopped to be restarted after another's failure (it lost that
+        # peer, or saved on the SIGTERM sent to it) has nothing of its own to say.
+        if stopped_by and codes[index] == exit_codes.PREEMPTED:
+            continue
         if index not in shown:
             _show(index, lines, said, said_by_others, forwarded)
     return job_code(codes)

@@ -146,7 +146,7 @@ class Background:
     before training returns or stops.
     """
 
-    OPTIONS = tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True)
+    OPTIONS = tf.train.CheckpointOptions(enable_async=True)
 
     def __init__(self, checkpoint: tf.train.Checkpoint):
         internals.copy_keras_variables_again()

@@ -21,7 +21,7 @@ import time
 import tensorflow as tf
 from absl import logging
 
-from trainer import internals
+from trainer import exit_codes, internals
 
 MARKER = "progress watchdog: "  # begins the reason carried by the aborted collectives
 END = " |"  # ends it
@@ -104,7 +104,7 @@ class Watchdog:
             self.end(
                 f"{reason}; every worker resumes from the last checkpoint when all "
                 f"{len(self.addresses)} are started again with the same command",
-                75,
+                exit_codes.PREEMPTED,
                 "error",
             )
 
