@@ -13,7 +13,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from trainer import internals
+from trainer import errors, internals
 from trainer.errors import UserError
 
 DECAYS = ("constant", "step", "exponential", "cosine")
@@ -177,10 +177,16 @@ def taken_ema(optimizers: dict, ema_decay: float | None) -> tuple[dict, float | 
         momentum,
         where,
     )
-    copies = {
-        group: type(o).from_config({**o.get_config(), "use_ema": False})
-        for group, o in optimizers.items()
-    }
+    try:
+        copies = {
+            group: type(o).from_config({**o.get_config(), "use_ema": False})
+            for group, o in optimizers.items()
+        }
+    except (TypeError, ValueError) as error:
+        raise UserError(
+            f"cannot copy {where} without use_ema from its get_config(): "
+            f"{errors.first_line(error)}; use Estimator.ema_decay instead"
+        ) from None
     return copies, momentum
 
 
