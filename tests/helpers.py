@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 from tensorboard.backend.event_processing import event_accumulator
 
@@ -135,3 +136,55 @@ def on_workers(count: int, module: str, function: str, *args: str) -> list:
     for code, (_, err) in zip(codes, said, strict=True):
         assert code == 0, err[-3000:]
     return [json.loads(out.strip().splitlines()[-1]) for out, _ in said]
+
+
+STATE_PREFIXES = ("model/", "optimizer/", "rng/", "step/")  # a checkpoint's training state
+
+
+def saved_state(model_dir):
+    """The training state in ``model_dir``'s newest checkpoint: ``{key: value}``."""
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(model_dir)))
+    return {
+        key: reader.get_tensor(key)
+        for key in reader.get_variable_to_shape_map()
+        if key.startswith(STATE_PREFIXES)
+    }
+
+
+def start(args):
+    """``python -m trainer ARGS`` started in the background (its stderr piped)."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.Popen(
+        [sys.executable, "-m", "trainer", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for_checkpoint_after(model_dir, step, proc, timeout=120):
+    """The step of the first checkpoint after ``step`` that ``proc`` writes in ``model_dir``."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        steps = checkpoint_steps(model_dir) if model_dir.exists() else []
+        if steps and steps[-1] > step:
+            return steps[-1]
+        time.sleep(0.05)
+    raise AssertionError(f"no checkpoint after step {step}; exit {proc.poll()}")
+
+
+def closed_form_eval_mse():
+    """The diabetes test set's mean squared error of the least-squares fit on train."""
+    import numpy as np
+
+    from datasets import diabetes
+
+    x, y = diabetes.arrays("train")
+    design = np.c_[x, np.ones(len(x))]
+    theta = np.linalg.solve(design.T @ design, design.T @ y)  # (X^T X)^-1 X^T y
+    x_test, y_test = diabetes.arrays("test")
+    return float(np.mean((np.c_[x_test, np.ones(len(x_test))] @ theta - y_test) ** 2))

@@ -22,8 +22,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
-from tests.helpers import checkpoint_steps, event_tags
-from tests.test_linear import closed_form_eval_mse
+from tests.helpers import checkpoint_steps, closed_form_eval_mse, event_tags
 from trainer.launcher import free_ports
 
 HEADER_COMMAND = re.compile(r"^#\s+((?:PYTHONPATH=\S+ )?python3? -m .*)$", re.M)

@@ -21,11 +21,16 @@ import tensorflow as tf
 
 from datasets import digits, shards
 from tests.conftest import ENV, REPO, digits_args, run_cli
-from tests.helpers import checkpoint_steps, dir_hash
+from tests.helpers import (
+    STATE_PREFIXES,
+    checkpoint_steps,
+    dir_hash,
+    saved_state,
+    start,
+    wait_for_checkpoint_after,
+)
 from trainer import Estimator, ModelFn, Spec, UserError
 from trainer.errors import TrainingDiverged
-
-STATE_PREFIXES = ("model/", "optimizer/", "rng/", "step/")
 
 
 def snapshot(model_dir):
@@ -226,37 +231,6 @@ def test_a_nan_gradient_stops_at_its_step_or_names_the_block(tmp_path):
 
 
 # ---------------------------------------------------------------- kills and signals
-
-
-def start(args):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    return subprocess.Popen(
-        [sys.executable, "-m", "trainer", *args],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def wait_for_checkpoint_after(model_dir, step, proc, timeout=120):
-    deadline = time.time() + timeout
-    while time.time() < deadline and proc.poll() is None:
-        steps = checkpoint_steps(model_dir) if model_dir.exists() else []
-        if steps and steps[-1] > step:
-            return steps[-1]
-        time.sleep(0.05)
-    raise AssertionError(f"no checkpoint after step {step}; exit {proc.poll()}")
-
-
-def saved_state(model_dir):
-    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(model_dir)))
-    return {
-        key: reader.get_tensor(key)
-        for key in reader.get_variable_to_shape_map()
-        if key.startswith(STATE_PREFIXES)
-    }
 
 
 def test_sigkill_during_a_background_save_resumes_bitwise_exact(tmp_path, data_dir):

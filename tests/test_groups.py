@@ -1,6 +1,5 @@
 """Several optimizers (optimizer groups) and rules on variables (trainer/groups.py)."""
 
-import functools
 import json
 import os
 import signal
@@ -13,61 +12,17 @@ import pytest
 import tensorflow as tf
 
 import trainer
+from tests.body_head import BodyHead, built, estimator, weights
+from tests.body_head import body_data as line_data
 from tests.conftest import REPO, run_cli
-from tests.helpers import checkpoint_steps, event_tags, on_two_cpus
-from tests.test_faults import saved_state, start, wait_for_checkpoint_after
-from tests.test_research import line_data as research_line_data
-
-line_data = functools.partial(research_line_data, width=4)  # a body's four inputs
-
-
-class BodyHead(trainer.ModelFn):
-    """A body and a head, as a fine-tuned model has them; optionally two groups."""
-
-    def __init__(self, groups=None, loss_per_group=False):
-        super().__init__()
-        self.body = keras.layers.Dense(8, activation="relu", name="body")
-        self.head = keras.layers.Dense(1, name="head")
-        self.groups, self.loss_per_group = groups, loss_per_group
-
-    def optimizer_groups(self):
-        return self.groups
-
-    def __call__(self, features, labels, mode):
-        y = tf.cast(self.head(self.body(features["x"]))[:, 0], tf.float32)  # under float16
-        if labels is None:
-            return trainer.Spec({"y": y})
-        loss = tf.reduce_mean((y - labels["y"]) ** 2)
-        if self.loss_per_group:
-            loss = {"body": loss, "head": 2.0 * loss}
-        return trainer.Spec({"y": y}, loss=loss, metrics={"abs_error": tf.abs(y - labels["y"])})
-
-
-def weights(model):
-    return {v.path: v.numpy().copy() for v in model.trainable_variables}
-
-
-def built(run, start=None):
-    """The run's model built (its variables made), from ``start``'s values if given."""
-    element_spec = run.inputs.dataset(line_data, trainer.Mode.TRAIN).element_spec
-    run.model.build(element_spec, trainer.Mode.TRAIN)
-    for v in run.model_fn.trainable_variables if start else []:
-        v.assign(start[v.path])
-    return weights(run.model_fn)
-
-
-def estimator(model, model_dir, **kwargs):
-    keras.utils.set_random_seed(0)
-    kwargs.setdefault("optimizer", keras.optimizers.SGD(0.1))
-    return trainer.Estimator(
-        model,
-        str(model_dir),
-        global_batch_size=16,
-        steps_per_loop=1,
-        seed=0,
-        progress=False,
-        **kwargs,
-    )
+from tests.helpers import (
+    checkpoint_steps,
+    event_tags,
+    on_two_cpus,
+    saved_state,
+    start,
+    wait_for_checkpoint_after,
+)
 
 
 def test_a_learning_rate_multiplier_scales_its_variables_update_and_no_other(tmp_path):

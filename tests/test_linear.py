@@ -8,14 +8,6 @@ import numpy as np
 from datasets import diabetes
 
 
-def closed_form_eval_mse():
-    x, y = diabetes.arrays("train")
-    design = np.c_[x, np.ones(len(x))]
-    theta = np.linalg.solve(design.T @ design, design.T @ y)  # (X^T X)^-1 X^T y
-    x_test, y_test = diabetes.arrays("test")
-    return float(np.mean((np.c_[x_test, np.ones(len(x_test))] @ theta - y_test) ** 2))
-
-
 def test_split_is_standardised_on_train():
     x, y = diabetes.arrays("train")
     assert x.shape == (353, 10) and diabetes.arrays("test")[0].shape == (89, 10)

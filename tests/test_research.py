@@ -8,19 +8,8 @@ import pytest
 import tensorflow as tf
 
 import trainer
+from tests.body_head import line_data
 from tests.helpers import event_tags, scalar_series
-
-
-def line_data(mode, params, width=1):
-    """y = 2x + 1 with noise (x the first of ``width`` features), as README's own
-    input_fns are written."""
-    rng = np.random.default_rng(0 if mode == trainer.Mode.TRAIN else 1)
-    x = rng.uniform(-1, 1, size=(256, width)).astype("float32")
-    y = (2 * x[:, 0] + 1 + 0.1 * rng.normal(size=256)).astype("float32")
-    dataset = tf.data.Dataset.from_tensor_slices(({"x": x}, {"y": y}))
-    if mode == trainer.Mode.TRAIN:
-        dataset = dataset.shuffle(256, seed=params.seed).repeat()
-    return dataset.batch(params.batch_size)
 
 
 class TwoPartLoss(trainer.ModelFn):

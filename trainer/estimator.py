@@ -373,7 +373,8 @@ class Estimator:
         hooks_: Sequence[hooks.Hook] = (),
         ready: Callable[[], object] | None = None,
     ) -> int:
-        with WriterLock(self.write_dir):  # one trainer per model_dir; makes it
+        # One trainer at a time per model_dir: the lock makes the directory if needed.
+        with WriterLock(self.write_dir):
             run = training.TrainingRun(
                 self.settings,
                 self.model,
