@@ -88,9 +88,11 @@ def run(count: int, argv: list[str]) -> int:
         )
         return 128 + forwarded[1]
     for index, lines in enumerate(others, 1):
-        # A worker that stopped to be restarted after another's failure (it lost that
-        # peer, or saved on the SIGTERM sent to it) has nothing of its own to say.
-        if stopped_by and codes[index] == exit_codes.PREEMPTED:
+        # A worker stopped by another's failure (it lost that peer, saved on the SIGTERM
+        # sent to it, took that SIGTERM before training, or was killed) has nothing of
+        # its own to say.
+        stopped = codes[index] in (exit_codes.PREEMPTED, exit_codes.of_signal(signal.SIGTERM))
+        if stopped_by and (stopped or codes[index] < 0):
             continue
         if index not in shown:
             _show(index, lines, said, said_by_others, forwarded)
