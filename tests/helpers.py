@@ -76,17 +76,22 @@ def finish(process, stops=1):
     return tables if stops > 1 else tables[0]
 
 
-def on_two_cpus(module: str, function: str, *args: str):
-    """``module.function(*args)`` in a subprocess that split its CPU into two logical
-    devices before TensorFlow started; its JSON result."""
-    script = (
+def _calling(module: str, function: str, before: str = "") -> str:
+    """A script that prints ``module.function(*sys.argv[1:])`` as JSON, TensorFlow loaded
+    as the command line loads it, after ``before`` (code run before the module loads)."""
+    return (
         "import json, sys\n"
-        "from tests import lean_start\n"  # TensorFlow loads as the command line loads it
-        "from trainer import parallel\n"
-        "parallel.split_cpu(2)\n"
+        "from tests import lean_start\n"
+        f"{before}"
         f"from {module} import {function}\n"
         f"print(json.dumps({function}(*sys.argv[1:])))\n"
     )
+
+
+def on_two_cpus(module: str, function: str, *args: str):
+    """``module.function(*args)`` in a subprocess that split its CPU into two logical
+    devices before TensorFlow started; its JSON result."""
+    script = _calling(module, function, "from trainer import parallel\nparallel.split_cpu(2)\n")
     done = subprocess.run(
         [sys.executable, "-c", script, *args],
         cwd=REPO,
@@ -103,12 +108,7 @@ def on_workers(count: int, module: str, function: str, *args: str) -> list:
     one TF_CONFIG cluster (task ``i`` of ``count``); their JSON results, chief first."""
     from trainer.launcher import free_ports, tf_config
 
-    script = (
-        "import json, sys\n"
-        "from tests import lean_start\n"  # TensorFlow loads as the command line loads it
-        f"from {module} import {function}\n"
-        f"print(json.dumps({function}(*sys.argv[1:])))\n"
-    )
+    script = _calling(module, function)
     ports = free_ports(count)
     environment = {name: value for name, value in os.environ.items() if name != "TF_CONFIG"}
     with tempfile.TemporaryDirectory() as logs:  # files, not pipes: a full pipe would stall
