@@ -14,7 +14,7 @@ from models.mlp import MLP
 from tests.conftest import digits_args, run_cli
 from tests.helpers import scalar_series
 from trainer import Estimator, UserError
-from trainer.updates import global_norm
+from trainer.gradients import global_norm
 
 SWEEP = ["--sweep", "Estimator.microbatches = [1, 4]"]
 BINDINGS = (

@@ -57,9 +57,13 @@ def test_towers_give_the_full_batch_loss_gradient_and_metrics():
     with tf.GradientTape() as tape:
         loss, _, per_example = forward(x, y)
     expected = tape.gradient(loss, dense.trainable_variables)
-    tower_loss, _, tower_per_example, grads = parallel.Towers(DEVICES).run(
-        forward, x, y, dense.trainable_variables
-    )
+
+    def with_gradients(features, labels):  # each tower takes its own shard's gradients
+        with tf.GradientTape() as tape:
+            loss, scalars, per_example = forward(features, labels)
+        return loss, scalars, per_example, tape.gradient(loss, dense.trainable_variables)
+
+    tower_loss, _, tower_per_example, grads = parallel.Towers(DEVICES).run(with_gradients, x, y)
     np.testing.assert_allclose(tower_loss.numpy(), loss.numpy(), rtol=1e-6)
     np.testing.assert_allclose(tower_per_example["error"].numpy(), per_example["error"].numpy())
     for g, e in zip(grads, expected, strict=True):
@@ -95,7 +99,8 @@ def tower_placement(model_dir, kind="mlp"):
     )
     dataset = estimator.inputs.dataset(data, Mode.TRAIN)
     steps = estimator.model.build(dataset.element_spec, Mode.TRAIN)
-    step = tf.function(lambda features, labels: steps._step(features, labels, tf.constant(True)))
+    phase = steps.plan.phases[0]  # every optimizer: the step at global step 0
+    step = tf.function(lambda x, y: steps._step(x, y, tf.constant(True), phase))
     graph = step.get_concrete_function(*dataset.element_spec).graph
 
     def tower(op):  # forward ops are named tower_i/..., their gradients gradient_tape/tower_i/...
@@ -162,7 +167,7 @@ def test_towers_update_batch_norm_statistics_from_the_whole_batch():
 
     def forward(features, labels):
         outputs = norm(dense(features), training=True)
-        return tf.reduce_mean(outputs), {}, {}
+        return tf.reduce_mean(outputs), {}, {}, None
 
     forward(x, None)
     start = [v.numpy() for v in norm.non_trainable_variables]
@@ -187,7 +192,7 @@ def test_towers_update_batch_norm_statistics_from_the_whole_batch():
     before = norm.moving_mean.numpy()
     towers = parallel.Towers(DEVICES, batch_statistics.Parts(norm.non_trainable_variables))
     towers.run(
-        lambda features, _: (tf.reduce_mean(norm(features, training=False)), {}, {}),
+        lambda features, _: (tf.reduce_mean(norm(features, training=False)), {}, {}, None),
         dense(x),
         None,
         training=False,

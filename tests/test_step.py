@@ -97,3 +97,38 @@ def test_evaluate_and_predict_read_the_whole_dataset():
     assert set(steps.eval_metrics.result()) == {"loss", "squared_error"}
     x = tf.zeros([5, 3])
     assert steps.predict({"x": x})["y"].shape == (5,)
+
+
+class Traced(Linear):
+    """Linear, keeping the project's frames between ``Estimator.train`` and its TRAIN call."""
+
+    chain: list = []
+
+    def __call__(self, features, labels, mode):
+        if mode == Mode.TRAIN:
+            import traceback
+
+            frames = traceback.extract_stack()[:-1]
+            first = max(i for i, f in enumerate(frames) if f.name == "train")
+            ours = [f for f in frames[first:] if "/trainer/" in f.filename]
+            Traced.chain = [f"{f.filename.split('/trainer/')[-1]}:{f.name}" for f in ours]
+        return super().__call__(features, labels, mode)
+
+
+def test_estimator_train_reaches_the_model_in_eight_frames_over_four_files(tmp_path):
+    """One step reads top to bottom: Estimator.train, the run's loop, the compiled loop,
+    the step, its gradients and the model; TensorFlow's own frames in between not counted
+    (run eagerly, so that the frames are the source's, not AutoGraph's conversions)."""
+    from trainer import Estimator
+
+    estimator = Estimator(Traced(), str(tmp_path), global_batch_size=8, progress=False)
+    tf.config.run_functions_eagerly(True)
+    try:
+        estimator.train(lambda mode, params: batches(), max_steps=1)
+    finally:
+        tf.config.run_functions_eagerly(False)
+    chain = Traced.chain
+    assert chain[0] == "estimator.py:train" and chain[-1].startswith("step.py:"), chain
+    print(" -> ".join(chain))
+    assert len(chain) <= 8, chain
+    assert len({link.split(":")[0] for link in chain}) <= 4, chain

@@ -1,4 +1,7 @@
-"""A model's own training step: ``ModelFn.train_step``, run inside the framework's loop.
+"""What a model's own training step (``ModelFn.train_step``) is handed, and checked by.
+
+The step runs where every step runs, ``step.Steps._step``: a model's own step is one
+way of taking a batch's gradients there (``Steps._own_part``) beside the declared loss.
 
 For what the declarative form (one loss per group) cannot say: a gradient penalty
 (gradients of gradients), gradients transformed before they are applied. The step
@@ -23,10 +26,7 @@ from collections.abc import Mapping, Sequence
 
 import tensorflow as tf
 
-from trainer import batch_gradients
 from trainer.errors import UserError
-from trainer.losses import batch_loss, batch_size_of, reported_scalars, total_loss
-from trainer.metrics import split_metrics
 from trainer.model_fn import Mode, ModelFn, check_spec
 
 MODEL = "model"  # the group name a model without optimizer_groups is given
@@ -104,41 +104,7 @@ class Tracing:
         del grads_and_vars
 
 
-def run(steps, features, labels, phase: Sequence[int]):
-    """The model's own step on this batch (towers: on each shard); applies nothing.
-
-    Returns ``(losses, scalars, per-example metrics, gradients)`` with the gradients
-    arranged as ``steps.updates.wanted(phase)`` asks, for ``Updates.apply``.
-    """
-    active = _active_groups(steps.plan, phase)
-    batch = batch_size_of(features)
-    # A loss summed over the batch is the whole step's sum: every replica's, not this one's.
-    examples = batch_gradients.global_examples(steps, batch)
-    given: list[dict[str, GroupOptimizer]] = []
-
-    def shard_step(shard_features, shard_labels, weight=None):
-        if weight is None:  # a tower: its shard's share of the batch
-            weight = tf.cast(batch_size_of(shard_features) / batch, tf.float32)
-        optimizers = {name: GroupOptimizer(name, v, weight) for name, v in active.items()}
-        spec = steps.model_fn.train_step(shard_features, shard_labels, optimizers)
-        _check(spec, steps, active, optimizers)
-        given.append(optimizers)
-        loss = batch_loss(spec, batch_size_of(shard_features), examples)
-        per_example, _ = split_metrics(spec.metrics)
-        scalars = {"loss": total_loss(loss), **reported_scalars(spec, loss)}
-        if steps.has_regularization:  # the step's own loss includes it, or not
-            scalars["regularization_loss"] = tf.add_n(steps.model_fn.regularization_losses)
-        return total_loss(loss), scalars, per_example
-
-    if steps.towers is not None:
-        loss, scalars, metrics, _ = steps.towers.run(shard_step, features, labels)
-    else:
-        share, _ = steps.placement.replica_share(batch)
-        loss, scalars, metrics = shard_step(features, labels, share)
-    return loss, scalars, metrics, _arranged(given, steps.updates.wanted(phase))
-
-
-def _active_groups(plan, phase: Sequence[int]) -> dict[str, list]:
+def active_groups(plan, phase: Sequence[int]) -> dict[str, list]:
     """The groups with a unit in ``phase``, each with all its variables."""
     groups: dict[str, list] = {}
     active = {plan.units[i].group for i in phase}
@@ -148,11 +114,13 @@ def _active_groups(plan, phase: Sequence[int]) -> dict[str, list]:
     return groups
 
 
-def _check(spec, steps, active: Mapping, optimizers: Mapping) -> None:
-    name = type(steps.model_fn).__name__
+def check(spec, name: str, groups: Sequence, optimizers: Mapping) -> None:
+    """Refuses a Spec a model's ``train_step`` must not return, or an optimizer it left unused.
+
+    ``name`` is the model's class name, ``groups`` its optimizer groups' names.
+    """
     try:
-        groups = [g for g in steps.plan.groups if g is not None]
-        check_spec(spec, Mode.TRAIN, f"{name}.train_step", groups)
+        check_spec(spec, Mode.TRAIN, f"{name}.train_step", [g for g in groups if g is not None])
     except ValueError as error:
         raise UserError(str(error)) from None
     unused = [group for group, optimizer in optimizers.items() if optimizer.given is None]
@@ -163,7 +131,7 @@ def _check(spec, steps, active: Mapping, optimizers: Mapping) -> None:
         )
 
 
-def _arranged(given: list[dict[str, GroupOptimizer]], wanted):
+def arranged(given: list[dict[str, GroupOptimizer]], wanted):
     """Each tower's (or the one) gradients summed, arranged as ``wanted`` lists variables."""
     summed: dict[int, tf.Tensor] = {}
     for optimizers in given:

@@ -233,7 +233,8 @@ class Estimator:
         Returns:
           The global step reached.
         """
-        return self._train(input_fn, max_steps, extra=[], hooks_=hooks_)
+        with WriterLock(self.write_dir):  # one trainer at a time; makes model_dir if needed
+            return self._training_run().run(input_fn, max_steps, hooks_=hooks_)
 
     @logs.speaks
     def evaluate(
@@ -351,13 +352,14 @@ class Estimator:
             self.early_stopping,
             exported if self.placement.worker is None else lambda: None,
         )
-        self._train(
-            train_input_fn,
-            max_steps,
-            extra=[hooks.Periodic(eval_every_steps, evaluations)],
-            # Traced before the first step: a mistake in evaluation is said at once.
-            ready=lambda: self.model.build(first.element_spec, Mode.EVAL),
-        )
+        with WriterLock(self.write_dir):
+            self._training_run().run(
+                train_input_fn,
+                max_steps,
+                extra=[hooks.Periodic(eval_every_steps, evaluations)],
+                # Traced before the first step: a mistake in evaluation is said at once.
+                ready=lambda: self.model.build(first.element_spec, Mode.EVAL),
+            )
         return evaluations.final(self.step)
 
     @property
@@ -365,27 +367,18 @@ class Estimator:
         """The global step: how many training steps the model has taken."""
         return self.model.step
 
-    def _train(
-        self,
-        input_fn: InputFn,
-        max_steps: int,
-        extra: Sequence[hooks.Periodic] = (),
-        hooks_: Sequence[hooks.Hook] = (),
-        ready: Callable[[], object] | None = None,
-    ) -> int:
-        # One trainer at a time per model_dir: the lock makes the directory if needed.
-        with WriterLock(self.write_dir):
-            run = training.TrainingRun(
-                self.settings,
-                self.model,
-                self.inputs,
-                self.placement,
-                self.writers,
-                self.model_dir,
-                self.config,
-                self.checkpoint_policy,
-            )
-            return run.run(input_fn, max_steps, extra, hooks_, ready)
+    def _training_run(self) -> training.TrainingRun:
+        """One call of train's run, over this Estimator's parts."""
+        return training.TrainingRun(
+            self.settings,
+            self.model,
+            self.inputs,
+            self.placement,
+            self.writers,
+            self.model_dir,
+            self.config,
+            self.checkpoint_policy,
+        )
 
     def _evaluate(self, dataset: tf.data.Dataset, steps: int | None, name: str) -> dict:
         model, writers, batch_size = self.model, self.writers, self.eval_batch_size

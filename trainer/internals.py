@@ -26,7 +26,7 @@ def skip_gradient_summing(optimizer: keras.optimizers.Optimizer) -> None:
     """Under a strategy, ``apply_gradients`` takes the gradients as already summed.
 
     Keras 3 has no public switch (Keras 2's ``skip_gradients_aggregation``); the step
-    sums them itself to clip and measure the summed gradient (``updates.py``).
+    sums them itself to clip and measure the summed gradient (``step.Steps._apply``).
     """
     inner = getattr(optimizer, "inner_optimizer", optimizer)  # under loss scaling
     if not callable(getattr(inner, "_all_reduce_sum_gradients", None)):

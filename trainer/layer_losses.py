@@ -85,13 +85,6 @@ def during_call(layers: list[keras.layers.Layer], variables: list):
     found.extend(current(layers, variables))
 
 
-def forward(model_fn, features, labels, mode):
-    """``(spec, losses)``: the model's Spec of one batch and its layers' losses from it."""
-    with during_call(model_fn.layers, model_fn.trainable_variables) as losses:
-        spec = model_fn(features, labels, mode)
-    return spec, losses
-
-
 def total(losses: list[tf.Tensor]) -> tf.Tensor:
     """The losses' sum as float32 (0 for none)."""
     return tf.add_n([tf.cast(loss, tf.float32) for loss in losses]) if losses else tf.constant(0.0)

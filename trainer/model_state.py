@@ -172,11 +172,8 @@ class ModelState:
         metrics, streamed, scalars = self._trace(element_spec, mode)
         self.traced.add(mode)
         self.placement.adopt_metrics(streamed.values())
-        # A model first built to predict (no loss) shows here whether its loss is a
-        # dict of one loss per group: the updates need to know before training.
-        self.steps.updates.by_group = self.loss_by_group
         with self.placement.scope():
-            self.steps.count_metrics(mode, metrics, streamed, scalars)
+            self.steps.found(mode, metrics, streamed, scalars, self.loss_by_group)
         self.seconds["building"] += time.perf_counter() - started
 
     def checkpoint_items(self, optimizer: bool) -> dict:

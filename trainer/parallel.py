@@ -132,7 +132,7 @@ def make_parallel(fn: Callable, devices: Sequence[str], **kwargs):
 
 
 class Towers:
-    """Forward (and backward) passes of one batch spread over ``devices``.
+    """One batch's forward and backward passes spread over ``devices``.
 
     Args:
       devices: one tower per device.
@@ -146,23 +146,17 @@ class Towers:
         self.devices = list(devices)
         self.state = state if state is not None else batch_statistics.Parts([])
 
-    def run(
-        self,
-        fn: Callable,
-        features,
-        labels,
-        variables: Sequence | None = None,
-        training: bool = True,
-    ):
-        """Runs ``fn(features, labels) -> (loss, scalars, per_example)`` as towers.
+    def run(self, fn: Callable, features, labels, *args, training: bool = True):
+        """Runs ``fn(features, labels, *args) -> (loss, scalars, per_example, gradients)``.
 
-        ``loss`` is a shard's mean loss. With ``variables``, each tower also takes the
-        gradients of its loss, on its own device; a dict of variable lists takes the
-        gradients of each loss of a dict of losses (one per optimizer group). Returns
-        the batch's ``(loss, scalars, per_example, gradients)``: loss, scalars and
-        gradients averaged weighted by shard size (an empty shard counts zero, not
-        NaN), per-example values concatenated in batch order; gradients are None
-        without ``variables``. ``training=False`` (evaluation) leaves ``state`` alone.
+        Each tower runs ``fn`` on its shard of the batch inside its device's scope, so
+        the gradients ``fn`` takes are computed on the tower's own device (TF1's
+        ``colocate_gradients_with_ops``). ``loss`` is a shard's mean loss (or a dict of
+        them); ``gradients`` its gradients (nested, None entries allowed) or None.
+        Returns the batch's ``(loss, scalars, per_example, gradients)``: loss, scalars
+        and gradients averaged weighted by shard size (an empty shard counts zero, not
+        NaN), per-example values concatenated in batch order. ``training=False``
+        (evaluation) leaves ``state`` alone.
         """
         shards, sizes = split((features, labels), len(self.devices))
         weights = tf.cast(sizes, tf.float32) / tf.cast(tf.reduce_sum(sizes), tf.float32)
@@ -173,9 +167,7 @@ class Towers:
             zip(self.devices, shards, strict=True)
         ):
             with tf.device(device), tf.name_scope(f"tower_{i}"):
-                with tf.GradientTape(persistent=isinstance(variables, dict)) as tape:
-                    loss, scalars, per_example = fn(shard_features, shard_labels)
-                grads = tape_gradients(tape, loss, variables)
+                loss, scalars, per_example, grads = fn(shard_features, shard_labels, *args)
                 grads = tf.nest.map_structure(lambda g, i=i: _weighted(g, weights[i]), grads)
                 sums = state.add(sums, start, weights[i])
             state.reset(start)  # the next tower starts from the same statistics
@@ -187,21 +179,8 @@ class Towers:
             tf.nest.map_structure(average, *losses),
             tf.nest.map_structure(average, *scalars),
             tf.nest.map_structure(lambda *parts: tf.concat(parts, axis=0), *per_example),
-            None
-            if variables is None
-            else tf.nest.map_structure(
-                lambda *g: None if g[0] is None else tf.add_n(list(g)), *grads
-            ),
+            tf.nest.map_structure(lambda *g: None if g[0] is None else tf.add_n(list(g)), *grads),
         )
-
-
-def tape_gradients(tape: tf.GradientTape, loss, variables):
-    """Gradients of ``loss`` for ``variables``; of each loss of a dict for a dict of lists."""
-    if variables is None:
-        return []
-    if isinstance(variables, dict):
-        return {group: tape.gradient(loss[group], v) for group, v in variables.items()}
-    return tape.gradient(loss, variables)
 
 
 def _weighted(value: tf.Tensor | None, weight: tf.Tensor) -> tf.Tensor | None:

@@ -1,9 +1,26 @@
-"""Compiled steps: one step function, and the one loop that calls it.
+"""One training step, from a batch to the update, and the compiled loop that runs it.
 
-Only this module touches the model during training. ``train_loop(iterator, n)`` runs
-``n`` steps in one ``tf.function`` call so that per-call overhead is paid once per
-block, not once per step; the Python loop in ``training.py`` picks ``n``. What
-differs between one device, towers and a strategy's replicas is asked of
+Read ``Steps._step`` first: it is the whole step of one replica (the one device, or
+one of a strategy's replicas), in two parts.
+
+1. The gradients of the batch's loss (``_gradients``). The batch may be cut: towers
+   split it over this process's devices (``parallel.Towers``), a strategy's replica
+   holds its share of the global batch, micro-batches take it in slices one after
+   another (``microbatch.accumulate``). Each part's loss is weighted by its share of
+   the batch, so that whatever the cut the gradients are those of the whole batch's
+   mean loss. A part's gradients come from the model's declared loss
+   (``_declared_part``) or from the model's own ``train_step`` (``_own_part``); the
+   cutting and weighting are the same for both.
+2. The update (``_apply``): each loss's gradients summed over a strategy's replicas
+   (one all-reduce), clipped to their global norm, split by optimizer unit
+   (``groups.Plan``), and applied once per unit.
+
+``train_loop(iterator, n)`` runs ``n`` steps in one ``tf.function`` call (``_steps``),
+so that per-call overhead is paid once per block of steps, not once per step; the
+Python loop in ``training.py`` picks ``n``. The helpers the step calls take tensors
+and give tensors: ``losses`` (how a loss is weighted and reported), ``gradients``
+(norms, clipping, loss scales), ``microbatch``, ``batch_statistics``. What differs
+between one device, towers and a strategy's replicas is asked of
 ``distribution.Placement``.
 """
 
@@ -15,10 +32,10 @@ from collections.abc import Callable, Mapping, Sequence
 import keras
 import tensorflow as tf
 
-from trainer import batch_gradients, batch_statistics, custom_step, internals, layer_losses
+from trainer import batch_statistics, custom_step, gradients, internals, layer_losses, microbatch
 from trainer.distribution import Placement
 from trainer.errors import UserError
-from trainer.groups import Plan
+from trainer.groups import Plan, Unit
 from trainer.losses import (
     batch_loss,
     batch_size_of,
@@ -30,7 +47,6 @@ from trainer.metrics import MetricSums, split_metrics
 from trainer.model_fn import Mode, ModelFn, Weighted
 from trainer.optimization import WeightAverage
 from trainer.parallel import make_parallel
-from trainer.updates import Updates
 
 STACKED_BYTES = 256 * 2**20  # most memory one jit_compile block's stacked batches take
 
@@ -66,27 +82,29 @@ class Steps:
     """The compiled train, eval and predict functions of one model and its optimizers.
 
     One step function (``_step``) serves one device, towers and a strategy's
-    replicas; one loop (``_steps``) runs it, fed by one of three ways of fetching a
-    batch: read when the step needs it (``_train_loop``), read ahead onto the device
-    (``_prefetching_train_loop``), or sliced from a block of batches stacked for XLA
-    (``_stacked_train_loop``). A model whose optimizers do not all update at every
-    step (groups taking turns, variables frozen until a step) has one step function
-    per phase of its ``plan``, chosen from the global step.
+    replicas; one loop (``_steps``) runs it, fed in one of three ways: each batch
+    read when its step needs it, read ahead onto the device (``prefetch_device``), or
+    sliced from a block of batches stacked for XLA (``_stacked_train_loop``). A model
+    whose optimizers do not all update at every step (groups taking turns, variables
+    frozen until a step) has one step function per phase of its ``plan``, chosen
+    from the global step.
 
     Args:
       model_fn: the model.
       plan: its units (built Keras optimizers over their variables) and phases.
-      by_group: whether ``Spec.loss`` is a dict of one loss per group.
       global_step: incremented once per applied training step.
       metric_names: the per-example metrics the model's Spec returns.
       streamed_metrics: the Keras metrics it names with their inputs, evaluated only.
       placement: where the steps run: towers over this process's devices, a
         strategy's replicas (evaluation is split over them; prediction runs on each
         worker's first device), and the device batches are prefetched to.
-      clip_gradient_norm: clip gradients to this global norm (None: no clipping).
+      clip_gradient_norm: clip each loss's gradients to this global norm (None: no
+        clipping).
       ema: a WeightAverage to update after each step, or None.
       jit_compile: compile each block of steps with XLA as one computation, fed by
         the block's batches stacked (``_stacked_train_loop``).
+      scalar_names: the per-batch scalars the model's Spec returns.
+      by_group: whether the model gives one loss per group (``Spec.loss`` a dict).
       microbatches: take each step's batch in this many slices (``microbatch.py``).
     """
 
@@ -106,9 +124,8 @@ class Steps:
         microbatches: int = 1,
     ):
         self.model_fn, self.plan, self.global_step = model_fn, plan, global_step
-        self.microbatches = microbatches
-        self.placement = placement
-        self.ema = ema
+        self.placement, self.ema, self.microbatches = placement, ema, microbatches
+        self.clip_gradient_norm, self.by_group = clip_gradient_norm, by_group
         self.weights = [
             v
             for v in model_fn.trainable_variables + model_fn.non_trainable_variables
@@ -121,8 +138,8 @@ class Steps:
         batch_statistics.check_synchronized(model_fn.layers, microbatches, self.towers is not None)
         self.batch_state = batch_statistics.parts_of(model_fn)  # over slices and replicas
         self.own_step = custom_step.has_own_step(model_fn)  # ModelFn.train_step
-        self.count_metrics(Mode.TRAIN, metric_names, {}, scalar_names)
-        self.count_metrics(Mode.EVAL, metric_names, streamed_metrics, scalar_names)
+        self.found(Mode.TRAIN, metric_names, {}, scalar_names, by_group)
+        self.found(Mode.EVAL, metric_names, streamed_metrics, scalar_names, by_group)
         self.times_input = not _op_determinism()  # tf.timestamp is refused under it
         with tf.init_scope():
             # A step's loss was NaN or Inf: the block ended there, the step not counted.
@@ -134,31 +151,38 @@ class Steps:
             self.input_seconds = tf.Variable(
                 0.0, dtype=tf.float64, trainable=False, name="input_wait"
             )
-        self.updates = Updates(plan, placement, clip_gradient_norm, by_group)
+        self.apply_fns = [placement.update_fn(u.optimizer) for u in plan.units]
+        self.jit_compile = jit_compile
         self._compiled_block = _function(self._train_stacked, jit_compile=True)
-        if jit_compile:
-            loop = self._stacked_train_loop
-        elif placement.prefetch_device:
-            loop = self._prefetching_train_loop
-        else:
-            loop = self._train_loop
-        self.train_loop = _function(loop)
+        self.train_loop = _function(self._stacked_train_loop if jit_compile else self._steps)
         self.evaluate = _function(self._evaluate)
         self.predict = _function(self._predict)
 
-    def count_metrics(
+    def found(
         self,
         mode: Mode,
         names: Sequence[str],
         streamed: Mapping[str, keras.metrics.Metric],
         scalars: Sequence[str] = (),
+        by_group: bool = False,
     ) -> None:
-        """Sums ``names`` (and ``streamed``, in EVAL) in ``mode``'s steps from now on.
+        """What a trace of the model in ``mode`` found, for that mode's steps from now on.
 
-        ``scalars`` are the Spec's per-batch scalars, averaged as the loss is. Called
-        before that mode's step is first traced: a traced step keeps the sums it was
-        traced with.
+        ``names`` (and ``streamed``, in EVAL) are summed; ``scalars`` are the Spec's
+        per-batch scalars, averaged as the loss is; ``by_group``: a trace with labels
+        showed that ``Spec.loss`` is a dict of one loss per group (a model first built
+        to predict has no loss to show it). Called before that mode's step is first
+        traced: a traced step keeps what it was traced with.
         """
+        self.by_group = self.by_group or by_group
+        self.one_scale = gradients.one_scale_per_loss(self.plan, self.by_group)
+        if self.one_scale and self.placement.strategy is not None:
+            names_ = ", ".join(u.name for units in self.one_scale.values() for u in units)
+            raise UserError(
+                f"mixed_float16 with one loss over several optimizers ({names_}) keeps one loss "
+                "scale for them in one process only: under a tf.distribute strategy use "
+                "mixed_bfloat16 (no loss scale), or one optimizer without per-variable rules"
+            )
         per_batch = ["loss", *scalars]
         per_batch += ["regularization_loss"] if self.has_regularization else []
         if mode == Mode.TRAIN:
@@ -170,65 +194,259 @@ class Steps:
 
     # ------------------------------------------------------------ the step
 
-    def _step(self, features, labels, last_of_block: tf.Tensor, phase=None):
-        """One step (one replica's part under a strategy): ``(finite, gradient norm)``.
+    def _step(self, features, labels, last_of_block: tf.Tensor, phase: Sequence[int]):
+        """One replica's training step: ``(finite, gradient norm)``.
 
-        ``phase``: the units to update (``groups.Plan.phases``); all by default.
+        ``phase``: the units to update (``groups.Plan.phases``).
 
         The update is applied either way: a branch around it keeps XLA from fusing
         it into the step and costs a small model ~15% of its speed. The loop ends the
         block at a non-finite loss, before anything is saved, and the global step does
         not count that step. The gradients are not checked each step (a pass over all
         of them costs the MLP another ~15% under XLA on CPU): a NaN or Inf gradient
-        leaves NaN or Inf weights for good, and the loops check the weights once per
+        leaves NaN or Inf weights for good, and the loop checks the weights once per
         block (``_check_weights``). For the same reason the gradient norm is measured
         at the block's last step (at every step when clipping needs it; NaN otherwise).
         """
-        phase = self.plan.phases[0] if phase is None else phase
         # Batch norm whose weights wait for frozen_until_step runs as Keras runs a
         # frozen layer: normalised by its moving statistics, which stay as they are.
         frozen = batch_statistics.frozen_norms(self.model_fn.layers, self.plan.frozen(phase))
         with batch_statistics.inference_mode(frozen):
-            if self.own_step:
-                objective, scalars, metrics, gradients = custom_step.run(
-                    self, features, labels, phase
-                )
-                self.train_metrics.update(metrics, scalars, batch_size_of(features))
-                finite = batch_gradients.finite(objective)
-            else:
-                finite, gradients = batch_gradients.of_batch(self, features, labels, phase)
-        norm = self.updates.apply(gradients, phase, last_of_block)
+            finite, grads = self._gradients(features, labels, phase)
+        norm = self._apply(grads, phase, last_of_block)
         return self.placement.all_finite(finite), norm
 
-    def _run_step(self, features, labels, last_of_block: tf.Tensor):
-        """The step of the phase the global step is in: ``(finite, gradient norm)``."""
-        args = (features, labels, last_of_block)
-        if len(self.plan.phases) == 1:
-            return self.placement.run(self._step, args)
+    def _gradients(self, features, labels, phase: Sequence[int]):
+        """``(finite, gradients)`` of the batch's mean loss; its metrics go to ``train_metrics``.
 
-        def branch(phase):  # defined here so that AutoGraph converts the model's code
-            def run():
-                return self.placement.run(functools.partial(self._step, phase=phase), args)
+        The gradients are arranged as ``_wanted(phase)`` lists the variables. However
+        the batch is cut (towers, a strategy's replicas, micro-batches) they are the
+        whole global batch's: each part is weighted by its share of it.
+        """
+        batch = batch_size_of(features)
+        labels = with_mean_weight(labels, self.placement.total)  # before the batch is cut
+        wanted = self._wanted(phase)
+        share, replicas = self.placement.replica_share(batch)  # (1.0, 1) outside a strategy
+        examples = self._global_examples(batch, share)
+        make_part = self._own_part if self.own_step else self._declared_part
+        part = make_part(wanted, examples, phase, share, replicas)
+        if self.towers is not None:
+            part = functools.partial(self.towers.run, part)
+        shared = self.placement.per_replica and self.batch_state.state
+        start = self.batch_state.start() if shared else None
+        if self.microbatches == 1:
+            objective, scalars, metrics, grads = part(features, labels)
+            self.train_metrics.update(metrics, scalars, batch)
+            result = gradients.finite(objective), grads
+        else:
 
-            return run
+            def slice_(features, labels, fraction):
+                objective, scalars, metrics, grads = part(features, labels, fraction)
+                self.train_metrics.update(metrics, scalars, batch_size_of(features))
+                return gradients.finite(objective), grads
 
-        branches = [branch(phase) for phase in self.plan.phases]
-        return tf.switch_case(self.plan.phase_index(self.global_step), branches)
+            result = microbatch.accumulate(
+                slice_, features, labels, self.microbatches, wanted, self.batch_state
+            )
+        if shared:  # each replica's statistics moved by its share: made the global batch's
+            sums = self.batch_state.add(self.batch_state.zeros(), start, share)
+            self.batch_state.finish(self.placement.total(sums), start)
+        return result
+
+    def _declared_part(self, wanted, examples, phase, share, replicas) -> Callable:
+        """``part(features, labels, fraction)``: the model's declared loss and its gradients.
+
+        A part (the batch, a tower's shard, a micro-batch's slice) gives
+        ``(objective, scalars, per-example metrics, gradients)``. The objective is the
+        loss weighted by this replica's ``share`` of the global batch, plus this
+        replica's part of the regularization loss, all weighted by the micro-batch's
+        ``fraction`` of the step's batch; with a loss per group, a dict of them.
+        """
+
+        def part(features, labels, fraction=1.0):
+            with tf.GradientTape(persistent=isinstance(wanted, dict)) as tape:
+                layers, variables = self.model_fn.layers, self.model_fn.trainable_variables
+                with layer_losses.during_call(layers, variables) as added:
+                    spec = self.model_fn(features, labels, Mode.TRAIN)
+                loss = batch_loss(spec, batch_size_of(features), examples)
+                scalars = {"loss": total_loss(loss), **reported_scalars(spec, loss)}
+                # In float32, as Keras computes losses: a float16 loss meets float32 penalties.
+                objective = tf.nest.map_structure(
+                    lambda v: tf.cast(v, tf.float32) * share * fraction, loss
+                )
+                if self.has_regularization:  # in the loss reported, as Keras reports it
+                    scalars["regularization_loss"] = layer_losses.total(added)
+                    scalars["loss"] += scalars["regularization_loss"]
+                    penalty = scalars["regularization_loss"] / replicas * fraction
+                    objective = tf.nest.map_structure(lambda o: o + penalty, objective)
+                # Mixed float16: scaled up so that small gradients survive (else as it is).
+                objective = self._scale_loss(objective, phase)
+            per_example, _ = split_metrics(spec.metrics)  # streamed ones are evaluated only
+            return (
+                objective,
+                scalars,
+                per_example,
+                gradients.tape_gradients(tape, objective, wanted),
+            )
+
+        return part
+
+    def _own_part(self, wanted, examples, phase, share, replicas) -> Callable:
+        """``part(features, labels)``: the model's own ``train_step`` and the gradients it gave.
+
+        The step is handed one ``custom_step.GroupOptimizer`` per group active in
+        ``phase``, which keeps the gradients instead of applying them; they are weighted
+        by this replica's ``share`` of the global batch (towers weight their shards'
+        themselves), and applied by ``_apply`` as the declared loss's are.
+        """
+        del replicas  # a step's own loss holds its regularization, or not
+        active = custom_step.active_groups(self.plan, phase)
+        name = type(self.model_fn).__name__
+
+        def part(features, labels):
+            optimizers = {
+                group: custom_step.GroupOptimizer(group, variables, share)
+                for group, variables in active.items()
+            }
+            spec = self.model_fn.train_step(features, labels, optimizers)
+            custom_step.check(spec, name, self.plan.groups, optimizers)
+            loss = batch_loss(spec, batch_size_of(features), examples)
+            scalars = {"loss": total_loss(loss), **reported_scalars(spec, loss)}
+            if self.has_regularization:
+                scalars["regularization_loss"] = tf.add_n(self.model_fn.regularization_losses)
+            per_example, _ = split_metrics(spec.metrics)
+            grads = custom_step.arranged([optimizers], wanted)
+            return total_loss(loss), scalars, per_example, grads
+
+        return part
+
+    def _global_examples(self, batch: tf.Tensor, share=None) -> Callable[[], tf.Tensor]:
+        """The examples of the step's global batch, computed only if a summed loss asks.
+
+        Towers see the whole batch; a strategy's replica its ``share`` of it (found by
+        an all-reduce when not given).
+        """
+        if self.towers is not None:
+            return lambda: batch
+
+        def examples() -> tf.Tensor:
+            found = share if share is not None else self.placement.replica_share(batch)[0]
+            return batch / tf.cast(found, tf.float64)
+
+        return examples
+
+    def _wanted(self, phase: Sequence[int]):
+        """The variables to take gradients of: a list, or per group a dict of lists."""
+        if not self.by_group:
+            return [v for i in phase for v in self.plan.units[i].variables]
+        wanted: dict[str, list] = {}
+        for i in phase:
+            unit = self.plan.units[i]
+            wanted.setdefault(unit.group, []).extend(unit.variables)
+        return wanted
+
+    def _scale_loss(self, objective, phase: Sequence[int]):
+        """Each loss scaled by its optimizer's loss scale (mixed float16; else as it is)."""
+        if not self.by_group:
+            return self._first(phase, None).optimizer.scale_loss(objective)
+        return {
+            group: self._first(phase, group).optimizer.scale_loss(loss)
+            for group, loss in objective.items()
+            if any(self.plan.units[i].group == group for i in phase)
+        }
+
+    def _apply(self, grads, phase: Sequence[int], last_of_block) -> tf.Tensor:
+        """Sums and clips each loss's gradients, then applies every active unit's share.
+
+        Returns the global norm of the gradients applied (of the summed gradient before
+        clipping, unscaled): measured at every step when clipping needs it, else only
+        at ``last_of_block`` (a pass over every gradient costs a small model ~15% under
+        XLA), NaN at the other steps.
+        """
+        by_loss = grads if self.by_group else {None: grads}
+        norms, summed = [], {}
+        for group, loss_grads in by_loss.items():
+            units = [i for i in phase if not self.by_group or self.plan.units[i].group == group]
+            loss_grads = summed[group] = self._summed(loss_grads)
+            owner = self._first(phase, group).optimizer  # its scale scaled the loss
+            if self.clip_gradient_norm:
+                clip = self.clip_gradient_norm
+                loss_grads, norm = gradients.clipped(loss_grads, clip, gradients.scale_of(owner))
+                norms.append(norm)
+            if group in self.one_scale:  # one scale: unscaled by it, every unit skips or none
+                gradients.share_scale(owner, self.one_scale[group])
+                loss_grads = gradients.poisoned_unless_finite(loss_grads)
+            offset = 0
+            for i in units:
+                count = len(self.plan.units[i].variables)
+                self._apply_unit(i, loss_grads[offset : offset + count])
+                offset += count
+            if group in self.one_scale:  # the frozen units too, for when they thaw
+                gradients.share_scale(owner, self.one_scale[group])
+        if self.clip_gradient_norm:
+            return gradients.root_sum_square(norms)
+        return tf.cond(
+            tf.convert_to_tensor(last_of_block),
+            lambda: self._norm(summed, phase),
+            lambda: tf.constant(float("nan")),
+        )
+
+    def _norm(self, by_loss: dict, phase: Sequence[int]) -> tf.Tensor:
+        """The global norm of every loss's gradients, each unscaled by its loss scale."""
+        norms = [
+            gradients.global_norm(grads) / gradients.scale_of(self._first(phase, group).optimizer)
+            for group, grads in by_loss.items()
+        ]
+        return gradients.root_sum_square(norms)
+
+    def _summed(self, grads: list) -> list:
+        """Under a strategy, every replica's gradients summed (one all-reduce); else as given."""
+        present = [i for i, g in enumerate(grads) if g is not None]
+        grads = list(grads)
+        summed = self.placement.sum_gradients([grads[i] for i in present])
+        for i, g in zip(present, summed, strict=True):
+            grads[i] = g
+        return grads
+
+    def _apply_unit(self, index: int, grads: list) -> None:
+        unit = self.plan.units[index]
+        pairs = [(g, v) for g, v in zip(grads, unit.variables, strict=True) if g is not None]
+        if pairs:
+            self.apply_fns[index]([g for g, _ in pairs], [v for _, v in pairs])
+
+    def _first(self, phase: Sequence[int], group) -> Unit:
+        """The first active unit following ``group``'s loss (any unit without groups)."""
+        for i in phase:
+            unit = self.plan.units[i]
+            if not self.by_group or unit.group == group:
+                return unit
+        return self.plan.units[phase[0]]
 
     # ------------------------------------------------------------ the loop
 
-    def _steps(self, num_steps: tf.Tensor, fetch: Callable, carried=()) -> None:
+    def _steps(self, source, num_steps: tf.Tensor) -> None:
         """Runs up to ``num_steps`` steps; stops early, setting ``nonfinite``, on a bad one.
 
-        ``fetch(i, carried) -> (element, carried)`` gives step ``i`` its batch;
-        ``carried`` is what one fetch hands the next (a batch read ahead).
+        ``source`` is the training iterator, or under jit_compile the block's batches
+        stacked (``_stacked_train_loop``). After the block, the weights are checked.
         """
+        fetch, carried = self._fetching(source, num_steps)
+        phases = self.plan.phases
         self.nonfinite.assign(False)
         for i in tf.range(num_steps):
             element, carried = fetch(i, carried)
             features, labels = split_element(element, Mode.TRAIN)
             last = i == num_steps - 1
-            finite, norm = self._run_step(features, labels, last)
+            if len(phases) == 1:
+                finite, norm = self.placement.run(self._step, (features, labels, last, phases[0]))
+            else:
+
+                def branch(phase, args=(features, labels, last)):
+                    # Defined here, in the traced loop, so that AutoGraph converts the model.
+                    return lambda: self.placement.run(self._step, (*args, phase))
+
+                index = self.plan.phase_index(self.global_step)
+                finite, norm = tf.switch_case(index, [branch(phase) for phase in phases])
             if last:
                 self.gradient_norm.assign(norm)
             if self.ema is not None:
@@ -237,14 +455,24 @@ class Steps:
             if not finite:
                 self.nonfinite.assign(True)
                 break
+        if not self.jit_compile:  # under XLA, after the block (XLA reduces on one thread)
+            self._check_weights()
 
-    def _train_loop(self, iterator, num_steps: tf.Tensor) -> None:
-        """The block, each batch read from ``iterator`` when its step needs it."""
-        self._steps(num_steps, lambda i, carried: (self._next(iterator), carried))
-        self._check_weights()
+    def _fetching(self, source, num_steps: tf.Tensor):
+        """``(fetch, carried)``: how step ``i`` gets its batch, ``fetch(i, carried)``.
 
-    def _prefetching_train_loop(self, iterator, num_steps: tf.Tensor) -> None:
-        """The block, each batch read onto the device while the step before it runs.
+        ``carried`` is what one fetch hands the next (a batch read ahead). Three ways:
+        sliced from stacked batches (jit_compile); read onto ``prefetch_device`` while
+        the step before runs; or read when the step needs it.
+        """
+        if self.jit_compile:
+            return lambda i, carried: (tf.nest.map_structure(lambda t: t[i], source), carried), ()
+        if self.placement.prefetch_device:
+            return self._prefetching(source, num_steps)
+        return lambda i, carried: (self._next(source), carried), ()
+
+    def _prefetching(self, iterator, num_steps: tf.Tensor):
+        """Each batch read onto the device while the step before it runs.
 
         Reading batch i + 1 (and copying it to ``prefetch_device``) does not depend on
         step i, so the runtime does both at once and the copy is off the step's path.
@@ -269,8 +497,7 @@ class Steps:
                 carried = self._read_ahead(iterator)
             return element, carried
 
-        self._steps(num_steps, fetch, first)
-        self._check_weights()
+        return fetch, first
 
     def _read_ahead(self, iterator):
         """The next training element, copied to ``prefetch_device``, and when it got there."""
@@ -299,10 +526,7 @@ class Steps:
 
     def _train_stacked(self, stacked) -> None:
         """Trains on each ``[batch, ...]`` slice of stacked batches in turn (XLA-compiled)."""
-        num_steps = tf.shape(tf.nest.flatten(stacked)[0])[0]
-        self._steps(
-            num_steps, lambda i, carried: (tf.nest.map_structure(lambda t: t[i], stacked), carried)
-        )
+        self._steps(stacked, tf.shape(tf.nest.flatten(stacked)[0])[0])
 
     def _check_weights(self) -> None:
         """Sets ``nonfinite_weights`` if, after a block, any model weight is NaN or Inf."""
@@ -335,25 +559,27 @@ class Steps:
 
     def _eval_batch(self, features, labels):
         """``(loss, scalars, per-example metrics)`` of one eval batch, over towers if any."""
-        examples = batch_gradients.global_examples(self, batch_size_of(features))
+        examples = self._global_examples(batch_size_of(features))
         labels = with_mean_weight(labels, self.placement.total)  # before towers cut it
 
         def forward(features, labels):  # of a batch, or of a tower's shard of it
-            spec, added = layer_losses.forward(self.model_fn, features, labels, Mode.EVAL)
+            layers, variables = self.model_fn.layers, self.model_fn.trainable_variables
+            with layer_losses.during_call(layers, variables) as added:
+                spec = self.model_fn(features, labels, Mode.EVAL)
             per_example, streamed = split_metrics(spec.metrics)
             self.eval_metrics.stream(streamed)
             loss = batch_loss(spec, batch_size_of(features), examples)
             scalars = reported_scalars(spec, loss)
-            if not self.has_regularization:
-                return total_loss(loss), scalars, per_example
-            # The loss reported is the one trained: with the layers' losses, as Keras's.
-            scalars["regularization_loss"] = layer_losses.total(added)
-            return total_loss(loss) + scalars["regularization_loss"], scalars, per_example
+            if self.has_regularization:  # the loss reported is the one trained, as Keras's
+                scalars["regularization_loss"] = layer_losses.total(added)
+                loss = total_loss(loss) + scalars["regularization_loss"]
+            return total_loss(loss), scalars, per_example, None
 
         if self.towers is not None:
             loss, scalars, metrics, _ = self.towers.run(forward, features, labels, training=False)
-            return loss, scalars, metrics
-        return forward(features, labels)
+        else:
+            loss, scalars, metrics, _ = forward(features, labels)
+        return loss, scalars, metrics
 
     def _evaluate(self, dataset) -> None:
         """Adds every batch of ``dataset`` to ``eval_metrics``.

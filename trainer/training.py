@@ -133,20 +133,39 @@ class TrainingRun:
         Under multi_worker a watchdog ends the run if every worker stops making progress.
         """
         with self.placement.watching(self.settings.progress_timeout):
-            return self._run(input_fn, max_steps, extra, hooks_, ready)
+            start, restored = self._start(input_fn)
+            if ready is not None:
+                ready()
+            if start >= max_steps:
+                logging.info("global_step %d >= max_steps %d: nothing to train.", start, max_steps)
+                self.writers.metrics.start()  # evaluations after this are recorded
+                return start
+            if self.iterator is None:  # a strategy's, made at the restored position
+                self.placement.mark("making its input pipeline", start)
+                self.iterator = self.inputs.train_iterator(input_fn, start)
+            self._say_start(start, max_steps, restored)
+            log, actions = self._actions(input_fn, start, max_steps, extra, hooks_)
+            try:
+                step = self._loop(input_fn, start, actions, max_steps, log.progress)
+                if not actions[0].is_due(step):  # the end: log and save unless just done
+                    log(step)
+                self.save(step)
+                self.checkpointer.wait()  # training returns with its checkpoints whole
+            except workers.PEER_ERRORS as error:
+                if self.placement.workers is None:
+                    raise
+                raise self.placement.workers.lost(
+                    error, self.model.step, self.checkpointer.latest
+                ) from None
+            finally:
+                log.progress.close()
+                with contextlib.suppress(UserError):  # the error on its way says more
+                    self.checkpointer.wait()
+            self.input_wait.report()
+            return step
 
-    def _run(self, input_fn, max_steps, extra, hooks_, ready) -> int:
-        start, restored = self._start(input_fn)
-        if ready is not None:
-            ready()
-        if start >= max_steps:
-            logging.info("global_step %d >= max_steps %d: nothing to train.", start, max_steps)
-            self.writers.metrics.start()  # evaluations after this are recorded
-            return start
-        if self.iterator is None:  # a strategy's, made at the restored position
-            self.placement.mark("making its input pipeline", start)
-            self.iterator = self.inputs.train_iterator(input_fn, start)
-        self._say_start(start, max_steps, restored)
+    def _actions(self, input_fn, start, max_steps, extra, hooks_):
+        """``(log, actions)``: the log action first, then what runs between blocks."""
         display = None
         if self.settings.progress and self.placement.worker is None:  # the chief shows it
             display = "bar" if sys.stdout.isatty() else "lines"
@@ -171,24 +190,7 @@ class TrainingRun:
             ),
             *extra,
         ]
-        try:
-            step = self._loop(input_fn, start, actions, max_steps, log.progress)
-            if not actions[0].is_due(step):  # the end: log and save unless just done
-                log(step)
-            self.save(step)
-            self.checkpointer.wait()  # training returns with its checkpoints whole
-        except workers.PEER_ERRORS as error:
-            if self.placement.workers is None:
-                raise
-            raise self.placement.workers.lost(
-                error, self.model.step, self.checkpointer.latest
-            ) from None
-        finally:
-            log.progress.close()
-            with contextlib.suppress(UserError):  # the error on its way says more
-                self.checkpointer.wait()
-        self.input_wait.report()
-        return step
+        return log, actions
 
     def save(self, step: int) -> str:
         """Checkpoints at ``step``; returns the path.
@@ -308,8 +310,8 @@ class TrainingRun:
                 limit = min([self.block, max_steps - step, *nonfinite.limits(step)])
                 n = hooks.steps_until_due(step, actions, limit)
                 self.placement.mark("training", step)
-                with self.input_wait.timing(n):
-                    self._run_block(n)
+                with self._block(n):
+                    self.steps.train_loop(self.iterator, tf.constant(n, tf.int64))
                 resume_at = self._check_finite(nonfinite, step + 1, n)
                 if resume_at is not None:  # rolled back, or back to find the bad step
                     step = resume_at
@@ -376,21 +378,20 @@ class TrainingRun:
             self.model.has_state = False
             raise
 
-    def _run_block(self, n: int) -> None:
-        """Runs one compiled block of ``n`` steps; input and runtime errors become one line.
+    @contextlib.contextmanager
+    def _block(self, n: int):
+        """Around one compiled block of ``n`` steps: its input wait timed, its errors one line.
 
         The first block of a process also writes the step's graph to TensorBoard.
         """
+        graph = contextlib.nullcontext()
         if self.settings.write_graph and not self.model.graph_written:
             self.model.graph_written = True
-            with monitoring.graph_written(self.writers, self.model.step):
-                return self._run_steps(n)
-        return self._run_steps(n)
-
-    def _run_steps(self, n: int) -> None:
+            graph = monitoring.graph_written(self.writers, self.model.step)
         try:
-            with errors.runtime_errors(f"training step {self.model.step + 1}"):
-                self.steps.train_loop(self.iterator, tf.constant(n, tf.int64))
+            with self.input_wait.timing(n), graph:
+                with errors.runtime_errors(f"training step {self.model.step + 1}"):
+                    yield
         except tf.errors.OutOfRangeError:
             raise UserError(
                 f"the training input ran out of data at step {self.model.step}: an input_fn "
