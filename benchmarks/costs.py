@@ -4,7 +4,7 @@ Used by ``benchmarks/devices.py``, which prints it beside what it measures here.
 
 Per step every device computes the gradient of its share of the batch; then:
 
-* **towers** (``parallel.Towers``, the Effective TensorFlow ``make_parallel``): every
+* **towers** (``towers.Towers``, the Effective TensorFlow ``make_parallel``): every
   other tower sends its gradient to the first device, which adds them up, applies
   them, and every tower reads the new variables from it. The first device receives
   (n - 1) G and sends (n - 1) G for a gradient of G bytes: its link carries it all.

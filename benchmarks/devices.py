@@ -10,7 +10,7 @@ the extra time per step is what the split, the reduction of the gradient and the
 coordination of the devices cost. Logical CPU devices share one memory and two
 cores: nothing here is a speed-up, MirroredStrategy reduces on one device (NCCL's
 ring is for GPUs), and a byte costs a memory copy, not a link's transfer. These
-figures choose the default on logical CPUs (``devices.choose`` in trainer/devices.py).
+figures choose the default on logical CPUs (``devices.choose`` in trainer/distributed/devices.py).
 
 Modelled (``costs.py``): bytes through the busiest link and the step's efficiency
 for AlexNet (ImageNet, 62M parameters) and the MLP on 2, 8 and 8 x 4 GPUs, which
@@ -40,9 +40,9 @@ BATCH = 128
 
 def measure(setup: str, seconds: float) -> float:
     """Examples/s of one set-up, in this process (which must be fresh)."""
-    from trainer import parallel
+    from trainer.distributed import strategies
 
-    parallel.split_cpu(4)
+    strategies.split_cpu(4)
 
     import tensorflow as tf
     from absl import logging

@@ -31,9 +31,9 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from trainer import parallel  # noqa: E402
+from trainer.distributed import strategies
 
-parallel.split_cpu(2)
+strategies.split_cpu(2)
 
 import gin  # noqa: E402
 import keras  # noqa: E402

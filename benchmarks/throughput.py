@@ -37,7 +37,7 @@ from absl import logging  # noqa: E402
 
 from models.alexnet import AlexNet  # noqa: E402
 from models.mlp import MLP  # noqa: E402
-from trainer import Estimator, hooks, set_precision  # noqa: E402
+from trainer import Estimator, cadence, set_precision  # noqa: E402
 
 BATCH = 128
 MLP_PARAMS = 784 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10
@@ -155,7 +155,7 @@ def framework(
 
     def timer(step, logs):
         if marks.add(step):
-            raise hooks.StopTraining("timed")
+            raise cadence.StopTraining("timed")
 
     set_precision(precision)
     try:

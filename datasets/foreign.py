@@ -26,7 +26,7 @@ import tensorflow as tf
 from absl import logging
 
 from datasets import images, records, shards, writing
-from trainer import UserError, errors, files
+from trainer import UserError, errors, whole_files
 
 
 def index(
@@ -83,7 +83,7 @@ def index(
     )
     if split != "train":
         metadata["eval_split"] = split
-    files.write_json(os.path.join(out_dir, shards.METADATA), metadata)
+    whole_files.write_json(os.path.join(out_dir, shards.METADATA), metadata)
     return metadata
 
 

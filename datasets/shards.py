@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from datasets import records
-from trainer import UserError, files
+from trainer import UserError, whole_files
 
 METADATA = "dataset.json"
 FORMATS = ("png", "raw")
@@ -102,7 +102,7 @@ def write(
         num_classes=num_classes,
     )
     metadata.setdefault("splits", {})[split] = entry
-    files.write_json(os.path.join(out_dir, METADATA), metadata)
+    whole_files.write_json(os.path.join(out_dir, METADATA), metadata)
     return entry
 
 
@@ -110,8 +110,8 @@ def read_metadata(data_dir: str, missing_ok: bool = False) -> dict | None:
     """The ``dataset.json`` of ``data_dir`` (None if missing and ``missing_ok``)."""
     path = os.path.join(data_dir, METADATA)
     try:
-        metadata = files.read_json(path)
-    except files.Unreadable as error:
+        metadata = whole_files.read_json(path)
+    except whole_files.Unreadable as error:
         raise UserError(
             f"{error}: it describes the prepared data in {data_dir}; re-copy it, or prepare "
             f"the data again with `python3 -m datasets.prepare --out {data_dir} ...`"

@@ -32,7 +32,7 @@ import tensorflow as tf
 from absl import logging
 
 from datasets import images, records, shards
-from trainer import UserError, console, errors, files
+from trainer import UserError, console, errors, whole_files
 
 JPEG_QUALITY = 90  # of images resized by max_side (ImageNet's own JPEGs are ~90)
 LINES_FROM = 1000  # images between progress lines off a terminal, at least
@@ -124,7 +124,7 @@ def write_described(
         out_dir, split, items, count, num_shards, max_side=max_side, plan=plan, names=names
     )
     describe(metadata, split, entry, classes, eval_split)
-    files.write_json(os.path.join(out_dir, shards.METADATA), metadata)
+    whole_files.write_json(os.path.join(out_dir, shards.METADATA), metadata)
     if entry["skipped"]:
         logging.warning(
             "%s: skipped %d of %d files that are not readable images (named above)",
@@ -159,7 +159,7 @@ def write_split(
       names: item number -> a name for the log (default: the path).
     """
     progress_path = os.path.join(out_dir, f"{split}.progress.json")
-    done = files.read_json(progress_path) or {}
+    done = whole_files.read_json(progress_path) or {}
     if done.get("plan") != plan:
         done = {"plan": plan, "shards": {}}
     bounds = np.linspace(0, count, num_shards + 1).astype(int)
@@ -173,7 +173,7 @@ def write_split(
         chunk = items(start, stop) if callable(items) else items[start:stop]
         name_of = names or (lambda i, c=chunk, s=start: str(c[i - s][0]))
         done["shards"][str(index)] = _write_shard(path, chunk, start, max_side, name_of, bar)
-        files.write_json(progress_path, done)
+        whole_files.write_json(progress_path, done)
     bar.close()
     entry = _entry(done["shards"], num_shards)
     entry["plan"] = plan

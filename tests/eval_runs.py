@@ -19,12 +19,12 @@ import sys
 
 import lean_start  # noqa: F401 - TensorFlow loads as the command line loads it
 
-from trainer import parallel
+from trainer.distributed import strategies
 
 SETUP = sys.argv[3].partition(":")
-parallel.split_cpu(4 if SETUP[0] != "multi_worker" else 1)
+strategies.split_cpu(4 if SETUP[0] != "multi_worker" else 1)
 if SETUP[0] == "multi_worker":
-    parallel.make_strategy("multi_worker", [])  # before any op runs
+    strategies.make_strategy("multi_worker", [])  # before any op runs
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402

@@ -106,7 +106,7 @@ def on_two_cpus(module: str, function: str, *args: str):
 def on_workers(count: int, module: str, function: str, *args: str) -> list:
     """``module.function(*args)`` in ``count`` processes on 127.0.0.1, each a worker of
     one TF_CONFIG cluster (task ``i`` of ``count``); their JSON results, chief first."""
-    from trainer.launcher import free_ports, tf_config
+    from trainer.distributed.launcher import free_ports, tf_config
 
     script = _calling(module, function)
     ports = free_ports(count)

@@ -22,9 +22,9 @@ import sys
 
 import lean_start  # noqa: F401 - TensorFlow loads as the command line loads it
 
-from trainer import parallel
+from trainer.distributed import strategies
 
-parallel.split_cpu(4)
+strategies.split_cpu(4)
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402

@@ -378,7 +378,7 @@ def worker_cells(base_dir: str) -> dict:
     """The multi_worker column's cells, run by each worker of the cluster alike (every
     worker trains, evaluates and predicts), each cell in a model_dir under ``base_dir``
     that the workers share."""
-    trainer.parallel.make_strategy("multi_worker", [])  # before TensorFlow runs an op
+    trainer.make_strategy("multi_worker", [])  # before TensorFlow runs an op
     rows = COLUMNS["multi_worker"].rows
     return {f"{r} multi_worker": cell(r, "multi_worker", f"{base_dir}/{r}/model") for r in rows}
 

@@ -10,9 +10,9 @@ import sys
 if __name__ == "__main__":  # a worker: the strategy before any op runs
     import lean_start  # noqa: F401 - TensorFlow loads as the command line loads it
 
-    from trainer import parallel
+    from trainer.distributed import strategies
 
-    parallel.make_strategy("multi_worker", [])
+    strategies.make_strategy("multi_worker", [])
 
 import keras  # noqa: E402
 

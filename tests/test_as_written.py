@@ -23,7 +23,7 @@ import yaml
 
 from tests.conftest import REPO
 from tests.helpers import checkpoint_steps, closed_form_eval_mse, event_tags
-from trainer.launcher import free_ports
+from trainer.distributed.launcher import free_ports
 
 HEADER_COMMAND = re.compile(r"^#\s+((?:PYTHONPATH=\S+ )?python3? -m .*)$", re.M)
 

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from tests.conftest import digits_args, run_cli
 from tests.helpers import checkpoint_steps
-from trainer import ModelFn, Spec, UserError, checkpoints, saving, warm_start
+from trainer import ModelFn, Spec, UserError, checkpoint_writer, checkpoints, warm_start
 
 
 class Two(ModelFn):
@@ -36,14 +36,14 @@ def built(width=4, value=None):
 
 def test_the_newest_checkpoint_comes_back_and_only_the_last_ones_are_kept(tmp_path):
     model, step = built(value=1.0), tf.Variable(0, dtype=tf.int64)
-    saver = saving.Checkpointer(str(tmp_path), 2, model=model, step=step)
+    saver = checkpoint_writer.Checkpointer(str(tmp_path), 2, model=model, step=step)
     for s in (10, 20, 30):
         step.assign(s)
         saver.save(s)
     assert checkpoint_steps(tmp_path) == [20, 30]
     assert checkpoints.step_of(checkpoints.latest_checkpoint(str(tmp_path))) == 30
     fresh, fresh_step = built(value=0.0), tf.Variable(0, dtype=tf.int64)
-    loader = saving.Checkpointer(str(tmp_path), model=fresh, step=fresh_step)
+    loader = checkpoint_writer.Checkpointer(str(tmp_path), model=fresh, step=fresh_step)
     assert loader.restore_latest().endswith("ckpt-30")
     assert int(fresh_step.numpy()) == 30
     assert float(fresh.body.kernel.numpy()[0, 0]) == 1.0
@@ -52,8 +52,8 @@ def test_the_newest_checkpoint_comes_back_and_only_the_last_ones_are_kept(tmp_pa
 
 
 def test_a_checkpoint_of_another_model_is_named_in_one_line(tmp_path):
-    saving.Checkpointer(str(tmp_path), model=built(width=4)).save(1)
-    other = saving.Checkpointer(str(tmp_path), model=built(width=5))
+    checkpoint_writer.Checkpointer(str(tmp_path), model=built(width=4)).save(1)
+    other = checkpoint_writer.Checkpointer(str(tmp_path), model=built(width=5))
     with pytest.raises(UserError) as raised:
         other.restore_latest()
     message = str(raised.value)
@@ -76,7 +76,7 @@ def test_the_config_record_guards_resume_and_keeps_the_text(tmp_path):
 
 
 def test_a_warm_start_takes_only_the_weights_its_pattern_names(tmp_path):
-    saving.Checkpointer(str(tmp_path), model=built(value=3.0)).save(5)
+    checkpoint_writer.Checkpointer(str(tmp_path), model=built(value=3.0)).save(5)
     model = built(value=0.0)
     warm_start.warm_start(model, str(tmp_path), pattern="^body")
     assert float(model.body.kernel.numpy()[0, 0]) == 3.0
@@ -89,13 +89,13 @@ def test_a_relative_model_dir_lists_restores_warm_starts_and_names_damage(tmp_pa
     """As a user types it: ``output/run``, relative to the working directory."""
     monkeypatch.chdir(tmp_path)
     model, step = built(value=1.0), tf.Variable(0, dtype=tf.int64)
-    saver = saving.Checkpointer("output/run", 5, model=model, step=step)
+    saver = checkpoint_writer.Checkpointer("output/run", 5, model=model, step=step)
     for s in (10, 20):
         step.assign(s)
         saver.save(s)
     assert checkpoints.all_checkpoints("output/run") == ["output/run/ckpt-10", "output/run/ckpt-20"]
     assert checkpoints.latest_checkpoint("output/run") == "output/run/ckpt-20"
-    again = saving.Checkpointer("output/run", 5, model=built(value=0.0), step=step)
+    again = checkpoint_writer.Checkpointer("output/run", 5, model=built(value=0.0), step=step)
     assert again.restore_latest() == "output/run/ckpt-20"
     warm = built(value=0.0)
     warm_start.warm_start(warm, "output/run", "^body")
@@ -114,7 +114,7 @@ def test_a_relative_model_dir_lists_restores_warm_starts_and_names_damage(tmp_pa
 )
 def test_an_empty_binary_or_foreign_checkpoint_list_is_rebuilt_from_the_files(tmp_path, pointer):
     model, step = built(value=1.0), tf.Variable(10, dtype=tf.int64)
-    saving.Checkpointer(str(tmp_path), 5, model=model, step=step).save(10)
+    checkpoint_writer.Checkpointer(str(tmp_path), 5, model=model, step=step).save(10)
     (tmp_path / "checkpoint").write_bytes(pointer)
     assert checkpoints.latest_checkpoint(str(tmp_path)) == f"{tmp_path}/ckpt-10"
 
@@ -125,12 +125,12 @@ def test_checkpoints_listed_again_after_a_lost_list_are_still_deleted_past_the_l
     """The list rebuilt from the files keeps each checkpoint's time: without it TensorFlow
     kept every checkpoint listed forever (4 of keep_checkpoint_max = 2, and growing)."""
     model, step = built(value=1.0), tf.Variable(0, dtype=tf.int64)
-    saver = saving.Checkpointer(str(tmp_path), 5, model=model, step=step)
+    saver = checkpoint_writer.Checkpointer(str(tmp_path), 5, model=model, step=step)
     for s in (10, 20, 30, 40):
         saver.save(s)
     os.remove(tmp_path / "checkpoint")
     assert checkpoints.latest_checkpoint(str(tmp_path), repair=True).endswith("ckpt-40")
-    rerun = saving.Checkpointer(str(tmp_path), 2, model=model, step=step)
+    rerun = checkpoint_writer.Checkpointer(str(tmp_path), 2, model=model, step=step)
     for s in (50, 60):
         rerun.save(s)
     assert checkpoint_steps(tmp_path) == [50, 60]

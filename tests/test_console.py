@@ -206,7 +206,7 @@ def test_importing_the_framework_changes_nothing_and_a_quiet_start_is_asked_for(
         "                if type(f).__module__.split('.')[0] in ('trainer', 'datasets')]\n"
         "seen = lambda: (ours(), os.fstat(2).st_ino, dict(os.environ))\n"
         "before = seen()\n"
-        "import trainer.estimator, trainer.cli, datasets.pipeline, datasets.digits\n"
+        "import trainer.estimator, trainer.cli.experiment, datasets.pipeline, datasets.digits\n"
         "trainer.Estimator, trainer.ModelFn\n"
         "print(seen() == before == ([], before[1], before[2]))\n"
     )

@@ -6,8 +6,8 @@ import os
 import pytest
 import tensorflow as tf
 
-from trainer import UserError, evaluation, hooks
-from trainer.saving import Checkpointer
+from trainer import UserError, cadence, evaluation
+from trainer.checkpoint_writer import Checkpointer
 
 
 def test_one_input_fn_is_the_eval_set_named_eval():
@@ -42,7 +42,7 @@ def test_the_first_set_ranks_exports_and_stops_training(tmp_path):
     evaluations(100)
     evaluations(200)
     evaluations(300)
-    with pytest.raises(hooks.StopTraining, match="early stopping at step 400: accuracy"):
+    with pytest.raises(cadence.StopTraining, match="early stopping at step 400: accuracy"):
         evaluations(400)
     assert exported == ["100", "200"]
     assert sorted(os.listdir(tmp_path / "export" / "best")) == ["200", "best.json"]

@@ -8,7 +8,7 @@ import tensorflow_datasets as tfds
 
 from tests.conftest import REPO, run_cli
 from tests.helpers import checkpoint_steps
-from trainer import cli
+from trainer.cli import experiment
 
 TFDS_EXPERIMENTS = ["mnist_mlp", "fashion_mnist_mlp", "mnist_alexnet", "cifar10_alexnet"]
 
@@ -20,7 +20,7 @@ def test_tfds_experiment_trains_on_mock_data(tmp_path, name):
         ["Estimator.global_batch_size = 8", "tfds_images.input_fn.data_dir = 'unused'"],
     )
     with tfds.testing.mock_data(num_examples=24):
-        result = cli.experiment(model_dir=str(tmp_path), schedule="train_and_evaluate")
+        result = experiment.experiment(model_dir=str(tmp_path), schedule="train_and_evaluate")
     assert result["global_step"] == 10
     assert 0.0 <= result["metrics"]["eval"]["accuracy"] <= 1.0
     assert checkpoint_steps(tmp_path) == [10]

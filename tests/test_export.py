@@ -15,7 +15,6 @@ import tensorflow_datasets as tfds
 
 from datasets import digits, prepare, shards, tfrecord  # noqa: F401 (digits: bound in gin below)
 from tests.conftest import REPO, digits_args, run_cli
-from trainer import cli
 
 LOAD_AND_PREDICT = """
 import json, sys
@@ -96,8 +95,8 @@ def test_signature_matches_the_data(tmp_path, experiment, shape):
         ["Estimator.global_batch_size = 8", f"digits.input_fn.data_dir = '{mock_dir}'"],
     )
     with tfds.testing.mock_data(num_examples=16):
-        cli.experiment(model_dir=str(tmp_path), schedule="train")
-        result = cli.experiment(model_dir=str(tmp_path), schedule="export")
+        experiment.experiment(model_dir=str(tmp_path), schedule="train")
+        result = experiment.experiment(model_dir=str(tmp_path), schedule="export")
     signatures = tf.saved_model.load(result["export_dir"]).signatures
     # serving_default takes the images as stored, serving_features as the model sees them.
     for name, dtype in [("serving_default", tf.uint8), ("serving_features", tf.float32)]:
@@ -175,12 +174,12 @@ def test_tabular_data_is_served_in_its_units_and_undeclared_input_as_its_feature
 
 def test_a_prefetch_keeps_what_an_export_serves_and_a_map_is_said_to_drop_it(monkeypatch, caplog):
     from datasets import diabetes
-    from trainer import InputParams, Mode, marks, serving
+    from trainer import InputParams, Mode, dataset_marks, serving
 
     served = diabetes.input_fn(Mode.PREDICT, InputParams(8, 8))
     assert serving.declared(served).stored["x"].shape == [10]
     assert serving.declared(served.prefetch(1)) is serving.declared(served)
-    monkeypatch.setattr(marks, "_SAID", set())  # said once a process: this test sees it
+    monkeypatch.setattr(dataset_marks, "_SAID", set())  # said once a process: this test sees it
     caplog.set_level("WARNING")
     assert serving.declared(served.map(lambda features, labels: (features, labels))) is None
     assert (

@@ -1,4 +1,4 @@
-"""Several optimizers (optimizer groups) and rules on variables (trainer/groups.py)."""
+"""Several optimizers (optimizer groups) and rules on variables (trainer/optimizer_groups.py)."""
 
 import json
 import os

@@ -311,7 +311,7 @@ def test_the_imagenet_experiment_trains_small_and_reports_top_k_errors(tmp_path)
     import gin
 
     from datasets import foreign
-    from trainer import cli
+    from trainer.cli import experiment
 
     lying = tmp_path / "imagenet"
     lying.mkdir()
@@ -327,7 +327,7 @@ def test_the_imagenet_experiment_trains_small_and_reports_top_k_errors(tmp_path)
             "Estimator.steps_per_loop = 5",
         ],
     )
-    result = cli.experiment(model_dir=str(tmp_path / "run"), schedule="train_and_evaluate")
+    result = experiment.experiment(model_dir=str(tmp_path / "run"), schedule="train_and_evaluate")
     metrics = result["metrics"]["eval"]
     assert result["global_step"] == 10
     assert metrics["top_1_error"] == pytest.approx(1 - metrics["accuracy"])

@@ -6,9 +6,9 @@ import pytest
 import tensorflow as tf
 
 from trainer import InputParams, Mode, UserError
-from trainer.distribution import Placement
+from trainer.checkpoint_writer import Checkpointer
+from trainer.distributed.placement import Placement
 from trainer.inputs import Inputs
-from trainer.saving import Checkpointer
 
 
 def inputs(seed=7):

@@ -160,7 +160,7 @@ def test_tensorflow_dataset_stage_class_names():
 
 
 def test_gin_config__REGISTRY():
-    from trainer import gin_config  # noqa: F401 - registers the framework's configurables
+    from trainer.cli import gin_config
 
     registry = internals.gin_registry()
     assert "trainer.Estimator" in dict(registry.items())
@@ -168,7 +168,6 @@ def test_gin_config__REGISTRY():
 
 
 def test_gin_config__CONFIG():
-    from trainer import gin_config  # noqa: F401 - registers Keras's Adam as optimizers.Adam
 
     gin.parse_config("Adam.learning_rate = 0.5")
     assert {key: dict(value) for key, value in internals.gin_bindings().items()} == {

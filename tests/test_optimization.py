@@ -119,7 +119,7 @@ def test_eval_uses_the_moving_average_of_the_weights(tmp_path):
 
 def test_momentum_and_schedules_are_gin_configurable():
     gin.parse_config("""
-        import trainer.cli
+        import trainer.cli.experiment
         Momentum.learning_rate = @WarmupDecay()
         Momentum.momentum = 0.8
         WarmupDecay.learning_rate = 0.2

@@ -13,7 +13,16 @@ from datasets import pipeline, records, shards
 from datasets.order import MIX_BLOCK, Order, pipeline_positions
 from models.mlp import MLP
 from tests.helpers import finish, resume_run
-from trainer import Estimator, InputParams, Mode, ModelFn, Spec, UserError, marks, monitoring
+from trainer import (
+    Estimator,
+    InputParams,
+    Mode,
+    ModelFn,
+    Spec,
+    UserError,
+    dataset_marks,
+    monitoring,
+)
 from trainer.model_fn import is_positioned, num_examples
 
 
@@ -325,7 +334,7 @@ def test_a_users_map_after_the_pipeline_keeps_its_position_and_a_filter_says_it_
     estimator.train(input_fn, 3)
     assert input_state_bytes(tf.train.latest_checkpoint(tmp_path / "run")) == 16  # no iterator
 
-    monkeypatch.setattr(marks, "_SAID", set())  # said once a process: this test sees it
+    monkeypatch.setattr(dataset_marks, "_SAID", set())  # said once a process: this test sees it
     caplog.set_level("WARNING")
     filtered = pipeline.build(source, Mode.TRAIN, params, to_float).filter(lambda *_: True)
     assert not is_positioned(filtered)

@@ -20,26 +20,27 @@ from models.mlp import MLP
 from tests.conftest import REPO, digits_args, run_cli
 from tests.helpers import on_two_cpus
 from tests.workers import free_ports, run_local_workers, tf_config
-from trainer import Estimator, UserError, batch_statistics, cluster, devices, parallel
-from trainer.devices import check as check_devices
+from trainer import Estimator, UserError, batch_statistics
+from trainer.distributed import cluster, devices, strategies, towers
+from trainer.distributed.devices import check as check_devices
 
 DEVICES = ["/CPU:0"] * 3  # the shard logic does not care that they are one device
 
 
 def test_split_gives_shards_one_apart_in_batch_order():
     batch = {"x": tf.reshape(tf.range(20), [10, 2]), "y": tf.range(10)}
-    shards, sizes = parallel.split(batch, 4)
+    shards, sizes = towers.split(batch, 4)
     assert sizes.numpy().tolist() == [3, 3, 2, 2]
     assert [s["y"].numpy().tolist() for s in shards] == [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9]]
     assert shards[3]["x"].numpy().tolist() == [[16, 17], [18, 19]]
-    _, sizes = parallel.split(tf.zeros([2, 5]), 4)
+    _, sizes = towers.split(tf.zeros([2, 5]), 4)
     assert sizes.numpy().tolist() == [1, 1, 0, 0]
 
 
 def test_make_parallel_concatenates_tower_outputs_in_order():
     layer = keras.layers.Dense(3, kernel_initializer="ones")
     x = tf.reshape(tf.range(14, dtype=tf.float32), [7, 2])
-    out = parallel.make_parallel(lambda x: {"y": layer(x), "x": x}, DEVICES, x=x)
+    out = towers.make_parallel(lambda x: {"y": layer(x), "x": x}, DEVICES, x=x)
     np.testing.assert_allclose(out["y"].numpy(), layer(x).numpy())
     np.testing.assert_array_equal(out["x"].numpy(), x.numpy())
     assert len(layer.weights) == 2  # one set of variables, shared by the towers
@@ -63,7 +64,7 @@ def test_towers_give_the_full_batch_loss_gradient_and_metrics():
             loss, scalars, per_example = forward(features, labels)
         return loss, scalars, per_example, tape.gradient(loss, dense.trainable_variables)
 
-    tower_loss, _, tower_per_example, grads = parallel.Towers(DEVICES).run(with_gradients, x, y)
+    tower_loss, _, tower_per_example, grads = towers.Towers(DEVICES).run(with_gradients, x, y)
     np.testing.assert_allclose(tower_loss.numpy(), loss.numpy(), rtol=1e-6)
     np.testing.assert_allclose(tower_per_example["error"].numpy(), per_example["error"].numpy())
     for g, e in zip(grads, expected, strict=True):
@@ -175,7 +176,7 @@ def test_towers_update_batch_norm_statistics_from_the_whole_batch():
     whole_batch = [v.numpy() for v in norm.non_trainable_variables]
     for v, value in zip(norm.non_trainable_variables, start, strict=True):
         v.assign(value)
-    parallel.Towers(
+    towers.Towers(
         DEVICES,
         batch_statistics.Parts(
             norm.non_trainable_variables,
@@ -190,8 +191,8 @@ def test_towers_update_batch_norm_statistics_from_the_whole_batch():
 
     # Evaluation leaves the statistics exactly as they were (shard sizes 4, 4, 3).
     before = norm.moving_mean.numpy()
-    towers = parallel.Towers(DEVICES, batch_statistics.Parts(norm.non_trainable_variables))
-    towers.run(
+    evaluating = towers.Towers(DEVICES, batch_statistics.Parts(norm.non_trainable_variables))
+    evaluating.run(
         lambda features, _: (tf.reduce_mean(norm(features, training=False)), {}, {}, None),
         dense(x),
         None,
@@ -283,10 +284,10 @@ def test_one_two_and_four_devices_train_alike(tmp_path, data_dir):
 
 def test_device_settings_that_cannot_run_are_refused():
     with pytest.raises(UserError) as error:  # from Python, with the CPU not split
-        parallel.choose_devices(3)
+        strategies.choose_devices(3)
     assert str(error.value) == (
         "num_devices=3 but this machine has 1 CPU device and no GPU: /device:CPU:0; ask for "
-        "at most 1 or use 'auto' (or call trainer.parallel.split_cpu(3) before TensorFlow "
+        "at most 1 or use 'auto' (or call trainer.split_cpu(3) before TensorFlow "
         "starts, as python -m trainer --num_devices does, to try it on logical CPUs)"
     )
     with pytest.raises(UserError, match="global_batch_size 3 is smaller than the 4 devices"):

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from trainer import Mode, ModelFn, Spec
-from trainer.distribution import Placement
+from trainer.distributed.placement import Placement
 from trainer.model_state import ModelState
 
 

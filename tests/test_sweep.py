@@ -13,7 +13,7 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 
 from tests.conftest import ENV, REPO, digits_args, run_cli
 from tests.helpers import checkpoint_steps, dir_hash
-from trainer import sweep
+from trainer.cli import sweep
 from trainer.errors import UserError
 
 FORTY_STEPS = [

@@ -431,7 +431,7 @@ def test_workers_flag_starts_local_workers_passes_signals_on_and_says_things_onc
 
 
 def test_the_launchers_exit_code_start_time_and_crowding_in_one_place():
-    from trainer import launcher
+    from trainer.distributed import launcher
 
     # A worker killed by a signal while the others stopped to restart is a lost worker.
     assert launcher.job_code([75, -9]) == 75 and launcher.job_code([-9, 75]) == 75

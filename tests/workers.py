@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import REPO, digits_args
 from tests.helpers import checkpoint_steps
-from trainer.launcher import free_ports, tf_config
+from trainer.distributed.launcher import free_ports, tf_config
 
 BINDINGS = (
     "Estimator.global_batch_size = 64",

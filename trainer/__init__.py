@@ -19,7 +19,7 @@ STARTED = time.perf_counter()  # before TensorFlow is imported: the run's clock 
 
 _HOMES = {
     "Estimator": "trainer.estimator",
-    "Group": "trainer.groups",
+    "Group": "trainer.optimizer_groups",
     "InputParams": "trainer.model_fn",
     "KerasModel": "trainer.keras_model",
     "Mode": "trainer.model_fn",
@@ -29,6 +29,8 @@ _HOMES = {
     "UserError": "trainer.errors",
     "set_precision": "trainer.precision",
     "quiet_start": "trainer.console",
+    "split_cpu": "trainer.distributed.strategies",
+    "make_strategy": "trainer.distributed.strategies",
 }
 __all__ = list(_HOMES)
 
@@ -38,7 +40,7 @@ def __getattr__(name: str):
         value = getattr(importlib.import_module(_HOMES[name]), name)
         globals()[name] = value  # looked up once
         return value
-    try:  # a module of the package: trainer.parallel.split_cpu(4) after import trainer
+    try:  # a module of the package: trainer.checkpoints.latest_checkpoint after import trainer
         return importlib.import_module(f"{__name__}.{name}")
     except ModuleNotFoundError as error:
         if error.name != f"{__name__}.{name}":

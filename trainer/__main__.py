@@ -1,8 +1,8 @@
-"""``python -m trainer``: see trainer/command.py (flags) and trainer/cli.py (the run)."""
+"""``python -m trainer``: its flags in trainer/cli/flags.py, its run in cli/experiment.py."""
 
 from absl import app
 
-from trainer import command
+from trainer.cli import flags
 
 if __name__ == "__main__":
-    app.run(command.main, flags_parser=command.parse_flags)
+    app.run(flags.main, flags_parser=flags.parse_flags)

@@ -17,7 +17,8 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from trainer import config_diff, errors, files, internals
+from trainer import errors, internals, whole_files
+from trainer.cli import config_diff
 from trainer.errors import UserError
 
 CHECKPOINT_NAME = "ckpt"
@@ -95,7 +96,7 @@ class ConfigRecord:
             return None
         text = self.text_fn()
         if self.writes:
-            files.write_atomically(self.path, text)
+            whole_files.write_atomically(self.path, text)
         return text
 
     def remove(self) -> None:
@@ -285,7 +286,7 @@ def relist(model_dir: str, paths: list[str]) -> None:
     lines += [f'all_model_checkpoint_paths: "{os.path.basename(p)}"' for p in paths]
     lines += [f"all_model_checkpoint_timestamps: {os.path.getmtime(p + '.index')}" for p in paths]
     lines += ["last_preserved_timestamp: 0.0"]
-    files.write_atomically(os.path.join(model_dir, POINTER), "\n".join(lines) + "\n")
+    whole_files.write_atomically(os.path.join(model_dir, POINTER), "\n".join(lines) + "\n")
 
 
 def all_checkpoints(model_dir: str) -> list[str]:

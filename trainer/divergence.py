@@ -13,7 +13,7 @@ from typing import NoReturn
 import tensorflow as tf
 from absl import logging
 
-from trainer import saving
+from trainer import checkpoint_writer
 from trainer.errors import TrainingDiverged, UserError
 from trainer.step import Steps
 
@@ -43,7 +43,7 @@ class Divergence:
         self,
         policy: str,
         max_rollbacks: int,
-        checkpointer: saving.Checkpointer,
+        checkpointer: checkpoint_writer.Checkpointer,
         global_step: tf.Variable,
     ):
         check_policy(policy)

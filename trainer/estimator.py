@@ -1,7 +1,7 @@
 """The Estimator: train, evaluate, predict, export and train_and_evaluate over a ModelFn.
 
 The Estimator holds one model_dir's parts and lends them to the module that does
-each job: ``distribution.Placement`` (devices), ``model_state.ModelState`` (the
+each job: ``placement.Placement`` (devices), ``model_state.ModelState`` (the
 model, optimizer and compiled steps), ``inputs.Inputs`` (input_fns and the training
 stream's position), ``training.TrainingRun`` (one call of ``train``) and
 ``evaluation`` (eval sets, best exports, early stopping, side-car polling).
@@ -19,20 +19,20 @@ import keras
 import tensorflow as tf
 
 from trainer import (
+    cadence,
+    checkpoint_writer,
     checkpoints,
     errors,
     evaluation,
     export,
-    hooks,
     keras_compile,
     logs,
     precision,
-    rules,
-    saving,
     serving,
     training,
+    variable_rules,
 )
-from trainer.distribution import Placement
+from trainer.distributed.placement import Placement
 from trainer.inputs import InputFn, Inputs
 from trainer.keras_model import KerasModel
 from trainer.model_fn import Mode, ModelFn
@@ -100,7 +100,7 @@ class Estimator:
         when the change is not safe to resume with.
       distribution: ``'auto'``, ``'towers'`` (each batch split over this process's
         devices), ``'mirrored'`` or ``'multi_worker'`` (the machines of ``TF_CONFIG``);
-        see ``trainer/distribution.py``.
+        see ``trainer/distributed/placement.py``.
       num_devices: ``'auto'`` (every GPU, else one CPU) or how many devices to use.
       startup_timeout: multi_worker: seconds to wait for every worker to join.
       progress_timeout: multi_worker: seconds without progress by some worker before
@@ -190,7 +190,7 @@ class Estimator:
             optimizer,
             self.placement,
             self.seconds,
-            rules=rules.Rules(
+            rules=variable_rules.Rules(
                 learning_rate_multipliers or {}, frozen_until_step or {}, no_weight_decay
             ),
             mixed_precision=mixed_precision,
@@ -213,7 +213,7 @@ class Estimator:
         self.early_stopping = evaluation.early_stopping(
             early_stopping_metric, early_stopping_patience, early_stopping_higher
         )
-        self.checkpoint_policy = saving.policy(
+        self.checkpoint_policy = checkpoint_writer.policy(
             keep_checkpoint_every_steps,
             keep_best_checkpoints,
             async_checkpoints,
@@ -222,7 +222,7 @@ class Estimator:
         )
 
     @logs.speaks
-    def train(self, input_fn: InputFn, max_steps: int, hooks_: Sequence[hooks.Hook] = ()) -> int:
+    def train(self, input_fn: InputFn, max_steps: int, hooks_: Sequence[cadence.Hook] = ()) -> int:
         """Trains until ``global_step`` reaches ``max_steps``, resuming from ``model_dir``.
 
         Args:
@@ -356,7 +356,7 @@ class Estimator:
             self._training_run().run(
                 train_input_fn,
                 max_steps,
-                extra=[hooks.Periodic(eval_every_steps, evaluations)],
+                extra=[cadence.Periodic(eval_every_steps, evaluations)],
                 # Traced before the first step: a mistake in evaluation is said at once.
                 ready=lambda: self.model.build(first.element_spec, Mode.EVAL),
             )

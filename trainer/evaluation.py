@@ -23,7 +23,16 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
-from trainer import checkpoints, console, errors, export, files, hooks, monitoring, saving
+from trainer import (
+    cadence,
+    checkpoint_writer,
+    checkpoints,
+    console,
+    errors,
+    export,
+    monitoring,
+    whole_files,
+)
 from trainer.errors import UserError
 from trainer.model_fn import Mode, num_examples
 from trainer.model_state import ModelState
@@ -44,9 +53,9 @@ def best_exporter(
     return export.BestExporter(os.path.join(model_dir, "export", "best"), metric, keep, higher)
 
 
-def early_stopping(metric: str | None, patience: int, higher: bool) -> hooks.Patience | None:
+def early_stopping(metric: str | None, patience: int, higher: bool) -> cadence.Patience | None:
     """Stops training once ``metric`` has not improved for ``patience`` evaluations."""
-    return hooks.Patience(metric, patience, higher) if metric else None
+    return cadence.Patience(metric, patience, higher) if metric else None
 
 
 def eval_sets(eval_input_fns: Callable | Mapping[str, Callable]) -> dict[str, Callable]:
@@ -74,7 +83,7 @@ class Evaluations:
         names: list[str],
         best_exporter: export.BestExporter | None,
         export_model: Callable[[str], str],
-        early_stopping: hooks.Patience | None,
+        early_stopping: cadence.Patience | None,
         exported: Callable[[], None] = lambda: None,
     ):
         self.evaluate, self.names, self.exported = evaluate, names, exported
@@ -84,7 +93,7 @@ class Evaluations:
         self.evaluated_at: list[int] = []
 
     def __call__(self, step: int) -> None:
-        """Evaluates at ``step``; raises ``hooks.StopTraining`` to stop early."""
+        """Evaluates at ``step``; raises ``cadence.StopTraining`` to stop early."""
         for name in self.names:
             self.results[name] = self.evaluate(name)
         self.evaluated_at.append(step)
@@ -93,7 +102,7 @@ class Evaluations:
             if self.best_exporter.maybe_export(step, first, self.export_model):
                 self.exported()
         if self.early_stopping is not None and self.early_stopping.should_stop(first, step):
-            raise hooks.StopTraining(
+            raise cadence.StopTraining(
                 f"early stopping at step {step}: {self.early_stopping.metric} has not "
                 f"improved for {self.early_stopping.patience} evaluations"
             )
@@ -103,7 +112,7 @@ class Evaluations:
         if step not in self.evaluated_at:
             try:
                 self(step)
-            except hooks.StopTraining:  # training is over anyway
+            except cadence.StopTraining:  # training is over anyway
                 pass
         return self.results
 
@@ -190,7 +199,9 @@ def continuous(
     metrics of the last evaluation, keyed by eval-set name.
     """
     model.build(next(iter(eval_sets.values())).element_spec, Mode.EVAL)
-    checkpointer = saving.Checkpointer(model_dir, **model.checkpoint_items(optimizer=False))
+    checkpointer = checkpoint_writer.Checkpointer(
+        model_dir, **model.checkpoint_items(optimizer=False)
+    )
     results: dict[str, Metrics] = {}
     for path in new:
         try:
@@ -206,11 +217,11 @@ def continuous(
 def _evaluated_step(path: str) -> int:
     """The last step the side-car finished, from its record (-1: none, or unreadable)."""
     try:
-        record = files.read_json(path, {})
+        record = whole_files.read_json(path, {})
         step = record.get("step", -1) if isinstance(record, dict) else None
         if not isinstance(step, int):
-            raise files.Unreadable(path, ValueError(f"no step in {record!r:.40}"))
-    except files.Unreadable as error:
+            raise whole_files.Unreadable(path, ValueError(f"no step in {record!r:.40}"))
+    except whole_files.Unreadable as error:
         logging.warning("%s; evaluating every checkpoint again", error)
         return -1
     return step
@@ -248,4 +259,4 @@ def new_checkpoints(
         for path in pending:
             yield path
             done = checkpoints.step_of(path)
-            files.write_json(progress_path, {"step": done})
+            whole_files.write_json(progress_path, {"step": done})

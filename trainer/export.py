@@ -17,7 +17,7 @@ import uuid
 import tensorflow as tf
 from absl import logging
 
-from trainer import files
+from trainer import whole_files
 from trainer.errors import UserError
 from trainer.model_fn import Mode, ModelFn
 from trainer.serving import Serving
@@ -184,7 +184,7 @@ class BestExporter:
             if tf.io.gfile.exists(stale):
                 tf.io.gfile.rmtree(stale)
         self.kept = ranked[: self.keep]
-        files.write_json(os.path.join(self.directory, BEST_STATE), self.kept)
+        whole_files.write_json(os.path.join(self.directory, BEST_STATE), self.kept)
         return export_dir
 
 
@@ -192,8 +192,8 @@ def _ranking(path: str) -> list[dict]:
     """The kept exports' ``[{'step', 'value'}]`` from ``best.json``; refused if damaged."""
     fix = "restore it, or move it and the exports beside it away to rank anew"
     try:
-        kept = files.read_json(path, [])
-    except files.Unreadable as error:
+        kept = whole_files.read_json(path, [])
+    except whole_files.Unreadable as error:
         raise UserError(f"{error}: it ranks the best exports; {fix}") from None
     sound = isinstance(kept, list) and all(
         isinstance(e, dict) and isinstance(e.get("step"), int) and "value" in e for e in kept

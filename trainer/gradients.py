@@ -11,7 +11,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from trainer.groups import Plan
+from trainer.optimizer_groups import Plan
 
 
 def one_scale_per_loss(plan: Plan, by_group: bool) -> dict:

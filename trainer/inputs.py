@@ -21,7 +21,7 @@ import tensorflow as tf
 from absl import logging
 
 from trainer import checkpoints, evaluation
-from trainer.distribution import Placement
+from trainer.distributed.placement import Placement
 from trainer.errors import UserError
 from trainer.model_fn import InputParams, Mode
 

@@ -181,7 +181,7 @@ _MAPS = ("_MapDataset", "_ParallelMapDataset")
 def dataset_stage(dataset: tf.data.Dataset) -> str:
     """What a dataset stage does: ``'same'`` elements on, a ``'map'``, or its class name.
 
-    tf.data has no public kind of stage; ``marks.find`` needs to know which keep a mark.
+    tf.data has no public kind of stage; ``dataset_marks.find`` needs to know which keep a mark.
     """
     kind = type(dataset).__name__
     if kind in _SAME_ELEMENTS:

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import keras
 import tensorflow as tf
 
-from trainer import layer_losses, marks
+from trainer import dataset_marks, layer_losses
 from trainer.metrics import check_metric
 
 
@@ -67,15 +67,15 @@ def positioned(dataset: tf.data.Dataset) -> tf.data.Dataset:
     pipelines in ``datasets/`` are), so that the Estimator resumes it by arithmetic:
     it neither saves the iterator in checkpoints nor replays batches, and a run may
     resume on another number of devices or workers. A ``.map()`` or ``.prefetch()``
-    after it keeps the mark (``trainer/marks.py``).
+    after it keeps the mark (``trainer/dataset_marks.py``).
     """
-    return marks.put(dataset, "positioned", True)
+    return dataset_marks.put(dataset, "positioned", True)
 
 
 def is_positioned(dataset: tf.data.Dataset) -> bool:
     """Whether ``positioned`` marked ``dataset`` (or what it maps)."""
     return bool(
-        marks.find(
+        dataset_marks.find(
             dataset,
             "positioned",
             through_maps=True,
@@ -91,12 +91,12 @@ def counted(dataset: tf.data.Dataset, num_examples: int) -> tf.data.Dataset:
     An evaluation's progress bar then counts to the real total, not to its batches
     times the batch size (the last batch may be partial).
     """
-    return marks.put(dataset, "num_examples", int(num_examples))
+    return dataset_marks.put(dataset, "num_examples", int(num_examples))
 
 
 def num_examples(dataset: tf.data.Dataset) -> int | None:
     """The count ``counted`` gave ``dataset`` (or what it maps), or None."""
-    return marks.find(
+    return dataset_marks.find(
         dataset,
         "num_examples",
         through_maps=True,
@@ -229,7 +229,7 @@ class ModelFn(tf.Module):
         trainer.Group(self.discriminator)}``: every trainable variable in exactly one
         group (by layer, variable or a pattern on its path). ``Spec.loss`` is then one
         loss for all, or a dict of one loss per group; ``Group(steps=k)`` makes the
-        groups take turns (see ``trainer/groups.py``).
+        groups take turns (see ``trainer/optimizer_groups.py``).
         """
         return None
 

@@ -20,9 +20,17 @@ from collections.abc import Mapping
 import keras
 import tensorflow as tf
 
-from trainer import checkpoints, custom_step, errors, groups, microbatch, precision, saving
-from trainer import rules as rules_
-from trainer.distribution import Placement
+from trainer import (
+    checkpoint_writer,
+    checkpoints,
+    custom_step,
+    errors,
+    microbatch,
+    optimizer_groups,
+    precision,
+)
+from trainer import variable_rules as rules_
+from trainer.distributed.placement import Placement
 from trainer.errors import UserError
 from trainer.keras_model import KerasModel
 from trainer.losses import loss_name
@@ -64,8 +72,8 @@ class ModelState:
         config: checkpoints.ConfigRecord | None = None,
     ):
         self.model_fn, self.placement = model_fn, placement
-        self.groups = groups.declared(model_fn)
-        optimizers = groups.optimizers_for(self.groups, optimizer)
+        self.groups = optimizer_groups.declared(model_fn)
+        optimizers = optimizer_groups.optimizers_for(self.groups, optimizer)
         optimizers, ema_decay = taken_ema(optimizers, ema_decay)  # Keras's use_ema
         for group, given in optimizers.items():
             microbatch.check_optimizer(given, "the optimizer" + (f" of {group!r}" if group else ""))
@@ -89,7 +97,7 @@ class ModelState:
                 f"{model_fn}.train_step computes its own gradients, which loss scaling "
                 "(mixed_float16) would have to scale: use mixed_bfloat16, or float32"
             )
-        self.plan: groups.Plan | None = None  # the units, once the variables exist
+        self.plan: optimizer_groups.Plan | None = None  # the units, once the variables exist
         self.by_group = False  # whether Spec.loss is a dict, one loss per group
         self.config = config  # the model_dir's record of the config it was trained with
         self.clip_gradient_norm, self.ema_decay = clip_gradient_norm, ema_decay
@@ -139,7 +147,7 @@ class ModelState:
         variables = self.model_fn.trainable_variables
         self._check_variables(variables)
         with self.placement.scope():
-            self.plan = groups.plan(
+            self.plan = optimizer_groups.plan(
                 self.model_fn, self.groups, self.optimizers, self.rules, self.global_step
             )
             for unit in self.plan.units:
@@ -203,7 +211,7 @@ class ModelState:
         """Restores the checkpoint of ``step``, else the newest unless memory is trained."""
         if self.has_state and step is None:
             return
-        checkpointer = saving.Checkpointer(model_dir, **self.checkpoint_items(False))
+        checkpointer = checkpoint_writer.Checkpointer(model_dir, **self.checkpoint_items(False))
         try:
             restored = checkpointer.restore_latest(partial=True, step=step)
         except checkpoints.Damaged:

@@ -7,7 +7,7 @@ The training loop owns none of this; it calls these at the steps they are due:
 * ``InputWait``: the share of the step time spent waiting for input, and a warning
   naming the knobs when a run is input-bound;
 * ``check_input_state``: a warning when a checkpoint's saved input iterator is large;
-* actions for ``hooks.Periodic``: weight and activation histograms, labelled eval
+* actions for ``cadence.Periodic``: weight and activation histograms, labelled eval
   images, the profiler's start and stop, the step's graph written once.
 """
 
@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 import tensorflow as tf
 from absl import logging
 
-from trainer import checkpoints, console, hooks, internals
+from trainer import cadence, checkpoints, console, internals
 from trainer.model_fn import Mode, ModelFn
 from trainer.step import Steps, split_element
 from trainer.summaries import Writers
@@ -108,7 +108,7 @@ class TrainLog:
     Args:
       steps: the compiled steps, whose train metrics are read and reset.
       writers: TensorBoard writers.
-      units: the optimizers whose learning rates are logged (``groups.Unit``).
+      units: the optimizers whose learning rates are logged (``optimizer_groups.Unit``).
       progress: rates and ETA.
       input_wait: the input-wait share since the last log.
       hooks_: callables ``hook(step, logs)``.
@@ -123,7 +123,7 @@ class TrainLog:
         units: Sequence,
         progress: Progress,
         input_wait: InputWait,
-        hooks_: Sequence[hooks.Hook],
+        hooks_: Sequence[cadence.Hook],
     ):
         self.steps, self.writers, self.units = steps, writers, units
         self.progress, self.input_wait, self.hooks = progress, input_wait, hooks_
@@ -255,14 +255,14 @@ def buffering_stages(dataset: tf.data.Dataset) -> set[str]:
     return found
 
 
-def profiler_actions(profile_steps: tuple[int, int] | None, logdir: str) -> list[hooks.At]:
+def profiler_actions(profile_steps: tuple[int, int] | None, logdir: str) -> list[cadence.At]:
     """Start and stop the profiler at the two ``profile_steps`` (block boundaries)."""
     if not profile_steps:
         return []
     start, stop = profile_steps
     return [
-        hooks.At((start,), lambda step: tf.profiler.experimental.start(logdir)),
-        hooks.At((stop,), lambda step: tf.profiler.experimental.stop()),
+        cadence.At((start,), lambda step: tf.profiler.experimental.start(logdir)),
+        cadence.At((stop,), lambda step: tf.profiler.experimental.stop()),
     ]
 
 
@@ -326,7 +326,7 @@ class _Named:
 
 def tensorboard_actions(
     every, train_dir: str, writers: Writers, steps: Steps, eval_batch: Callable[[], tuple]
-) -> list[hooks.Periodic | hooks.At]:
+) -> list[cadence.Periodic | cadence.At]:
     """Histograms, labelled images and the profiler, at the steps ``every`` asks for.
 
     ``every`` holds the Estimator's ``profile_steps``, ``histogram_every_steps`` and
@@ -337,8 +337,8 @@ def tensorboard_actions(
         features, labels = split_element(eval_batch(), Mode.EVAL)
     if every.histogram_every_steps:
         write = histogram_action(writers, steps.model_fn, features)
-        actions.append(hooks.Periodic(every.histogram_every_steps, write))
+        actions.append(cadence.Periodic(every.histogram_every_steps, write))
     if every.image_every_steps:
         write = image_action(writers, steps, features, labels)
-        actions.append(hooks.Periodic(every.image_every_steps, write))
+        actions.append(cadence.Periodic(every.image_every_steps, write))
     return actions

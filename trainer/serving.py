@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 
 import tensorflow as tf
 
-from trainer import marks
+from trainer import dataset_marks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,12 +69,12 @@ def serves(
       parse_examples: serialized ``tf.train.Example`` strings ``[batch]`` -> a batch
         of stored features; gives the export a ``serving_examples`` signature.
     """
-    return marks.put(dataset, "serving", Serving(features_of, dict(stored), parse_examples))
+    return dataset_marks.put(dataset, "serving", Serving(features_of, dict(stored), parse_examples))
 
 
 def declared(dataset: tf.data.Dataset) -> Serving | None:
     """What ``serves`` marked ``dataset`` with (kept by prefetch, not by a map), or None."""
-    return marks.find(
+    return dataset_marks.find(
         dataset,
         "serving",
         through_maps=False,

@@ -4,7 +4,7 @@ Read ``Steps._step`` first: it is the whole step of one replica (the one device,
 one of a strategy's replicas), in two parts.
 
 1. The gradients of the batch's loss (``_gradients``). The batch may be cut: towers
-   split it over this process's devices (``parallel.Towers``), a strategy's replica
+   split it over this process's devices (``towers.Towers``), a strategy's replica
    holds its share of the global batch, micro-batches take it in slices one after
    another (``microbatch.accumulate``). Each part's loss is weighted by its share of
    the batch, so that whatever the cut the gradients are those of the whole batch's
@@ -13,7 +13,7 @@ one of a strategy's replicas), in two parts.
    cutting and weighting are the same for both.
 2. The update (``_apply``): each loss's gradients summed over a strategy's replicas
    (one all-reduce), clipped to their global norm, split by optimizer unit
-   (``groups.Plan``), and applied once per unit.
+   (``optimizer_groups.Plan``), and applied once per unit.
 
 ``train_loop(iterator, n)`` runs ``n`` steps in one ``tf.function`` call (``_steps``),
 so that per-call overhead is paid once per block of steps, not once per step; the
@@ -21,7 +21,7 @@ Python loop in ``training.py`` picks ``n``. The helpers the step calls take tens
 and give tensors: ``losses`` (how a loss is weighted and reported), ``gradients``
 (norms, clipping, loss scales), ``microbatch``, ``batch_statistics``. What differs
 between one device, towers and a strategy's replicas is asked of
-``distribution.Placement``.
+``placement.Placement``.
 """
 
 from __future__ import annotations
@@ -32,10 +32,17 @@ from collections.abc import Callable, Mapping, Sequence
 import keras
 import tensorflow as tf
 
-from trainer import batch_statistics, custom_step, gradients, internals, layer_losses, microbatch
-from trainer.distribution import Placement
+from trainer import (
+    batch_statistics,
+    custom_step,
+    gradients,
+    internals,
+    layer_losses,
+    microbatch,
+)
+from trainer.distributed.placement import Placement
+from trainer.distributed.towers import make_parallel
 from trainer.errors import UserError
-from trainer.groups import Plan, Unit
 from trainer.losses import (
     batch_loss,
     batch_size_of,
@@ -46,7 +53,7 @@ from trainer.losses import (
 from trainer.metrics import MetricSums, split_metrics
 from trainer.model_fn import Mode, ModelFn, Weighted
 from trainer.optimization import WeightAverage
-from trainer.parallel import make_parallel
+from trainer.optimizer_groups import Plan, Unit
 
 STACKED_BYTES = 256 * 2**20  # most memory one jit_compile block's stacked batches take
 
@@ -197,7 +204,7 @@ class Steps:
     def _step(self, features, labels, last_of_block: tf.Tensor, phase: Sequence[int]):
         """One replica's training step: ``(finite, gradient norm)``.
 
-        ``phase``: the units to update (``groups.Plan.phases``).
+        ``phase``: the units to update (``optimizer_groups.Plan.phases``).
 
         The update is applied either way: a branch around it keeps XLA from fusing
         it into the step and costs a small model ~15% of its speed. The loop ends the

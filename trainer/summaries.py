@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from trainer import files
+from trainer import whole_files
 
 METRICS = "metrics.jsonl"
 
@@ -57,7 +57,7 @@ class MetricsFile:
     def start(self) -> None:
         """The run really started: rewrite the file with the held lines (atomically)."""
         if self.held is not None:
-            files.write_atomically(self.path, self.held)
+            whole_files.write_atomically(self.path, self.held)
             self.held = None
 
     def append(self, writer: str, step: int, values: Mapping[str, float]) -> None:
@@ -68,7 +68,7 @@ class MetricsFile:
         if self.held is not None:
             self.held.append(line)
         elif "://" in self.path:  # object stores cannot append: rewrite
-            files.write_atomically(self.path, [*self._lines(), line])
+            whole_files.write_atomically(self.path, [*self._lines(), line])
         else:
             with open(self.path, "a") as f:
                 f.write(line)

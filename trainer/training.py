@@ -22,18 +22,17 @@ import tensorflow as tf
 from absl import logging
 
 from trainer import (
+    cadence,
+    checkpoint_writer,
     checkpoints,
     divergence,
     errors,
-    hooks,
     logs,
     monitoring,
-    preemption,
-    saving,
     warm_start,
-    workers,
 )
-from trainer.distribution import Placement
+from trainer.distributed import preemption, workers
+from trainer.distributed.placement import Placement
 from trainer.errors import Preempted, TrainingDiverged, UserError
 from trainer.inputs import InputFn, Inputs
 from trainer.model_fn import Mode, is_positioned
@@ -110,7 +109,7 @@ class TrainingRun:
         writers: Writers,
         model_dir: str,
         config: checkpoints.ConfigRecord,
-        policy: saving.Policy,
+        policy: checkpoint_writer.Policy,
     ):
         self.settings, self.model, self.inputs = settings, model, inputs
         self.placement, self.writers, self.model_dir = placement, writers, model_dir
@@ -123,8 +122,8 @@ class TrainingRun:
         self,
         input_fn: InputFn,
         max_steps: int,
-        extra: Sequence[hooks.Periodic | hooks.At] = (),
-        hooks_: Sequence[hooks.Hook] = (),
+        extra: Sequence[cadence.Periodic | cadence.At] = (),
+        hooks_: Sequence[cadence.Hook] = (),
         ready: Callable[[], object] | None = None,
     ) -> int:
         """Trains to ``max_steps``; ``extra`` actions run at their steps. Returns the step.
@@ -178,9 +177,9 @@ class TrainingRun:
             hooks_,
         )
         actions = [
-            hooks.Periodic(self.settings.log_every_steps, log),
-            hooks.Periodic(self.settings.save_checkpoints_steps, self.save),
-            hooks.Periodic(self.policy.keep_every, self.save),
+            cadence.Periodic(self.settings.log_every_steps, log),
+            cadence.Periodic(self.settings.save_checkpoints_steps, self.save),
+            cadence.Periodic(self.policy.keep_every, self.save),
             *monitoring.tensorboard_actions(
                 self.settings,
                 os.path.join(self.placement.write_dir(self.model_dir), "train"),
@@ -255,7 +254,7 @@ class TrainingRun:
         if self.settings.checkpoint_input and self.iterator is not None and not self.positioned:
             state.update(self.inputs.iterator_state(self.iterator, latest))
             self.check_saved_input = True
-        self.checkpointer = saving.Checkpointer(
+        self.checkpointer = checkpoint_writer.Checkpointer(
             self.model_dir,
             self.settings.keep_checkpoint_max,
             save_dir=self.placement.write_dir(self.model_dir),
@@ -308,7 +307,7 @@ class TrainingRun:
                 if nonfinite.skip_bad_batch(step, self.iterator):
                     self.inputs.advance(1)
                 limit = min([self.block, max_steps - step, *nonfinite.limits(step)])
-                n = hooks.steps_until_due(step, actions, limit)
+                n = cadence.steps_until_due(step, actions, limit)
                 self.placement.mark("training", step)
                 with self._block(n):
                     self.steps.train_loop(self.iterator, tf.constant(n, tf.int64))
@@ -324,7 +323,7 @@ class TrainingRun:
                 progress.advance(step)
                 self.placement.mark("checkpointing or evaluating", step)
                 try:
-                    if hooks.run_due(actions, step):
+                    if cadence.run_due(actions, step):
                         break
                 except Exception:
                     self._keep_trained_steps(step)

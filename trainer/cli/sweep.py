@@ -36,7 +36,9 @@ from collections.abc import Callable
 import gin
 import keras
 
-from trainer import estimator, files, gin_config, launcher, logs, summaries
+from trainer import estimator, logs, summaries, whole_files
+from trainer.cli import gin_config
+from trainer.distributed import launcher
 from trainer.errors import TrainingDiverged, UserError
 
 TRIAL_FILE = "trial.json"  # a finished trial's results, in its model_dir
@@ -186,7 +188,7 @@ class Sweep:
         print("\n".join(lines))
         if results:
             metric, higher = ranking
-            files.write_json(results, {"metric": metric, "higher": higher, "trials": rows})
+            whole_files.write_json(results, {"metric": metric, "higher": higher, "trials": rows})
             print(f"{'results':<12} {results}")
         return None
 
@@ -273,7 +275,7 @@ def _record(directory: str, trial: Trial, max_steps: int, failure) -> dict:
     record.update(trial=trial.name, bindings=dict(trial.bindings), max_steps=max_steps)
     record["diverged"] = failure[0] if failure else None
     record["history"] = _history(directory)
-    files.write_json(path, record)
+    whole_files.write_json(path, record)
     return record
 
 

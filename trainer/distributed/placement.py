@@ -6,12 +6,12 @@ pipeline yields, how the training input is iterated, which directory this worker
 writes. Three kinds (``Estimator.distribution``; ``'auto'``, the default, is
 all-reduce over several GPUs and towers otherwise: ``devices.choose``):
 
-* ``'towers'``: one process splits each batch over its devices (``parallel.Towers``),
+* ``'towers'``: one process splits each batch over its devices (``towers.Towers``),
   or runs on its one device;
 * ``'mirrored'``: ``tf.distribute.MirroredStrategy`` over this machine's devices;
 * ``'multi_worker'``: ``MultiWorkerMirroredStrategy`` over the machines in TF_CONFIG
   (each machine's GPUs, or its CPU); the chief writes checkpoints and summaries,
-  which every worker restores (``trainer/workers.py``).
+  which every worker restores (``trainer/distributed/workers.py``).
 
 Towers may split a batch unevenly (shards differ by one example; gradients are
 averaged weighted by shard size). Under both strategies ``global_batch_size`` must
@@ -34,7 +34,8 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from trainer import batch_statistics, devices, errors, internals, optimization, parallel, workers
+from trainer import batch_statistics, errors, internals, optimization
+from trainer.distributed import devices, strategies, towers, workers
 from trainer.errors import UserError
 from trainer.model_fn import InputParams, Mode, ModelFn, is_positioned
 
@@ -74,9 +75,9 @@ class Placement:
             prefetch_to_device, self.devices, distribution, jit_compile
         )
         # The chief (or a single process) is None; other workers are 'worker_1', ...
-        self.worker = parallel.worker_name(self.strategy)
+        self.worker = strategies.worker_name(self.strategy)
         self.workers = (
-            workers.Workers(self.strategy, self.worker, parallel.joined_cluster())
+            workers.Workers(self.strategy, self.worker, strategies.joined_cluster())
             if distribution == "multi_worker"
             else None
         )
@@ -95,10 +96,10 @@ class Placement:
         """Whether the step runs in several replicas, each keeping its own metric sums."""
         return self.strategy is not None
 
-    def towers(self, model_fn: ModelFn) -> parallel.Towers | None:
+    def towers(self, model_fn: ModelFn) -> towers.Towers | None:
         """Towers over this process's devices when it has several (no strategy), else None."""
         if self.strategy is None and len(self.devices) > 1:
-            return parallel.Towers(self.devices, batch_statistics.parts_of(model_fn))
+            return towers.Towers(self.devices, batch_statistics.parts_of(model_fn))
         return None
 
     def update_fn(self, optimizer: keras.optimizers.Optimizer) -> Callable:

@@ -16,8 +16,9 @@ import tokenize
 import gin
 import keras
 
-from trainer import config_diff, estimator, gin_errors, internals, keras_model, optimization
+from trainer import estimator, internals, keras_model, optimization
 from trainer.checkpoints import OPERATIVE_CONFIG
+from trainer.cli import config_diff, gin_errors
 from trainer.errors import UserError
 
 # The bindings that may change between runs of one model_dir: how long, how often,
@@ -95,7 +96,7 @@ internals.gin_file_readers()[:] = [  # gin offers only register_file_reader
 def parse(files: list[str], params: list[str], swept: list[str] = ()) -> None:
     """Parses the files, the --gin_param bindings, a sweep trial's; names any error's source.
 
-    The files are there (``command.missing_gin_file`` said so before TensorFlow loaded).
+    The files are there (``flags.missing_gin_file`` said so before TensorFlow loaded).
     An ``include`` is looked for from the working directory, then from each directory
     above the including files, so ``include 'experiments/base.gin'`` also works when
     the command runs elsewhere (``--gin_file ../experiments/x.gin``).

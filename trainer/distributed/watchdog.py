@@ -21,7 +21,8 @@ import time
 import tensorflow as tf
 from absl import logging
 
-from trainer import exit_codes, internals
+from trainer import internals
+from trainer.cli import exit_codes
 
 MARKER = "progress watchdog: "  # begins the reason carried by the aborted collectives
 END = " |"  # ends it

@@ -1,6 +1,6 @@
 """The command's exit codes, in one table: what each means and what a scheduler should do.
 
-The errors (``errors.py``), the command line (``command.py``, ``cli.py``), the signal
+The errors (``errors.py``), the command line (``flags.py``, ``experiment.py``), the signal
 handling (``preemption.py``), the workers and the launcher read them here, and
 README's table of exit codes is checked against ``TABLE``
 (``tests/test_readme.py``). Nothing here imports TensorFlow: the launcher and the

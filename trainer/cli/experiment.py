@@ -23,24 +23,9 @@ import tensorflow as tf
 from absl import flags, logging
 
 import trainer
-from trainer import (
-    checkpoints,
-    cluster,
-    errors,
-    evaluation,
-    exit_codes,
-    gin_config,
-    gin_errors,
-    hparams,
-    logs,
-    parallel,
-    preemption,
-    report,
-    summaries,
-    sweep,
-    workers,
-    writer_lock,
-)
+from trainer import checkpoints, errors, evaluation, hparams, logs, summaries, writer_lock
+from trainer.cli import exit_codes, gin_config, gin_errors, report, sweep
+from trainer.distributed import cluster, preemption, strategies, workers
 from trainer.errors import Preempted, TrainingDiverged, UserError
 from trainer.precision import set_precision
 
@@ -48,7 +33,7 @@ _CLOCK: dict[str, float] = {}  # seconds spent importing and parsing the config
 _CREATED_DIRS: list[str] = []  # directories this run made, deepest first
 
 INFERENCE = ("evaluate", "predict", "export")  # the schedules --checkpoint applies to
-FLAGS = flags.FLAGS  # defined and parsed by trainer.command before this module is imported
+FLAGS = flags.FLAGS  # defined and parsed by trainer.cli.flags before this module is imported
 
 
 @gin.configurable(
@@ -152,7 +137,7 @@ def experiment(
 def main() -> None:
     """Parses gin, runs the experiment, writes results; one line and exit code on failure.
 
-    The flags are parsed (``command.parse_flags``) before this module is imported.
+    The flags are parsed (``flags.parse_flags``) before this module is imported.
     """
     _CLOCK["imports"] = time.perf_counter() - trainer.STARTED
     logs.use_console()
@@ -163,8 +148,8 @@ def main() -> None:
         raise
     logs.keep_native()
     if failure:  # a run failed before training: no directory (the workers' other runs ended)
-        writer_lock.remove_unused(_CREATED_DIRS, 10 if parallel.multi_worker_started() else 0)
-    if parallel.multi_worker_started():  # Python's own exit can take tens of seconds
+        writer_lock.remove_unused(_CREATED_DIRS, 10 if strategies.multi_worker_started() else 0)
+    if strategies.multi_worker_started():  # Python's own exit can take tens of seconds
         workers.exit_now(*(failure or ("", 0, "")))
     if failure:
         # Free the failed run (its iterators log from C++ as they die) before the last line.
@@ -227,9 +212,9 @@ def _run(params: list[str], model_dir: str | None, results: str | None):
         logs.keep_log(model_dir)
         report.write(result, FLAGS.schedule, results, _CLOCK)
     except workers.PEER_ERRORS as error:  # the training loop names its own lost peers
-        if not parallel.multi_worker_started():
+        if not strategies.multi_worker_started():
             raise
-        error = workers.lost_before_training(error, parallel.joined_cluster())
+        error = workers.lost_before_training(error, strategies.joined_cluster())
         return errors.first_line(error), error.exit_code, error.prefix
     except Preempted as error:  # or a lost peer: restarting resumes either
         return errors.first_line(error), error.exit_code, error.prefix
@@ -267,7 +252,7 @@ def _set_up_the_process() -> None:
         value = FLAGS.num_devices
         gin.bind_parameter("Estimator.num_devices", int(value) if value.isdigit() else value)
     devices = gin_config.query("Estimator.num_devices", "auto")
-    if parallel.split_cpu_for(devices):  # before any op runs
+    if strategies.split_cpu_for(devices):  # before any op runs
         logging.info(
             "No GPU here: the CPU is split into %d logical devices to try multi-device "
             "training on (for trying and testing: it is not faster than one)",
@@ -278,7 +263,7 @@ def _set_up_the_process() -> None:
     if gin_config.query("Estimator.distribution", "auto") == "multi_worker":
         logs.hold_native_stderr()  # a lost peer's gRPC errors go to trainer.log
         timeout = gin_config.query("Estimator.startup_timeout", cluster.STARTUP_TIMEOUT)
-        parallel.make_strategy("multi_worker", [], timeout)  # before any op runs
+        strategies.make_strategy("multi_worker", [], timeout)  # before any op runs
     seed = gin_config.query("experiment.seed", 0)
     if seed is not None:
         keras.utils.set_random_seed(seed)

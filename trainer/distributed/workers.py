@@ -39,7 +39,9 @@ from typing import NoReturn
 import tensorflow as tf
 from absl import logging
 
-from trainer import cluster, config_diff, internals, watchdog
+from trainer import internals
+from trainer.cli import config_diff
+from trainer.distributed import cluster, watchdog
 from trainer.errors import PeerLost, UserError
 
 _CONFIG_CHECKS = itertools.count()  # this process's config checks so far

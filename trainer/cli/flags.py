@@ -2,7 +2,7 @@
 
 This is the only module that defines flags. It imports no TensorFlow, so ``--help``
 and a mistyped flag are answered at once; a command that runs imports TensorFlow
-quietly (``console.quiet_start``) and hands over to ``cli.main``.
+quietly (``console.quiet_start``) and hands over to ``experiment.main``.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import textwrap
 
 from absl import app, flags
 
-from trainer import console, preemption
-from trainer.exit_codes import fail
+from trainer import console
+from trainer.cli.exit_codes import fail
+from trainer.distributed import preemption
 
 SCHEDULES = ["train", "evaluate", "train_and_evaluate", "continuous_eval", "predict", "export"]
 
@@ -84,7 +85,7 @@ FLAGS = flags.FLAGS
 
 
 def main(argv: list[str]) -> None:
-    """Runs the command the flags describe (``cli.main``), TensorFlow imported quietly."""
+    """Runs the command the flags describe (``experiment.main``), TensorFlow imported quietly."""
     if len(argv) > 1:
         fail(_unexpected(argv[1:]))
     missing = missing_gin_file(FLAGS.gin_file)
@@ -97,9 +98,9 @@ def main(argv: list[str]) -> None:
             if FLAGS.workers is not None and not FLAGS.sweep:  # a sweep launches per trial
                 sys.exit(_launch(FLAGS.workers))  # which passes signals on once it runs them
             console.quiet_start(command_line=True)
-            from trainer import cli  # noqa: PLC0415 - TensorFlow loads here, after the flags
+            from trainer.cli import experiment
 
-            cli.main()
+            experiment.main()
     except preemption.Interrupted as interrupted:
         fail(
             f"{interrupted} received before training started or after it ended: nothing "
@@ -122,7 +123,7 @@ def _check_workers(count: int) -> None:
 
 def _launch(count: int) -> int:
     """``--workers N``: this command as N local workers (``launcher.run``)."""
-    from trainer import launcher  # noqa: PLC0415 - only this command needs it
+    from trainer.distributed import launcher
 
     return launcher.run(count, sys.argv[1:])
 
@@ -219,14 +220,15 @@ def _settings() -> dict[str, list[str]]:
     (Importing them would load TensorFlow for a typo.)
     """
     return {
-        "experiment": _parameters("cli.py", "experiment"),
+        "experiment": _parameters("cli/experiment.py", "experiment"),
         "Estimator": _parameters("estimator.py", "Estimator", "__init__"),
     }
 
 
 def _parameters(file: str, *path: str) -> list[str]:
     """The parameter names of the function at ``path`` (class, method) in trainer/``file``."""
-    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), file)) as f:
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # trainer/
+    with open(os.path.join(package, file)) as f:
         node = ast.parse(f.read())
     for name in path:
         node = next(

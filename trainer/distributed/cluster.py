@@ -5,7 +5,7 @@
 ``SlurmClusterResolver``: the step's nodes, its tasks per node, this task's rank)
 and writes it as TF_CONFIG, so that TensorFlow reads one description. The framework
 reads TF_CONFIG here only: ``find`` parses and checks it once, and the ``Cluster`` it
-returns is passed on (``parallel.make_strategy`` keeps the process's).
+returns is passed on (``strategies.make_strategy`` keeps the process's).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import TypeVar
 import tensorflow as tf
 from absl import logging
 
-from trainer import lobby, preemption
+from trainer.distributed import preemption, rendezvous
 from trainer.errors import UserError
 
 T = TypeVar("T")
@@ -261,7 +261,7 @@ def join(make: Callable[[], T], timeout_seconds: float, found: Cluster) -> T:
     ``make()`` the signal handlers are installed again: TensorFlow's preemption
     notifier takes SIGTERM over while the cluster forms.
     """
-    lobby.meet(list(found.addresses), found.index, found.spec, timeout_seconds, found.name)
+    rendezvous.meet(list(found.addresses), found.index, found.spec, timeout_seconds, found.name)
     handlers = {number: signal.getsignal(number) for number in preemption.SIGNALS}
     try:
         return make()

@@ -193,7 +193,7 @@ class Checkpointer:
       model_dir: where checkpoints and the ``checkpoint`` index file live.
       max_to_keep: how many recent checkpoints to keep (older ones are deleted).
       save_dir: another worker than the chief saves here, and removes what it saved:
-        what every worker restores is the chief's, in model_dir (trainer/workers.py).
+        what every worker restores is the chief's, in model_dir (trainer/distributed/workers.py).
       keep_every: keep the checkpoints at multiples of this step too (``Retention``).
       protected: returns the steps whose checkpoints are kept besides.
       background: write in the background (``Background``), training going on.

@@ -13,7 +13,7 @@ import contextlib
 import signal
 import threading
 
-from trainer import exit_codes
+from trainer.cli import exit_codes
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 

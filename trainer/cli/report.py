@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 import trainer
-from trainer import files, logs, summaries
+from trainer import logs, summaries, whole_files
 
 
 def best(exporter, stopping) -> dict[str, dict]:
@@ -40,7 +40,7 @@ def write(result: dict, schedule: str, results_path: str | None, clock: dict) ->
     ``since``: the moment its time counts from (else the process's start).
     """
     if schedule == "predict":
-        count = files.write_atomically(
+        count = whole_files.write_atomically(
             results_path,
             (
                 json.dumps({k: _jsonable(v) for k, v in example.items()}) + "\n"
@@ -53,7 +53,7 @@ def write(result: dict, schedule: str, results_path: str | None, clock: dict) ->
         result["seconds"] = _time_breakdown(result["seconds"], clock)
     print("\n".join(summary(result)))
     if results_path:
-        files.write_json(results_path, result)
+        whole_files.write_json(results_path, result)
         print(f"{'results':<12} {results_path}")
 
 

@@ -1,6 +1,6 @@
 """Which devices a run uses and how they share a step, decided before anything is built.
 
-``Placement`` (``distribution.py``) asks here: the strategy and devices for
+``Placement`` (``placement.py``) asks here: the strategy and devices for
 ``Estimator.distribution`` and ``num_devices`` (``'auto'`` chosen by ``choose``), the
 settings those devices cannot run refused in one line (``check``), and the device
 each batch is prefetched to.
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import tensorflow as tf
 from absl import logging
 
-from trainer import parallel
+from trainer.distributed import strategies
 from trainer.errors import UserError
 
 
@@ -28,18 +28,18 @@ def strategy_and_devices(
                 "leave num_devices 'auto' and limit GPUs with CUDA_VISIBLE_DEVICES"
             )
         # Created before anything else touches TensorFlow's runtime, as it must be.
-        strategy = parallel.make_strategy(distribution, [], startup_timeout)
+        strategy = strategies.make_strategy(distribution, [], startup_timeout)
         return strategy, list(strategy.extended.worker_devices), distribution
-    if distribution not in parallel.DISTRIBUTIONS:
+    if distribution not in strategies.DISTRIBUTIONS:
         raise UserError(
-            f"Estimator.distribution must be one of {', '.join(parallel.DISTRIBUTIONS)}, "
+            f"Estimator.distribution must be one of {', '.join(strategies.DISTRIBUTIONS)}, "
             f"got {distribution!r}"
         )
-    devices = parallel.choose_devices(num_devices)
+    devices = strategies.choose_devices(num_devices)
     distribution = choose(distribution, devices, global_batch_size)
     if distribution == "towers":
         return None, devices, distribution
-    return parallel.make_strategy(distribution, devices), devices, distribution
+    return strategies.make_strategy(distribution, devices), devices, distribution
 
 
 def choose(distribution: str, devices: Sequence[str], global_batch_size: int) -> str:
