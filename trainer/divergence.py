@@ -54,13 +54,14 @@ class Divergence:
         self.rerun_until = 0  # steps up to this one run one per block
         self.rollbacks = self.reruns = 0
 
-    def skip_bad_batch(self, step: int, iterator) -> bool:
-        """Drops the next batch if it is one that went bad before a rollback."""
-        if step + 1 not in self.skip_at:
+    def skips(self, step: int) -> bool:
+        """Whether the batch of ``step`` is to be skipped: it went bad before a rollback.
+
+        Asked once per step: the stream skips it then (``TrainingStream.skip_batch``).
+        """
+        if step not in self.skip_at:
             return False
-        self.skip_at.discard(step + 1)
-        next(iterator)
-        logging.warning("Skipping the batch of step %d (NaN or Inf)", step + 1)
+        self.skip_at.discard(step)
         return True
 
     def limits(self, step: int) -> list[int]:

@@ -179,7 +179,9 @@ class Estimator:
         self.model_fn = model_fn
         self.speaks = progress and self.placement.worker is None  # as the command line does
         self.model_dir = model_dir  # what every worker restores from
-        self.write_dir = self.placement.write_dir(model_dir)  # model_dir but on other workers
+        self.write_dir = self.placement.workers.write_dir(
+            model_dir
+        )  # model_dir but on other workers
         precision.check(model_fn, mixed_precision)
         self.seconds: collections.Counter = collections.Counter()  # by part: cli's summary
         self.config = checkpoints.ConfigRecord(  # every worker checks the chief's record

@@ -137,7 +137,7 @@ def evaluate(
     compiled = model.for_inference(dataset.element_spec, Mode.EVAL, model_dir)
     watched = contextlib.nullcontext()
     placement = model.placement
-    if bar and sys.stdout.isatty() and placement.workers is None:  # counted as they come
+    if bar and sys.stdout.isatty() and not placement.workers.several:  # counted as they come
         # (under multi_worker reading the count is a collective: not from a thread)
         count = compiled.eval_metrics.count.numpy
         total = _examples(dataset, steps, batch_size)

@@ -118,9 +118,9 @@ class Inputs:
                 "parentheses: @my_input_fn)"
             )
         started = time.perf_counter()
-        self.placement.mark(f"in its {mode.value} input_fn")
+        self.placement.workers.heartbeat(f"in its {mode.value} input_fn")
         dataset = input_fn(mode, params)
-        self.placement.mark(f"past its {mode.value} input_fn")
+        self.placement.workers.heartbeat(f"past its {mode.value} input_fn")
         self.seconds["input"] += time.perf_counter() - started
         if not isinstance(dataset, tf.data.Dataset):
             raise UserError(

@@ -35,10 +35,11 @@ from trainer.distributed import preemption, workers
 from trainer.distributed.placement import Placement
 from trainer.errors import Preempted, TrainingDiverged, UserError
 from trainer.inputs import InputFn, Inputs
-from trainer.model_fn import Mode, is_positioned
+from trainer.model_fn import Mode
 from trainer.model_state import ModelState
 from trainer.step import Steps, stackable_steps
 from trainer.summaries import Writers
+from trainer.training_stream import TrainingStream
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,8 +115,7 @@ class TrainingRun:
         self.settings, self.model, self.inputs = settings, model, inputs
         self.placement, self.writers, self.model_dir = placement, writers, model_dir
         self.config, self.policy = config, policy
-        self.iterator: Any = None
-        self.check_saved_input = False  # a saved iterator's size is checked once
+        self.stream: TrainingStream | None = None  # the training input, made by _start
         self.config_written = False
 
     def run(
@@ -131,27 +131,28 @@ class TrainingRun:
         ``ready`` is called once the model is built and restored, before the first step.
         Under multi_worker a watchdog ends the run if every worker stops making progress.
         """
-        with self.placement.watching(self.settings.progress_timeout):
-            start, restored = self._start(input_fn)
+        with self.placement.workers.watch(self.settings.progress_timeout):
+            self.stream = TrainingStream(
+                self.inputs, self.placement, input_fn, self.settings.checkpoint_input
+            )
+            start, restored = self._start()
             if ready is not None:
                 ready()
             if start >= max_steps:
                 logging.info("global_step %d >= max_steps %d: nothing to train.", start, max_steps)
                 self.writers.metrics.start()  # evaluations after this are recorded
                 return start
-            if self.iterator is None:  # a strategy's, made at the restored position
-                self.placement.mark("making its input pipeline", start)
-                self.iterator = self.inputs.train_iterator(input_fn, start)
+            self.stream.start(start)
             self._say_start(start, max_steps, restored)
             log, actions = self._actions(input_fn, start, max_steps, extra, hooks_)
             try:
-                step = self._loop(input_fn, start, actions, max_steps, log.progress)
+                step = self._loop(start, actions, max_steps, log.progress)
                 if not actions[0].is_due(step):  # the end: log and save unless just done
                     log(step)
                 self.save(step)
                 self.checkpointer.wait()  # training returns with its checkpoints whole
             except workers.PEER_ERRORS as error:
-                if self.placement.workers is None:
+                if not self.placement.workers.several:
                     raise
                 raise self.placement.workers.lost(
                     error, self.model.step, self.checkpointer.latest
@@ -182,7 +183,7 @@ class TrainingRun:
             cadence.Periodic(self.policy.keep_every, self.save),
             *monitoring.tensorboard_actions(
                 self.settings,
-                os.path.join(self.placement.write_dir(self.model_dir), "train"),
+                os.path.join(self.placement.workers.write_dir(self.model_dir), "train"),
                 self.writers,
                 self.steps,
                 lambda: next(iter(self.inputs.dataset(input_fn, Mode.EVAL))),
@@ -220,12 +221,10 @@ class TrainingRun:
             logs.keep_log(self.model_dir, f"trainer-{worker}.log" if worker else logs.LOG_NAME)
             if text is not None:
                 self.writers.text("train", "operative_config", text, step)
-        if self.check_saved_input:
-            self.check_saved_input = False
-            monitoring.check_input_state(path, self.dataset)
+        self.stream.saved(path)
         return path
 
-    def _start(self, input_fn: InputFn) -> tuple[int, bool]:
+    def _start(self) -> tuple[int, bool]:
         """Data, model and optimizer, restored; returns the step and whether it restored.
 
         Rerunning the same command continues where it stopped, from the exact next
@@ -235,34 +234,27 @@ class TrainingRun:
         """
         chief = self.placement.worker is None
         find = functools.partial(checkpoints.latest_checkpoint, self.model_dir, repair=chief)
-        if self.placement.workers is None:
-            latest = find()
-        else:  # looked for once every worker is here: the chief's last save is whole
-            config = self.config.text_fn() if self.config.text_fn else ""
-            latest = self.placement.workers.check_same_start(find, self.model_dir, config)
-        self.inputs.resume_from(latest)
-        resumed = checkpoints.step_of(latest) if latest else 0
-        self.placement.mark("starting", resumed)
-        self.dataset = self.inputs.dataset(input_fn, Mode.TRAIN)
-        self.placement.mark("building the model")
-        self.positioned = is_positioned(self.dataset)
-        self.steps: Steps = self.model.build(self.dataset.element_spec, Mode.TRAIN)
-        self.placement.mark("making its input pipeline")  # calls the input_fn again
-        self.iterator = self.placement.saved_iterator(self.dataset)
-        self.placement.mark("restoring")
-        state = {**self.model.checkpoint_items(optimizer=True), **self.inputs.state()}
-        if self.settings.checkpoint_input and self.iterator is not None and not self.positioned:
-            state.update(self.inputs.iterator_state(self.iterator, latest))
-            self.check_saved_input = True
+        # Several workers look once all are here (the chief's last save is whole by then).
+        config = self.config.text_fn() if self.config.text_fn else ""
+        latest = self.placement.workers.check_same_start(find, self.model_dir, config)
+        self.placement.workers.heartbeat("starting", checkpoints.step_of(latest) if latest else 0)
+        dataset = self.stream.open(latest)
+        self.placement.workers.heartbeat("building the model")
+        self.steps: Steps = self.model.build(dataset.element_spec, Mode.TRAIN)
+        state = {
+            **self.model.checkpoint_items(optimizer=True),
+            **self.stream.checkpoint_items(latest),
+        }
+        self.placement.workers.heartbeat("restoring")
         self.checkpointer = checkpoint_writer.Checkpointer(
             self.model_dir,
             self.settings.keep_checkpoint_max,
-            save_dir=self.placement.write_dir(self.model_dir),
+            save_dir=self.placement.workers.write_dir(self.model_dir),
             keep_every=self.policy.keep_every,
             protected=self.policy.protected,
             # A saved tf.data iterator is copied by its own serialization, which async
             # checkpointing did not capture exactly (a shuffle buffer resumed apart).
-            background=self.policy.background and "input" not in state,
+            background=self.policy.background and not self.stream.saves_iterator,
             **state,
         )
         if self.checkpointer.latest is not None:
@@ -281,13 +273,12 @@ class TrainingRun:
         # Under jit_compile a block's batches are stacked: as many as fit in memory.
         self.block = self.settings.steps_per_loop
         if self.settings.jit_compile:
-            self.block = min(self.block, stackable_steps(self.dataset.element_spec))
+            self.block = min(self.block, stackable_steps(dataset.element_spec))
         self.input_wait = monitoring.InputWait(self.steps, self.model.seconds)
         return self.model.step, restored
 
     def _loop(
         self,
-        input_fn: InputFn,
         start: int,
         actions: list,
         max_steps: int,
@@ -304,31 +295,32 @@ class TrainingRun:
         self.steps.train_metrics.reset()
         with preemption.watch_signals() as signals:
             while step < max_steps:
-                if nonfinite.skip_bad_batch(step, self.iterator):
-                    self.inputs.advance(1)
+                if nonfinite.skips(step + 1):
+                    self.stream.skip_batch(step + 1)
                 limit = min([self.block, max_steps - step, *nonfinite.limits(step)])
                 n = cadence.steps_until_due(step, actions, limit)
-                self.placement.mark("training", step)
+                self.placement.workers.heartbeat("training", step)
                 with self._block(n):
-                    self.steps.train_loop(self.iterator, tf.constant(n, tf.int64))
+                    self.steps.train_loop(self.stream.iterator, tf.constant(n, tf.int64))
                 resume_at = self._check_finite(nonfinite, step + 1, n)
                 if resume_at is not None:  # rolled back, or back to find the bad step
                     step = resume_at
                     self.steps.train_metrics.reset()
-                    if self.positioned:  # the restored position, not the iterator's
-                        self.iterator = self.inputs.train_iterator(input_fn, step)
+                    self.stream.rewind(step)
                     continue
-                self.inputs.advance(self.model.step - step)
+                self.stream.advance(self.model.step - step)
                 step = self.model.step
                 progress.advance(step)
-                self.placement.mark("checkpointing or evaluating", step)
+                self.placement.workers.heartbeat("checkpointing or evaluating", step)
                 try:
                     if cadence.run_due(actions, step):
                         break
                 except Exception:
                     self._keep_trained_steps(step)
                     raise
-                signalled = self.placement.signalled(signals)  # any worker's, under multi_worker
+                signalled = self.placement.workers.signalled(
+                    signals
+                )  # any worker's, under multi_worker
                 if signalled:
                     path = self.save(step)
                     self.checkpointer.wait()
@@ -358,7 +350,7 @@ class TrainingRun:
         checkpoint is kept. Under multi_worker saving takes every worker, and the others
         may not be failing: the run stops at the last checkpoint there.
         """
-        if self.placement.workers is not None:
+        if self.placement.workers.several:
             return
         try:
             self.save(step)

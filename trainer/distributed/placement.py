@@ -76,10 +76,11 @@ class Placement:
         )
         # The chief (or a single process) is None; other workers are 'worker_1', ...
         self.worker = strategies.worker_name(self.strategy)
+        # What a run of several workers needs (one process answers it alone).
         self.workers = (
             workers.Workers(self.strategy, self.worker, strategies.joined_cluster())
             if distribution == "multi_worker"
-            else None
+            else workers.OneProcess()
         )
 
     @property
@@ -159,31 +160,6 @@ class Placement:
     def scope(self):
         """The strategy's scope, where variables must be created; or no scope."""
         return self.strategy.scope() if self.strategy else contextlib.nullcontext()
-
-    def write_dir(self, model_dir: str) -> str:
-        """Where this worker writes: ``model_dir`` for the chief, which holds the run.
-
-        Every worker saves (a save may need them all); the others write to a scratch
-        directory of their own and remove what they wrote (``workers.Workers``).
-        """
-        return self.workers.write_dir(model_dir) if self.workers else model_dir
-
-    def watching(self, timeout: float):
-        """Under multi_worker, the progress watchdog of one training run; else nothing."""
-        if self.workers is None:
-            return contextlib.nullcontext()
-        return self.workers.watch(timeout)
-
-    def mark(self, phase: str, step: int | None = None) -> None:
-        """Under multi_worker, this worker's progress for the watchdog (``watching``)."""
-        if self.workers is not None:
-            self.workers.mark(phase, step)
-
-    def signalled(self, signals: list[str]) -> str | None:
-        """The signal that stops the run: this process's, or under multi_worker any worker's."""
-        if self.workers is None:
-            return f"{signals[0]} received" if signals else None
-        return self.workers.signalled(signals)
 
     def adopt(self, optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
         """The optimizer, made again inside the strategy's scope if there is one."""

@@ -2,11 +2,11 @@
 
 TensorFlow notices a worker that dies or stops heartbeating; one stuck while its
 process still answers (in an input_fn, a deadlock) holds every other worker in its next
-collective forever. So each worker marks its progress (``mark``: the phase it enters,
-at which step), and a thread of its own publishes the mark through the coordination
-service every few seconds and reads every other worker's. When no worker's mark has
+collective forever. So each worker beats its progress (``heartbeat``: the phase it enters,
+at which step), and a thread of its own publishes the beat through the coordination
+service every few seconds and reads every other worker's. When no worker's beat has
 changed for ``timeout`` seconds the run is stalled: the workers behind the others
-(fewest marks: the ones the others wait for) are named, this worker's collectives are
+(fewest beats: the ones the others wait for) are named, this worker's collectives are
 aborted, so that its training ends as it does for a lost peer (exit 75, every worker
 resumes from the last checkpoint), and a worker whose main thread is stuck outside a
 collective is ended by this thread after ``GRACE_SECONDS``, with the same line.
@@ -30,12 +30,12 @@ GRACE_SECONDS = 10  # for the main thread to end on its own once collectives are
 
 
 class Watchdog:
-    """Publishes this worker's marks and watches every worker's while inside ``with``.
+    """Publishes this worker's heartbeats and watches every worker's while inside ``with``.
 
     Args:
       index: this worker's place among ``addresses`` (the chief first).
       addresses: every worker's address, for the message.
-      timeout: seconds without a new mark on any worker before the run is ended.
+      timeout: seconds without a new heartbeat on any worker before the run is ended.
       run: this process's train() calls so far; keys differ between runs.
       end: ends this process with a line (``workers.exit_now``), when its main thread
         does not end on its own.
@@ -44,15 +44,15 @@ class Watchdog:
     def __init__(self, index: int, addresses: list[str], timeout: float, run: int, end):
         self.index, self.addresses, self.timeout, self.end = index, addresses, timeout, end
         self.prefix = f"trainer/progress/{run}/"
-        self.record = (0, 0, "starting")  # marks so far, step, phase
+        self.record = (0, 0, "starting")  # beats so far, step, phase
         self.period = max(min(5.0, timeout / 4), 0.5)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="watchdog", daemon=True)
 
-    def mark(self, phase: str, step: int | None = None) -> None:
+    def heartbeat(self, phase: str, step: int | None = None) -> None:
         """This worker enters ``phase`` (or goes on in it) at ``step`` (None: the same)."""
-        marks, last, _ = self.record
-        self.record = (marks + 1, last if step is None else step, phase)
+        beats, last, _ = self.record
+        self.record = (beats + 1, last if step is None else step, phase)
 
     def __enter__(self) -> Watchdog:
         self._thread.start()
@@ -82,10 +82,10 @@ class Watchdog:
 
     def _publish(self, store) -> None:
         key = f"{self.prefix}{self.index}"
-        try:  # a key is written once: the last mark is taken away first
+        try:  # a key is written once: the last beat is taken away first
             store.delete_config_key_value(key)
             store.set_config_key_value(key, json.dumps(self.record))
-        except (tf.errors.OpError, RuntimeError):  # the service is gone: marks stop coming
+        except (tf.errors.OpError, RuntimeError):  # the service is gone: beats stop coming
             pass
 
     def _read(self, store, index: int) -> tuple | None:
@@ -111,15 +111,15 @@ class Watchdog:
 
     def _verdict(self, seen: dict[int, tuple]) -> tuple[str, list[int]]:
         """What stalled, in words, and the indices of the workers behind the others."""
-        marks = {index: seen.get(index, (0, 0, "starting")) for index in range(len(self.addresses))}
-        fewest = min(record[0] for record in marks.values())
-        behind = sorted(i for i, record in marks.items() if record[0] == fewest)
+        beats = {index: seen.get(index, (0, 0, "starting")) for index in range(len(self.addresses))}
+        fewest = min(record[0] for record in beats.values())
+        behind = sorted(i for i, record in beats.items() if record[0] == fewest)
         took = f"for {self.timeout:g}s (Estimator.progress_timeout)"
-        if len(behind) == len(marks):
-            _, step, phase = marks[0]
+        if len(behind) == len(beats):
+            _, step, phase = beats[0]
             return f"no worker made progress {took}, all {phase} at step {step}", []
         names = ", ".join(
-            f"worker {i} ({self.addresses[i]}, {marks[i][2]} at step {marks[i][1]})" for i in behind
+            f"worker {i} ({self.addresses[i]}, {beats[i][2]} at step {beats[i][1]})" for i in behind
         )
         return f"{names} made no progress {took} while the others waited", behind
 

@@ -73,6 +73,39 @@ def exit_now(message: str, exit_code: int, prefix: str) -> NoReturn:
     os._exit(exit_code)
 
 
+class OneProcess:
+    """A run of one process (one device, towers or mirrored): ``Workers``' questions answered.
+
+    The loop asks the same of one process as of several workers; here a stop signal is
+    this process's own, it writes ``model_dir`` itself, and nothing watches it.
+    """
+
+    several = False  # every worker of a run saves together; one process saves alone
+
+    def watch(self, timeout: float):
+        """Nothing to watch: a process that stops making progress is its own to see."""
+        del timeout
+        return contextlib.nullcontext()
+
+    def heartbeat(self, phase: str, step: int | None = None) -> None:
+        """Nothing to tell: no watchdog."""
+
+    def write_dir(self, model_dir: str) -> str:
+        """Where the process writes: ``model_dir``."""
+        return model_dir
+
+    def check_same_start(
+        self, find_latest: Callable[[], str | None], model_dir: str, config: str
+    ) -> str | None:
+        """The checkpoint to resume from: ``find_latest()``; there is no one to agree with."""
+        del model_dir, config
+        return find_latest()
+
+    def signalled(self, signals: list[str]) -> str | None:
+        """The stop signal this process received, in words, or None."""
+        return f"{signals[0]} received" if signals else None
+
+
 class Workers:
     """The workers of a ``MultiWorkerMirroredStrategy`` run, seen from one of them.
 
@@ -80,6 +113,8 @@ class Workers:
       strategy: the run's ``MultiWorkerMirroredStrategy``.
       worker: this worker's name (``'worker_1'``), None for the chief.
     """
+
+    several = True
 
     def __init__(
         self, strategy: tf.distribute.Strategy, worker: str | None, found: cluster.Cluster
@@ -99,10 +134,10 @@ class Workers:
         )
         return self.watchdog
 
-    def mark(self, phase: str, step: int | None = None) -> None:
+    def heartbeat(self, phase: str, step: int | None = None) -> None:
         """This worker's progress, for the watchdog: it enters ``phase`` at ``step``."""
         if self.watchdog is not None:
-            self.watchdog.mark(phase, step)
+            self.watchdog.heartbeat(phase, step)
 
     def write_dir(self, model_dir: str) -> str:
         """Where this worker writes: ``model_dir`` for the chief, else a scratch directory."""
