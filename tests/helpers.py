@@ -91,7 +91,7 @@ def _calling(module: str, function: str, before: str = "") -> str:
 def on_two_cpus(module: str, function: str, *args: str):
     """``module.function(*args)`` in a subprocess that split its CPU into two logical
     devices before TensorFlow started; its JSON result."""
-    script = _calling(module, function, "from trainer import parallel\nparallel.split_cpu(2)\n")
+    script = _calling(module, function, "import trainer\ntrainer.split_cpu(2)\n")
     done = subprocess.run(
         [sys.executable, "-c", script, *args],
         cwd=REPO,

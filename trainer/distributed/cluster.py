@@ -254,7 +254,7 @@ def _check_addresses(job: str, addresses) -> None:
 
 
 def join(make: Callable[[], T], timeout_seconds: float, found: Cluster) -> T:
-    """``make()``, which waits for every worker in C++, once they have met in ``lobby``.
+    """``make()``, which waits for every worker in C++, once they have met (``rendezvous``).
 
     There, within ``timeout_seconds``, SIGINT and SIGTERM are answered as the caller
     has them answered, and a worker that never comes is named (``PeerLost``). After
