@@ -15,6 +15,7 @@ import tensorflow_datasets as tfds
 
 from datasets import digits, prepare, shards, tfrecord  # noqa: F401 (digits: bound in gin below)
 from tests.conftest import REPO, digits_args, run_cli
+from trainer.cli import experiment
 
 LOAD_AND_PREDICT = """
 import json, sys
@@ -79,19 +80,19 @@ def test_saved_model_in_a_fresh_process_predicts_like_the_framework(tmp_path, da
 
 
 @pytest.mark.parametrize(
-    "experiment, shape",
+    "name, shape",
     [
         ("digits_mlp", [None, 8, 8, 1]),
         ("mnist_alexnet", [None, 28, 28, 1]),
         ("cifar10_alexnet", [None, 32, 32, 3]),
     ],
 )
-def test_signature_matches_the_data(tmp_path, experiment, shape):
+def test_signature_matches_the_data(tmp_path, name, shape):
     # Mock data under a data_dir of its own: the digits read from one are held for the
     # process (digits.source), and the session's data_dir must stay the real digits.
     mock_dir = tmp_path / "mock_data"
     gin.parse_config_files_and_bindings(
-        [f"{REPO}/experiments/{experiment}.gin", f"{REPO}/experiments/smoke.gin"],
+        [f"{REPO}/experiments/{name}.gin", f"{REPO}/experiments/smoke.gin"],
         ["Estimator.global_batch_size = 8", f"digits.input_fn.data_dir = '{mock_dir}'"],
     )
     with tfds.testing.mock_data(num_examples=16):
