@@ -235,7 +235,7 @@ class TrainingRun:
         chief = self.placement.worker is None
         find = functools.partial(checkpoints.latest_checkpoint, self.model_dir, repair=chief)
         # Several workers look once all are here (the chief's last save is whole by then).
-        config = self.config.text_fn() if self.config.text_fn else ""
+        config = self.config.text_fn or str  # the run's config as text, asked only if compared
         latest = self.placement.workers.check_same_start(find, self.model_dir, config)
         self.placement.workers.heartbeat("starting", checkpoints.step_of(latest) if latest else 0)
         dataset = self.stream.open(latest)

@@ -95,7 +95,7 @@ class OneProcess:
         return model_dir
 
     def check_same_start(
-        self, find_latest: Callable[[], str | None], model_dir: str, config: str
+        self, find_latest: Callable[[], str | None], model_dir: str, config: Callable[[], str]
     ) -> str | None:
         """The checkpoint to resume from: ``find_latest()``; there is no one to agree with."""
         del model_dir, config
@@ -163,17 +163,17 @@ class Workers:
         return rows[:: self.per_worker]
 
     def check_same_start(
-        self, find_latest: Callable[[], str | None], model_dir: str, config: str
+        self, find_latest: Callable[[], str | None], model_dir: str, config: Callable[[], str]
     ) -> str | None:
         """The checkpoint to resume from; refuses workers given different configs or ones.
 
-        ``config`` is this worker's configuration as text; ``find_latest()`` finds the
+        ``config()`` is this worker's configuration as text; ``find_latest()`` finds the
         checkpoint it would resume from, called once every worker has exchanged its
         config: by then the chief has finished writing its previous save (a second
         ``train()`` in one process could look before the chief's checkpoint list was
         written, and see none).
         """
-        self._check_same_config(config)
+        self._check_same_config(config())
         latest = find_latest()
         step = int(latest.rsplit("-", 1)[1]) if latest else -1
         steps = [row[0] for row in self.gather([step])]
