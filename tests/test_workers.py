@@ -438,6 +438,10 @@ def test_the_launchers_exit_code_start_time_and_crowding_in_one_place():
     assert launcher.job_code([0, -9]) == 128 + 9  # as a shell says a SIGKILL
     assert launcher.job_code([2, -9, 75]) == 2  # a mistake says the most
     assert launcher.job_code([143, 75]) == 143 and launcher.job_code([0, 0]) == 0
+    # The chief's answer to the SIGTERM another worker's failure made the command send.
+    assert launcher._answers_sigterm("interrupted: SIGTERM received before training started")
+    assert launcher._answers_sigterm("preempted: worker 1 received SIGTERM: saved ckpt-3")
+    assert not launcher._answers_sigterm("error: Estimator.global_batch_size 65 does not divide")
     argv = ["--model_dir", "out/{timestamp}", "--gin_param", "x = '{timestamp}'"]
     assert launcher.with_start_time(argv, "T") == [
         "--model_dir",

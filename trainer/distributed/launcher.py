@@ -52,7 +52,8 @@ def run(count: int, argv: list[str]) -> int:
     said: set[str] = set()  # every line shown: another worker's same line is not
     said_by_others: set[str] = set()  # the chief's repeats of its own lines are shown
     forwarded: list[int] = []  # the signals this command received and passed on
-    relay_args = (workers[0].stderr, said, said_by_others, forwarded)
+    stopping = threading.Event()  # set once a worker failed and the others are stopped
+    relay_args = (workers[0].stderr, said, said_by_others, forwarded, stopping)
     readers = [threading.Thread(target=_relay, args=relay_args, daemon=True)]
     others = [[] for _ in workers[1:]]
     readers += [
@@ -68,6 +69,7 @@ def run(count: int, argv: list[str]) -> int:
 
     def failed(index: int) -> None:  # shown first, then the others are stopped
         stopped_by.append(index)
+        stopping.set()
         if index:
             readers[index].join()
             _show(index, others[index - 1], said, said_by_others, forwarded)
@@ -263,11 +265,13 @@ def end_with_parent() -> None:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def _relay(stream, said: set[str], said_by_others: set[str], forwarded: list[int]) -> None:
-    """The chief's lines as they come, but one another worker said already."""
+def _relay(stream, said: set[str], by_others: set[str], forwarded: list[int], stopping) -> None:
+    """The chief's lines as they come, but one another worker said already, and its
+    answer to the SIGTERM that another worker's failure made the command send it (the
+    failure is the news; like the other workers, the chief has nothing of its own)."""
     for line in stream:
         line = _as_the_commands(line, forwarded)
-        if line in said_by_others:
+        if line in by_others or (stopping.is_set() and _answers_sigterm(line)):
             continue
         said.add(line)
         sys.stderr.write(line)
@@ -287,6 +291,11 @@ def _as_the_commands(line: str, forwarded: list[int]) -> str:
     return re.sub(
         r"^(\w+): (worker \d+ received SIG\w+|SIG\w+ received):", rf"\1: {name} received:", line
     )
+
+
+def _answers_sigterm(line: str) -> bool:
+    """Whether ``line`` is a worker's last word on a SIGTERM it was sent."""
+    return re.match(r"^\w+: (SIGTERM received|worker \d+ received SIGTERM)\b", line) is not None
 
 
 def _collect(stream, lines: list[str]) -> None:
