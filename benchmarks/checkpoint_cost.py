@@ -32,6 +32,7 @@ from absl import logging  # noqa: E402
 
 from models.mlp import MLP  # noqa: E402
 from trainer import Estimator  # noqa: E402
+from trainer.settings import Checkpoints, Summaries  # noqa: E402
 
 BATCH = 64
 HIDDEN = [4096, 3400]
@@ -54,11 +55,10 @@ def run(steps: int, every: int, save: bool, background: bool) -> tuple[float, in
             progress=False,
             steps_per_loop=every,
             log_every_steps=every,
-            save_checkpoints_steps=every if save else None,
-            keep_checkpoint_max=2,
-            async_checkpoints=background,
-            write_graph=False,
-            checkpoint_input=False,
+            checkpoints=Checkpoints(
+                every_steps=every if save else None, keep=2, background=background, input=False
+            ),
+            summaries=Summaries(write_graph=False),
         )
         estimator.train(input_fn, steps, hooks_=[second_block_done])
         seconds = time.perf_counter() - marks[1]

@@ -34,6 +34,8 @@ import trainer  # noqa: E402, I001
 trainer.quiet_start()  # first: TensorFlow loads without its start-up lines
 import costs  # noqa: E402
 
+from trainer.settings import Checkpoints, Devices, Summaries  # noqa: E402
+
 SETUPS = ["towers:1", "towers:2", "towers:4", "mirrored:2", "mirrored:4"]
 BATCH = 128
 
@@ -67,11 +69,9 @@ def measure(setup: str, seconds: float) -> float:
             progress=False,
             steps_per_loop=100,
             log_every_steps=10**9,
-            save_checkpoints_steps=None,
-            write_graph=False,
-            checkpoint_input=False,
-            distribution=distribution,
-            num_devices=int(devices),
+            checkpoints=Checkpoints(every_steps=None, input=False),
+            summaries=Summaries(write_graph=False),
+            devices=Devices(distribution=distribution, count=int(devices)),
         )
         estimator.train(input_fn, 100)  # warm-up: tracing and the first block
         steps, start = 0, time.perf_counter()

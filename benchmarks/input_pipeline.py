@@ -46,6 +46,7 @@ from absl import logging  # noqa: E402
 from datasets import pipeline, shards, tfds_images, tfrecord  # noqa: E402
 from models.alexnet import AlexNet  # noqa: E402
 from trainer import Estimator, InputParams, Mode, ModelFn, Spec  # noqa: E402
+from trainer.settings import Checkpoints, Devices  # noqa: E402
 
 BATCH = 128
 
@@ -81,7 +82,7 @@ def training_rate(steps: int) -> float:
             progress=False,
             steps_per_loop=10,
             log_every_steps=10,
-            save_checkpoints_steps=None,
+            checkpoints=Checkpoints(every_steps=None),
             optimizer=keras.optimizers.SGD(0.01),
         )
         estimator.train(input_fn, 10)  # warm-up: trace and compile
@@ -288,8 +289,7 @@ def resume_costs(root: str, examples: dict) -> dict[str, float]:
             os.path.join(root, distribution),
             global_batch_size=BATCH,
             progress=False,
-            distribution=distribution,
-            num_devices=devices,
+            devices=Devices(distribution=distribution, count=devices),
             seed=0,
         )
         for step in (0, 20_000):

@@ -3,7 +3,7 @@
     python benchmarks/microbatch_memory.py [--batch 16384] [--ks 1,2,4,8] [--json F]
 
 One process. An MLP of 4096-2048-2048 units (15.9 M parameters, Adam) trains on one
-in-memory batch of 28x28 images with ``Estimator.microbatches = k``, for each k in
+in-memory batch of 28x28 images with ``Optimization.microbatches = k``, for each k in
 turn. After a first step (tracing done), TensorFlow's allocator statistics for the
 device are reset and two more steps run: the step's memory is the allocator's peak
 minus what was held before (the weights, Adam's moments, the input batch). The
@@ -29,6 +29,7 @@ from absl import logging  # noqa: E402
 
 from models.mlp import MLP  # noqa: E402
 from trainer import Estimator  # noqa: E402
+from trainer.settings import Checkpoints, Optimization, Summaries  # noqa: E402
 
 HIDDEN = [1024, 1024, 1024]
 PARAMETERS = 784 * 1024 + 1024 + 2 * (1024 * 1024 + 1024) + 1024 * 10 + 10
@@ -44,12 +45,11 @@ def step_memory(k: int, batch: int) -> int:
             MLP(hidden_units=HIDDEN, dropout_rate=0.0),
             model_dir,
             global_batch_size=batch,
-            microbatches=k,
+            optimization=Optimization(microbatches=k),
             progress=False,
             steps_per_loop=1,
-            save_checkpoints_steps=None,
-            write_graph=False,
-            checkpoint_input=False,
+            checkpoints=Checkpoints(every_steps=None, input=False),
+            summaries=Summaries(write_graph=False),
         )
         estimator.train(input_fn, 1)  # traced
         tf.config.experimental.reset_memory_stats(DEVICE)

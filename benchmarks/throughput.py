@@ -38,6 +38,7 @@ from absl import logging  # noqa: E402
 from models.alexnet import AlexNet  # noqa: E402
 from models.mlp import MLP  # noqa: E402
 from trainer import Estimator, cadence, set_precision  # noqa: E402
+from trainer.settings import Checkpoints, Devices, Summaries  # noqa: E402
 
 BATCH = 128
 MLP_PARAMS = 784 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10
@@ -167,11 +168,9 @@ def framework(
                 progress=False,
                 steps_per_loop=100,
                 log_every_steps=chunk,
-                save_checkpoints_steps=None,
-                write_graph=False,
-                checkpoint_input=False,
-                jit_compile=jit,
-                mixed_precision=precision,
+                checkpoints=Checkpoints(every_steps=None, input=False),
+                summaries=Summaries(write_graph=False),
+                devices=Devices(jit_compile=jit, mixed_precision=precision),
             )
             estimator.train(input_fn, 10**9, hooks_=[timer])
     finally:

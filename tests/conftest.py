@@ -74,7 +74,7 @@ def faulty_gin(tmp_path_factory, data_dir):
         "experiment.input_fn = @faulty_digits\n"
         "experiment.max_steps = 100\n"
         "experiment.eval_every_steps = None\n"
-        "Estimator.save_checkpoints_steps = 50\n"
+        "Checkpoints.every_steps = 50\n"
         "Estimator.log_every_steps = 50\n"
         f"digits.input_fn.data_dir = '{data_dir}'\n"
     )

@@ -35,6 +35,7 @@ from sklearn import metrics as sk  # noqa: E402
 import datasets.digits  # noqa: E402
 from models.mlp import MLP  # noqa: E402
 from trainer import Estimator, InputParams, Mode  # noqa: E402
+from trainer.settings import Devices, Summaries  # noqa: E402
 
 
 class EvenOdd(MLP):
@@ -68,9 +69,11 @@ def main(model_dir: str, data_dir: str, train_steps: int) -> None:
         global_batch_size=64,
         eval_batch_size=50,
         seed=0,
-        write_graph=False,
-        distribution=distribution,
-        num_devices="auto" if distribution == "multi_worker" else int(devices),
+        summaries=Summaries(write_graph=False),
+        devices=Devices(
+            distribution=distribution,
+            count="auto" if distribution == "multi_worker" else int(devices),
+        ),
         progress=False,
     )
 

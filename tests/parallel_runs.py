@@ -33,6 +33,7 @@ from absl import logging  # noqa: E402
 import datasets.digits  # noqa: E402
 from models.mlp import MLP  # noqa: E402
 from trainer import Estimator, InputParams, Mode  # noqa: E402
+from trainer.settings import Devices, Optimization, Summaries  # noqa: E402
 
 
 class KerasAdam(keras.optimizers.Adam):
@@ -64,15 +65,16 @@ def train(out_dir: str, data_dir: str, run: str) -> dict:
         model or MLP(num_classes=10, hidden_units=[64, 64], dropout_rate=0.0),
         os.path.join(out_dir, "".join(c if c.isalnum() else "_" for c in run)),
         optimizer=None if compiled else optimizer,
-        clip_gradient_norm=0.1 if "clip" in options else None,
-        microbatches=4 if "micro4" in options else 1,
+        optimization=Optimization(
+            clip_gradient_norm=0.1 if "clip" in options else None,
+            microbatches=4 if "micro4" in options else 1,
+        ),
         global_batch_size=int(batch),
         steps_per_loop=10,
         log_every_steps=10,
         seed=0,
-        write_graph=False,
-        distribution=distribution,
-        num_devices=int(devices),
+        summaries=Summaries(write_graph=False),
+        devices=Devices(distribution=distribution, count=int(devices)),
     )
 
     def input_fn(mode, params):

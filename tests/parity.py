@@ -226,6 +226,20 @@ def predicted(outputs) -> dict[str, np.ndarray]:
     return {"prediction": np.asarray(outputs)}
 
 
+def grouped(flat: dict) -> dict:
+    """The Estimator's arguments for settings named flat (``{'microbatches': 2}``), as a
+    column says them: each in its group (``optimization=Optimization(microbatches=2)``)."""
+    groups: dict = {}
+    for name, value in flat.items():
+        group, field = trainer.settings.MOVED[name].split(".")
+        groups.setdefault(group, {})[field] = value
+    arguments = {"WarmStart": "warm_start"}
+    return {
+        arguments.get(group, group.lower()): getattr(trainer.settings, group)(**fields)
+        for group, fields in groups.items()
+    }
+
+
 def framework_run(
     row: Row,
     model_dir: str,
@@ -264,10 +278,10 @@ def framework_run(
             model_dir,
             global_batch_size=BATCH,
             steps_per_loop=steps,
-            save_checkpoints_steps=None,
+            checkpoints=trainer.Checkpoints(every_steps=None),
             progress=False,
             **optimizer,
-            **settings,
+            **grouped(settings),
         )
         estimator.train(input_fn(row), max_steps=stop)
     # The optimizers that trained: one per unit with groups, remade in a strategy's scope.
@@ -643,8 +657,7 @@ def reported_summed_losses(setups: str) -> dict:
                 model_dir,
                 global_batch_size=BATCH,
                 log_every_steps=1,
-                distribution=distribution,
-                num_devices=int(devices),
+                devices=trainer.Devices(distribution=distribution, count=int(devices)),
                 progress=False,
             )
             estimator.train(input_fn(Row(plain)), 1, hooks_=[lambda _, logs: logged.append(logs)])  # noqa: B023

@@ -20,6 +20,7 @@ import datasets.digits  # noqa: E402
 import datasets.noise  # noqa: E402
 from models.gan import GAN, WGANGP  # noqa: E402
 from trainer import Estimator  # noqa: E402
+from trainer.settings import Devices, Optimization
 
 SETUPS = {"one": ("towers", 1), "towers": ("towers", 2), "mirrored": ("mirrored", 2)}
 
@@ -50,9 +51,8 @@ def train_gan(model_dir, data_dir, kind="gan", distribution="towers", devices=1)
         },
         global_batch_size=32,
         steps_per_loop=10,
-        clip_gradient_norm=1.0 if kind == "gan" else None,
-        distribution=distribution,
-        num_devices=devices,
+        optimization=Optimization(clip_gradient_norm=1.0 if kind == "gan" else None),
+        devices=Devices(distribution=distribution, count=devices),
         seed=0,
         progress=False,
     )

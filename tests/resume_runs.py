@@ -39,6 +39,7 @@ from absl import logging  # noqa: E402
 
 from datasets import pipeline  # noqa: E402
 from trainer import Estimator, ModelFn, Spec  # noqa: E402
+from trainer.settings import Checkpoints, Devices, Optimization, Summaries  # noqa: E402
 
 EXAMPLES = 50
 GLOBAL_BATCH = 12  # divides over 1, 2, 3 and 4 replicas
@@ -84,13 +85,17 @@ def main(model_dir: str, stops: list[int]) -> None:
         optimizer=keras.optimizers.SGD(rates),
         global_batch_size=GLOBAL_BATCH,
         steps_per_loop=3,
-        save_checkpoints_steps=5,
+        checkpoints=Checkpoints(every_steps=5),
         seed=0,
-        write_graph=False,
-        distribution=distribution,
-        num_devices="auto" if distribution == "multi_worker" else int(devices),
-        clip_gradient_norm=float(sys.argv[4]) if len(sys.argv) > 4 else None,
-        microbatches=int(os.environ.get("RESUME_RUNS_MICROBATCHES", "1")),
+        summaries=Summaries(write_graph=False),
+        devices=Devices(
+            distribution=distribution,
+            count="auto" if distribution == "multi_worker" else int(devices),
+        ),
+        optimization=Optimization(
+            clip_gradient_norm=float(sys.argv[4]) if len(sys.argv) > 4 else None,
+            microbatches=int(os.environ.get("RESUME_RUNS_MICROBATCHES", "1")),
+        ),
     )
     logged = [{}]
     for max_steps in stops:

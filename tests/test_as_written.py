@@ -45,7 +45,7 @@ NOT_RUN = {
         for split in ("train", "validation")
     },
     "python3 -m trainer --gin_file experiments/cifar10_alexnet.gin --num_devices 8 "
-    "--gin_param \"Estimator.distribution = 'towers'\"": "8 GPUs",
+    "--gin_param \"Devices.distribution = 'towers'\"": "8 GPUs",
 }
 # Two machines (host1, host2, /shared): tests/test_parallel.py runs these workers on 127.0.0.1.
 MULTI_WORKER = "TF_CONFIG="

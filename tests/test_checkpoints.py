@@ -144,12 +144,12 @@ def test_checkpoint_policies_hold_across_restarts_and_a_lost_list(tmp_path, data
     model_dir = tmp_path / "run"
     policy = [
         "MLP.hidden_units = [32]",
-        "Estimator.save_checkpoints_steps = 10",
-        "Estimator.keep_checkpoint_max = 2",
-        "Estimator.keep_checkpoint_every_steps = 25",  # saved there too, off the cadence
-        "Estimator.keep_best_checkpoints = True",
-        "Estimator.export_best_metric = 'loss'",
-        "Estimator.export_best_higher = False",
+        "Checkpoints.every_steps = 10",
+        "Checkpoints.keep = 2",
+        "Checkpoints.keep_every_steps = 25",  # saved there too, off the cadence
+        "Checkpoints.keep_best = True",
+        "BestExport.metric = 'loss'",
+        "BestExport.higher = False",
         "experiment.eval_every_steps = 20",
         "experiment.eval_steps = 2",
     ]
@@ -180,5 +180,5 @@ def test_checkpoint_policies_hold_across_restarts_and_a_lost_list(tmp_path, data
     assert missing.returncode == 2 and missing.stderr.strip() == (
         f"error: no checkpoint of step 30 in {model_dir} (its checkpoints: "
         + ", ".join(map(str, checkpoint_steps(model_dir)))
-        + "): name one of them, or keep more (Estimator.keep_checkpoint_every_steps)"
+        + "): name one of them, or keep more (Checkpoints.keep_every_steps)"
     )

@@ -20,6 +20,7 @@ from datasets import digits
 from models.mlp import MLP
 from tests.conftest import REPO, digits_args, run_cli
 from trainer import Estimator
+from trainer.settings import Checkpoints
 
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # anything but tab and newline
 
@@ -73,7 +74,7 @@ def screen_lines(out, columns=120):
 
 
 def test_a_terminal_shows_one_bar_with_whole_lines_above_it_and_a_clean_ctrl_c(tmp_path, data_dir):
-    every = ["experiment.eval_every_steps = 250", "Estimator.save_checkpoints_steps = 250"]
+    every = ["experiment.eval_every_steps = 250", "Checkpoints.every_steps = 250"]
     args = digits_args(data_dir, tmp_path / "run", "--gin_param", "experiment.max_steps = 2000")
     code, out, err = run_in_terminal(
         [*args, *(a for e in every for a in ("--gin_param", e))], 120, 3
@@ -131,7 +132,7 @@ def digits_estimator(model_dir, **kwargs):
         global_batch_size=32,
         steps_per_loop=10,
         log_every_steps=10,
-        save_checkpoints_steps=None,
+        checkpoints=Checkpoints(every_steps=None),
         seed=0,
         **kwargs,
     )

@@ -19,9 +19,9 @@ def test_continuous_eval_beside_training_evaluates_each_checkpoint_once(tmp_path
         "--gin_param",
         "experiment.max_steps = 1200",
         "--gin_param",
-        "Estimator.save_checkpoints_steps = 200",
+        "Checkpoints.every_steps = 200",
         "--gin_param",
-        "Estimator.keep_checkpoint_max = 10",
+        "Checkpoints.keep = 10",
     )
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     results, log_path = tmp_path / "eval.json", tmp_path / "evaluator.log"

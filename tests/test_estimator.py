@@ -12,6 +12,7 @@ from datasets import digits
 from models.mlp import MLP
 from tests.helpers import checkpoint_steps, event_tags, scalar_series
 from trainer import Estimator, Mode, UserError
+from trainer.settings import Checkpoints, Devices, RunConfig
 
 
 def make_estimator(model_dir, seed=0, **kwargs):
@@ -21,7 +22,7 @@ def make_estimator(model_dir, seed=0, **kwargs):
         eval_batch_size=100,
         steps_per_loop=4,
         log_every_steps=5,
-        save_checkpoints_steps=5,
+        checkpoints=Checkpoints(every_steps=5),
         seed=seed,
         optimizer=keras.optimizers.Adam(1e-3),
     )
@@ -35,7 +36,9 @@ def input_fn(data_dir):
 
 
 def test_ten_steps_write_checkpoints_and_events(tmp_path, input_fn):
-    estimator = make_estimator(tmp_path, config_text_fn=lambda: "MLP.hidden_units = [32]\n")
+    estimator = make_estimator(
+        tmp_path, config=RunConfig(text_fn=lambda: "MLP.hidden_units = [32]\n")
+    )
     metrics = estimator.train_and_evaluate(
         input_fn, {"test": input_fn}, max_steps=10, eval_every_steps=5
     )
@@ -87,8 +90,8 @@ def test_prefetching_to_the_device_resumes_from_the_exact_batch(tmp_path, input_
     prefetching equal 20 steps with it and 20 steps without, bit for bit."""
     plain = make_estimator(tmp_path / "plain")
     plain.train(input_fn, max_steps=20)
-    make_estimator(tmp_path / "split", prefetch_to_device=True).train(input_fn, max_steps=10)
-    second = make_estimator(tmp_path / "split", seed=7, prefetch_to_device=True)
+    make_estimator(tmp_path / "split", devices=Devices(prefetch=True)).train(input_fn, max_steps=10)
+    second = make_estimator(tmp_path / "split", seed=7, devices=Devices(prefetch=True))
     second.train(input_fn, max_steps=20)
     for a, b in zip(
         plain.model_fn.trainable_variables, second.model_fn.trainable_variables, strict=True
@@ -115,7 +118,7 @@ def test_evaluate_covers_the_whole_eval_set(tmp_path, input_fn):
 def test_hooks_fire_at_the_requested_steps_across_loop_blocks(tmp_path, input_fn):
     calls = []
     estimator = make_estimator(
-        tmp_path, steps_per_loop=7, log_every_steps=5, save_checkpoints_steps=6
+        tmp_path, steps_per_loop=7, log_every_steps=5, checkpoints=Checkpoints(every_steps=6)
     )
     estimator.train(input_fn, max_steps=17, hooks_=[lambda step, logs: calls.append((step, logs))])
     assert [s for s, _ in calls] == [5, 10, 15, 17]
@@ -163,7 +166,7 @@ def test_xla_compiled_step_trains_to_the_same_place(tmp_path, input_fn):
             optimizer=keras.optimizers.SGD(0.1),
             global_batch_size=32,
             steps_per_loop=5,
-            jit_compile=jit,
+            devices=Devices(jit_compile=jit),
         )
         estimator.train(input_fn, max_steps=10)
         return estimator

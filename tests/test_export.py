@@ -16,6 +16,7 @@ import tensorflow_datasets as tfds
 from datasets import digits, prepare, shards, tfrecord  # noqa: F401 (digits: bound in gin below)
 from tests.conftest import REPO, digits_args, run_cli
 from trainer.cli import experiment
+from trainer.settings import Summaries
 
 LOAD_AND_PREDICT = """
 import json, sys
@@ -124,11 +125,11 @@ def test_best_exporter_keeps_the_top_k_across_restarts(tmp_path, data_dir):
         "--gin_param",
         "experiment.eval_every_steps = 50",
         "--gin_param",
-        "Estimator.export_best_metric = 'loss'",
+        "BestExport.metric = 'loss'",
         "--gin_param",
-        "Estimator.export_best_higher = False",
+        "BestExport.higher = False",
         "--gin_param",
-        "Estimator.export_best_keep = 2",
+        "BestExport.keep = 2",
     )
     assert run_cli(*args, "--gin_param", "experiment.max_steps = 100").returncode == 0
     best = model_dir / "export" / "best"
@@ -151,7 +152,9 @@ def test_tabular_data_is_served_in_its_units_and_undeclared_input_as_its_feature
     from models.linear import LinearRegression
     from trainer import Estimator
 
-    estimator = Estimator(LinearRegression(), str(tmp_path / "run"), seed=0, write_graph=False)
+    estimator = Estimator(
+        LinearRegression(), str(tmp_path / "run"), seed=0, summaries=Summaries(write_graph=False)
+    )
     estimator.train(diabetes.input_fn, max_steps=5)
     signatures = tf.saved_model.load(estimator.export(diabetes.input_fn)).signatures
     x, _ = diabetes.raw("test")

@@ -31,6 +31,7 @@ from tests.helpers import (
 )
 from trainer import Estimator, ModelFn, Spec, UserError
 from trainer.errors import TrainingDiverged
+from trainer.settings import Checkpoints, Devices, Optimization
 
 
 def snapshot(model_dir):
@@ -138,9 +139,9 @@ def test_rollback_skips_the_bad_batch_and_finishes(tmp_path, faulty_gin):
         "--gin_param",
         "faulty_digits.at_batch = 30",
         "--gin_param",
-        "Estimator.save_checkpoints_steps = 20",
+        "Checkpoints.every_steps = 20",
         "--gin_param",
-        "Estimator.nonfinite_loss = 'rollback'",
+        "Optimization.nonfinite_loss = 'rollback'",
         "--gin_param",
         "experiment.max_steps = 60",
         env=ENV,
@@ -191,8 +192,8 @@ def silent_nan_estimator(model_dir, jit, **kwargs):
         optimizer=keras.optimizers.SGD(0.001),
         global_batch_size=4,
         steps_per_loop=10,
-        save_checkpoints_steps=10,
-        jit_compile=jit,
+        checkpoints=Checkpoints(every_steps=10),
+        devices=Devices(jit_compile=jit),
         **kwargs,
     )
 
@@ -201,7 +202,9 @@ def silent_nan_estimator(model_dir, jit, **kwargs):
 def test_a_nan_gradient_under_a_finite_loss_is_found_and_skipped(tmp_path, jit, caplog):
     """Step 15's gradient is NaN, its loss 0: the block 11-20 is rerun one step at a
     time from ckpt-10, step 15 is found, rolled back and its batch skipped."""
-    estimator = silent_nan_estimator(tmp_path, jit, nonfinite_loss="rollback")
+    estimator = silent_nan_estimator(
+        tmp_path, jit, optimization=Optimization(nonfinite_loss="rollback")
+    )
     with caplog.at_level("WARNING"):
         assert estimator.train(zero_at(14), max_steps=30) == 30
     messages = caplog.text
@@ -242,7 +245,7 @@ def test_sigkill_during_a_background_save_resumes_bitwise_exact(tmp_path, data_d
         "MLP.hidden_units = [2048, 2048]",  # a 52 MB checkpoint: its write takes a while
         "experiment.deterministic = True",
         "experiment.max_steps = 60",
-        "Estimator.save_checkpoints_steps = 20",  # the first save waits, the next do not
+        "Checkpoints.every_steps = 20",  # the first save waits, the next do not
         "Estimator.steps_per_loop = 20",
     ):
         args += ["--gin_param", binding]
@@ -300,7 +303,7 @@ def test_sigkill_at_random_steps_then_resume_is_bitwise_exact(tmp_path, data_dir
         "--gin_param",
         f"experiment.max_steps = {max_steps}",
         "--gin_param",
-        "Estimator.save_checkpoints_steps = 100",
+        "Checkpoints.every_steps = 100",
         "--gin_param",
         "Estimator.steps_per_loop = 20",
     ]
@@ -348,7 +351,7 @@ def test_one_trainer_per_model_dir_and_a_dead_holder_is_taken_over(tmp_path, dat
         "--gin_param",
         "experiment.max_steps = 1000000",
         "--gin_param",
-        "Estimator.save_checkpoints_steps = 200",
+        "Checkpoints.every_steps = 200",
     )
     first, second = start(args), start(args)
     try:
@@ -393,7 +396,7 @@ def test_sigterm_saves_at_a_step_boundary_and_exits_75(tmp_path, data_dir):
         "--gin_param",
         "experiment.max_steps = 1000000",
         "--gin_param",
-        "Estimator.save_checkpoints_steps = 1000",
+        "Checkpoints.every_steps = 1000",
         "--gin_param",
         "Estimator.steps_per_loop = 7",
     ]

@@ -23,6 +23,7 @@ from tests.helpers import (
     start,
     wait_for_checkpoint_after,
 )
+from trainer.settings import Devices, Optimization
 
 
 def test_a_learning_rate_multiplier_scales_its_variables_update_and_no_other(tmp_path):
@@ -34,7 +35,7 @@ def test_a_learning_rate_multiplier_scales_its_variables_update_and_no_other(tmp
             BodyHead(),
             tmp_path / str(len(rule)),
             optimizer=keras.optimizers.Adam(0.01),
-            learning_rate_multipliers=rule,
+            optimization=Optimization(learning_rate_multipliers=rule),
         )
         before = first = built(run, first)
         run.train(line_data, 1)
@@ -47,7 +48,9 @@ def test_a_learning_rate_multiplier_scales_its_variables_update_and_no_other(tmp
 
 
 def test_frozen_variables_stay_bit_equal_until_their_step_then_move(tmp_path):
-    run = estimator(BodyHead(), tmp_path, frozen_until_step={"^body/": 3})
+    run = estimator(
+        BodyHead(), tmp_path, optimization=Optimization(frozen_until_step={"^body/": 3})
+    )
     run.train(line_data, 1)
     first = weights(run.model_fn)
     for step in (2, 3):
@@ -62,7 +65,9 @@ def test_frozen_variables_stay_bit_equal_until_their_step_then_move(tmp_path):
     assert units == {"model": 5, "body": 2}  # applied at steps 3 and 4 only
 
     # Resumed in a new process-like Estimator: the frozen unit's state comes back.
-    again = estimator(BodyHead(), tmp_path, frozen_until_step={"^body/": 3})
+    again = estimator(
+        BodyHead(), tmp_path, optimization=Optimization(frozen_until_step={"^body/": 3})
+    )
     again.train(line_data, 6)
     units = {u.name: int(u.optimizer.iterations.numpy()) for u in again.model.plan.units}
     assert units == {"model": 6, "body": 3}
@@ -77,7 +82,7 @@ def test_no_weight_decay_leaves_the_matched_variables_undecayed(tmp_path):
             BodyHead(),
             tmp_path / str(len(excluded)),
             optimizer=keras.optimizers.AdamW(0.01, weight_decay=0.5),
-            no_weight_decay=excluded,
+            optimization=Optimization(no_weight_decay=excluded),
         )
         first = built(run, first)
         for v in run.model_fn.trainable_variables:  # biases start away from zero
@@ -96,23 +101,23 @@ def test_no_weight_decay_leaves_the_matched_variables_undecayed(tmp_path):
     "settings, message",
     [
         (
-            dict(learning_rate_multipliers={"^encoder/": 0.1}),
-            r"Estimator.learning_rate_multipliers pattern '\^encoder/' matches none of the "
+            dict(optimization=Optimization(learning_rate_multipliers={"^encoder/": 0.1})),
+            r"Optimization.learning_rate_multipliers pattern '\^encoder/' matches none of the "
             r"model's 4 trainable variables; their paths are like .*body/kernel",
         ),
         (
-            dict(frozen_until_step={"body": -1}),
-            r"Estimator.frozen_until_step\['body'\] must be a step >= 0, got -1",
+            dict(optimization=Optimization(frozen_until_step={"body": -1})),
+            r"Optimization.frozen_until_step\['body'\] must be a step >= 0, got -1",
         ),
         (
-            dict(learning_rate_multipliers={"(body": 0.1}),
+            dict(optimization=Optimization(learning_rate_multipliers={"(body": 0.1})),
             r"pattern '\(body' is not a regular expression",
         ),
         (
-            dict(no_weight_decay=["bias"]),
+            dict(optimization=Optimization(no_weight_decay=["bias"])),
             r"the optimizer of 'model' \(SGD\) has no weight_decay: use AdamW",
         ),
-        (dict(no_weight_decay="bias"), r"write \['bias'\]"),
+        (dict(optimization=Optimization(no_weight_decay="bias")), r"write \['bias'\]"),
     ],
 )
 def test_a_rule_that_cannot_apply_is_refused_in_one_line(tmp_path, settings, message):
@@ -242,9 +247,9 @@ def test_the_gan_experiment_on_two_devices_and_killed_and_resumed(tmp_path, data
                 "experiment.deterministic = True",
                 "experiment.max_steps = 400",
                 "experiment.eval_every_steps = 100",
-                "Estimator.save_checkpoints_steps = 100",
+                "Checkpoints.every_steps = 100",
                 "Estimator.steps_per_loop = 20",
-                "Estimator.image_every_steps = 400",
+                "Summaries.image_every_steps = 400",
             )
             for arg in ("--gin_param", binding)
         ],
@@ -444,7 +449,12 @@ def test_groups_keep_loss_scaling_and_the_moving_average_per_group(tmp_path):
     try:
         model = BodyHead(loss_per_group=True)
         model.groups = {"body": trainer.Group("^body/"), "head": trainer.Group(model.head)}
-        run = estimator(model, tmp_path, mixed_precision="mixed_float16", ema_decay=0.5)
+        run = estimator(
+            model,
+            tmp_path,
+            devices=Devices(mixed_precision="mixed_float16"),
+            optimization=Optimization(ema_decay=0.5),
+        )
         before = built(run)
         run.train(line_data, 6)
     finally:

@@ -17,6 +17,7 @@ from models.mlp import MLP
 from tests import image_folders
 from tests.conftest import REPO
 from trainer import Estimator, InputParams, Mode, UserError
+from trainer.settings import Checkpoints
 
 
 def prepare(*args, timeout=300):
@@ -144,7 +145,7 @@ def test_inception_crops_resume_bit_equal(photos, tmp_path):
             str(model_dir),
             global_batch_size=16,
             steps_per_loop=5,
-            save_checkpoints_steps=20,
+            checkpoints=Checkpoints(every_steps=20),
             seed=0,
             optimizer=keras.optimizers.Adam(3e-3),
         )

@@ -103,8 +103,9 @@ def sum_reduced_runs(model_dir):
             os.path.join(model_dir, distribution),
             global_batch_size=BATCH,
             steps_per_loop=10,
-            distribution=distribution,
-            num_devices=1 if distribution == "auto" else 2,
+            devices=trainer.Devices(
+                distribution=distribution, count=1 if distribution == "auto" else 2
+            ),
             progress=False,
         )
         estimator.train(weighted_input_fn, max_steps=10)

@@ -18,6 +18,7 @@ from datasets import digits
 from tests.conftest import run_cli
 from tests.helpers import event_tags
 from trainer import Estimator, InputParams, Mode, UserError, set_precision
+from trainer.settings import BestExport, Checkpoints, Devices, Optimization, Summaries
 
 
 def digits_cnn(seed=0, learning_rate=3e-3):
@@ -54,9 +55,9 @@ def make(model, model_dir, **options):
         str(model_dir),
         global_batch_size=32,
         steps_per_loop=50,
-        save_checkpoints_steps=100,
+        checkpoints=Checkpoints(every_steps=100),
         seed=0,
-        write_graph=False,
+        summaries=Summaries(write_graph=False),
         progress=False,
         **options,
     )
@@ -177,7 +178,7 @@ def test_compiled_auc_and_precision_stream_over_the_eval_set(tmp_path, data_dir)
     precision = keras.metrics.Precision(name="precision")
     model.compile("adam", "binary_crossentropy", metrics=["auc", precision])
     input_fn = functools.partial(even_digits, data_dir=data_dir)
-    estimator = make(model, tmp_path / "run", export_best_metric="auc")
+    estimator = make(model, tmp_path / "run", best_export=BestExport(metric="auc"))
     results = estimator.train_and_evaluate(input_fn, input_fn, max_steps=200, eval_every_steps=100)
     metrics = results["eval"]
     assert set(metrics) == {"loss", "auc", "precision"}
@@ -210,7 +211,12 @@ def test_mixed_precision_and_weight_averaging_take_a_keras_model(tmp_path, input
     finally:
         set_precision(None)
     assert model.layers[0].compute_dtype == "bfloat16"
-    estimator = make(model, tmp_path / "run", mixed_precision="mixed_bfloat16", ema_decay=0.9)
+    estimator = make(
+        model,
+        tmp_path / "run",
+        devices=Devices(mixed_precision="mixed_bfloat16"),
+        optimization=Optimization(ema_decay=0.9),
+    )
     estimator.train(input_fn, max_steps=200)
     assert estimator.evaluate(input_fn)["accuracy"] >= 0.9
     exported = tf.saved_model.load(estimator.export(input_fn)).signatures["serving_features"]
@@ -277,9 +283,9 @@ def test_a_compiled_subclassed_model_trains_and_holds_its_weights(tmp_path, inpu
 
 def test_a_keras_model_made_before_the_precision_policy_is_named(tmp_path):
     with pytest.raises(UserError) as error:
-        make(digits_cnn(), tmp_path / "run", mixed_precision="mixed_bfloat16")
+        make(digits_cnn(), tmp_path / "run", devices=Devices(mixed_precision="mixed_bfloat16"))
     assert str(error.value) == (
-        "Estimator.mixed_precision is 'mixed_bfloat16' but the layers of Keras model "
+        "Devices.mixed_precision is 'mixed_bfloat16' but the layers of Keras model "
         "'digits_cnn' compute in 'float32': call trainer.set_precision('mixed_bfloat16') "
         "before making the model (python -m trainer does)"
     )

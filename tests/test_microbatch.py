@@ -1,4 +1,4 @@
-"""``Estimator.microbatches``: a step's batch in slices trains as the whole batch does."""
+"""``Optimization.microbatches``: a step's batch in slices trains as the whole batch does."""
 
 import functools
 import os
@@ -15,14 +15,15 @@ from tests.conftest import digits_args, run_cli
 from tests.helpers import scalar_series
 from trainer import Estimator, UserError
 from trainer.gradients import global_norm
+from trainer.settings import Devices, Optimization
 
-SWEEP = ["--sweep", "Estimator.microbatches = [1, 4]"]
+SWEEP = ["--sweep", "Optimization.microbatches = [1, 4]"]
 BINDINGS = (
     "MLP.dropout_rate = 0.0",  # dropout's random draws would differ by slice
     "MLP.hidden_units = [64, 64]",
     "experiment.max_steps = 30",
     "experiment.eval_every_steps = None",
-    "Estimator.save_checkpoints_steps = 30",
+    "Checkpoints.every_steps = 30",
     "Estimator.log_every_steps = 10",
     "Estimator.steps_per_loop = 10",
 )
@@ -63,10 +64,10 @@ def uneven_runs(tmp_path_factory, data_dir):
     weights = {}
     for name, options in {
         "whole": {},
-        "4": dict(microbatches=4),
-        "40": dict(microbatches=40),
-        "xla": dict(jit_compile=True),
-        "xla 3": dict(jit_compile=True, microbatches=3),
+        "4": dict(optimization=Optimization(microbatches=4)),
+        "40": dict(optimization=Optimization(microbatches=40)),
+        "xla": dict(devices=Devices(jit_compile=True)),
+        "xla 3": dict(devices=Devices(jit_compile=True), optimization=Optimization(microbatches=3)),
     }.items():
         keras.utils.set_random_seed(0)
         estimator = Estimator(
@@ -96,12 +97,12 @@ def test_what_micro_batches_cannot_do_is_refused_in_one_line(tmp_path):
         Estimator(MLP(), str(tmp_path), optimizer=accumulating)
     compiled = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     compiled.compile(keras.optimizers.SGD(gradient_accumulation_steps=2), loss="mse")
-    with pytest.raises(UserError, match=r"set Estimator\.microbatches = 2 \(one step stays"):
+    with pytest.raises(UserError, match=r"set Optimization\.microbatches = 2 \(one step stays"):
         Estimator(compiled, str(tmp_path))
-    with pytest.raises(UserError, match=r"^Estimator\.microbatches must be a whole number >= 1"):
-        Estimator(MLP(), str(tmp_path), microbatches=0)
+    with pytest.raises(UserError, match=r"^Optimization\.microbatches must be a whole number >= 1"):
+        Estimator(MLP(), str(tmp_path), optimization=Optimization(microbatches=0))
     with pytest.raises(UserError, match=r"\.train_step computes its own gradients of the whole"):
-        Estimator(WGANGP(), str(tmp_path), microbatches=2)
+        Estimator(WGANGP(), str(tmp_path), optimization=Optimization(microbatches=2))
     assert os.listdir(tmp_path) == []
 
 

@@ -138,6 +138,12 @@ ROWS = {
         r"{tmp}/b\.gin:2: Configurable 'MLP' doesn't have a parameter named 'hidden_unit'; "
         r"did you mean 'hidden_units'\?",
     ),
+    "flat_estimator_argument": (
+        gin("Estimator.save_checkpoints_steps = 500"),
+        r"--gin_param: Configurable 'Estimator' doesn't have a parameter named "
+        r"'save_checkpoints_steps': it is Checkpoints\.every_steps now \(trainer/settings\.py\): "
+        r"write 'Checkpoints\.every_steps = \.\.\.' instead",
+    ),
     "ambiguous_parameter": (
         gin("Estimator.batch_size = 64"),
         r"--gin_param: Configurable 'Estimator' doesn't have a parameter named 'batch_size'; "
@@ -181,12 +187,12 @@ ROWS = {
     "keras_gradient_accumulation": (
         gin("Adam.gradient_accumulation_steps = 4"),
         r"the optimizer has gradient_accumulation_steps=4, which counts every slice as a step: "
-        r"drop it and set Estimator\.microbatches = 4 \(one step stays one update of the "
+        r"drop it and set Optimization\.microbatches = 4 \(one step stays one update of the "
         r"whole batch\)",
     ),
     "unknown_nan_policy": (
-        gin("Estimator.nonfinite_loss = 'ignore'"),
-        r"Estimator\.nonfinite_loss must be 'stop' or 'rollback', got 'ignore'",
+        gin("Optimization.nonfinite_loss = 'ignore'"),
+        r"Optimization\.nonfinite_loss must be 'stop' or 'rollback', got 'ignore'",
     ),
     "model_class_not_instance": (
         gin("experiment.model_fn = @MLP"),
@@ -323,7 +329,7 @@ ROWS = {
     "best_export_ranking_unreadable": (
         lambda m: [
             *written(m, "export/best/best.json", '[{"step": 50, "val'),
-            *gin("Estimator.export_best_metric = 'accuracy'", "experiment.max_steps = 150")(m),
+            *gin("BestExport.metric = 'accuracy'", "experiment.max_steps = 150")(m),
         ],
         r"{model_dir}/export/best/best\.json is unreadable \(.*\): it ranks the best exports; "
         r"restore it, or move it and the exports beside it away to rank anew",

@@ -13,6 +13,7 @@ from tests.helpers import event_tags, scalar_series
 from trainer import Estimator, ModelFn, Spec
 from trainer.errors import UserError
 from trainer.optimization import WarmupDecay, fused_update, taken_ema
+from trainer.settings import Optimization
 
 
 class Slope(ModelFn):
@@ -90,7 +91,9 @@ def test_the_schedule_is_the_rate_the_optimizer_applies(tmp_path):
 
 
 def test_gradients_are_clipped_to_the_global_norm_and_the_norm_is_logged(tmp_path):
-    _, w = weights_per_step(tmp_path, keras.optimizers.SGD(0.1), 3, clip_gradient_norm=0.25)
+    _, w = weights_per_step(
+        tmp_path, keras.optimizers.SGD(0.1), 3, optimization=Optimization(clip_gradient_norm=0.25)
+    )
     assert w[0] - w[1] == pytest.approx(0.1 * 0.25)
     norms = dict(scalar_series(os.path.join(tmp_path, "train"), "gradient_norm"))
     assert norms[1] == pytest.approx(1.0)  # logged before clipping
@@ -104,7 +107,9 @@ def test_l2_is_added_to_the_training_loss(tmp_path):
 
 def test_eval_uses_the_moving_average_of_the_weights(tmp_path):
     decay, lr, steps = 0.9, 0.1, 6
-    estimator, w = weights_per_step(tmp_path, keras.optimizers.SGD(lr), steps, ema_decay=decay)
+    estimator, w = weights_per_step(
+        tmp_path, keras.optimizers.SGD(lr), steps, optimization=Optimization(ema_decay=decay)
+    )
     average = w[1]  # the weights after the first step, as Keras's use_ema starts
     for value in w[2:]:
         average = decay * average + (1 - decay) * value
@@ -113,7 +118,9 @@ def test_eval_uses_the_moving_average_of_the_weights(tmp_path):
     assert kernel(estimator) == pytest.approx(w[-1])  # raw weights are back after eval
     assert list(estimator.predict(eval_ones))[0]["y"] == pytest.approx(average, abs=1e-6)
 
-    fresh = Estimator(Slope(), str(tmp_path), ema_decay=decay, global_batch_size=4)
+    fresh = Estimator(
+        Slope(), str(tmp_path), optimization=Optimization(ema_decay=decay), global_batch_size=4
+    )
     assert fresh.evaluate(eval_ones)["loss"] == pytest.approx(average, abs=1e-6)  # restored
 
 
@@ -133,7 +140,9 @@ def test_momentum_and_schedules_are_gin_configurable():
 
 
 def test_export_saves_the_moving_average(tmp_path):
-    estimator, w = weights_per_step(tmp_path / "run", keras.optimizers.SGD(0.1), 4, ema_decay=0.5)
+    estimator, w = weights_per_step(
+        tmp_path / "run", keras.optimizers.SGD(0.1), 4, optimization=Optimization(ema_decay=0.5)
+    )
     average = w[1]
     for value in w[2:]:
         average = 0.5 * average + 0.5 * value
@@ -185,7 +194,7 @@ def test_keras_use_ema_becomes_the_weight_average_or_is_refused_in_one_line():
     plain = keras.optimizers.Adam()
     assert taken_ema({None: plain}, 0.99) == ({None: plain}, 0.99)
     for optimizers, ema_decay, says in (
-        ({None: adam}, 0.999, "Estimator.ema_decay is 0.999 but the optimizer has use_ema"),
+        ({None: adam}, 0.999, "Optimization.ema_decay is 0.999 but the optimizer has use_ema"),
         ({"body": adam, "head": plain}, None, "use_ema is set on group 'body' but not on"),
         (
             {None: keras.optimizers.SGD(use_ema=True, ema_overwrite_frequency=10)},

@@ -24,6 +24,7 @@ from trainer import (
     monitoring,
 )
 from trainer.model_fn import is_positioned, num_examples
+from trainer.settings import Checkpoints, Optimization
 
 
 def rows(order, start, count):
@@ -173,7 +174,7 @@ def test_a_user_pipeline_with_a_shuffle_buffer_still_resumes_exactly(tmp_path):
             str(model_dir),
             global_batch_size=16,
             seed=0,
-            save_checkpoints_steps=5,
+            checkpoints=Checkpoints(every_steps=5),
             steps_per_loop=4,
         )
 
@@ -232,7 +233,7 @@ def test_a_large_saved_iterator_is_warned_of_naming_its_stages(tmp_path, monkeyp
     found = re.fullmatch(
         r"The training input's saved state is (\d+) MB in each checkpoint \(ckpt-25\), held "
         r"by its cache \(Dataset.cache\) and shuffle buffer \(Dataset.shuffle\): read the "
-        r"data by index .*, or set Estimator.checkpoint_input = False",
+        r"data by index .*, or set Checkpoints.input = False",
         warnings[0],
     )
     assert found and int(found.group(1)) >= 6, warnings[0]  # the 6 MB cache, and the buffer
@@ -265,8 +266,8 @@ def test_rollback_on_a_positioned_input_skips_one_batch_and_keeps_its_place(tmp_
             optimizer=keras.optimizers.SGD(0.001),
             global_batch_size=batch,
             steps_per_loop=1,
-            save_checkpoints_steps=1,
-            nonfinite_loss="rollback",
+            checkpoints=Checkpoints(every_steps=1),
+            optimization=Optimization(nonfinite_loss="rollback"),
             seed=0,
         )
 

@@ -23,6 +23,7 @@ from tests.workers import free_ports, run_local_workers, tf_config
 from trainer import Estimator, UserError, batch_statistics
 from trainer.distributed import cluster, devices, strategies, towers
 from trainer.distributed.devices import check as check_devices
+from trainer.settings import Devices, Summaries
 
 DEVICES = ["/CPU:0"] * 3  # the shard logic does not care that they are one device
 
@@ -94,8 +95,7 @@ def tower_placement(model_dir, kind="mlp"):
         model,
         model_dir,
         global_batch_size=32,
-        distribution="towers",
-        num_devices=2,
+        devices=Devices(distribution="towers", count=2),
         progress=False,
     )
     dataset = estimator.inputs.dataset(data, Mode.TRAIN)
@@ -297,7 +297,7 @@ def test_device_settings_that_cannot_run_are_refused():
     with pytest.raises(UserError, match="jit_compile"):
         check_devices("towers", 2, 32, True)
     with pytest.raises(UserError, match="distribution must be one of auto, towers, mirrored"):
-        Estimator(MLP(num_classes=10), "/tmp/unused", distribution="mirror")
+        Estimator(MLP(num_classes=10), "/tmp/unused", devices=Devices(distribution="mirror"))
 
 
 def test_auto_is_all_reduce_over_gpus_and_towers_elsewhere(caplog):
@@ -321,7 +321,7 @@ def train_locally(data_dir, model_dir, max_steps):
         str(model_dir),
         global_batch_size=64,
         seed=0,
-        write_graph=False,
+        summaries=Summaries(write_graph=False),
     )
     input_fn = lambda mode, params: datasets.digits.input_fn(mode, params, data_dir=data_dir)  # noqa: E731
     if max_steps:
@@ -331,7 +331,7 @@ def train_locally(data_dir, model_dir, max_steps):
 
 def test_two_workers_train_one_model_that_restores_on_one_device(tmp_path, data_dir):
     model_dir = tmp_path / "run"
-    settings = ("experiment.max_steps = 60", "Estimator.save_checkpoints_steps = 30")
+    settings = ("experiment.max_steps = 60", "Checkpoints.every_steps = 30")
     proc = run_local_workers(data_dir, model_dir, 2, *settings)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
@@ -377,7 +377,7 @@ def test_a_malformed_tf_config_is_one_line_and_leaves_no_model_dir(tmp_path, tf_
         "--model_dir",
         str(tmp_path / "run"),
         "--gin_param",
-        "Estimator.distribution = 'multi_worker'",
+        "Devices.distribution = 'multi_worker'",
         env={"TF_CONFIG": tf_config},
     )
     assert proc.returncode == 2

@@ -17,6 +17,7 @@ from datasets import digits
 from models.mlp import MLP
 from tests.helpers import scalar_series
 from trainer import Estimator, Mode, UserError, set_precision
+from trainer.settings import Checkpoints, Devices, Summaries
 
 
 def estimator(model_dir, **kwargs):
@@ -25,9 +26,9 @@ def estimator(model_dir, **kwargs):
         global_batch_size=64,
         steps_per_loop=10,
         log_every_steps=10,
-        save_checkpoints_steps=None,
+        checkpoints=Checkpoints(every_steps=None),
         seed=0,
-        write_graph=False,
+        summaries=Summaries(write_graph=False),
     )
     options.update(kwargs)
     model = options.pop("model", None) or MLP(hidden_units=[64], dropout_rate=0.0)
@@ -49,7 +50,7 @@ def in_memory(mode, params, delay=0.0):
 
 
 def test_input_bound_run_is_reported_with_the_knobs_to_turn(tmp_path, caplog):
-    slow = estimator(tmp_path / "slow", checkpoint_input=False)
+    slow = estimator(tmp_path / "slow", checkpoints=Checkpoints(input=False))
     with caplog.at_level(logging.INFO, logger="absl"):
         slow.train(functools.partial(in_memory, delay=0.02), max_steps=30)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -116,8 +117,8 @@ def test_prefetch_to_device_reads_the_next_batch_while_the_step_runs(tmp_path):
         run = estimator(
             tmp_path / str(prefetch),
             model=SlowMLP(),
-            checkpoint_input=False,
-            prefetch_to_device=prefetch,
+            checkpoints=Checkpoints(input=False),
+            devices=Devices(prefetch=prefetch),
         )
         assert (run.placement.prefetch_device is not None) == prefetch
         run.train(unbuffered, max_steps=30)
@@ -132,10 +133,12 @@ def test_prefetch_to_device_reads_the_next_batch_while_the_step_runs(tmp_path):
 
 def test_prefetch_to_device_is_refused_where_it_does_not_apply(tmp_path):
     model = MLP(hidden_units=[8])
-    with pytest.raises(
-        UserError, match="prefetch_to_device applies to one device .*not jit_compile"
-    ):
-        Estimator(model, str(tmp_path), prefetch_to_device=True, jit_compile=True)
+    with pytest.raises(UserError, match="Devices.prefetch applies to one device .*not jit_compile"):
+        Estimator(
+            model,
+            str(tmp_path),
+            devices=Devices(prefetch=True, jit_compile=True),
+        )
     assert Estimator(model, str(tmp_path)).placement.prefetch_device is None  # auto: not on a CPU
 
 
@@ -152,7 +155,9 @@ def test_bfloat16_trains_digits_as_well_as_float32(tmp_path, data_dir, policy):
     for precision in [None, "mixed_bfloat16"]:
         policy(precision)
         model = MLP(hidden_units=[128], dropout_rate=0.0)
-        run = estimator(tmp_path / str(precision), model=model, mixed_precision=precision)
+        run = estimator(
+            tmp_path / str(precision), model=model, devices=Devices(mixed_precision=precision)
+        )
         run.train(input_fn, max_steps=300)
         results[precision] = run.evaluate(input_fn)
         if precision:
@@ -166,7 +171,7 @@ def test_bfloat16_trains_digits_as_well_as_float32(tmp_path, data_dir, policy):
 
 def test_float16_wraps_the_optimizer_in_loss_scaling(tmp_path, policy):
     policy("mixed_float16")
-    run = estimator(tmp_path, mixed_precision="mixed_float16")
+    run = estimator(tmp_path, devices=Devices(mixed_precision="mixed_float16"))
     assert isinstance(run.optimizer, keras.optimizers.LossScaleOptimizer)
     run.train(in_memory, max_steps=20)
     assert run.step == 20
@@ -179,9 +184,9 @@ def test_float16_wraps_the_optimizer_in_loss_scaling(tmp_path, policy):
 def test_precision_set_after_the_model_was_made_is_refused(tmp_path):
     model = MLP(hidden_units=[8])  # made under float32
     with pytest.raises(UserError, match=r"call trainer.set_precision\('mixed_bfloat16'\) before"):
-        Estimator(model, str(tmp_path), mixed_precision="mixed_bfloat16")
+        Estimator(model, str(tmp_path), devices=Devices(mixed_precision="mixed_bfloat16"))
     with pytest.raises(UserError, match="mixed_precision must be None, 'mixed_bfloat16' or"):
-        Estimator(model, str(tmp_path), mixed_precision="bf16")
+        Estimator(model, str(tmp_path), devices=Devices(mixed_precision="bf16"))
     assert not os.listdir(tmp_path)
 
 

@@ -62,7 +62,7 @@ def test_two_jobs_of_two_tasks_share_the_node_and_scancel_term_saves(slurm, tmp_
         command = srun_command(
             tmp_path / name,
             f"experiment.max_steps = {steps}",
-            "Estimator.save_checkpoints_steps = 200",
+            "Checkpoints.every_steps = 200",
         ).replace("srun ", f"srun --job-name={name} --ntasks=2 --oversubscribe ", 1)
         jobs[name] = subprocess.Popen(
             ["bash", "-c", command],
@@ -100,7 +100,7 @@ def test_the_time_limits_warning_saves_and_the_batch_script_requeues_the_job(slu
     resumes from the checkpoint, and `scancel --signal=TERM` requeues it once more."""
     model_dir, out = tmp_path / "run", tmp_path / "job.out"
     script = tmp_path / "c10.sbatch"
-    bindings = ("experiment.max_steps = 100000", "Estimator.save_checkpoints_steps = 500")
+    bindings = ("experiment.max_steps = 100000", "Checkpoints.every_steps = 500")
     script.write_text(readme_batch_script(model_dir, *bindings))
     options = ["--nodes=1", "--ntasks-per-node=2", "--oversubscribe", "--time=1"]
     submitted = slurm.run(

@@ -18,7 +18,7 @@ from trainer.errors import UserError
 
 FORTY_STEPS = [
     *("--gin_param", "experiment.max_steps = 40"),
-    *("--gin_param", "Estimator.save_checkpoints_steps = 10"),
+    *("--gin_param", "Checkpoints.every_steps = 10"),
     *("--gin_param", "Estimator.log_every_steps = 10"),
 ]
 GRID = [
@@ -146,12 +146,12 @@ def test_a_grid_is_every_combination_named_by_its_values():
 def test_a_sweep_of_the_devices_runs_each_trial_as_a_command_of_its_own(tmp_path, data_dir):
     sweep_dir = tmp_path / "devices"
     args = digits_args(data_dir, sweep_dir, "--gin_file", "experiments/smoke.gin")
-    proc = run_cli(*args, "--sweep", "Estimator.num_devices = [1, 2]")
+    proc = run_cli(*args, "--sweep", "Devices.count = [1, 2]")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert " on 1 device (CPU:0) " in proc.stdout  # a process splits its CPU once
     assert " on 2 devices (CPU:0, CPU:1), towers " in proc.stdout
     for name in ("num_devices=1", "num_devices=2"):
         record = json.loads((sweep_dir / name / sweep.TRIAL_FILE).read_text())
         assert record["trial"] == name and record["global_step"] == 10
-        assert record["bindings"] == {"Estimator.num_devices": name[-1]}
+        assert record["bindings"] == {"Devices.count": name[-1]}
     assert proc.stdout.split("sweep: 2 trials in ")[1].count("num_devices=") == 2

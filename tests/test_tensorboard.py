@@ -12,6 +12,7 @@ from tensorflow.core.protobuf import config_pb2
 from datasets import digits
 from models.mlp import MLP
 from trainer import Estimator
+from trainer.settings import RunConfig, Summaries
 
 
 def test_event_files_hold_graph_scalars_histograms_and_images(tmp_path, data_dir):
@@ -22,9 +23,8 @@ def test_event_files_hold_graph_scalars_histograms_and_images(tmp_path, data_dir
         global_batch_size=32,
         steps_per_loop=5,
         log_every_steps=10,
-        histogram_every_steps=10,
-        image_every_steps=20,
-        config_text_fn=lambda: "MLP.hidden_units = [16]",
+        summaries=Summaries(histogram_every_steps=10, image_every_steps=20),
+        config=RunConfig(text_fn=lambda: "MLP.hidden_units = [16]"),
     )
     input_fn = functools.partial(digits.input_fn, data_dir=data_dir)
     estimator.train_and_evaluate(input_fn, input_fn, max_steps=20)
@@ -70,7 +70,7 @@ def test_profiler_trace_covers_the_requested_steps(tmp_path, data_dir):
         global_batch_size=32,
         steps_per_loop=7,
         log_every_steps=50,
-        profile_steps=(10, 15),
+        summaries=Summaries(profile_steps=(10, 15)),
     )
     calls = []
     estimator.train(

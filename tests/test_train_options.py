@@ -12,6 +12,7 @@ from models.mlp import MLP
 from tests.conftest import run_cli
 from tests.helpers import checkpoint_steps
 from trainer import Estimator
+from trainer.settings import EarlyStop, WarmStart
 
 
 def estimator(model_dir, **kwargs):
@@ -26,8 +27,7 @@ def test_early_stopping_after_patience_evaluations_without_improvement(tmp_path,
     frozen = estimator(
         tmp_path,
         optimizer=keras.optimizers.SGD(0.0),  # nothing improves
-        early_stopping_metric="accuracy",
-        early_stopping_patience=2,
+        early_stop=EarlyStop(metric="accuracy", patience=2),
     )
     frozen.train_and_evaluate(input_fn, input_fn, max_steps=1000, eval_every_steps=10)
     assert frozen.step == 30  # best at 10, no better at 20 and 30
@@ -41,8 +41,7 @@ def test_warm_start_takes_the_matching_weights_only(tmp_path, data_dir):
     warm = estimator(
         tmp_path / "warm",
         seed=5,
-        warm_start_from=str(tmp_path / "source"),
-        warm_start_pattern="^dense/",
+        warm_start=WarmStart(source=str(tmp_path / "source"), pattern="^dense/"),
     )
     warm.train(input_fn, 1)
     fresh = estimator(tmp_path / "fresh", seed=5)

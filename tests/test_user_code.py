@@ -51,7 +51,7 @@ def test_metrics_made_in_one_mode_only_are_found_when_that_mode_is_first_traced(
         str(tmp_path),
         global_batch_size=32,
         optimizer=keras.optimizers.Adam(0.05),
-        export_best_metric="auc",
+        best_export=trainer.BestExport(metric="auc"),
         progress=False,
     )
     final = estimator.train_and_evaluate(labelled_data, labelled_data, 40, eval_every_steps=20)

@@ -9,6 +9,7 @@ import trainer
 from tests.body_head import BodyHead, built, estimator, weights
 from tests.body_head import body_data as line_data
 from trainer import warm_start
+from trainer.settings import Optimization, WarmStart
 
 
 class EncoderHead(trainer.ModelFn):
@@ -48,7 +49,7 @@ def test_an_export_warm_starts_a_model_of_the_same_structure(tmp_path):
     trained = estimator(BodyHead(), tmp_path / "trained")
     trained.train(line_data, 20)
     export_dir = trained.export(line_data)
-    run = estimator(BodyHead(), tmp_path / "run", warm_start_from=export_dir)
+    run = estimator(BodyHead(), tmp_path / "run", warm_start=WarmStart(source=export_dir))
     run.train(line_data, 1)  # the warm start happens as training starts
     again = estimator(BodyHead(), tmp_path / "again")
     built(again)
@@ -73,10 +74,10 @@ def test_a_warm_start_that_loads_nothing_is_refused_and_assigns_nothing(tmp_path
         )
     assert str(raised.value) == (
         f"warm start from {tmp_path / 'source'} loaded nothing: no variable of this model is "
-        "named as one of the source's after Estimator.warm_start_map (this model's are like "
+        "named as one of the source's after WarmStart.map (this model's are like "
         "encoder/_kernel, encoder/bias; the source's like body/_kernel, body/bias, "
         "head/_kernel): "
-        "map them with Estimator.warm_start_map = {'pattern': 'replacement'}"
+        "map them with WarmStart.map = {'pattern': 'replacement'}"
     )
     for path, value in weights(run.model_fn).items():
         np.testing.assert_array_equal(value, before[path])
@@ -132,7 +133,12 @@ def test_a_warm_start_with_a_moving_average_evaluates_the_warm_started_weights(t
         return estimator.evaluate(digits_input_fn)["accuracy"]
 
     source = run(tmp_path / "source", 150)
-    plain = run(tmp_path / "plain", 5, warm_start_from=str(tmp_path / "source"))
-    averaged = run(tmp_path / "ema", 5, warm_start_from=str(tmp_path / "source"), ema_decay=0.99)
+    plain = run(tmp_path / "plain", 5, warm_start=WarmStart(source=str(tmp_path / "source")))
+    averaged = run(
+        tmp_path / "ema",
+        5,
+        warm_start=WarmStart(source=str(tmp_path / "source")),
+        optimization=Optimization(ema_decay=0.99),
+    )
     assert source > 0.9
     assert abs(averaged - plain) <= 0.01, (source, plain, averaged)

@@ -26,7 +26,7 @@ from tests.workers import (
 
 def test_sigterm_to_one_worker_stops_all_at_one_checkpoint_and_a_rerun_finishes(tmp_path, data_dir):
     model_dir = tmp_path / "run"
-    settings = ("experiment.max_steps = 3000", "Estimator.save_checkpoints_steps = 100")
+    settings = ("experiment.max_steps = 3000", "Checkpoints.every_steps = 100")
     workers = start_workers(data_dir, model_dir, 2, *settings)
     wait_for_checkpoint(model_dir, workers)
     workers[1].send_signal(signal.SIGTERM)  # a cluster's preemption notice to one worker
@@ -47,7 +47,7 @@ def test_sigterm_to_one_worker_stops_all_at_one_checkpoint_and_a_rerun_finishes(
     assert all("/" not in p for p in written if "ckpt-" in p)  # one set, the chief's
 
     # Rerun both, as the message says: they resume from that checkpoint and finish.
-    settings = (f"experiment.max_steps = {step + 20}", "Estimator.save_checkpoints_steps = 100")
+    settings = (f"experiment.max_steps = {step + 20}", "Checkpoints.every_steps = 100")
     proc = run_local_workers(data_dir, model_dir, 2, *settings)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"from step {step}" in proc.stdout  # the chief's start line: a resume
@@ -64,7 +64,7 @@ def test_a_lost_worker_is_named_by_the_survivor_in_one_line_and_a_rerun_finishes
 ):
     """Killed, or stopped (a hung machine: its collectives would wait forever)."""
     model_dir = tmp_path / "run"
-    settings = ("experiment.max_steps = 3000", "Estimator.save_checkpoints_steps = 100")
+    settings = ("experiment.max_steps = 3000", "Checkpoints.every_steps = 100")
     workers = start_workers(data_dir, model_dir, 2, *settings)
     wait_for_checkpoint(model_dir, workers)
     killed = time.monotonic()
@@ -87,7 +87,7 @@ def test_a_lost_worker_is_named_by_the_survivor_in_one_line_and_a_rerun_finishes
     if fault == signal.SIGKILL and victim == 0:
         settings = (
             f"experiment.max_steps = {newest + 20}",
-            "Estimator.save_checkpoints_steps = 100",
+            "Checkpoints.every_steps = 100",
         )
         proc = run_local_workers(data_dir, model_dir, 2, *settings)
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -109,7 +109,7 @@ def test_a_closed_terminal_or_a_lost_worker_ends_the_launcher_as_readme_says(tmp
     """SIGHUP (the terminal closed) saves as SIGTERM does, said once: exit 75; the run's
     '{timestamp}' model_dir is one directory for both workers; on the rerun, worker 1
     killed with SIGKILL makes the job exit 75 (it was 247, the signal passed on)."""
-    settings = ("experiment.max_steps = 3000", "Estimator.save_checkpoints_steps = 100")
+    settings = ("experiment.max_steps = 3000", "Checkpoints.every_steps = 100")
     command = [
         *trainer_command(data_dir, tmp_path / "run_{timestamp}", *settings),
         "--workers",
@@ -162,7 +162,7 @@ def test_ctrl_c_while_the_workers_start_or_twice_in_training_is_one_line(tmp_pat
     )
     assert not (tmp_path / "run").exists()
 
-    settings = ("experiment.max_steps = 3000", "Estimator.save_checkpoints_steps = 100")
+    settings = ("experiment.max_steps = 3000", "Checkpoints.every_steps = 100")
     command = [*trainer_command(data_dir, tmp_path / "run", *settings), "--workers", "2"]
     job = subprocess.Popen(command, **options, text=True, start_new_session=True)
     wait_for_checkpoint(tmp_path / "run", [job])
@@ -208,7 +208,7 @@ def test_workers_that_see_other_checkpoints_or_a_changed_config_stop_before_trai
     """A model_dir that is not shared names the worker that cannot see ckpt-20; a changed
     model under the checkpoints is refused by every worker, not by the chief alone."""
     model_dir, elsewhere = tmp_path / "run", tmp_path / "not_shared"
-    settings = ("experiment.max_steps = 20", "Estimator.save_checkpoints_steps = 100")
+    settings = ("experiment.max_steps = 20", "Checkpoints.every_steps = 100")
     assert run_local_workers(data_dir, model_dir, 2, *settings).returncode == 0
     before = sorted(os.listdir(model_dir))
     ports = free_ports(2)
@@ -285,12 +285,12 @@ def test_workers_given_different_configs_or_clusters_stop_in_one_line(tmp_path, 
 def test_a_worker_whose_peers_never_come_gives_up_or_answers_signals_while_it_waits(
     tmp_path, data_dir
 ):
-    """Worker 1 started alone gives up after Estimator.startup_timeout naming worker 0
+    """Worker 1 started alone gives up after Devices.startup_timeout naming worker 0
     (exit 75); worker 0 alone answers SIGTERM while it waits (143). One line each, no
     model_dir: TensorFlow's own wait would hold both forever, deaf to signals."""
     ports = free_ports(4)
     alone = start_workers(
-        data_dir, tmp_path / "a", 2, "Estimator.startup_timeout = 4", ports=ports[:2], only=[1]
+        data_dir, tmp_path / "a", 2, "Devices.startup_timeout = 4", ports=ports[:2], only=[1]
     )
     waiting = start_workers(data_dir, tmp_path / "b", 2, ports=ports[2:], only=[0])
     assert "Joining the cluster as worker 0 of 2" in waiting[0].stdout.readline()
@@ -300,7 +300,7 @@ def test_a_worker_whose_peers_never_come_gives_up_or_answers_signals_while_it_wa
         (
             75,
             f"error: worker 1 of 2: worker 0 (127.0.0.1:{ports[0]}) did not start in 4s "
-            "(Estimator.startup_timeout): start every worker of TF_CONFIG's cluster with the "
+            "(Devices.startup_timeout): start every worker of TF_CONFIG's cluster with the "
             "same command, or allow longer\n",
         ),
         (
@@ -314,18 +314,18 @@ def test_a_worker_whose_peers_never_come_gives_up_or_answers_signals_while_it_wa
 
 def test_a_worker_stuck_in_its_input_fn_is_named_and_the_run_ends_resumable(tmp_path, data_dir):
     """Worker 1's input_fn never returns while its process still heartbeats (TensorFlow
-    would wait forever): after Estimator.progress_timeout the watchdog names it, every
+    would wait forever): after Devices.progress_timeout the watchdog names it, every
     worker ends 75 in one line, and nothing is left half-written."""
     done = run_faulty_workers(
         tmp_path,
         data_dir,
         "faulty_digits.fault = 'hang_on_worker_1'",
-        "Estimator.progress_timeout = 8",
+        "Devices.progress_timeout = 8",
     )
     assert done.returncode == 75, done.stderr[-3000:]
     assert "Traceback" not in done.stderr and len(done.stderr.splitlines()) <= 2, done.stderr
     stuck = r"worker 1 \(127\.0\.0\.1:\d+, in its train input_fn at step 0\) made no " + re.escape(
-        "progress for 8s (Estimator.progress_timeout) while the others waited"
+        "progress for 8s (Devices.progress_timeout) while the others waited"
     )
     assert re.search(stuck, done.stderr), done.stderr
     assert not (tmp_path / "run").exists() or checkpoint_steps(tmp_path / "run") == []
@@ -405,7 +405,7 @@ def test_workers_flag_starts_local_workers_passes_signals_on_and_says_things_onc
     """--workers 2: one run over two processes; SIGTERM to the command stops both at one
     checkpoint (exit 75); a mistake both workers make is said once."""
     model_dir = tmp_path / "run"
-    settings = ("experiment.max_steps = 3000", "Estimator.save_checkpoints_steps = 100")
+    settings = ("experiment.max_steps = 3000", "Checkpoints.every_steps = 100")
     job = subprocess.Popen(
         [*trainer_command(data_dir, model_dir, *settings), "--workers", "2"],
         cwd=REPO,

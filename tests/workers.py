@@ -57,7 +57,7 @@ def start_workers(data_dir, model_dir, count, *settings, ports=None, only=None, 
     """
     ports = ports or free_ports(count)
     command = trainer_command(
-        data_dir, model_dir, "Estimator.distribution = 'multi_worker'", *settings
+        data_dir, model_dir, "Devices.distribution = 'multi_worker'", *settings
     )
     return [
         subprocess.Popen(

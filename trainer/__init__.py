@@ -31,6 +31,11 @@ _HOMES = {
     "quiet_start": "trainer.console",
     "split_cpu": "trainer.distributed.strategies",
     "make_strategy": "trainer.distributed.strategies",
+    **{  # the Estimator's groups of settings
+        name: "trainer.settings"
+        for name in "Checkpoints Devices Optimization WarmStart BestExport EarlyStop Summaries "
+        "RunConfig".split()
+    },
 }
 __all__ = list(_HOMES)
 

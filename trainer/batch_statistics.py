@@ -136,7 +136,7 @@ def check_synchronized(layers, microbatches: int, towers: bool) -> None:
     if not synchronized or (microbatches == 1 and not towers):
         return
     how = (
-        f"Estimator.microbatches = {microbatches} runs each slice alone; set it to 1"
+        f"Optimization.microbatches = {microbatches} runs each slice alone; set it to 1"
         if microbatches > 1
         else "towers do not share them; use distribution = 'mirrored', whose replicas do"
     )

@@ -61,15 +61,15 @@ def policy(
     distribution: str | None,
 ) -> Policy:
     """The Estimator's checkpoint settings, checked; ``distribution`` names a strategy."""
-    errors.check_count("Estimator.keep_checkpoint_every_steps", keep_every, optional=True)
+    errors.check_count("Checkpoints.keep_every_steps", keep_every, optional=True)
     if keep_best and best_exporter is None:
         raise UserError(
-            "Estimator.keep_best_checkpoints keeps the checkpoints of the best exports: set "
-            "Estimator.export_best_metric (and export_best_keep, how many) too"
+            "Checkpoints.keep_best keeps the checkpoints of the best exports: set "
+            "BestExport.metric (and export_best_keep, how many) too"
         )
     if background and distribution is not None:
         raise UserError(
-            f"Estimator.async_checkpoints = True cannot write in the background under "
+            f"Checkpoints.background = True cannot write in the background under "
             f"distribution '{distribution}': leave it None (saves wait there), or train "
             "on one device or with towers"
         )
@@ -283,7 +283,7 @@ class Checkpointer:
         steps = ", ".join(str(step_of(p)) for p in listed) or "none"
         raise UserError(
             f"no checkpoint of step {step} in {self.model_dir} (its checkpoints: {steps}): "
-            "name one of them, or keep more (Estimator.keep_checkpoint_every_steps)"
+            "name one of them, or keep more (Checkpoints.keep_every_steps)"
         )
 
     def restore(self, path: str) -> None:

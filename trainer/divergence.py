@@ -14,16 +14,8 @@ import tensorflow as tf
 from absl import logging
 
 from trainer import checkpoint_writer
-from trainer.errors import TrainingDiverged, UserError
+from trainer.errors import TrainingDiverged
 from trainer.step import Steps
-
-POLICIES = ("stop", "rollback")
-
-
-def check_policy(policy: str) -> None:
-    """Refuses a ``nonfinite_loss`` policy that is not one of ``POLICIES``."""
-    if policy not in POLICIES:
-        raise UserError(f"Estimator.nonfinite_loss must be 'stop' or 'rollback', got {policy!r}")
 
 
 class Divergence:
@@ -33,8 +25,8 @@ class Divergence:
     of several steps is first rerun one step per block from the last checkpoint,
     which holds the input's position so the same batches come again: a NaN gradient
     can leave its own loss finite and show in a later step's loss, and only a rerun
-    names the step that did it. Then the policy (``Estimator.nonfinite_loss``) decides: ``'stop'``
-    raises TrainingDiverged (the bad step's update is in the weights then: the
+    names the step that did it. Then the policy (``Optimization.nonfinite_loss``)
+    decides: ``'stop'`` raises TrainingDiverged (the bad step's update is in the weights then: the
     caller must not use them), ``'rollback'`` restores the checkpoint and drops the bad
     step's batch, at most ``max_rollbacks`` times.
     """
@@ -46,7 +38,6 @@ class Divergence:
         checkpointer: checkpoint_writer.Checkpointer,
         global_step: tf.Variable,
     ):
-        check_policy(policy)
         self.policy, self.max_rollbacks = policy, max_rollbacks
         self.checkpointer = checkpointer
         self.global_step = global_step
@@ -93,7 +84,7 @@ class Divergence:
                 f"gave up after {allowed} rollbacks"
                 if self.rollbacks > allowed
                 else "lower the learning rate, clip gradients, or set "
-                "Estimator.nonfinite_loss = 'rollback' to skip bad batches"
+                "Optimization.nonfinite_loss = 'rollback' to skip bad batches"
             )
             self._diverged(f"loss or gradients NaN or Inf {where}; {kept}; {hint}")
         self.checkpointer.restore(latest)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import functools
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import keras
@@ -21,7 +21,6 @@ import tensorflow as tf
 from trainer import (
     cadence,
     checkpoint_writer,
-    checkpoints,
     errors,
     evaluation,
     export,
@@ -29,14 +28,26 @@ from trainer import (
     logs,
     precision,
     serving,
+    settings,
     training,
     variable_rules,
 )
+from trainer import checkpoints as checkpoint_files
 from trainer.distributed.placement import Placement
 from trainer.inputs import InputFn, Inputs
 from trainer.keras_model import KerasModel
 from trainer.model_fn import Mode, ModelFn
 from trainer.model_state import ModelState
+from trainer.settings import (
+    BestExport,
+    Checkpoints,
+    Devices,
+    EarlyStop,
+    Optimization,
+    RunConfig,
+    Summaries,
+    WarmStart,
+)
 from trainer.step import split_element
 from trainer.summaries import Writers
 from trainer.writer_lock import WriterLock
@@ -53,64 +64,23 @@ class Estimator:
         with ``optimizer_groups``, a dict of one per group (or one copied to each).
       global_batch_size: examples per training step over all devices and workers.
       eval_batch_size: examples per eval/predict batch; default ``global_batch_size``.
+      seed: seed given to input_fns (shuffling); None for nondeterministic input.
       steps_per_loop: most steps per compiled call (cut short for the actions due).
       log_every_steps: how often to write train scalars and print progress.
-      save_checkpoints_steps: how often to checkpoint (also always at the end).
-      keep_checkpoint_max: how many recent checkpoints to keep.
-      keep_checkpoint_every_steps: also keep, for good, one at every multiple of this.
-      keep_best_checkpoints: also keep the checkpoints of the best exports.
-      async_checkpoints: write checkpoints in the background; None: where it is safe
-        (one device or towers, not under a tf.distribute strategy).
-      seed: seed given to input_fns (shuffling); None for nondeterministic input.
-      checkpoint_input: resume the training input at the exact next batch, by its
-        position (``datasets/`` pipelines) or its saved iterator (``trainer/inputs.py``).
-      clip_gradient_norm: clip the gradients (each loss's) to this global norm.
-      learning_rate_multipliers: ``{pattern: factor}``: variables whose Keras path
-        matches ``pattern`` (``re.search``) train at ``factor`` times the rate.
-      frozen_until_step: ``{pattern: step}``: those variables wait until that step.
-      no_weight_decay: patterns left out of decoupled weight decay, e.g. ``['bias']``.
-      jit_compile: compile each block of steps with XLA (training batches of one
-        shape); faster for dense models on CPU: measure (benchmarks/throughput.py).
-      microbatches: take each batch in this many slices inside the step, applying
-        their summed gradients once: less memory, the same update (but for batch
-        statistics, which each slice computes alone; ``trainer/microbatch.py``).
-      ema_decay: evaluate and predict with a moving average of the weights (e.g. 0.999).
-      nonfinite_loss: on a NaN or infinite loss, ``'stop'`` (TrainingDiverged, the last
-        checkpoint kept) or ``'rollback'`` (restore it and skip the batch).
-      max_rollbacks: rollbacks allowed in one run before giving up.
-      profile_steps: ``(start, stop)`` global steps to trace (TensorBoard's Profile tab).
-      write_graph: write the compiled training step's graph to TensorBoard, once.
-      histogram_every_steps: write a histogram of every weight this often.
-      image_every_steps: write eval images with predicted and true class this often.
-      early_stopping_metric: in train_and_evaluate, stop once this metric of the first
-        eval set has not improved for ``early_stopping_patience`` evaluations.
-      early_stopping_patience: evaluations without improvement before stopping.
-      early_stopping_higher: True when a higher metric is better.
-      warm_start_from: initial weights for a model_dir without a checkpoint: a
-        checkpoint, model_dir, SavedModel or ``.keras`` file (``trainer/warm_start.py``).
-      warm_start_pattern: take only the weights whose Keras path matches this.
-      warm_start_map: ``{pattern: replacement}`` renaming this model's variables into
-        the source's (``re.sub``, the first pattern that matches).
-      export_best_metric: in train_and_evaluate, export to ``model_dir/export/best/``
-        whenever this metric of the first eval set ranks among the best so far.
-      export_best_keep: how many best exports to keep.
-      export_best_higher: True when a higher metric is better (accuracy, not loss).
-      config_text_fn: the run's config as text, kept in ``model_dir`` and TensorBoard.
-      config_guard: ``guard(saved_text, new_text)`` before resuming; raises UserError
-        when the change is not safe to resume with.
-      distribution: ``'auto'``, ``'towers'`` (each batch split over this process's
-        devices), ``'mirrored'`` or ``'multi_worker'`` (the machines of ``TF_CONFIG``);
-        see ``trainer/distributed/placement.py``.
-      num_devices: ``'auto'`` (every GPU, else one CPU) or how many devices to use.
-      startup_timeout: multi_worker: seconds to wait for every worker to join.
-      progress_timeout: multi_worker: seconds without progress by some worker before
-        the run ends naming it (exit 75); longer than the longest evaluation.
-      mixed_precision: ``'mixed_bfloat16'`` or ``'mixed_float16'``; call
-        ``set_precision`` before making the model (``python -m trainer`` does).
-      prefetch_to_device: copy each batch to the device during the step before it;
-        None: on for one GPU without jit_compile (the only case it applies to).
       progress: show what the command line shows (start line, checkpoints, a live
         bar or a line per log step, ``model_dir/trainer.log``); False for silence.
+      checkpoints: when to checkpoint and which to keep (``Checkpoints``).
+      devices: devices, workers, precision, XLA (``Devices``).
+      optimization: clipping, per-variable rates, EMA, micro-batches, NaN policy
+        (``Optimization``).
+      warm_start: initial weights for a new model_dir (``WarmStart``).
+      best_export: train_and_evaluate's best exports (``BestExport``).
+      early_stop: train_and_evaluate's early stopping (``EarlyStop``).
+      summaries: profiler, graph, histograms and images for TensorBoard (``Summaries``).
+      config: the run's config text and its resume guard (``RunConfig``; the command
+        line gives gin's).
+
+    Each group is a frozen dataclass of ``trainer/settings.py``, with defaults.
     """
 
     def __init__(
@@ -121,86 +91,55 @@ class Estimator:
         optimizer: keras.optimizers.Optimizer | None = None,
         global_batch_size: int = 32,
         eval_batch_size: int | None = None,
+        seed: int | None = None,
         steps_per_loop: int = 100,
         log_every_steps: int = 100,
-        save_checkpoints_steps: int | None = 1000,
-        keep_checkpoint_max: int = 5,
-        keep_checkpoint_every_steps: int | None = None,
-        keep_best_checkpoints: bool = False,
-        async_checkpoints: bool | None = None,
-        seed: int | None = None,
-        checkpoint_input: bool = True,
-        clip_gradient_norm: float | None = None,
-        learning_rate_multipliers: Mapping[str, float] | None = None,
-        frozen_until_step: Mapping[str, int] | None = None,
-        no_weight_decay: Sequence[str] = (),
-        ema_decay: float | None = None,
-        jit_compile: bool = False,
-        microbatches: int = 1,
-        nonfinite_loss: str = "stop",
-        max_rollbacks: int = 3,
-        profile_steps: tuple[int, int] | None = None,
-        write_graph: bool = True,
-        histogram_every_steps: int | None = None,
-        image_every_steps: int | None = None,
-        early_stopping_metric: str | None = None,
-        early_stopping_patience: int = 3,
-        early_stopping_higher: bool = True,
-        warm_start_from: str | None = None,
-        warm_start_pattern: str = ".*",
-        warm_start_map: Mapping[str, str] | None = None,
-        export_best_metric: str | None = None,
-        export_best_keep: int = 1,
-        export_best_higher: bool = True,
-        config_text_fn: Callable[[], str] | None = None,
-        config_guard: Callable[[str, str], None] | None = None,
-        distribution: str = "auto",
-        num_devices: int | str = "auto",
-        startup_timeout: float = 300,
-        progress_timeout: float = 600,
-        mixed_precision: str | None = None,
-        prefetch_to_device: bool | None = None,
         progress: bool = True,
+        checkpoints: Checkpoints = Checkpoints(),
+        devices: Devices = Devices(),
+        optimization: Optimization = Optimization(),
+        warm_start: WarmStart = WarmStart(),
+        best_export: BestExport = BestExport(),
+        early_stop: EarlyStop = EarlyStop(),
+        summaries: Summaries = Summaries(),
+        config: RunConfig = RunConfig(),
     ):
-        arguments = locals()  # training.Settings takes its fields from here, by name
         if isinstance(model_fn, keras.Model):  # a Keras model as it is, with its compile()
             optimizer = keras_compile.optimizer(model_fn, optimizer)
             model_fn = KerasModel(model_fn)
         errors.check_instance("model_fn", model_fn, ModelFn, "a trainer.ModelFn or a keras.Model")
-        self.settings = training.Settings.of(arguments)
+        groups = (checkpoints, devices, optimization, warm_start, best_export, early_stop)
+        settings.check(*groups, summaries, config)
+        self.settings = training.Settings(
+            global_batch_size,
+            steps_per_loop,
+            log_every_steps,
+            progress,
+            checkpoints,
+            devices,
+            optimization,
+            warm_start,
+            summaries,
+        )
         self.placement = Placement(
-            distribution,
-            num_devices,
+            devices.distribution,
+            devices.count,
             global_batch_size=global_batch_size,
-            jit_compile=jit_compile,
-            prefetch_to_device=prefetch_to_device,
-            startup_timeout=startup_timeout,
+            jit_compile=devices.jit_compile,
+            prefetch_to_device=devices.prefetch,
+            startup_timeout=devices.startup_timeout,
         )
         self.model_fn = model_fn
         self.speaks = progress and self.placement.worker is None  # as the command line does
         self.model_dir = model_dir  # what every worker restores from
-        self.write_dir = self.placement.workers.write_dir(
-            model_dir
-        )  # model_dir but on other workers
-        precision.check(model_fn, mixed_precision)
+        self.write_dir = self.placement.workers.write_dir(model_dir)  # elsewhere on others
+        precision.check(model_fn, devices.mixed_precision)
         self.seconds: collections.Counter = collections.Counter()  # by part: cli's summary
-        self.config = checkpoints.ConfigRecord(  # every worker checks the chief's record
-            model_dir, config_text_fn, config_guard, writes=self.placement.worker is None
+        self.config = checkpoint_files.ConfigRecord(  # every worker checks the chief's record
+            model_dir, config.text_fn, config.guard, writes=self.placement.worker is None
         )
-        self.model = ModelState(
-            model_fn,
-            optimizer,
-            self.placement,
-            self.seconds,
-            rules=variable_rules.Rules(
-                learning_rate_multipliers or {}, frozen_until_step or {}, no_weight_decay
-            ),
-            mixed_precision=mixed_precision,
-            clip_gradient_norm=clip_gradient_norm,
-            ema_decay=ema_decay,
-            jit_compile=jit_compile,
-            microbatches=microbatches,
-            config=self.config,
+        self.model = _model_state(
+            model_fn, optimizer, self.placement, self.seconds, devices, optimization, self.config
         )
         self.global_step = self.model.global_step
         self.optimizer = self.model.optimizer  # with optimizer groups, a dict by group
@@ -210,17 +149,17 @@ class Estimator:
         )
         self.writers = Writers(self.write_dir)
         self.best_exporter = evaluation.best_exporter(
-            self.write_dir, export_best_metric, export_best_keep, export_best_higher
+            self.write_dir, best_export.metric, best_export.keep, best_export.higher
         )
         self.early_stopping = evaluation.early_stopping(
-            early_stopping_metric, early_stopping_patience, early_stopping_higher
+            early_stop.metric, early_stop.patience, early_stop.higher
         )
         self.checkpoint_policy = checkpoint_writer.policy(
-            keep_checkpoint_every_steps,
-            keep_best_checkpoints,
-            async_checkpoints,
+            checkpoints.keep_every_steps,
+            checkpoints.keep_best,
+            checkpoints.background,
             self.best_exporter,
-            distribution=None if self.placement.strategy is None else distribution,
+            distribution=None if self.placement.strategy is None else devices.distribution,
         )
 
     @logs.speaks
@@ -344,7 +283,7 @@ class Estimator:
         eval_sets = self.inputs.eval_datasets(eval_input_fns)
         first = next(iter(eval_sets.values()))
         exported = functools.partial(  # a best export may keep its checkpoint
-            self.checkpoint_policy.exported, self.model_dir, self.settings.keep_checkpoint_max
+            self.checkpoint_policy.exported, self.model_dir, self.settings.checkpoints.keep
         )
         evaluations = evaluation.Evaluations(
             lambda name: self._evaluate(eval_sets[name], eval_steps, name),
@@ -387,3 +326,32 @@ class Estimator:
         return evaluation.evaluate(
             model, dataset, steps, name, writers, self.model_dir, self.speaks, batch_size
         )
+
+
+def _model_state(
+    model_fn: ModelFn,
+    optimizer,
+    placement: Placement,
+    seconds: collections.Counter,
+    devices: Devices,
+    optimization: Optimization,
+    config: checkpoint_files.ConfigRecord,
+) -> ModelState:
+    """The model, its optimizer and compiled steps, as ``devices`` and ``optimization`` say."""
+    return ModelState(
+        model_fn,
+        optimizer,
+        placement,
+        seconds,
+        rules=variable_rules.Rules(
+            optimization.learning_rate_multipliers,
+            optimization.frozen_until_step,
+            optimization.no_weight_decay,
+        ),
+        mixed_precision=devices.mixed_precision,
+        clip_gradient_norm=optimization.clip_gradient_norm,
+        ema_decay=optimization.ema_decay,
+        jit_compile=devices.jit_compile,
+        microbatches=optimization.microbatches,
+        config=config,
+    )

@@ -39,7 +39,7 @@ REDUCTIONS = {  # Keras's reduction: how the framework reduces the weighted valu
 }
 REPLACED = {  # compile() argument: (Keras's default, the Estimator setting used instead)
     "steps_per_execution": (1, "Estimator.steps_per_loop"),
-    "jit_compile": ("auto", "Estimator.jit_compile"),
+    "jit_compile": ("auto", "Devices.jit_compile"),
     "run_eagerly": (False, "the framework's compiled step"),
 }
 

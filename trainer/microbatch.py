@@ -1,7 +1,7 @@
 """Micro-batches: a step's batch taken in slices, their gradients summed, one update.
 
 A batch whose activations do not fit in memory is split inside the compiled step
-(``Estimator.microbatches = k``) into ``k`` slices taken one after another in a
+(``Optimization.microbatches = k``) into ``k`` slices taken one after another in a
 ``tf.while_loop``, so that one slice's activations are alive at a time. Each slice's
 loss is weighted by its share of the batch, so the summed gradients are the whole
 batch's (for models without batch statistics) and one update applies them. One step
@@ -34,7 +34,7 @@ def check_optimizer(optimizer: keras.optimizers.Optimizer, name: str) -> None:
     if steps:
         raise UserError(
             f"{name} has gradient_accumulation_steps={steps}, which counts every slice as a "
-            f"step: drop it and set Estimator.microbatches = {steps} (one step stays one "
+            f"step: drop it and set Optimization.microbatches = {steps} (one step stays one "
             "update of the whole batch)"
         )
 

@@ -145,7 +145,7 @@ class Spec:
         ``metric.result()`` of over the whole eval set (its state added up over
         devices, replicas and workers); it is evaluated only, not logged in training.
       activations: optional intermediate outputs by layer name, written as
-        TensorBoard histograms when ``Estimator.histogram_every_steps`` is set.
+        TensorBoard histograms when ``Summaries.histogram_every_steps`` is set.
       loss_reduction: ``'mean'``, or ``'sum'`` for a loss that is the *sum* over the
         batch (Keras's ``reduction='sum'``, tf.estimator's ``Reduction.SUM``): then
         ``loss`` is the sum over the examples this call was given, and the framework

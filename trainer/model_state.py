@@ -82,13 +82,13 @@ class ModelState:
             for group, given in optimizers.items()
         }
         self.rules = rules
-        errors.check_count("Estimator.microbatches", microbatches)
+        errors.check_count("Optimization.microbatches", microbatches)
         self.microbatches = microbatches
         self.own_step = custom_step.has_own_step(model_fn)
         if self.own_step and microbatches > 1:
             raise UserError(
                 f"{model_fn}.train_step computes its own gradients of the whole batch, which "
-                "Estimator.microbatches would slice: set it to 1 (and slice in train_step)"
+                "Optimization.microbatches would slice: set it to 1 (and slice in train_step)"
             )
         if self.own_step and any(
             isinstance(o, keras.optimizers.LossScaleOptimizer) for o in self.optimizers.values()

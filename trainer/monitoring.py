@@ -234,7 +234,7 @@ def check_input_state(path: str, dataset: tf.data.Dataset) -> None:
         "The training input's saved state is %.0f MB in each checkpoint (%s), held by its "
         "%s: read the data by index (datasets.pipeline.build over an ArraySource, or "
         "TFRecord shards) so that a checkpoint holds only its position, or set "
-        "Estimator.checkpoint_input = False",
+        "Checkpoints.input = False",
         size / 2**20,
         os.path.basename(path),
         " and ".join(holders),

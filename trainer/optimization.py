@@ -106,7 +106,7 @@ class WeightAverage:
 
     def __init__(self, variables: list, decay: float):
         if not 0.0 < decay < 1.0:
-            raise UserError(f"Estimator.ema_decay must be in (0, 1), got {decay}")
+            raise UserError(f"Optimization.ema_decay must be in (0, 1), got {decay}")
         self.decay = decay
         self.variables = variables
         with tf.init_scope():
@@ -158,7 +158,7 @@ def taken_ema(optimizers: dict, ema_decay: float | None) -> tuple[dict, float | 
         raise UserError(
             f"use_ema is set on {where} but not on every group's optimizer with one "
             "ema_momentum: the framework keeps one average of all weights; set it on all "
-            "alike, or use Estimator.ema_decay instead"
+            "alike, or use Optimization.ema_decay instead"
         )
     momentum = momenta.pop()
     if any(o.ema_overwrite_frequency for o in averaging.values()):
@@ -168,7 +168,7 @@ def taken_ema(optimizers: dict, ema_decay: float | None) -> tuple[dict, float | 
         )
     if ema_decay is not None and ema_decay != momentum:
         raise UserError(
-            f"Estimator.ema_decay is {ema_decay} but {where} has use_ema with "
+            f"Optimization.ema_decay is {ema_decay} but {where} has use_ema with "
             f"ema_momentum {momentum}: give one of them"
         )
     logging.info(
@@ -185,7 +185,7 @@ def taken_ema(optimizers: dict, ema_decay: float | None) -> tuple[dict, float | 
     except (TypeError, ValueError) as error:
         raise UserError(
             f"cannot copy {where} without use_ema from its get_config(): "
-            f"{errors.first_line(error)}; use Estimator.ema_decay instead"
+            f"{errors.first_line(error)}; use Optimization.ema_decay instead"
         ) from None
     return copies, momentum
 

@@ -25,7 +25,7 @@ def check(model_fn: ModelFn | None, mixed_precision: str | None) -> None:
     """Refuses an unknown policy, or a model made before the policy was set."""
     if mixed_precision is not None and mixed_precision not in PRECISIONS:
         raise UserError(
-            f"Estimator.mixed_precision must be None, {' or '.join(map(repr, PRECISIONS))}; "
+            f"Devices.mixed_precision must be None, {' or '.join(map(repr, PRECISIONS))}; "
             f"got {mixed_precision!r}"
         )
     if mixed_precision is None or model_fn is None:
@@ -35,7 +35,7 @@ def check(model_fn: ModelFn | None, mixed_precision: str | None) -> None:
     # means the model was made before the policy was set.
     if layers and not any(layer.dtype_policy.name == mixed_precision for layer in layers):
         raise UserError(
-            f"Estimator.mixed_precision is {mixed_precision!r} but the layers of {model_fn} "
+            f"Devices.mixed_precision is {mixed_precision!r} but the layers of {model_fn} "
             f"compute in {layers[0].dtype_policy.name!r}: call "
             f"trainer.set_precision({mixed_precision!r}) before making the model "
             "(python -m trainer does)"

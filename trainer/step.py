@@ -64,7 +64,7 @@ def stackable_steps(element_spec) -> int:
     if not all(s.shape.is_fully_defined() for s in specs):
         shapes = [s.shape.as_list() for s in specs]
         raise UserError(
-            f"Estimator.jit_compile needs training batches of one fixed shape, got {shapes}: "
+            f"Devices.jit_compile needs training batches of one fixed shape, got {shapes}: "
             "batch with drop_remainder=True (the pipelines in datasets/ do)"
         )
     size = sum(s.shape.num_elements() * s.dtype.size for s in specs)

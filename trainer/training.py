@@ -14,8 +14,7 @@ import functools
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -29,6 +28,7 @@ from trainer import (
     errors,
     logs,
     monitoring,
+    settings,
     warm_start,
 )
 from trainer.distributed import preemption, workers
@@ -49,42 +49,16 @@ class Settings:
     global_batch_size: int = 32
     steps_per_loop: int = 100
     log_every_steps: int = 100
-    save_checkpoints_steps: int | None = 1000
-    keep_checkpoint_max: int = 5
-    checkpoint_input: bool = True
-    jit_compile: bool = False
-    nonfinite_loss: str = "stop"
-    max_rollbacks: int = 3
-    warm_start_from: str | None = None
-    warm_start_pattern: str = ".*"
-    warm_start_map: dict = dataclasses.field(default_factory=dict)
-    profile_steps: tuple[int, int] | None = None
-    write_graph: bool = True
-    histogram_every_steps: int | None = None
-    image_every_steps: int | None = None
     progress: bool = True
-    progress_timeout: float = 600
-
-    @classmethod
-    def of(cls, arguments: Mapping[str, Any]) -> Settings:
-        """The settings among ``arguments`` (the Estimator's, as ``locals()``), by name."""
-        return cls(**{field.name: arguments[field.name] for field in dataclasses.fields(cls)})
+    checkpoints: settings.Checkpoints = settings.Checkpoints()
+    devices: settings.Devices = settings.Devices()
+    optimization: settings.Optimization = settings.Optimization()
+    warm_start: settings.WarmStart = settings.WarmStart()
+    summaries: settings.Summaries = settings.Summaries()
 
     def __post_init__(self):
-        object.__setattr__(self, "warm_start_map", dict(self.warm_start_map or {}))
-        steps = tuple(self.profile_steps) if self.profile_steps else None
-        object.__setattr__(self, "profile_steps", steps)
         for name in ("global_batch_size", "steps_per_loop", "log_every_steps"):
             errors.check_count(f"Estimator.{name}", getattr(self, name))
-        errors.check_count("Estimator.keep_checkpoint_max", self.keep_checkpoint_max)
-        errors.check_count("Estimator.max_rollbacks", self.max_rollbacks, minimum=0)
-        for name in ("save_checkpoints_steps", "histogram_every_steps", "image_every_steps"):
-            errors.check_count(f"Estimator.{name}", getattr(self, name), optional=True)
-        divergence.check_policy(self.nonfinite_loss)
-        errors.check_seconds("Estimator.progress_timeout", self.progress_timeout)
-        steps = self.profile_steps
-        if steps is not None and not 0 <= steps[0] < steps[1]:
-            raise UserError(f"profile steps must be start < stop, got {steps}")
 
 
 class TrainingRun:
@@ -131,9 +105,9 @@ class TrainingRun:
         ``ready`` is called once the model is built and restored, before the first step.
         Under multi_worker a watchdog ends the run if every worker stops making progress.
         """
-        with self.placement.workers.watch(self.settings.progress_timeout):
+        with self.placement.workers.watch(self.settings.devices.progress_timeout):
             self.stream = TrainingStream(
-                self.inputs, self.placement, input_fn, self.settings.checkpoint_input
+                self.inputs, self.placement, input_fn, self.settings.checkpoints.input
             )
             start, restored = self._start()
             if ready is not None:
@@ -179,10 +153,10 @@ class TrainingRun:
         )
         actions = [
             cadence.Periodic(self.settings.log_every_steps, log),
-            cadence.Periodic(self.settings.save_checkpoints_steps, self.save),
+            cadence.Periodic(self.settings.checkpoints.every_steps, self.save),
             cadence.Periodic(self.policy.keep_every, self.save),
             *monitoring.tensorboard_actions(
-                self.settings,
+                self.settings.summaries,
                 os.path.join(self.placement.workers.write_dir(self.model_dir), "train"),
                 self.writers,
                 self.steps,
@@ -248,7 +222,7 @@ class TrainingRun:
         self.placement.workers.heartbeat("restoring")
         self.checkpointer = checkpoint_writer.Checkpointer(
             self.model_dir,
-            self.settings.keep_checkpoint_max,
+            self.settings.checkpoints.keep,
             save_dir=self.placement.workers.write_dir(self.model_dir),
             keep_every=self.policy.keep_every,
             protected=self.policy.protected,
@@ -261,18 +235,18 @@ class TrainingRun:
             variables = self.model.model_fn.trainable_variables
             self.config.check(lambda: checkpoints.misfit(self.checkpointer.latest, variables))
         restored = self.checkpointer.restore_latest() is not None
-        if not restored and self.settings.warm_start_from:
+        if not restored and self.settings.warm_start.source:
             warm_start.warm_start(
                 self.model.model_fn,
-                self.settings.warm_start_from,
-                self.settings.warm_start_pattern,
-                self.settings.warm_start_map,
+                self.settings.warm_start.source,
+                self.settings.warm_start.pattern,
+                self.settings.warm_start.map,
             )
         self.model.has_state = True
         self.writers.metrics.resume(self.model.step)
         # Under jit_compile a block's batches are stacked: as many as fit in memory.
         self.block = self.settings.steps_per_loop
-        if self.settings.jit_compile:
+        if self.settings.devices.jit_compile:
             self.block = min(self.block, stackable_steps(dataset.element_spec))
         self.input_wait = monitoring.InputWait(self.steps, self.model.seconds)
         return self.model.step, restored
@@ -286,8 +260,8 @@ class TrainingRun:
     ) -> int:
         """Compiled blocks of steps, cut where actions are due; returns the step reached."""
         nonfinite = divergence.Divergence(
-            self.settings.nonfinite_loss,
-            self.settings.max_rollbacks,
+            self.settings.optimization.nonfinite_loss,
+            self.settings.optimization.max_rollbacks,
             self.checkpointer,
             self.model.global_step,
         )
@@ -376,7 +350,7 @@ class TrainingRun:
         The first block of a process also writes the step's graph to TensorBoard.
         """
         graph = contextlib.nullcontext()
-        if self.settings.write_graph and not self.model.graph_written:
+        if self.settings.summaries.write_graph and not self.model.graph_written:
             self.model.graph_written = True
             graph = monitoring.graph_written(self.writers, self.model.step)
         try:

@@ -39,7 +39,7 @@ class TrainingStream:
       placement: where training runs (which kind of iterator).
       input_fn: the training input_fn.
       checkpoint_input: keep a dataset not read by position in the checkpoints, as
-        its tf.data iterator (``Estimator.checkpoint_input``).
+        its tf.data iterator (``Checkpoints.input``).
     """
 
     def __init__(

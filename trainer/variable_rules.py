@@ -46,7 +46,7 @@ class Rules:
             given = getattr(self, setting)
             if not isinstance(given, Mapping):
                 raise UserError(
-                    f"Estimator.{setting} must be a dict of pattern -> {kind}, got "
+                    f"Optimization.{setting} must be a dict of pattern -> {kind}, got "
                     f"{type(given).__name__}"
                 )
             for pattern, value in given.items():
@@ -54,11 +54,11 @@ class Rules:
                 good = isinstance(value, int) if whole else isinstance(value, int | float)
                 if isinstance(value, bool) or not good or value < 0:
                     raise UserError(
-                        f"Estimator.{setting}[{pattern!r}] must be a {kind}, got {value!r}"
+                        f"Optimization.{setting}[{pattern!r}] must be a {kind}, got {value!r}"
                     )
         if isinstance(self.no_weight_decay, str):
             raise UserError(
-                f"Estimator.no_weight_decay must be a list of patterns, got the string "
+                f"Optimization.no_weight_decay must be a list of patterns, got the string "
                 f"{self.no_weight_decay!r}: write [{self.no_weight_decay!r}]"
             )
 
@@ -132,7 +132,7 @@ def exclude_from_decay(name: str, optimizer, variables: list, patterns: Sequence
     inner = getattr(optimizer, "inner_optimizer", optimizer)
     if not getattr(inner, "weight_decay", None):
         raise UserError(
-            f"Estimator.no_weight_decay is set but the optimizer of {name!r} "
+            f"Optimization.no_weight_decay is set but the optimizer of {name!r} "
             f"({type(inner).__name__}) has no weight_decay: use AdamW(weight_decay=...), or "
             "leave no_weight_decay unset (an L2 regularizer is part of the loss)"
         )
@@ -153,10 +153,11 @@ def check_patterns(rules: Rules, variables: list) -> None:
                 count = sum(bool(re.search(pattern, v.path)) for v in variables)
             except re.error as error:
                 raise UserError(
-                    f"Estimator.{setting} pattern {pattern!r} is not a regular expression: {error}"
+                    f"Optimization.{setting} pattern {pattern!r} is not a regular expression: "
+                    f"{error}"
                 ) from None
             if not count:
-                raise UserError(matches_nothing(f"Estimator.{setting}", pattern, variables))
+                raise UserError(matches_nothing(f"Optimization.{setting}", pattern, variables))
             logging.info("Estimator.%s %r matches %d variables", setting, pattern, count)
 
 

@@ -233,9 +233,9 @@ def _mapped(name: str, names: Mapping[str, str]) -> str:
 def _nothing_loaded(source: str, ours, values: Mapping, names) -> str:
     mine = ", ".join(sorted(ours)[:3])
     theirs = ", ".join(sorted(values)[:3]) or "none"
-    mapped = " after Estimator.warm_start_map" if names else ""
+    mapped = " after WarmStart.map" if names else ""
     return (
         f"warm start from {source} loaded nothing: no variable of this model is named as "
         f"one of the source's{mapped} (this model's are like {mine}; the source's like "
-        f"{theirs}): map them with Estimator.warm_start_map = {{'pattern': 'replacement'}}"
+        f"{theirs}): map them with WarmStart.map = {{'pattern': 'replacement'}}"
     )

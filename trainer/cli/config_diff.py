@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 
 import gin
 from gin import config_parser
 
+from trainer import settings
 from trainer.errors import UserError
 
 UNSET = "(unset)"
@@ -51,7 +53,7 @@ def changes(old: str, new: str, ignored: set[str] = frozenset()) -> list[Change]
     ``ignored`` names ``'Configurable.param'`` bindings that may differ; any
     ``data_dir`` parameter may too (where the data is, not what it is).
     """
-    old_bindings, new_bindings = bindings(old), bindings(new)
+    old_bindings, new_bindings = renamed(bindings(old)), bindings(new)
     found = []
     for key in sorted(set(old_bindings) | set(new_bindings)):
         change = Change(key, old_bindings.get(key, UNSET), new_bindings.get(key, UNSET))
@@ -113,6 +115,21 @@ def bindings(text: str) -> dict[str, str]:
                 statement.value
             )
     return found
+
+
+def renamed(found: dict[str, str]) -> dict[str, str]:
+    """Bindings under today's names, so that a model_dir trained before the groups resumes.
+
+    An Estimator argument now in a settings group (``Estimator.save_checkpoints_steps``)
+    is that group's binding (``Checkpoints.every_steps``).
+    """
+    out = {}
+    for key, value in found.items():
+        old = re.fullmatch(r"(.*?)\bEstimator\.(\w+)", key)
+        if old and old.group(2) in settings.MOVED:
+            key = old.group(1) + settings.MOVED[old.group(2)]
+        out[key] = value
+    return out
 
 
 def _value_text(value) -> str:

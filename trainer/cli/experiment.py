@@ -28,6 +28,7 @@ from trainer.cli import exit_codes, gin_config, gin_errors, report, sweep
 from trainer.distributed import cluster, preemption, strategies, workers
 from trainer.errors import Preempted, TrainingDiverged, UserError
 from trainer.precision import set_precision
+from trainer.settings import RunConfig
 
 _CLOCK: dict[str, float] = {}  # seconds spent importing and parsing the config
 _CREATED_DIRS: list[str] = []  # directories this run made, deepest first
@@ -83,15 +84,16 @@ def experiment(
     errors.check_count("experiment.max_steps", max_steps, minimum=0)
     errors.check_count("experiment.eval_every_steps", eval_every_steps, optional=True)
     errors.check_count("experiment.eval_steps", eval_steps, optional=True)
+    groups = {name: group() for name, group in gin_config.GROUPS.items()}
+    if profile_steps:
+        groups["summaries"] = gin_config.GROUPS["summaries"](profile_steps=profile_steps)
+    guard = None if overwrite_config else functools.partial(gin_config.check_resumable, model_dir)
     estimator = gin_config.ConfiguredEstimator(
         model_fn=model_fn,
         model_dir=model_dir,
         seed=seed,
-        config_text_fn=gin.operative_config_str,
-        config_guard=None
-        if overwrite_config
-        else functools.partial(gin_config.check_resumable, model_dir),
-        **({"profile_steps": profile_steps} if profile_steps else {}),
+        config=RunConfig(gin.operative_config_str, guard),
+        **groups,
     )
     eval_input_fns = evaluation.eval_sets(eval_input_fns or input_fn)
     metrics = {}
@@ -250,19 +252,19 @@ def _set_up_the_process() -> None:
     """What the config asks of TensorFlow before any op runs: devices, precision, seeds."""
     if FLAGS.num_devices:
         value = FLAGS.num_devices
-        gin.bind_parameter("Estimator.num_devices", int(value) if value.isdigit() else value)
-    devices = gin_config.query("Estimator.num_devices", "auto")
+        gin.bind_parameter("Devices.count", int(value) if value.isdigit() else value)
+    devices = gin_config.query("Devices.count", "auto")
     if strategies.split_cpu_for(devices):  # before any op runs
         logging.info(
             "No GPU here: the CPU is split into %d logical devices to try multi-device "
             "training on (for trying and testing: it is not faster than one)",
             devices,
         )
-    precision = gin_config.query("Estimator.mixed_precision", None)
+    precision = gin_config.query("Devices.mixed_precision", None)
     set_precision(precision)  # before the model is made
-    if gin_config.query("Estimator.distribution", "auto") == "multi_worker":
+    if gin_config.query("Devices.distribution", "auto") == "multi_worker":
         logs.hold_native_stderr()  # a lost peer's gRPC errors go to trainer.log
-        timeout = gin_config.query("Estimator.startup_timeout", cluster.STARTUP_TIMEOUT)
+        timeout = gin_config.query("Devices.startup_timeout", cluster.STARTUP_TIMEOUT)
         strategies.make_strategy("multi_worker", [], timeout)  # before any op runs
     seed = gin_config.query("experiment.seed", 0)
     if seed is not None:

@@ -46,7 +46,7 @@ flags.DEFINE_integer(
     "checkpoint",
     None,
     "The step of the checkpoint that --schedule evaluate, predict or export uses, instead "
-    "of the newest (one the model_dir keeps: see Estimator.keep_checkpoint_every_steps).",
+    "of the newest (one the model_dir keeps: see Checkpoints.keep_every_steps).",
 )
 flags.DEFINE_list(
     "profile_steps",
@@ -66,7 +66,7 @@ flags.DEFINE_string(
     "num_devices",
     None,
     "'auto' (every GPU, else one CPU) or how many devices to train on; sets "
-    "Estimator.num_devices. How they share a step is Estimator.distribution.",
+    "Devices.count. How they share a step is Devices.distribution.",
 )
 flags.DEFINE_multi_string(
     "sweep",

@@ -1,7 +1,8 @@
 """Gin for the framework: what is configurable, parsing in one line, the resume guard.
 
 Importing this module registers the configurables every experiment may use:
-``Estimator`` (all but what the run itself gives), ``KerasModel``, Keras optimizers under
+``Estimator`` (all but what the run itself gives) and its groups of settings
+(``Checkpoints``, ``Devices``, ...: ``GROUPS``), ``KerasModel``, Keras optimizers under
 ``optimizers.`` and learning-rate schedules under ``schedules.``. ``parse`` reads
 the gin files and bindings and turns gin's errors into one line with file, line and
 the closest real name (``gin_errors``). ``check_resumable`` compares two operative
@@ -10,19 +11,20 @@ configs before a run resumes under a checkpoint, letting only ``RESUMABLE`` chan
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tokenize
 
 import gin
 import keras
 
-from trainer import estimator, internals, keras_model, optimization
+from trainer import estimator, internals, keras_model, optimization, settings
 from trainer.checkpoints import OPERATIVE_CONFIG
 from trainer.cli import config_diff, gin_errors
 from trainer.errors import UserError
 
 # The bindings that may change between runs of one model_dir: how long, how often,
-# where and on what devices, not what is trained (Estimator.microbatches: the same
+# where and on what devices, not what is trained (Optimization.microbatches: the same
 # update in less memory, so a run that ran out of memory resumes with more slices).
 # Any ``data_dir`` may change too (where the data is, not what it is).
 RESUMABLE = frozenset(
@@ -32,22 +34,28 @@ RESUMABLE = frozenset(
     ]
     + [
         f"Estimator.{name}"
-        for name in """
-        log_every_steps save_checkpoints_steps keep_checkpoint_max keep_checkpoint_every_steps
-        keep_best_checkpoints async_checkpoints steps_per_loop eval_batch_size nonfinite_loss
-        max_rollbacks export_best_metric export_best_keep export_best_higher
-        early_stopping_metric early_stopping_patience early_stopping_higher write_graph
-        histogram_every_steps image_every_steps distribution num_devices startup_timeout
-        progress_timeout prefetch_to_device microbatches progress
-        """.split()
+        for name in ("log_every_steps", "steps_per_loop", "eval_batch_size", "progress")
     ]
+    + [f"Checkpoints.{field.name}" for field in dataclasses.fields(settings.Checkpoints)]
+    + [f"BestExport.{field.name}" for field in dataclasses.fields(settings.BestExport)]
+    + [f"EarlyStop.{field.name}" for field in dataclasses.fields(settings.EarlyStop)]
+    + [f"Summaries.{field.name}" for field in dataclasses.fields(settings.Summaries)]
+    + [
+        f"Devices.{name}"
+        for name in ("distribution", "count", "prefetch", "startup_timeout", "progress_timeout")
+    ]
+    + [f"Optimization.{name}" for name in ("microbatches", "nonfinite_loss", "max_rollbacks")]
 )
 
+GROUPS = {  # each group of settings by its Estimator argument (not config), made with gin
+    name: gin.external_configurable(group, module="trainer")
+    for name, group in zip(settings.ARGUMENTS[:-1], settings.GROUPS, strict=True)
+}
 ConfiguredEstimator = gin.external_configurable(  # the Estimator with its gin bindings
     estimator.Estimator,
     name="Estimator",
     module="trainer",
-    denylist=["model_fn", "model_dir", "seed", "config_text_fn", "config_guard"],
+    denylist=["model_fn", "model_dir", "seed", "config", *GROUPS],
 )
 gin.external_configurable(keras_model.KerasModel, module="trainer")
 for _cls in [

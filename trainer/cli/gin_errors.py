@@ -15,7 +15,7 @@ import os
 import re
 import tokenize
 
-from trainer import errors, internals
+from trainer import errors, internals, settings
 
 
 def unused_macro(params: list[str]) -> str | None:
@@ -137,6 +137,9 @@ def _closest_name_hint(message: str) -> str:
     if missing:
         return _configurable_hint(missing.group(1), registry)
     param = re.search(r"Configurable '([^']+)' doesn't have a parameter named '([^']+)'", message)
+    if param and param.group(1).endswith("Estimator") and param.group(2) in settings.MOVED:
+        now = settings.MOVED[param.group(2)]
+        return f": it is {now} now (trainer/settings.py): write '{now} = ...' instead"
     if param:
         configurable = registry.get_match(param.group(1))
         if configurable is not None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import inspect
 import io
 import itertools
 import json
@@ -36,7 +35,7 @@ from collections.abc import Callable
 import gin
 import keras
 
-from trainer import estimator, logs, summaries, whole_files
+from trainer import logs, summaries, whole_files
 from trainer.cli import gin_config
 from trainer.distributed import launcher
 from trainer.errors import TrainingDiverged, UserError
@@ -45,8 +44,8 @@ TRIAL_FILE = "trial.json"  # a finished trial's results, in its model_dir
 # Settings a process applies once, before its first op: a trial that sweeps one runs
 # as a command of its own.
 PROCESS_SETTINGS = (
-    "Estimator.num_devices",
-    "Estimator.distribution",
+    "Devices.count",
+    "Devices.distribution",
     "experiment.deterministic",
 )
 _BINDING = re.compile(r"^\s*([\w./]+\.\w+)\s*=\s*(.*?)\s*$", re.DOTALL)
@@ -211,7 +210,7 @@ class Sweep:
             max_steps[trial] = gin_config.query("experiment.max_steps", None)
             if any(name in PROCESS_SETTINGS for name, _ in trial.bindings):
                 self.separate = True
-        if gin_config.query("Estimator.distribution", None) == "multi_worker":
+        if gin_config.query("Devices.distribution", None) == "multi_worker":
             self.separate = True
         return max_steps, _ranking()
 
@@ -243,14 +242,10 @@ def _ranking() -> tuple[str, bool]:
 
     The one the best export is chosen by, else early stopping's, else the eval loss.
     """
-    defaults = inspect.signature(estimator.Estimator).parameters
-    for metric, higher in (
-        ("export_best_metric", "export_best_higher"),
-        ("early_stopping_metric", "early_stopping_higher"),
-    ):
-        name = gin_config.query(f"Estimator.{metric}", None)
+    for group in ("BestExport", "EarlyStop"):
+        name = gin_config.query(f"{group}.metric", None)
         if name:
-            return name, gin_config.query(f"Estimator.{higher}", defaults[higher].default)
+            return name, gin_config.query(f"{group}.higher", True)
     return "loss", False
 
 

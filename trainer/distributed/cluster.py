@@ -28,7 +28,7 @@ from trainer.distributed import preemption, rendezvous
 from trainer.errors import UserError
 
 T = TypeVar("T")
-STARTUP_TIMEOUT = 300  # seconds for every worker to join: Estimator.startup_timeout
+STARTUP_TIMEOUT = 300  # seconds for every worker to join: Devices.startup_timeout
 
 SLURM_VARIABLES = ("SLURM_PROCID", "SLURM_STEP_NODELIST")  # a task of a job step has them
 

@@ -1,7 +1,7 @@
 """Which devices a run uses and how they share a step, decided before anything is built.
 
 ``Placement`` (``placement.py``) asks here: the strategy and devices for
-``Estimator.distribution`` and ``num_devices`` (``'auto'`` chosen by ``choose``), the
+``Devices.distribution`` and ``num_devices`` (``'auto'`` chosen by ``choose``), the
 settings those devices cannot run refused in one line (``check``), and the device
 each batch is prefetched to.
 """
@@ -32,7 +32,7 @@ def strategy_and_devices(
         return strategy, list(strategy.extended.worker_devices), distribution
     if distribution not in strategies.DISTRIBUTIONS:
         raise UserError(
-            f"Estimator.distribution must be one of {', '.join(strategies.DISTRIBUTIONS)}, "
+            f"Devices.distribution must be one of {', '.join(strategies.DISTRIBUTIONS)}, "
             f"got {distribution!r}"
         )
     devices = strategies.choose_devices(num_devices)
@@ -82,7 +82,7 @@ def check(
         )
     if jit_compile and (replicas > 1 or distribution != "towers"):
         raise UserError(
-            "Estimator.jit_compile compiles the step for a single device: turn it off "
+            "Devices.jit_compile compiles the step for a single device: turn it off "
             f"for {distribution!r} on {replicas} device(s)"
         )
     if distribution == "towers":
@@ -108,7 +108,7 @@ def prefetch_device(
         count = f"{len(devices)} device" + ("s" if len(devices) > 1 else "")
         setting = "jit_compile" if jit_compile else f"distribution {distribution!r} on {count}"
         raise UserError(
-            f"Estimator.prefetch_to_device applies to one device without jit_compile, not "
+            f"Devices.prefetch applies to one device without jit_compile, not "
             f"{setting}: strategies prefetch to their replicas themselves, towers copy each "
             "shard in the step, and jit_compile reads a block's batches before the block; "
             "leave it None"

@@ -1,6 +1,6 @@
 """``--workers N``: the N worker processes of one multi_worker run, on this machine.
 
-Each worker is ``python -m trainer`` with the same flags, ``Estimator.distribution =
+Each worker is ``python -m trainer`` with the same flags, ``Devices.distribution =
 'multi_worker'``, and a TF_CONFIG naming a free port on 127.0.0.1 for every worker
 and its own index. The chief's output is shown as it comes (its bar included); the
 other workers' lines on stderr are shown at the end, prefixed with their worker,
@@ -47,7 +47,7 @@ def run(count: int, argv: list[str]) -> int:
         sys.stderr.write(f"warning: {crowded}\n")
     ports = free_ports(count)
     argv = with_start_time(without_flags(argv, ["workers"]), time.strftime("%Y%m%d-%H%M%S"))
-    args = [*argv, "--gin_param", "Estimator.distribution = 'multi_worker'"]
+    args = [*argv, "--gin_param", "Devices.distribution = 'multi_worker'"]
     workers = [_start(args, ports, index) for index in range(count)]
     said: set[str] = set()  # every line shown: another worker's same line is not
     said_by_others: set[str] = set()  # the chief's repeats of its own lines are shown
@@ -266,9 +266,11 @@ def end_with_parent() -> None:
 
 
 def _relay(stream, said: set[str], by_others: set[str], forwarded: list[int], stopping) -> None:
-    """The chief's lines as they come, but one another worker said already, and its
-    answer to the SIGTERM that another worker's failure made the command send it (the
-    failure is the news; like the other workers, the chief has nothing of its own)."""
+    """The chief's lines as they come, but those another worker said already.
+
+    Nor its answer to the SIGTERM that another worker's failure made the command send
+    it: the failure is the news; like the other workers, the chief has nothing to add.
+    """
     for line in stream:
         line = _as_the_commands(line, forwarded)
         if line in by_others or (stopping.is_set() and _answers_sigterm(line)):

@@ -3,7 +3,7 @@
 ``Placement`` is the one object that knows the kind of distribution. The rest of the
 framework asks it: which scope variables are made in, how big a batch one input
 pipeline yields, how the training input is iterated, which directory this worker
-writes. Three kinds (``Estimator.distribution``; ``'auto'``, the default, is
+writes. Three kinds (``Devices.distribution``; ``'auto'``, the default, is
 all-reduce over several GPUs and towers otherwise: ``devices.choose``):
 
 * ``'towers'``: one process splits each batch over its devices (``towers.Towers``),

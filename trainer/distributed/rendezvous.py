@@ -56,7 +56,7 @@ def meet(addresses: list[str], mine: int, cluster: dict, timeout_seconds: float,
         absent = ", ".join(f"worker {i} ({a})" for i, a in waiting.items())
         raise PeerLost(
             f"{name}: {absent} did not start in {timeout_seconds:g}s "
-            "(Estimator.startup_timeout): start every worker of TF_CONFIG's cluster with "
+            "(Devices.startup_timeout): start every worker of TF_CONFIG's cluster with "
             "the same command, or allow longer"
         )
 

@@ -111,7 +111,7 @@ def make_strategy(
             f"distribution must be one of {', '.join(DISTRIBUTIONS)}, got {distribution!r}"
         )
     if _multi_worker is None:
-        errors.check_seconds("Estimator.startup_timeout", startup_timeout)
+        errors.check_seconds("Devices.startup_timeout", startup_timeout)
         found = cluster.find()
         logging.info("Joining the cluster as %s (%s); waiting for every worker", *found.where)
         try:

@@ -114,7 +114,7 @@ class Watchdog:
         beats = {index: seen.get(index, (0, 0, "starting")) for index in range(len(self.addresses))}
         fewest = min(record[0] for record in beats.values())
         behind = sorted(i for i, record in beats.items() if record[0] == fewest)
-        took = f"for {self.timeout:g}s (Estimator.progress_timeout)"
+        took = f"for {self.timeout:g}s (Devices.progress_timeout)"
         if len(behind) == len(beats):
             _, step, phase = beats[0]
             return f"no worker made progress {took}, all {phase} at step {step}", []

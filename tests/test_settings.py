@@ -1,0 +1,110 @@
+"""The Estimator's settings in groups: checked when made, bound by gin, old names told."""
+
+import dataclasses
+import inspect
+
+import pytest
+
+import trainer
+from trainer import settings
+from trainer.cli import config_diff, gin_config
+from trainer.errors import UserError
+
+
+def test_the_estimator_takes_a_few_settings_and_each_group_whole():
+    parameters = inspect.signature(trainer.Estimator).parameters
+    assert len(parameters) <= 17
+    groups = {p.name: p.default for p in parameters.values() if dataclasses.is_dataclass(p.default)}
+    assert {type(g) for g in groups.values()} == {*settings.GROUPS, settings.RunConfig}
+    assert set(gin_config.GROUPS) == set(groups) - {"config"}  # the command line makes each
+
+
+def test_every_old_argument_names_a_field_of_its_group_and_every_field_had_one():
+    fields = {
+        f"{group.__name__}.{field.name}"
+        for group in settings.GROUPS
+        for field in dataclasses.fields(group)
+    }
+    assert sorted(settings.MOVED.values()) == sorted(fields)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: trainer.Checkpoints(keep=0), "Checkpoints.keep must be a whole number >= 1"),
+        (
+            lambda: trainer.Checkpoints(every_steps=2.5),
+            r"Checkpoints.every_steps must be a whole number >= 1 or None, got 2.5",
+        ),
+        (lambda: trainer.Devices(startup_timeout=0), "Devices.startup_timeout must be a number"),
+        (
+            lambda: trainer.Optimization(nonfinite_loss="skip"),
+            "Optimization.nonfinite_loss must be 'stop' or 'rollback', got 'skip'",
+        ),
+        (
+            lambda: trainer.Optimization(microbatches=0),
+            "Optimization.microbatches must be a whole number >= 1, got 0",
+        ),
+        (lambda: trainer.BestExport(keep=0), "BestExport.keep must be a whole number >= 1"),
+        (lambda: trainer.EarlyStop(patience=0), "EarlyStop.patience must be a whole number"),
+        (
+            lambda: trainer.Summaries(profile_steps=(5, 3)),
+            r"Summaries.profile_steps must be \(start, stop\) with 0 <= start < stop, got \(5, 3\)",
+        ),
+    ],
+)
+def test_a_group_refuses_a_bad_setting_when_made(make, message):
+    with pytest.raises(UserError, match=message):
+        make()
+
+
+def test_a_group_is_frozen_and_its_mappings_are_its_own():
+    rates = {"^body/": 0.1}
+    optimization = trainer.Optimization(learning_rate_multipliers=rates)
+    rates["^head/"] = 2.0
+    assert optimization.learning_rate_multipliers == {"^body/": 0.1}
+    assert trainer.Optimization().frozen_until_step == {} and trainer.WarmStart().map == {}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        optimization.ema_decay = 0.9
+
+
+def test_the_estimator_refuses_a_group_given_as_a_dict_in_one_line(tmp_path):
+    from models.mlp import MLP
+
+    with pytest.raises(
+        UserError, match="Estimator.checkpoints must be a trainer.Checkpoints instance, got dict"
+    ):
+        trainer.Estimator(MLP(), str(tmp_path), checkpoints={"every_steps": 5})
+    with pytest.raises(
+        UserError, match="Estimator.early_stop must be a trainer.EarlyStop instance, got str"
+    ):
+        trainer.Estimator(MLP(), str(tmp_path), early_stop="accuracy")
+
+
+OLD = """
+Estimator.global_batch_size = 64
+Estimator.save_checkpoints_steps = 1000
+Estimator.keep_checkpoint_max = 5
+Estimator.clip_gradient_norm = None
+Estimator.num_devices = 'auto'
+train/Estimator.warm_start_from = None
+"""
+NEW = """
+Estimator.global_batch_size = 64
+Checkpoints.every_steps = 1000
+Checkpoints.keep = 5
+Optimization.clip_gradient_norm = None
+Devices.count = 'auto'
+train/WarmStart.source = None
+"""
+
+
+def test_a_config_saved_before_the_groups_is_read_under_the_names_now():
+    assert config_diff.renamed(config_diff.bindings(OLD)) == config_diff.bindings(NEW)
+    assert config_diff.changes(OLD, NEW) == []
+    changed = NEW.replace("clip_gradient_norm = None", "clip_gradient_norm = 1.0")
+    assert [str(c) for c in config_diff.changes(OLD, changed)] == [
+        "Optimization.clip_gradient_norm: None -> 1.0"
+    ]
+    resumable = NEW.replace("Checkpoints.keep = 5", "Checkpoints.keep = 3")
+    assert config_diff.changes(OLD, resumable, gin_config.RESUMABLE) == []

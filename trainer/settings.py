@@ -1,0 +1,275 @@
+"""The Estimator's settings, in groups: each a small frozen dataclass, checked when made.
+
+``Estimator(model_fn, model_dir, checkpoints=Checkpoints(every_steps=500))`` in
+Python; in a gin file each group binds directly (``Checkpoints.every_steps = 500``),
+since ``python -m trainer`` hands the Estimator one of each, made with its bindings.
+A group's defaults are the Estimator's: a group left out changes nothing.
+
+``MOVED`` maps each Estimator argument of before the groups (its flat list of 45) to
+its place now; a gin file or a saved operative config with the old name is told, or
+translated (``trainer/cli/gin_errors.py``, ``trainer/cli/config_diff.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+
+from trainer import errors
+from trainer.errors import UserError
+
+frozen = dataclasses.dataclass(frozen=True)
+NONFINITE_POLICIES = ("stop", "rollback")  # what a NaN or infinite loss does
+
+
+@frozen
+class Checkpoints:
+    """When checkpoints are written and which are kept.
+
+    Args:
+      every_steps: how often to checkpoint (also always at the end); None: at the end.
+      keep: how many recent checkpoints to keep.
+      keep_every_steps: also keep, for good, one at every multiple of this.
+      keep_best: also keep the checkpoints of the best exports (``BestExport``).
+      background: write them in a thread while training goes on; None: where it is
+        safe (one device or towers, not under a tf.distribute strategy).
+      input: resume the training input at the exact next batch, by its position
+        (``datasets/`` pipelines) or its saved iterator (``trainer/inputs.py``).
+    """
+
+    every_steps: int | None = 1000
+    keep: int = 5
+    keep_every_steps: int | None = None
+    keep_best: bool = False
+    background: bool | None = None
+    input: bool = True
+
+    def __post_init__(self):
+        errors.check_count("Checkpoints.every_steps", self.every_steps, optional=True)
+        errors.check_count("Checkpoints.keep", self.keep)
+        errors.check_count("Checkpoints.keep_every_steps", self.keep_every_steps, optional=True)
+
+
+@frozen
+class Devices:
+    """Where training runs: devices, workers, precision and compilation.
+
+    Args:
+      distribution: ``'auto'``, ``'towers'`` (each batch split over this process's
+        devices), ``'mirrored'`` or ``'multi_worker'`` (the machines of ``TF_CONFIG``);
+        see ``trainer/distributed/placement.py``.
+      count: ``'auto'`` (every GPU, else one CPU) or how many devices to use.
+      mixed_precision: ``'mixed_bfloat16'`` or ``'mixed_float16'``; call
+        ``set_precision`` before making the model (``python -m trainer`` does).
+      jit_compile: compile each block of steps with XLA (training batches of one
+        shape); faster for dense models on CPU: measure (benchmarks/throughput.py).
+      prefetch: copy each batch to the device during the step before it; None: on
+        for one GPU without jit_compile (the only case it applies to).
+      startup_timeout: multi_worker: seconds to wait for every worker to join.
+      progress_timeout: multi_worker: seconds without progress by some worker before
+        the run ends naming it (exit 75); longer than the longest evaluation.
+    """
+
+    distribution: str = "auto"
+    count: int | str = "auto"
+    mixed_precision: str | None = None
+    jit_compile: bool = False
+    prefetch: bool | None = None
+    startup_timeout: float = 300
+    progress_timeout: float = 600
+
+    def __post_init__(self):
+        errors.check_seconds("Devices.startup_timeout", self.startup_timeout)
+        errors.check_seconds("Devices.progress_timeout", self.progress_timeout)
+
+
+@frozen
+class Optimization:
+    """How each update is made from the gradients, and what a bad loss does.
+
+    Args:
+      clip_gradient_norm: clip the gradients (each loss's) to this global norm.
+      learning_rate_multipliers: ``{pattern: factor}``: variables whose Keras path
+        matches ``pattern`` (``re.search``) train at ``factor`` times the rate.
+      frozen_until_step: ``{pattern: step}``: those variables wait until that step.
+      no_weight_decay: patterns left out of decoupled weight decay, e.g. ``['bias']``.
+      ema_decay: evaluate and predict with a moving average of the weights (e.g. 0.999).
+      microbatches: take each batch in this many slices inside the step, applying
+        their summed gradients once: less memory, the same update (but for batch
+        statistics, which each slice computes alone; ``trainer/microbatch.py``).
+      nonfinite_loss: on a NaN or infinite loss, ``'stop'`` (TrainingDiverged, the last
+        checkpoint kept) or ``'rollback'`` (restore it and skip the batch).
+      max_rollbacks: rollbacks allowed in one run before giving up.
+    """
+
+    clip_gradient_norm: float | None = None
+    learning_rate_multipliers: Mapping[str, float] | None = None  # None: {} (as gin says)
+    frozen_until_step: Mapping[str, int] | None = None
+    no_weight_decay: Sequence[str] = ()
+    ema_decay: float | None = None
+    microbatches: int = 1
+    nonfinite_loss: str = "stop"
+    max_rollbacks: int = 3
+
+    def __post_init__(self):
+        for name in ("learning_rate_multipliers", "frozen_until_step"):
+            object.__setattr__(self, name, dict(getattr(self, name) or {}))
+        errors.check_count("Optimization.microbatches", self.microbatches)
+        errors.check_count("Optimization.max_rollbacks", self.max_rollbacks, minimum=0)
+        if self.nonfinite_loss not in NONFINITE_POLICIES:
+            raise UserError(
+                "Optimization.nonfinite_loss must be 'stop' or 'rollback', "
+                f"got {self.nonfinite_loss!r}"
+            )
+
+
+@frozen
+class WarmStart:
+    """Initial weights for a model_dir without a checkpoint (``trainer/warm_start.py``).
+
+    Args:
+      source: a checkpoint, model_dir, SavedModel or ``.keras`` file; None: none.
+      pattern: take only the weights whose Keras path matches this.
+      map: ``{pattern: replacement}`` renaming this model's variables into the
+        source's (``re.sub``, the first pattern that matches).
+    """
+
+    source: str | None = None
+    pattern: str = ".*"
+    map: Mapping[str, str] | None = None  # None: {}
+
+    def __post_init__(self):
+        object.__setattr__(self, "map", dict(self.map or {}))
+
+
+@frozen
+class BestExport:
+    """Best exports: train_and_evaluate keeps the ``keep`` best in ``model_dir/export/best/``.
+
+    Args:
+      metric: the first eval set's metric they rank by; None: no best export.
+      keep: how many best exports to keep.
+      higher: True when a higher metric is better (accuracy, not loss).
+    """
+
+    metric: str | None = None
+    keep: int = 1
+    higher: bool = True
+
+    def __post_init__(self):
+        errors.check_count("BestExport.keep", self.keep)
+
+
+@frozen
+class EarlyStop:
+    """Early stopping: train_and_evaluate stops once a metric stops improving.
+
+    Args:
+      metric: the first eval set's metric watched; None: never stop early.
+      patience: evaluations without improvement before stopping.
+      higher: True when a higher metric is better.
+    """
+
+    metric: str | None = None
+    patience: int = 3
+    higher: bool = True
+
+    def __post_init__(self):
+        errors.check_count("EarlyStop.patience", self.patience)
+
+
+@frozen
+class Summaries:
+    """What is written to TensorBoard besides the scalars of each log step.
+
+    Args:
+      profile_steps: ``(start, stop)`` global steps to trace (TensorBoard's Profile tab).
+      write_graph: write the compiled training step's graph, once.
+      histogram_every_steps: write a histogram of every weight this often.
+      image_every_steps: write eval images with predicted and true class this often.
+    """
+
+    profile_steps: tuple[int, int] | None = None
+    write_graph: bool = True
+    histogram_every_steps: int | None = None
+    image_every_steps: int | None = None
+
+    def __post_init__(self):
+        steps = tuple(self.profile_steps) if self.profile_steps else None
+        object.__setattr__(self, "profile_steps", steps)
+        if steps is not None and not (len(steps) == 2 and 0 <= steps[0] < steps[1]):
+            raise UserError(
+                f"Summaries.profile_steps must be (start, stop) with 0 <= start < stop, got {steps}"
+            )
+        for name in ("histogram_every_steps", "image_every_steps"):
+            errors.check_count(f"Summaries.{name}", getattr(self, name), optional=True)
+
+
+@frozen
+class RunConfig:
+    """The run's configuration as text, and the check before a model_dir resumes.
+
+    Args:
+      text_fn: the config as text, kept in ``model_dir`` and TensorBoard.
+      guard: ``guard(saved_text, new_text)`` before resuming; raises UserError when
+        the change is not safe to resume with.
+    """
+
+    text_fn: Callable[[], str] | None = None
+    guard: Callable[[str, str], None] | None = None
+
+
+GROUPS = (Checkpoints, Devices, Optimization, WarmStart, BestExport, EarlyStop, Summaries)
+
+
+# The Estimator's argument for each group, in the order of GROUPS, then RunConfig's.
+ARGUMENTS = ("checkpoints", "devices", "optimization", "warm_start", "best_export")
+ARGUMENTS += ("early_stop", "summaries", "config")
+
+
+def check(*groups) -> None:
+    """Refuses an Estimator argument that is not its group (a dict, a string, None).
+
+    ``groups`` are the Estimator's arguments named in ``ARGUMENTS``, in that order.
+    """
+    for name, group, value in zip(ARGUMENTS, (*GROUPS, RunConfig), groups, strict=True):
+        errors.check_instance(f"Estimator.{name}", value, group, f"a trainer.{group.__name__}")
+
+
+# Each Estimator argument that moved into a group, to its binding now.
+MOVED = {
+    "save_checkpoints_steps": "Checkpoints.every_steps",
+    "keep_checkpoint_max": "Checkpoints.keep",
+    "keep_checkpoint_every_steps": "Checkpoints.keep_every_steps",
+    "keep_best_checkpoints": "Checkpoints.keep_best",
+    "async_checkpoints": "Checkpoints.background",
+    "checkpoint_input": "Checkpoints.input",
+    "distribution": "Devices.distribution",
+    "num_devices": "Devices.count",
+    "mixed_precision": "Devices.mixed_precision",
+    "jit_compile": "Devices.jit_compile",
+    "prefetch_to_device": "Devices.prefetch",
+    "startup_timeout": "Devices.startup_timeout",
+    "progress_timeout": "Devices.progress_timeout",
+    "clip_gradient_norm": "Optimization.clip_gradient_norm",
+    "learning_rate_multipliers": "Optimization.learning_rate_multipliers",
+    "frozen_until_step": "Optimization.frozen_until_step",
+    "no_weight_decay": "Optimization.no_weight_decay",
+    "ema_decay": "Optimization.ema_decay",
+    "microbatches": "Optimization.microbatches",
+    "nonfinite_loss": "Optimization.nonfinite_loss",
+    "max_rollbacks": "Optimization.max_rollbacks",
+    "warm_start_from": "WarmStart.source",
+    "warm_start_pattern": "WarmStart.pattern",
+    "warm_start_map": "WarmStart.map",
+    "export_best_metric": "BestExport.metric",
+    "export_best_keep": "BestExport.keep",
+    "export_best_higher": "BestExport.higher",
+    "early_stopping_metric": "EarlyStop.metric",
+    "early_stopping_patience": "EarlyStop.patience",
+    "early_stopping_higher": "EarlyStop.higher",
+    "profile_steps": "Summaries.profile_steps",
+    "write_graph": "Summaries.write_graph",
+    "histogram_every_steps": "Summaries.histogram_every_steps",
+    "image_every_steps": "Summaries.image_every_steps",
+}
