@@ -13,7 +13,6 @@ import pytest
 
 from tests import parity
 from tests.helpers import on_two_cpus, on_workers
-from trainer.settings import Optimization
 
 IN_PROCESS = [name for name, column in parity.COLUMNS.items() if column.devices == 1]
 TWO_DEVICES = [
@@ -107,9 +106,7 @@ def test_multi_worker_cells(tmp_path):
 def test_a_batch_cut_in_parts_says_how_it_takes_a_layers_own_add_loss(tmp_path, caplog):
     """The cells above that differ are not silent: the log names the layer."""
     caplog.set_level(logging.INFO)
-    parity.framework_run(
-        parity.ROWS["add_loss_sum"], str(tmp_path), 1, optimization=Optimization(microbatches=2)
-    )
+    parity.framework_run(parity.ROWS["add_loss_sum"], str(tmp_path), 1, microbatches=2)
     said = [r.getMessage() for r in caplog.records if "add losses of their own" in r.getMessage()]
     assert len(said) == 1 and "'added_loss'" in said[0] and "ops.mean" in said[0], said
 

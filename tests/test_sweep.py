@@ -150,8 +150,8 @@ def test_a_sweep_of_the_devices_runs_each_trial_as_a_command_of_its_own(tmp_path
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert " on 1 device (CPU:0) " in proc.stdout  # a process splits its CPU once
     assert " on 2 devices (CPU:0, CPU:1), towers " in proc.stdout
-    for name in ("num_devices=1", "num_devices=2"):
+    for name in ("count=1", "count=2"):
         record = json.loads((sweep_dir / name / sweep.TRIAL_FILE).read_text())
         assert record["trial"] == name and record["global_step"] == 10
         assert record["bindings"] == {"Devices.count": name[-1]}
-    assert proc.stdout.split("sweep: 2 trials in ")[1].count("num_devices=") == 2
+    assert proc.stdout.split("sweep: 2 trials in ")[1].count("count=") == 2

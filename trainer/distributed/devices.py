@@ -25,7 +25,7 @@ def strategy_and_devices(
         if num_devices != "auto":
             raise UserError(
                 "distribution 'multi_worker' uses every GPU of each machine (or its CPU); "
-                "leave num_devices 'auto' and limit GPUs with CUDA_VISIBLE_DEVICES"
+                "leave Devices.count 'auto' and limit GPUs with CUDA_VISIBLE_DEVICES"
             )
         # Created before anything else touches TensorFlow's runtime, as it must be.
         strategy = strategies.make_strategy(distribution, [], startup_timeout)
