@@ -1,9 +1,9 @@
 """Writing checkpoints: which are kept, and saves that do not stop training.
 
 ``Retention`` decides what a model_dir keeps after each save: the newest
-``keep_checkpoint_max``, every checkpoint at a multiple of
-``keep_checkpoint_every_steps`` (the same on every restart and every worker), and those
-of the best exports (``keep_best_checkpoints``). It deletes the others and lists the
+``Checkpoints.keep``, every checkpoint at a multiple of
+``Checkpoints.keep_every_steps`` (the same on every restart and every worker), and those
+of the best exports (``Checkpoints.keep_best``). It deletes the others and lists the
 kept ones, newest last, in the ``checkpoint`` file, so that each can still be named
 by its step. TensorFlow's CheckpointManager keeps only the newest N by count, or
 by hours, and drops what it keeps by hours from its list.

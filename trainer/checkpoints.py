@@ -279,7 +279,7 @@ def relist(model_dir: str, paths: list[str]) -> None:
     """Writes a new ``checkpoint`` file listing ``paths`` (newest last).
 
     Each with the time its index was written: a list without times makes TensorFlow's
-    CheckpointManager keep every checkpoint it lists forever (``keep_checkpoint_max``
+    CheckpointManager keep every checkpoint it lists forever (``Checkpoints.keep``
     then deletes none of them).
     """
     lines = [f'model_checkpoint_path: "{os.path.basename(paths[-1])}"']

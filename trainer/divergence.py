@@ -28,7 +28,7 @@ class Divergence:
     names the step that did it. Then the policy (``Optimization.nonfinite_loss``)
     decides: ``'stop'`` raises TrainingDiverged (the bad step's update is in the weights then: the
     caller must not use them), ``'rollback'`` restores the checkpoint and drops the bad
-    step's batch, at most ``max_rollbacks`` times.
+    step's batch, at most ``Optimization.max_rollbacks`` times.
     """
 
     def __init__(

@@ -244,7 +244,7 @@ class Estimator:
 
         ``input_fn``'s PREDICT dataset fixes the signature's feature shapes and dtypes.
         Uses the weights in memory after training, else the newest checkpoint or that
-        of step ``checkpoint`` (their moving average with ``ema_decay``). Writes to
+        of step ``checkpoint`` (their moving average with ``Optimization.ema_decay``). Writes to
         ``export_dir``, by default ``model_dir/export/<global step>``.
         """
         dataset = self.inputs.dataset(input_fn, Mode.PREDICT)

@@ -329,8 +329,8 @@ def tensorboard_actions(
 ) -> list[cadence.Periodic | cadence.At]:
     """Histograms, labelled images and the profiler, at the steps ``every`` asks for.
 
-    ``every`` holds the Estimator's ``profile_steps``, ``histogram_every_steps`` and
-    ``image_every_steps``; ``eval_batch`` gives the one batch the images are drawn from.
+    ``every`` is the Estimator's ``Summaries``: ``profile_steps``, ``histogram_every_steps``
+    and ``image_every_steps``; ``eval_batch`` gives the one batch the images are drawn from.
     """
     actions = profiler_actions(every.profile_steps, train_dir)
     if every.histogram_every_steps or every.image_every_steps:

@@ -142,7 +142,7 @@ def taken_ema(optimizers: dict, ema_decay: float | None) -> tuple[dict, float | 
     """The optimizers without Keras's ``use_ema``, and the weight average's decay.
 
     An optimizer compiled with ``use_ema=True`` averages the weights the way
-    ``ema_decay`` does (from the first step, at ``ema_momentum``); ``fit`` then
+    ``Optimization.ema_decay`` does (from the first step, at ``ema_momentum``); ``fit`` then
     overwrites the weights with the average when it ends, so that Keras's evaluate,
     predict and save see it. Here the average becomes the run's ``WeightAverage``:
     evaluation, prediction and export use it, and training goes on from the trained

@@ -8,7 +8,7 @@ in two ways that combine:
   discriminator. Groups update together at every step, or take turns
   (``Group(steps=k)``: k steps of one group, then the next, as TF-GAN's
   ``GANTrainSteps``).
-* **Rules** (``variable_rules.Rules``, the Estimator's ``learning_rate_multipliers``,
+* **Rules** (``variable_rules.Rules``, ``Optimization``'s ``learning_rate_multipliers``,
   ``frozen_until_step`` and ``no_weight_decay``): variables chosen by a regular
   expression on their Keras path train at a multiple of their optimizer's rate, not at
   all before a step, or without decoupled weight decay.

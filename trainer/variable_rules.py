@@ -1,6 +1,6 @@
 """Rules on variables, chosen by regular expressions on their Keras paths.
 
-The Estimator's ``learning_rate_multipliers``, ``frozen_until_step`` and
+``Optimization``'s ``learning_rate_multipliers``, ``frozen_until_step`` and
 ``no_weight_decay``: which variables each rule matches, the rate a multiplier gives
 (``ScaledRate``, a schedule followed at the group's step), and the checks that
 refuse a rule that cannot apply. ``optimizer_groups.plan`` splits each optimizer group by the

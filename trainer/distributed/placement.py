@@ -19,7 +19,7 @@ divide evenly over the replicas; evaluation is split over every replica and work
 (``eval_input``), prediction runs on each worker's first device.
 A positioned input resumes at its position on any number of devices; any other is
 resumed by skipping the batches already trained on (TF cannot checkpoint a
-distributed iterator). ``prefetch_to_device`` applies to one device only:
+distributed iterator). ``Devices.prefetch`` applies to one device only:
 strategies prefetch to their replicas themselves, towers copy each shard in the
 step, and jit_compile reads a block's batches before the block.
 """

@@ -95,7 +95,7 @@ def make_strategy(
     configures the runtime's collectives); it is made once per process and reused.
     The CLI makes it first thing; a program of your own should call
     ``make_strategy('multi_worker', [])`` at its start. It waits up to
-    ``startup_timeout`` seconds for every worker to join (``cluster.join``).
+    ``Devices.startup_timeout`` seconds for every worker to join (``cluster.join``).
     """
     global _multi_worker, _cluster
     if distribution == "mirrored":
