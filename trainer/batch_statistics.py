@@ -147,6 +147,7 @@ def check_synchronized(layers, microbatches: int, towers: bool) -> None:
     )
 
 
+@tf.autograph.experimental.do_not_convert
 def frozen_norms(layers, frozen: set[int]) -> list[keras.layers.Layer]:
     """The batch-norm layers (in and inside ``layers``) whose weights are all ``frozen`` ids."""
     return [

@@ -14,6 +14,7 @@ import tensorflow as tf
 from trainer.optimizer_groups import Plan
 
 
+@tf.autograph.experimental.do_not_convert
 def one_scale_per_loss(plan: Plan, by_group: bool) -> dict:
     """The losses followed by several loss-scaled units (mixed_float16), with the units.
 
@@ -28,6 +29,7 @@ def one_scale_per_loss(plan: Plan, by_group: bool) -> dict:
     return {loss: units for loss, units in by_loss.items() if len(units) > 1}
 
 
+@tf.autograph.experimental.do_not_convert
 def poisoned_unless_finite(grads: list) -> list:
     """The gradients, all made NaN if any is not finite.
 
@@ -51,6 +53,7 @@ def _scaled(gradient, factor):
     return gradient * tf.cast(factor, gradient.dtype)
 
 
+@tf.autograph.experimental.do_not_convert
 def share_scale(owner, units: list) -> None:
     """Every unit's loss scale and growth count set to ``owner``'s, frozen units too."""
     for unit in units:
@@ -59,6 +62,7 @@ def share_scale(owner, units: list) -> None:
             unit.optimizer.step_counter.assign(owner.step_counter)
 
 
+@tf.autograph.experimental.do_not_convert
 def global_norm(grads: list) -> tf.Tensor:
     """The global norm of the gradients as the dense tensors they stand for.
 
@@ -78,6 +82,7 @@ def _deduplicated(gradient):
     return tf.IndexedSlices(rows, ids, gradient.dense_shape)
 
 
+@tf.autograph.experimental.do_not_convert
 def root_sum_square(norms: list[tf.Tensor]) -> tf.Tensor:
     """The norm of several norms' vectors taken together: ``sqrt(sum(n ** 2))``."""
     if len(norms) == 1:
@@ -85,6 +90,7 @@ def root_sum_square(norms: list[tf.Tensor]) -> tf.Tensor:
     return tf.sqrt(tf.add_n([n**2 for n in norms]))
 
 
+@tf.autograph.experimental.do_not_convert
 def clipped(grads: list, clip_norm: float, scale: tf.Tensor) -> tuple[list, tf.Tensor]:
     """The gradients clipped to ``clip_norm`` (None entries stay None), and their norm.
 
@@ -96,16 +102,19 @@ def clipped(grads: list, clip_norm: float, scale: tf.Tensor) -> tuple[list, tf.T
     return result, norm / scale
 
 
+@tf.autograph.experimental.do_not_convert
 def scale_of(optimizer: keras.optimizers.Optimizer) -> tf.Tensor:
     """The loss scale of ``optimizer`` (mixed float16; else 1)."""
     return optimizer.scale_loss(tf.constant(1.0))
 
 
+@tf.autograph.experimental.do_not_convert
 def finite(objective) -> tf.Tensor:
     """Whether every loss of a step's objective is finite."""
     return tf.reduce_all(tf.stack([tf.math.is_finite(o) for o in tf.nest.flatten(objective)]))
 
 
+@tf.autograph.experimental.do_not_convert
 def tape_gradients(tape: tf.GradientTape, loss, variables):
     """Gradients of ``loss`` for ``variables``; of each loss of a dict for a dict of lists."""
     if isinstance(variables, dict):

@@ -26,6 +26,7 @@ from absl import logging
 from trainer import internals
 
 
+@tf.autograph.experimental.do_not_convert
 def unique_layers(layers: list[keras.layers.Layer]) -> list[keras.layers.Layer]:
     """Every layer in ``layers`` and inside them, each once."""
     found, seen = [], set()
@@ -37,6 +38,7 @@ def unique_layers(layers: list[keras.layers.Layer]) -> list[keras.layers.Layer]:
     return found
 
 
+@tf.autograph.experimental.do_not_convert
 def own_adders(layers: list[keras.layers.Layer]) -> list[str]:
     """The names of the layers that last added losses of their own (not Keras's regularizers)."""
     return [
@@ -63,6 +65,7 @@ def say_how_cut_batches_take(adders: list[str]) -> None:
         )
 
 
+@tf.autograph.experimental.do_not_convert
 def current(layers: list[keras.layers.Layer], variables: list) -> list[tf.Tensor]:
     """The losses the layers hold now: each layer's added values, each variable's penalty."""
     added = [loss for layer in unique_layers(layers) for loss in internals.own_losses(layer)]
@@ -85,6 +88,7 @@ def during_call(layers: list[keras.layers.Layer], variables: list):
     found.extend(current(layers, variables))
 
 
+@tf.autograph.experimental.do_not_convert
 def total(losses: list[tf.Tensor]) -> tf.Tensor:
     """The losses' sum as float32 (0 for none)."""
     return tf.add_n([tf.cast(loss, tf.float32) for loss in losses]) if losses else tf.constant(0.0)

@@ -15,12 +15,14 @@ import tensorflow as tf
 from trainer.model_fn import Spec, Weighted
 
 
+@tf.autograph.experimental.do_not_convert
 def batch_size_of(features) -> tf.Tensor:
     """The number of examples in a batch of features, as a float64 scalar."""
     first = tf.nest.flatten(features)[0]
     return tf.cast(tf.shape(first)[0], tf.float64)
 
 
+@tf.autograph.experimental.do_not_convert
 def batch_loss(spec: Spec, shard: tf.Tensor, examples: Callable[[], tf.Tensor]):
     """A Spec's loss as the framework weights it: the mean over ``shard``'s examples.
 
@@ -36,6 +38,7 @@ def batch_loss(spec: Spec, shard: tf.Tensor, examples: Callable[[], tf.Tensor]):
     return tf.nest.map_structure(lambda loss: loss * tf.cast(scale, loss.dtype), spec.loss)
 
 
+@tf.autograph.experimental.do_not_convert
 def with_mean_weight(labels, total: Callable):
     """Weighted labels given the mean weight of the step's whole batch (``Weighted``).
 
@@ -58,6 +61,7 @@ def loss_name(group: str) -> str:
     return f"{group}_loss"
 
 
+@tf.autograph.experimental.do_not_convert
 def total_loss(loss) -> tf.Tensor:
     """The loss reported as ``loss`` (float32): the one loss, or the groups' sum."""
     if isinstance(loss, Mapping):
@@ -65,6 +69,7 @@ def total_loss(loss) -> tf.Tensor:
     return tf.cast(loss, tf.float32)
 
 
+@tf.autograph.experimental.do_not_convert
 def reported_scalars(spec: Spec, loss) -> dict[str, tf.Tensor]:
     """The Spec's scalars (and each group's loss) as float32, averaged as the loss is."""
     scalars = {name: tf.cast(value, tf.float32) for name, value in spec.scalars.items()}

@@ -28,6 +28,7 @@ from trainer import errors
 from trainer.errors import UserError
 
 
+@tf.autograph.experimental.do_not_convert
 def check_metric(where: str, name: str, value) -> None:
     """Refuses a metric that is neither kind (ValueError, which check_spec raises).
 
@@ -54,6 +55,7 @@ def check_metric(where: str, name: str, value) -> None:
             )
 
 
+@tf.autograph.experimental.do_not_convert
 def split_metrics(metrics: Mapping) -> tuple[dict, dict]:
     """``(per-example values, streamed (metric, *args) tuples)`` of a Spec's metrics.
 
@@ -63,11 +65,13 @@ def split_metrics(metrics: Mapping) -> tuple[dict, dict]:
     return {n: v for n, v in metrics.items() if n not in streamed}, streamed
 
 
+@tf.autograph.experimental.do_not_convert
 def is_streamed(value) -> bool:
     """Whether a Spec's metric is a streamed ``(keras.metrics.Metric, *args)`` tuple."""
     return isinstance(value, tuple) and bool(value) and isinstance(value[0], keras.metrics.Metric)
 
 
+@tf.autograph.experimental.do_not_convert
 def unfit_metric(name: str, streamed: dict) -> str | None:
     """Why a streamed metric cannot take the values named with it, found while tracing.
 
@@ -141,6 +145,7 @@ class MetricSums:
             }
             self.count = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="count", **sync)
 
+    @tf.autograph.experimental.do_not_convert
     def update(self, per_example, per_batch, batch_size: tf.Tensor) -> None:
         """Adds one batch: dicts of ``[batch]`` values and of scalars."""
         for name in self.per_batch:  # a replica's empty share of a last batch adds 0, not NaN
@@ -158,6 +163,7 @@ class MetricSums:
             self.weights[name].assign_add(weight)
         self.count.assign_add(batch_size)
 
+    @tf.autograph.experimental.do_not_convert
     def stream(self, streamed: Mapping[str, tuple]) -> None:
         """Updates each streamed metric: ``{name: (metric, *update_state args)}``."""
         for name, (metric, *args) in streamed.items():

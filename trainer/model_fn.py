@@ -300,6 +300,7 @@ def _walk(root):
                 stack.append(child)
 
 
+@tf.autograph.experimental.do_not_convert
 def check_spec(
     spec: Spec, mode: Mode, model_name: str, groups: collections.abc.Collection = ()
 ) -> None:
@@ -336,6 +337,7 @@ def check_spec(
             )
 
 
+@tf.autograph.experimental.do_not_convert
 def _check_loss(where: str, loss, groups: collections.abc.Collection) -> None:
     if isinstance(loss, Mapping):
         if not groups:
@@ -357,6 +359,7 @@ def _check_loss(where: str, loss, groups: collections.abc.Collection) -> None:
             )
 
 
+@tf.autograph.experimental.do_not_convert
 def check_class_ids(labels: tf.Tensor, num_classes: int, what: str, hint: str = "") -> tf.Tensor:
     """``labels`` (int64), once every value is checked to be in ``[0, num_classes)``.
 

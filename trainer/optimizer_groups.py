@@ -96,10 +96,12 @@ class Plan:
         """The groups, each once, in the units' order."""
         return list(dict.fromkeys(u.group for u in self.units))
 
+    @tf.autograph.experimental.do_not_convert
     def active(self, step: int) -> tuple[int, ...]:
         """The indices of the units applied at global step ``step`` (0 for the first)."""
         return tuple(i for i, unit in enumerate(self.units) if self._is_active(unit, step))
 
+    @tf.autograph.experimental.do_not_convert
     def frozen(self, phase: tuple[int, ...]) -> set[int]:
         """The ids of the variables that wait for their ``frozen_until_step`` in ``phase``.
 
@@ -130,6 +132,7 @@ class Plan:
         done = (step // self.cycle) * length
         return done + tf.clip_by_value(step % self.cycle - start, 0, length)
 
+    @tf.autograph.experimental.do_not_convert
     def _is_active(self, unit: Unit, step):
         """Whether ``unit`` is applied at ``step``: a number, or a tensor in the graph."""
         active = step >= unit.frozen_until
@@ -147,6 +150,7 @@ class Plan:
             start += steps
         raise KeyError(group)
 
+    @tf.autograph.experimental.do_not_convert
     def _telling_steps(self) -> list[int]:
         """Steps at which every reachable set of active units is seen at least once."""
         starts = sorted({0, *(u.frozen_until for u in self.units)})

@@ -120,6 +120,7 @@ class Placement:
 
         return update
 
+    @tf.autograph.experimental.do_not_convert
     def sum_gradients(self, gradients: list[tf.Tensor]) -> list[tf.Tensor]:
         """Under a strategy, every replica's gradients summed (one all-reduce); else as given."""
         if self.strategy is None:
@@ -139,6 +140,7 @@ class Placement:
             return values
         return tf.distribute.get_replica_context().all_reduce("sum", values)
 
+    @tf.autograph.experimental.do_not_convert
     def replica_share(self, examples: tf.Tensor) -> tuple[tf.Tensor | float, int]:
         """This replica's share of the global batch's examples, and the replica count.
 
@@ -150,6 +152,7 @@ class Placement:
         share = tf.cast(examples / context.all_reduce("sum", examples), tf.float32)
         return share, context.num_replicas_in_sync
 
+    @tf.autograph.experimental.do_not_convert
     def all_finite(self, finite: tf.Tensor) -> tf.Tensor:
         """Whether the step was finite in every replica (``finite`` is this one's)."""
         if self.strategy is None:
