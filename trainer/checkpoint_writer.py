@@ -61,11 +61,10 @@ def policy(
     distribution: str | None,
 ) -> Policy:
     """The Estimator's checkpoint settings, checked; ``distribution`` names a strategy."""
-    errors.check_count("Checkpoints.keep_every_steps", keep_every, optional=True)
     if keep_best and best_exporter is None:
         raise UserError(
             "Checkpoints.keep_best keeps the checkpoints of the best exports: set "
-            "BestExport.metric (and export_best_keep, how many) too"
+            "BestExport.metric (and BestExport.keep, how many) too"
         )
     if background and distribution is not None:
         raise UserError(

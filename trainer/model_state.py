@@ -82,7 +82,6 @@ class ModelState:
             for group, given in optimizers.items()
         }
         self.rules = rules
-        errors.check_count("Optimization.microbatches", microbatches)
         self.microbatches = microbatches
         self.own_step = custom_step.has_own_step(model_fn)
         if self.own_step and microbatches > 1:

@@ -35,7 +35,7 @@ from collections.abc import Callable
 import gin
 import keras
 
-from trainer import logs, summaries, whole_files
+from trainer import logs, settings, summaries, whole_files
 from trainer.cli import gin_config
 from trainer.distributed import launcher
 from trainer.errors import TrainingDiverged, UserError
@@ -242,10 +242,10 @@ def _ranking() -> tuple[str, bool]:
 
     The one the best export is chosen by, else early stopping's, else the eval loss.
     """
-    for group in ("BestExport", "EarlyStop"):
-        name = gin_config.query(f"{group}.metric", None)
+    for group in (settings.BestExport, settings.EarlyStop):
+        name = gin_config.query(f"{group.__name__}.metric", None)
         if name:
-            return name, gin_config.query(f"{group}.higher", True)
+            return name, gin_config.query(f"{group.__name__}.higher", group().higher)
     return "loss", False
 
 
