@@ -81,7 +81,12 @@ def train(out_dir: str, data_dir: str, run: str) -> dict:
         return datasets.digits.input_fn(mode, params, data_dir=data_dir)
 
     logged = []
-    estimator.train(input_fn, 50, hooks_=[lambda step, logs: logged.append(logs)])
+    at_blocks = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda _, logs: logged.append(
+            {**logs, "gradient_norm": float(estimator.model.steps.gradient_norm.numpy())}
+        )
+    )
+    estimator.train(input_fn, 50, callbacks=[at_blocks])  # a block ends at each log step
     result = {
         "losses": [logs["loss"] for logs in logged],
         "gradient_norms": [logs["gradient_norm"] for logs in logged],

@@ -660,6 +660,7 @@ def reported_summed_losses(setups: str) -> dict:
                 devices=trainer.Devices(distribution=distribution, count=int(devices)),
                 progress=False,
             )
-            estimator.train(input_fn(Row(plain)), 1, hooks_=[lambda _, logs: logged.append(logs)])  # noqa: B023
+            at_end = keras.callbacks.LambdaCallback(on_train_end=logged.append)  # noqa: B023
+            estimator.train(input_fn(Row(plain)), 1, callbacks=[at_end])
         found[setup] = logged[0]["loss"]
     return found

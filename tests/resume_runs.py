@@ -97,12 +97,12 @@ def main(model_dir: str, stops: list[int]) -> None:
             microbatches=int(os.environ.get("RESUME_RUNS_MICROBATCHES", "1")),
         ),
     )
-    logged = [{}]
     for max_steps in stops:
         input_fn = INPUT_FNS[os.environ.get("RESUME_RUNS_INPUT", "indexed")]
-        estimator.train(input_fn, max_steps, hooks_=[lambda step, logs: logged.append(logs)])
+        estimator.train(input_fn, max_steps)
         table = estimator.model_fn.table.embeddings.numpy()[:, 0].tolist()
-        norm = logged[-1].get("gradient_norm")  # of the last step
+        steps = estimator.model.steps  # None when there was nothing to train
+        norm = None if steps is None else float(steps.gradient_norm.numpy())  # the last step's
         print(json.dumps({"step": estimator.step, "table": table, "gradient_norm": norm}))
 
 

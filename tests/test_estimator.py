@@ -115,12 +115,16 @@ def test_evaluate_covers_the_whole_eval_set(tmp_path, input_fn):
     assert one_batch.keys() == metrics.keys()
 
 
-def test_hooks_fire_at_the_requested_steps_across_loop_blocks(tmp_path, input_fn):
+def test_log_steps_fall_where_asked_across_loop_blocks(tmp_path, input_fn):
+    """train's epochs are its log periods: a callback's on_epoch_end sees each log step."""
     calls = []
     estimator = make_estimator(
         tmp_path, steps_per_loop=7, log_every_steps=5, checkpoints=Checkpoints(every_steps=6)
     )
-    estimator.train(input_fn, max_steps=17, hooks_=[lambda step, logs: calls.append((step, logs))])
+    at_logs = keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs: calls.append((estimator.step, logs))
+    )
+    estimator.train(input_fn, max_steps=17, callbacks=[at_logs])
     assert [s for s, _ in calls] == [5, 10, 15, 17]
     assert checkpoint_steps(tmp_path) == [6, 12, 17]
     assert all({"loss", "accuracy", "learning_rate"} <= set(logs) for _, logs in calls)

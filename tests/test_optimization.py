@@ -53,7 +53,10 @@ def weights_per_step(tmp_path, optimizer, max_steps, **kwargs):
         **kwargs,
     )
     weights = []
-    estimator.train(ones, max_steps, hooks_=[lambda step, logs: weights.append(kernel(estimator))])
+    after_each = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: weights.append(kernel(estimator))
+    )
+    estimator.train(ones, max_steps, callbacks=[after_each])
     return estimator, [1.0, *weights]
 
 

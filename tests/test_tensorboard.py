@@ -72,12 +72,7 @@ def test_profiler_trace_covers_the_requested_steps(tmp_path, data_dir):
         log_every_steps=50,
         summaries=Summaries(profile_steps=(10, 15)),
     )
-    calls = []
-    estimator.train(
-        functools.partial(digits.input_fn, data_dir=data_dir),
-        20,
-        hooks_=[lambda step, logs: calls.append(step)],
-    )
+    estimator.train(functools.partial(digits.input_fn, data_dir=data_dir), 20)
     traces = tf.io.gfile.glob(
         os.path.join(tmp_path, "train", "plugins", "profile", "*", "*.xplane.pb")
     )

@@ -1,8 +1,8 @@
-"""Hooks are plain callables ``hook(step, logs)``; one helper decides cadence.
+"""Actions between compiled blocks, and the one helper that decides their cadence.
 
 The training loop runs compiled blocks of steps. Before each block it asks
 ``steps_until_due`` how far it may go so that every periodic action (logging,
-checkpointing, evaluation, user hooks) fires exactly at the steps it asked for.
+checkpointing, evaluation) fires exactly at the steps it asked for.
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from absl import logging
-
-Hook = Callable[[int, dict[str, Any]], None]
 
 
 @dataclasses.dataclass
@@ -47,6 +45,22 @@ class At:
         """Steps from ``step`` to the next of ``steps`` (None: all passed)."""
         later = [s - step for s in self.steps if s > step]
         return min(later) if later else None
+
+
+@dataclasses.dataclass
+class Always:
+    """Calls ``fn(step)`` after every block, without cutting blocks short."""
+
+    fn: Callable[[int], Any]
+
+    def is_due(self, step: int) -> bool:
+        """True: every block's end."""
+        del step
+        return True
+
+    def steps_to_next(self, step: int) -> None:
+        """None: it asks for no block to end early."""
+        del step
 
 
 def steps_until_due(step: int, actions: Iterable[Periodic | At], limit: int) -> int:

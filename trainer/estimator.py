@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from trainer import (
     cadence,
+    callbacks,
     checkpoint_writer,
     errors,
     evaluation,
@@ -163,19 +164,25 @@ class Estimator:
         )
 
     @logs.speaks
-    def train(self, input_fn: InputFn, max_steps: int, hooks_: Sequence[cadence.Hook] = ()) -> int:
+    def train(
+        self,
+        input_fn: InputFn,
+        max_steps: int,
+        callbacks: Sequence[keras.callbacks.Callback] = (),
+    ) -> int:
         """Trains until ``global_step`` reaches ``max_steps``, resuming from ``model_dir``.
 
         Args:
           input_fn: returns the training dataset, repeated as needed.
           max_steps: the global step to stop at (not a number of extra steps).
-          hooks_: callables ``hook(step, logs)`` called at every log step.
+          callbacks: Keras callbacks (``trainer.callbacks``); an epoch is a log period.
 
         Returns:
           The global step reached.
         """
+        events = self._events(callbacks, self.settings.log_every_steps, epochs_at_logs=True)
         with WriterLock(self.write_dir):  # one trainer at a time; makes model_dir if needed
-            return self._training_run().run(input_fn, max_steps, hooks_=hooks_)
+            return self._training_run().run(input_fn, max_steps, events=events)
 
     @logs.speaks
     def evaluate(
@@ -266,6 +273,7 @@ class Estimator:
         max_steps: int,
         eval_every_steps: int | None = None,
         eval_steps: int | None = None,
+        callbacks: Sequence[keras.callbacks.Callback] = (),
     ) -> dict[str, dict[str, float]]:
         """Trains to ``max_steps``, evaluating every ``eval_every_steps`` and at the end.
 
@@ -276,28 +284,37 @@ class Estimator:
           max_steps: the global step to stop at.
           eval_every_steps: evaluation cadence in steps; None evaluates only at the end.
           eval_steps: batches per evaluation; None means the whole eval set.
+          callbacks: Keras callbacks (``trainer.callbacks``); an epoch ends at each
+            evaluation, its logs holding the first eval set's metrics as ``val_<name>``.
 
         Returns:
           The final metrics of each eval set, keyed by its name.
         """
+        events = self._events(callbacks, eval_every_steps, epochs_at_logs=False)
         eval_sets = self.inputs.eval_datasets(eval_input_fns)
         first = next(iter(eval_sets.values()))
         exported = functools.partial(  # a best export may keep its checkpoint
             self.checkpoint_policy.exported, self.model_dir, self.settings.checkpoints.keep
         )
         evaluations = evaluation.Evaluations(
-            lambda name: self._evaluate(eval_sets[name], eval_steps, name),
+            events.evaluation(lambda name: self._evaluate(eval_sets[name], eval_steps, name)),
             list(eval_sets),
             self.best_exporter,
             lambda path: self._save_model(first, Mode.EVAL, path),
             self.early_stopping,
             exported if self.placement.worker is None else lambda: None,
+            events.epoch_end,
         )
         with WriterLock(self.write_dir):
             self._training_run().run(
                 train_input_fn,
                 max_steps,
-                extra=[cadence.Periodic(eval_every_steps, evaluations)],
+                # The last evaluation, in the loop: callbacks see it before training ends.
+                extra=[
+                    cadence.Periodic(eval_every_steps, evaluations),
+                    cadence.At((max_steps,), evaluations),
+                ],
+                events=events,
                 # Traced before the first step: a mistake in evaluation is said at once.
                 ready=lambda: self.model.build(first.element_spec, Mode.EVAL),
             )
@@ -307,6 +324,17 @@ class Estimator:
     def step(self) -> int:
         """The global step: how many training steps the model has taken."""
         return self.model.step
+
+    def _events(self, given, epoch_steps: int | None, epochs_at_logs: bool) -> callbacks.Events:
+        """The callbacks of one train or train_and_evaluate call, run on the chief."""
+        return callbacks.Events(
+            given,
+            epoch_steps,
+            epochs_at_logs,
+            self.write_dir,
+            self.placement.workers,
+            chief=self.placement.worker is None,
+        )
 
     def _training_run(self) -> training.TrainingRun:
         """One call of train's run, over this Estimator's parts."""

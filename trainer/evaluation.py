@@ -75,6 +75,8 @@ class Evaluations:
       export_model: ``export_model(path)`` writes a SavedModel there.
       early_stopping: when the first set's metric stopped improving, or None.
       exported: called after a best export (the checkpoints kept may change).
+      evaluated: ``evaluated(step, results)`` after every eval set, before the best
+        export and early stopping (the callbacks' ``Events.epoch_end``).
     """
 
     def __init__(
@@ -85,8 +87,10 @@ class Evaluations:
         export_model: Callable[[str], str],
         early_stopping: cadence.Patience | None,
         exported: Callable[[], None] = lambda: None,
+        evaluated: Callable[[int, dict], None] = lambda step, results: None,
     ):
         self.evaluate, self.names, self.exported = evaluate, names, exported
+        self.evaluated = evaluated
         self.best_exporter, self.export_model = best_exporter, export_model
         self.early_stopping = early_stopping
         self.results: dict[str, Metrics] = {}
@@ -94,9 +98,12 @@ class Evaluations:
 
     def __call__(self, step: int) -> None:
         """Evaluates at ``step``; raises ``cadence.StopTraining`` to stop early."""
+        if step in self.evaluated_at[-1:]:  # due twice at the last step
+            return
         for name in self.names:
             self.results[name] = self.evaluate(name)
         self.evaluated_at.append(step)
+        self.evaluated(step, self.results)
         first = self.results[self.names[0]]
         if self.best_exporter is not None:
             if self.best_exporter.maybe_export(step, first, self.export_model):

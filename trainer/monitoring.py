@@ -103,7 +103,7 @@ class InputWait:
 
 
 class TrainLog:
-    """The log action: train scalars to TensorBoard, a progress line, then the hooks.
+    """The log action: train scalars to TensorBoard, a progress line, then the callbacks.
 
     Args:
       steps: the compiled steps, whose train metrics are read and reset.
@@ -111,7 +111,7 @@ class TrainLog:
       units: the optimizers whose learning rates are logged (``optimizer_groups.Unit``).
       progress: rates and ETA.
       input_wait: the input-wait share since the last log.
-      hooks_: callables ``hook(step, logs)``.
+      logged: ``logged(step, logs)`` after each log (the callbacks' ``Events.log``).
 
     The gradient norm logged is the block's last step's.
     """
@@ -123,13 +123,17 @@ class TrainLog:
         units: Sequence,
         progress: Progress,
         input_wait: InputWait,
-        hooks_: Sequence[cadence.Hook],
+        logged: Callable[[int, dict], None],
     ):
         self.steps, self.writers, self.units = steps, writers, units
-        self.progress, self.input_wait, self.hooks = progress, input_wait, hooks_
+        self.progress, self.input_wait, self.logged = progress, input_wait, logged
+        self.last_step: int | None = None
 
     def __call__(self, step: int) -> None:
         """Logs the metrics since the previous log."""
+        if step == self.last_step:  # an epoch's end logged it already
+            return
+        self.last_step = step
         logs = self.steps.train_metrics.result()
         self.steps.train_metrics.reset()
         logs["gradient_norm"] = float(self.steps.gradient_norm.numpy())
@@ -140,8 +144,7 @@ class TrainLog:
             logs[name] = float(tf.convert_to_tensor(unit.optimizer.learning_rate))
         self.writers.scalars("train", step, logs)
         self.progress.show(step, logs)
-        for hook in self.hooks:
-            hook(step, logs)
+        self.logged(step, logs)
 
 
 class Progress:

@@ -22,6 +22,7 @@ from absl import logging
 
 from trainer import (
     cadence,
+    callbacks,
     checkpoint_writer,
     checkpoints,
     divergence,
@@ -91,20 +92,24 @@ class TrainingRun:
         self.config, self.policy = config, policy
         self.stream: TrainingStream | None = None  # the training input, made by _start
         self.config_written = False
+        self.events = callbacks.Events((), None, False, model_dir, placement.workers, True)
 
     def run(
         self,
         input_fn: InputFn,
         max_steps: int,
         extra: Sequence[cadence.Periodic | cadence.At] = (),
-        hooks_: Sequence[cadence.Hook] = (),
+        events: callbacks.Events | None = None,
         ready: Callable[[], object] | None = None,
     ) -> int:
         """Trains to ``max_steps``; ``extra`` actions run at their steps. Returns the step.
 
+        ``events`` calls the Keras callbacks (``callbacks.Events``); their
+        ``on_train_end`` comes before the last checkpoint, which keeps weights they set.
         ``ready`` is called once the model is built and restored, before the first step.
         Under multi_worker a watchdog ends the run if every worker stops making progress.
         """
+        self.events = events or self.events
         with self.placement.workers.watch(self.settings.devices.progress_timeout):
             self.stream = TrainingStream(
                 self.inputs, self.placement, input_fn, self.settings.checkpoints.input
@@ -118,11 +123,19 @@ class TrainingRun:
                 return start
             self.stream.start(start)
             self._say_start(start, max_steps, restored)
-            log, actions = self._actions(input_fn, start, max_steps, extra, hooks_)
+            log, actions = self._actions(input_fn, start, max_steps, extra)
+            self.events.begin(
+                start,
+                max_steps,
+                self.model.model_fn,
+                self.model.plan.units,
+                self.steps.train_metrics.result,
+                log,
+            )
             try:
                 step = self._loop(start, actions, max_steps, log.progress)
-                if not actions[0].is_due(step):  # the end: log and save unless just done
-                    log(step)
+                log(step)  # unless just done: training stopped early
+                self.events.end(step)
                 self.save(step)
                 self.checkpointer.wait()  # training returns with its checkpoints whole
             except workers.PEER_ERRORS as error:
@@ -138,8 +151,13 @@ class TrainingRun:
             self.input_wait.report()
             return step
 
-    def _actions(self, input_fn, start, max_steps, extra, hooks_):
-        """``(log, actions)``: the log action first, then what runs between blocks."""
+    def _actions(self, input_fn, start, max_steps, extra):
+        """``(log, actions)``: the log action first, then what runs between blocks.
+
+        The log runs at most once a step (``TrainLog``), and at ``max_steps``; the
+        evaluations (``extra``) run before a checkpoint of the same step, so that it
+        holds what they changed (a learning rate a callback reduced, say).
+        """
         display = None
         if self.settings.progress and self.placement.worker is None:  # the chief shows it
             display = "bar" if sys.stdout.isatty() else "lines"
@@ -149,10 +167,14 @@ class TrainingRun:
             self.model.plan.units,
             monitoring.Progress(start, max_steps, self.settings.global_batch_size, display),
             self.input_wait,
-            hooks_,
+            self.events.log,
         )
         actions = [
             cadence.Periodic(self.settings.log_every_steps, log),
+            cadence.At((max_steps,), log),  # before an evaluation there
+            # Evaluations before saves: a checkpoint holds what callbacks did at its step.
+            *extra,
+            cadence.Always(self._stop_if_asked),
             cadence.Periodic(self.settings.checkpoints.every_steps, self.save),
             cadence.Periodic(self.policy.keep_every, self.save),
             *monitoring.tensorboard_actions(
@@ -162,7 +184,6 @@ class TrainingRun:
                 self.steps,
                 lambda: next(iter(self.inputs.dataset(input_fn, Mode.EVAL))),
             ),
-            *extra,
         ]
         return log, actions
 
@@ -196,6 +217,7 @@ class TrainingRun:
             if text is not None:
                 self.writers.text("train", "operative_config", text, step)
         self.stream.saved(path)
+        self.events.saved(step, path)
         return path
 
     def _start(self) -> tuple[int, bool]:
@@ -274,6 +296,7 @@ class TrainingRun:
                 limit = min([self.block, max_steps - step, *nonfinite.limits(step)])
                 n = cadence.steps_until_due(step, actions, limit)
                 self.placement.workers.heartbeat("training", step)
+                self.events.block_begin(step)
                 with self._block(n):
                     self.steps.train_loop(self.stream.iterator, tf.constant(n, tf.int64))
                 resume_at = self._check_finite(nonfinite, step + 1, n)
@@ -287,6 +310,7 @@ class TrainingRun:
                 progress.advance(step)
                 self.placement.workers.heartbeat("checkpointing or evaluating", step)
                 try:
+                    self.events.block_end(step)
                     if cadence.run_due(actions, step):
                         break
                 except Exception:
@@ -303,6 +327,15 @@ class TrainingRun:
                         "command to resume"
                     )
         return step
+
+    def _stop_if_asked(self, step: int) -> None:
+        """Stops training (before a save at ``step``) if a callback set ``stop_training``.
+
+        The checkpoint then follows the callbacks' ``on_train_end``, with the weights
+        they may put back (EarlyStopping's ``restore_best_weights``).
+        """
+        if self.events.stopped():
+            raise cadence.StopTraining(f"a callback set model.stop_training at step {step}")
 
     def _say_start(self, start: int, max_steps: int, restored: bool) -> None:
         """The start line: the model, its size, the steps, the devices, the model_dir."""

@@ -16,14 +16,15 @@ import tensorflow as tf
 from trainer.errors import UserError, first_line
 
 
-def write_atomically(path: str, chunks: str | Iterable[str]) -> int:
-    """Writes ``chunks`` (one string, or many) to ``path``; returns how many were written."""
+def write_atomically(path: str, chunks: str | bytes | Iterable[str]) -> int:
+    """Writes ``chunks`` (one string or bytes, or many strings) to ``path``; how many written."""
     tmp = f"{path}.tmp-{os.getpid()}"
     count = 0
+    binary, whole = isinstance(chunks, bytes), isinstance(chunks, str | bytes)
     try:
-        with tf.io.gfile.GFile(tmp, "w") as f:
-            f.write("")  # GFile makes the file at its first write: no chunks, an empty file
-            for chunk in [chunks] if isinstance(chunks, str) else chunks:
+        with tf.io.gfile.GFile(tmp, "wb" if binary else "w") as f:
+            f.write(b"" if binary else "")  # GFile makes the file at its first write
+            for chunk in [chunks] if whole else chunks:
                 f.write(chunk)
                 count += 1
         tf.io.gfile.rename(tmp, path, overwrite=True)

@@ -55,6 +55,7 @@ def experiment(
     eval_steps: int | None = None,
     seed: int | None = 0,
     deterministic: bool = False,
+    callbacks=(),
 ) -> dict:
     """Builds the Estimator and runs ``schedule``; bound by the experiment's gin file.
 
@@ -75,6 +76,8 @@ def experiment(
       seed: seeds Keras, TF, NumPy and the input pipelines; None for no seeding.
       deterministic: make TF ops deterministic, so that a run and a killed-and-resumed
         run end bitwise equal (applied by ``main`` before anything runs).
+      callbacks: Keras callbacks for train and train_and_evaluate, e.g.
+        ``[@callbacks.EarlyStopping()]`` (``trainer.callbacks``).
 
     Returns:
       ``{'global_step', 'model_dir', 'metrics': {eval_set: {metric: value}}}`` or, for
@@ -101,7 +104,7 @@ def experiment(
     recorded = hparams.session(model_dir, gin.operative_config_str, gin_config.RESUMABLE, chief)
     if schedule == "train":
         with recorded:
-            estimator.train(input_fn, max_steps)
+            estimator.train(input_fn, max_steps, callbacks)
     elif schedule == "evaluate":
         metrics = {
             name: estimator.evaluate(fn, eval_steps, name, checkpoint)
@@ -110,7 +113,7 @@ def experiment(
     elif schedule == "train_and_evaluate":
         with recorded:
             metrics = estimator.train_and_evaluate(
-                input_fn, eval_input_fns, max_steps, eval_every_steps, eval_steps
+                input_fn, eval_input_fns, max_steps, eval_every_steps, eval_steps, callbacks
             )
     elif schedule == "continuous_eval":
         metrics = estimator.continuous_evaluate(eval_input_fns, max_steps, eval_steps)

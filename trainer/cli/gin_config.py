@@ -75,6 +75,15 @@ for _cls in [
     keras.optimizers.schedules.PolynomialDecay,
 ]:
     gin.external_configurable(_cls, module="schedules")
+for _cls in [  # Keras's callbacks that work here (trainer.callbacks), for experiment.callbacks
+    keras.callbacks.EarlyStopping,
+    keras.callbacks.ReduceLROnPlateau,
+    keras.callbacks.CSVLogger,
+    keras.callbacks.TerminateOnNaN,
+    keras.callbacks.LearningRateScheduler,
+    keras.callbacks.RemoteMonitor,
+]:
+    gin.external_configurable(_cls, module="callbacks")
 
 
 def _safe_check(exists):

@@ -1,0 +1,206 @@
+"""Keras's own callbacks, as users pass them to fit, in train and train_and_evaluate.
+
+An epoch is an evaluation cycle (``trainer/callbacks.py``); a resumed run takes each
+callback's state back, so that it stops, reduces and writes as a straight run does.
+"""
+
+import csv
+import functools
+import os
+
+import keras
+import numpy as np
+import pytest
+
+from datasets import digits
+from models.mlp import MLP
+from tests.helpers import checkpoint_steps, scalar_series
+from trainer import Checkpoints, Estimator
+from trainer.errors import UserError
+
+
+@pytest.fixture
+def input_fn(data_dir):
+    return functools.partial(digits.input_fn, data_dir=data_dir)
+
+
+def estimator(model_dir, model=None, **kwargs):
+    keras.utils.set_random_seed(0)
+    return Estimator(
+        model or MLP(hidden_units=[16], dropout_rate=0.0),
+        str(model_dir),
+        optimizer=None if model else keras.optimizers.SGD(0.1),
+        global_batch_size=32,
+        eval_batch_size=64,
+        steps_per_loop=4,
+        log_every_steps=5,
+        checkpoints=Checkpoints(every_steps=5),
+        seed=0,
+        progress=False,
+        **kwargs,
+    )
+
+
+def plateau_callbacks(csv_path):
+    """EarlyStopping and ReduceLROnPlateau that see no improvement after the first epoch."""
+    return [
+        keras.callbacks.EarlyStopping(monitor="val_accuracy", patience=2, min_delta=1.0),
+        keras.callbacks.ReduceLROnPlateau(monitor="val_loss", patience=1, min_delta=10.0),
+        keras.callbacks.CSVLogger(str(csv_path)),
+    ]
+
+
+def csv_rows(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_keras_callbacks_stop_reduce_and_log_alike_straight_and_resumed(tmp_path, input_fn):
+    """EarlyStopping's patience, ReduceLROnPlateau's rate and CSVLogger's rows survive a
+    resume: the resumed run stops at the step the straight one stops at (a fresh
+    EarlyStopping would wait two more epochs), trains at the same reduced rates and
+    adds its rows under the first run's header."""
+
+    def train(est, steps, callbacks):
+        est.train_and_evaluate(
+            input_fn, input_fn, steps, eval_every_steps=5, eval_steps=2, callbacks=callbacks
+        )
+
+    straight = estimator(tmp_path / "straight")
+    train(straight, 100, plateau_callbacks(tmp_path / "straight.csv"))
+    assert straight.step == 15  # epochs 0 (best), 1 and 2 without improvement
+    first = estimator(tmp_path / "resumed")
+    train(first, 10, plateau_callbacks(tmp_path / "resumed.csv"))
+    again = estimator(tmp_path / "resumed")  # a new process's objects
+    train(again, 100, plateau_callbacks(tmp_path / "resumed.csv"))
+    assert again.step == 15 and checkpoint_steps(tmp_path / "resumed") == [5, 10, 15]
+
+    rows = csv_rows(tmp_path / "straight.csv")
+    assert [r["epoch"] for r in rows] == ["0", "1", "2"]
+    assert {"loss", "accuracy", "learning_rate", "val_loss", "val_accuracy"} <= set(rows[0])
+    resumed_rows = csv_rows(tmp_path / "resumed.csv")
+    assert [r["epoch"] for r in resumed_rows] == ["0", "1", "2"]
+    for row, resumed_row in zip(rows, resumed_rows, strict=True):
+        assert {k: float(v) for k, v in resumed_row.items()} == pytest.approx(
+            {k: float(v) for k, v in row.items()}, rel=1e-5
+        )
+    # Reduced 10x at the ends of epochs 1 and 2, each logging the rate it ran at (as in
+    # fit); step 15 logs before the evaluation there.
+    rates = dict(scalar_series(str(tmp_path / "straight" / "train"), "learning_rate"))
+    assert rates == pytest.approx({5: 0.1, 10: 0.1, 15: 0.01})
+    assert [float(r["learning_rate"]) for r in rows] == pytest.approx([0.1, 0.1, 0.01])
+    resumed = dict(scalar_series(str(tmp_path / "resumed" / "train"), "learning_rate"))
+    assert resumed == rates
+    assert float(again.optimizer.learning_rate) == pytest.approx(0.001)
+    # The epoch's loss is the mean over its steps, as fit reports it.
+    losses = dict(scalar_series(str(tmp_path / "straight" / "train"), "loss"))
+    assert float(rows[1]["loss"]) == pytest.approx(losses[10], rel=1e-5)
+
+
+def test_a_keras_models_best_weights_are_restored_into_the_last_checkpoint(tmp_path, input_fn):
+    """restore_best_weights on a compiled Keras model: callback.model is the model, and
+    the weights EarlyStopping puts back at the end are the ones the run saves."""
+    model = keras.Sequential(
+        [keras.Input((8, 8, 1), name="image"), keras.layers.Flatten(), keras.layers.Dense(10)]
+    )
+    model.compile(
+        keras.optimizers.SGD(0.05),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    seen = []
+    best_at_first = keras.callbacks.EarlyStopping(
+        monitor="val_loss", mode="max", patience=1, restore_best_weights=True
+    )
+    models = keras.callbacks.LambdaCallback(on_train_begin=lambda logs: seen.append(keras_of()))
+    est = estimator(tmp_path / "keras", model)
+    keras_of = lambda: models.model  # noqa: E731
+    results = est.train_and_evaluate(
+        input_fn,
+        input_fn,
+        100,
+        eval_every_steps=5,
+        eval_steps=2,
+        callbacks=[best_at_first, models, keras.callbacks.CSVLogger(str(tmp_path / "k.csv"))],
+    )
+    assert seen == [model] and est.step == 10
+    first_epoch = float(csv_rows(tmp_path / "k.csv")[0]["val_loss"])
+    assert results["eval"]["loss"] < first_epoch  # the final evaluation saw the last weights
+    restored = estimator(tmp_path / "keras", model)
+    assert restored.evaluate(input_fn, steps=2)["loss"] == pytest.approx(first_epoch, rel=1e-5)
+
+
+def test_trains_epochs_are_log_periods_and_callbacks_see_each_block(tmp_path, input_fn):
+    """In train an epoch ends at each log step; a batch event ends each compiled block,
+    its index counted in the epoch; stop_training set by a callback stops at the block's
+    end with a checkpoint; callback.model gets and sets a ModelFn's weights."""
+    events = []
+    est = estimator(tmp_path)
+
+    class Watch(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            events.append(("begin", epoch, est.step))
+
+        def on_train_batch_end(self, batch, logs=None):
+            events.append(("batch", batch, est.step, sorted(logs)))
+            if est.step == 14:
+                self.model.stop_training = True
+
+        def on_epoch_end(self, epoch, logs=None):
+            events.append(("end", epoch, est.step, sorted(logs)))
+
+        def on_checkpoint(self, step, path):
+            events.append(("checkpoint", step, os.path.basename(path)))
+
+        def on_train_end(self, logs=None):
+            weights = self.model.get_weights()
+            assert sorted(w.shape for w in weights) == [(10,), (16,), (16, 10), (64, 16)]
+            self.model.set_weights([np.zeros_like(w) for w in weights])
+
+    est.train(input_fn, 100, callbacks=[Watch()])
+    metrics = ["accuracy", "learning_rate", "loss"]
+    assert events == [
+        ("begin", 0, 0),
+        ("batch", 3, 4, ["accuracy", "loss"]),
+        ("batch", 4, 5, ["accuracy", "loss"]),
+        ("end", 0, 5, metrics),
+        ("checkpoint", 5, "ckpt-5"),
+        ("begin", 1, 5),
+        ("batch", 3, 9, ["accuracy", "loss"]),
+        ("batch", 4, 10, ["accuracy", "loss"]),
+        ("end", 1, 10, metrics),
+        ("checkpoint", 10, "ckpt-10"),
+        ("begin", 2, 10),
+        ("batch", 3, 14, ["accuracy", "loss"]),
+        ("end", 2, 14, metrics),
+    ]  # the last checkpoint follows on_train_end
+    assert est.step == 14 and checkpoint_steps(tmp_path) == [5, 10, 14]
+    kept = estimator(tmp_path)  # the weights set at on_train_end are the checkpoint's
+    assert kept.evaluate(input_fn, steps=1)["loss"] == pytest.approx(np.log(10), rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "given, says",
+    [
+        (keras.callbacks.ModelCheckpoint("m.keras"), "ModelCheckpoint works only inside"),
+        (keras.callbacks.BackupAndRestore("b"), "resumes from model_dir's newest checkpoint"),
+        (keras.callbacks.TensorBoard(), "writes TensorBoard event files to model_dir"),
+        (lambda step, logs: None, "takes keras.callbacks.Callback objects, got function"),
+    ],
+)
+def test_callbacks_that_work_only_in_fit_are_refused_in_one_line(tmp_path, given, says):
+    with pytest.raises(UserError, match=says) as refused:
+        estimator(tmp_path).train(lambda mode, params: None, 10, callbacks=[given])
+    assert "\n" not in str(refused.value)
+    assert not os.listdir(tmp_path)
+
+
+def test_a_monitor_whose_direction_is_unknown_is_refused_before_training(tmp_path, input_fn):
+    unknown = keras.callbacks.EarlyStopping(monitor="val_my_score")
+    with pytest.raises(UserError, match=r"monitor='val_my_score'\) cannot tell .* mode='max'"):
+        estimator(tmp_path).train_and_evaluate(input_fn, input_fn, 10, callbacks=[unknown])
+    assert checkpoint_steps(tmp_path) == []
+    known = keras.callbacks.EarlyStopping(monitor="val_accuracy")
+    est = estimator(tmp_path)
+    est.train_and_evaluate(input_fn, input_fn, 5, eval_steps=1, callbacks=[known])
+    assert known.monitor_op is not None and est.step == 5

@@ -1,0 +1,510 @@
+"""Keras callbacks, as users pass them to ``fit``, called at the framework's events.
+
+``train`` and ``train_and_evaluate`` take ``callbacks=[...]`` (gin:
+``experiment.callbacks``): ``keras.callbacks.Callback`` objects, unchanged. The
+framework trains in compiled blocks of steps, so its events are these, with ``fit``'s
+names and arguments:
+
+* ``on_train_begin(logs)``: once per call, after the model is built and restored;
+* ``on_epoch_begin(epoch)`` and ``on_epoch_end(epoch, logs)``: an epoch is an
+  evaluation cycle of ``train_and_evaluate`` (``eval_every_steps`` steps; the last may
+  be shorter), or a log period (``log_every_steps``) of ``train``, which does not
+  evaluate. Epoch ``k`` ends at step ``(k + 1) * period``. Its logs are named as
+  ``fit`` names them: the epoch's training metrics (``loss``, ``accuracy``, ...: each
+  the mean over the epoch's steps), ``learning_rate``, then ``val_loss``,
+  ``val_accuracy``, ... of the first eval set and ``val_<set>_<metric>`` of the others;
+* ``on_train_batch_begin(batch)`` and ``on_train_batch_end(batch, logs)``: around each
+  compiled block (a block ends at each log step), ``batch`` being the index in its
+  epoch of the block's last step; the logs are the training metrics since the last
+  log step;
+* ``on_test_begin(logs)`` and ``on_test_end(logs)``: around each eval set's evaluation
+  (``logs``: its metrics);
+* ``on_checkpoint(step, path)``, the framework's own, on callbacks that define it:
+  after each checkpoint but the last;
+* ``on_train_end(logs)``: after the last evaluation (the last epoch's logs), before
+  the last checkpoint, which holds the weights callbacks put back then.
+
+``callback.model`` is the Keras model trained, or for a ``ModelFn`` a ``CallbackModel``
+(its weights, ``stop_training`` and optimizer). Setting ``model.stop_training = True``
+ends the run after the block, with a checkpoint; a learning rate set on the optimizer
+is the one the next step uses. Under several workers the callbacks run on the chief,
+which hands its stop and learning rates to the others after each block.
+
+A callback's state (EarlyStopping's ``wait`` and ``best``, ReduceLROnPlateau's, a
+CSVLogger's columns) is kept in ``model_dir/callbacks/<step>.npz`` after each checkpoint
+and each epoch: a resumed run takes it back, as of the checkpoint it resumes from, and
+fires no event again for a step that the checkpoint holds. What can work only inside
+``fit`` is refused in one line naming the framework's way (``REFUSED``).
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from trainer import checkpoints, whole_files
+from trainer.errors import UserError
+
+STATE_DIR = "callbacks"  # in model_dir: each callback's state, as of a step
+
+REFUSED = {  # Keras callback: what the framework does instead
+    "ModelCheckpoint": "the framework checkpoints model_dir itself (Checkpoints.every_steps, "
+    "Checkpoints.keep; BestExport for the best model)",
+    "BackupAndRestore": "the framework resumes from model_dir's newest checkpoint, at the exact "
+    "batch: rerun the same command",
+    "TensorBoard": "the framework writes TensorBoard event files to model_dir (Summaries for "
+    "histograms, images and the profiler)",
+    "ProgbarLogger": "the Estimator's progress=True shows a progress bar",
+    "SwapEMAWeights": "Optimization.ema_decay: evaluations and exports use the moving average",
+}
+AUXILIARY = ("gradient_norm", "steps_per_sec", "examples_per_sec", "input_wait_share")
+_CONFIG_ATTRIBUTES = ("model", "params", "_model", "_params")  # set by the framework
+
+
+def checked(callbacks: Sequence[Any] | None) -> list[keras.callbacks.Callback]:
+    """The callbacks as a list; refuses what is not one, or what works only in ``fit``."""
+    if callbacks is None:
+        return []
+    if isinstance(callbacks, keras.callbacks.Callback) or not isinstance(
+        callbacks, Sequence | tuple | list
+    ):
+        callbacks = [callbacks]
+    for callback in callbacks:
+        if not isinstance(callback, keras.callbacks.Callback):
+            raise UserError(
+                f"callbacks takes keras.callbacks.Callback objects, got {type(callback).__name__} "
+                f"{callback!r:.60}: subclass keras.callbacks.Callback, or wrap a function in "
+                "keras.callbacks.LambdaCallback"
+            )
+        for cls in type(callback).__mro__:
+            if cls.__module__.startswith("keras") and cls.__name__ in REFUSED:
+                raise UserError(
+                    f"keras.callbacks.{cls.__name__} works only inside model.fit: "
+                    f"{REFUSED[cls.__name__]}"
+                )
+    return list(callbacks)
+
+
+class CallbackModel:
+    """``callback.model`` for a ``ModelFn``: its weights, ``stop_training`` and optimizer.
+
+    Args:
+      variables: returns the model's variables, trainable first, in a fixed order.
+      trainable: how many of them are trainable.
+      optimizer: the Keras optimizer (with optimizer groups, an object whose
+        ``optimizers`` are the groups', as Keras's ``ReduceLROnPlateau`` expects).
+    """
+
+    def __init__(self, variables: Callable[[], list], trainable: int, optimizer):
+        self._variables, self._trainable = variables, trainable
+        self.optimizer = optimizer
+        self.stop_training = False
+        self.metrics: list = []
+
+    @property
+    def weights(self) -> list:
+        """Every variable of the model (trainable first)."""
+        return self._variables()
+
+    @property
+    def trainable_weights(self) -> list:
+        """The variables training updates."""
+        return self._variables()[: self._trainable]
+
+    def get_weights(self) -> list[np.ndarray]:
+        """The weights' values, as ``keras.Model.get_weights`` gives them."""
+        return [np.array(v.numpy()) for v in self._variables()]
+
+    def set_weights(self, weights: Sequence[np.ndarray]) -> None:
+        """Assigns values got by ``get_weights``."""
+        for variable, value in zip(self._variables(), weights, strict=True):
+            variable.assign(value)
+
+
+class Groups:
+    """``callback.model.optimizer`` under optimizer groups: each group's optimizer."""
+
+    def __init__(self, optimizers: Sequence):
+        self.optimizers = list(optimizers)
+
+
+def callback_model(model_fn, units: Sequence) -> Any:
+    """What ``callback.model`` is: the Keras model, or a ``CallbackModel``.
+
+    ``units`` are the optimizers training uses (``optimizer_groups.Unit``); the Keras
+    model's ``optimizer`` is made the one that trains, as ``fit`` would have it.
+    """
+    optimizer = units[0].optimizer if len(units) == 1 else Groups([u.optimizer for u in units])
+    keras_model = getattr(model_fn, "model", None)
+    if isinstance(keras_model, keras.Model):
+        if getattr(keras_model, "optimizer", None) is not optimizer:
+            keras_model.optimizer = optimizer
+        keras_model.stop_training = False
+        return keras_model
+    trainable = list(model_fn.trainable_variables)
+    return CallbackModel(
+        lambda: trainable + list(model_fn.non_trainable_variables), len(trainable), optimizer
+    )
+
+
+def set_direction(callback: keras.callbacks.Callback) -> None:
+    """Decides now whether a monitored metric should grow, as ``fit`` does at epoch end.
+
+    Keras's ``mode='auto'`` looks for the metric among a fit-built model's metrics; here
+    the metric's name is looked up among Keras's metrics (``accuracy``, ``auc``, ``mae``)
+    instead, and a name that says nothing is refused now, not after the first epoch.
+    """
+    if getattr(callback, "monitor_op", "absent") is not None:
+        return
+    name = callback.monitor.removeprefix("val_")
+    mode = getattr(callback, "mode", "auto")
+    if mode == "auto" and not name.endswith("loss"):
+        try:
+            mode = {"up": "max", "down": "min"}[keras.metrics.get(name)._direction]
+        except (ValueError, KeyError, AttributeError, TypeError):
+            raise UserError(
+                f"{type(callback).__name__}(monitor={callback.monitor!r}) cannot tell whether "
+                f"a higher {callback.monitor} is better: pass mode='max' or mode='min'"
+            ) from None
+    callback.mode, given = mode, callback.mode
+    try:
+        callback._set_monitor_op()
+    finally:
+        callback.mode = given
+
+
+class Events:
+    """Calls the callbacks at the loop's events and keeps their state by step.
+
+    Args:
+      callbacks: Keras callbacks (``checked``).
+      epoch_steps: the steps of an epoch; None for one epoch to ``max_steps``.
+      epochs_at_logs: each log step ends an epoch (``train``, which has no evaluations).
+      model_dir: where their state is kept.
+      workers: the run's workers (``OneProcess`` or ``Workers``); they run on the chief.
+    """
+
+    def __init__(
+        self,
+        callbacks: Sequence | None,
+        epoch_steps: int | None,
+        epochs_at_logs: bool,
+        model_dir: str,
+        workers,
+        chief: bool,
+    ):
+        self.callbacks = checked(callbacks)
+        self.epoch_steps, self.epochs_at_logs = epoch_steps, epochs_at_logs
+        self.model_dir, self.workers, self.chief = model_dir, workers, chief
+        self.model: Any = None
+        self.units: Sequence = ()
+        self.running: Callable[[], dict] = dict
+        self.flush: Callable[[int], None] = lambda step: None
+        self.fresh: dict[str, dict] = {}  # each callback's state once begun
+        self.epoch = _EpochLogs()
+        self.logged: tuple[int, dict] = (-1, {})  # the last log step and its logs
+        self.last_epoch: dict = {}  # the last epoch's logs: on_train_end's
+
+    def __bool__(self) -> bool:
+        return bool(self.callbacks)
+
+    @property
+    def live(self) -> bool:
+        """Whether callbacks run in this process (begun, and the chief)."""
+        return bool(self.callbacks) and self.chief and self.model is not None
+
+    def begin(self, step: int, max_steps: int, model_fn, units: Sequence, running, flush) -> None:
+        """Training starts at ``step``: callbacks get the model, params and their saved state.
+
+        ``units`` are the optimizers (``optimizer_groups.Unit``); ``running()`` gives the
+        training metrics since the last log step; ``flush(step)`` runs the log action (an
+        epoch ends with a log step).
+        """
+        if not self.callbacks:
+            return
+        self.model, self.units = callback_model(model_fn, units), units
+        self.running, self.flush = running, flush
+        self.epoch = _EpochLogs(start=step)
+        self.logged = (step, {})
+        if not self.chief:
+            return
+        period = self.epoch_steps or max_steps
+        params = {"epochs": -(-max_steps // period), "steps": period, "verbose": 0}
+        saved = _read_state(self.model_dir, step)
+        for key, callback in self._keyed():
+            callback.set_model(self.model)
+            callback.set_params(params)
+            if key in saved and isinstance(callback, keras.callbacks.CSVLogger):
+                callback.append = True  # a resumed run adds rows to the file it began
+            callback.on_train_begin({})
+            if hasattr(callback, "monitor"):
+                set_direction(callback)
+            self.fresh[key] = copy.deepcopy(_state_of(callback))
+            for name, value in saved.get(key, {}).items():
+                setattr(callback, name, value)
+        if "__epoch__" in saved:
+            self.epoch = _EpochLogs(**saved["__epoch__"])
+
+    def block_begin(self, step: int) -> None:
+        """A block of steps starts after ``step``; an epoch may begin with it."""
+        if not self.live:
+            return
+        if step % self.epoch_steps == 0 if self.epoch_steps else step == 0:
+            self._call("on_epoch_begin", self._epoch_of(step + 1))
+        self._call("on_train_batch_begin", self._batch_of(step + 1))
+
+    def log(self, step: int, logs: Mapping[str, float]) -> None:
+        """The log action's logs at ``step``: part of the epoch's; an epoch of ``train`` ends."""
+        if not self.callbacks:
+            return
+        self.epoch.add(step, logs)
+        self.logged = (step, dict(logs))
+        if self.epochs_at_logs:
+            self.epoch_end(step, {})
+
+    def block_end(self, step: int) -> None:
+        """A block ended at ``step``, before the actions due there (log, save, evaluate)."""
+        if not self.callbacks or self.model is None:
+            return
+        logs = self.running()  # every worker reads (a collective under multi_worker)
+        if self.live:
+            self._call("on_train_batch_end", self._batch_of(step), logs)
+
+    def stopped(self) -> bool:
+        """After the evaluations at a block's end: True if a callback stopped training.
+
+        Under several workers the chief's stop and learning rates go to the others.
+        """
+        if not self.callbacks or self.model is None:
+            return False
+        return self._agreed(bool(getattr(self.model, "stop_training", False)) if self.chief else 0)
+
+    def evaluation(self, evaluate: Callable[[str], dict]) -> Callable[[str], dict]:
+        """``evaluate(name)`` between ``on_test_begin`` and ``on_test_end``."""
+
+        def evaluated(name: str) -> dict:
+            if self.live:
+                self._call("on_test_begin", {})
+            metrics = evaluate(name)
+            if self.live:
+                self._call("on_test_end", dict(metrics))
+            return metrics
+
+        return evaluated
+
+    def epoch_end(self, step: int, results: Mapping[str, Mapping[str, float]]) -> None:
+        """An epoch ended at ``step`` with these evaluations (by eval set, the first first).
+
+        Its training logs are complete: ``step`` is made a log step if it is not one.
+        """
+        if not self.callbacks or self.model is None:
+            return
+        if self.logged[0] != step:  # every worker logs (reading metrics is a collective)
+            self.flush(step)
+        if not self.live:
+            return
+        logs = self.epoch.result()
+        for i, (name, metrics) in enumerate(results.items()):
+            prefix = "val_" if i == 0 else f"val_{name}_"
+            logs.update({prefix + k: float(v) for k, v in metrics.items()})
+        self.epoch = _EpochLogs(start=step)
+        self._call("on_epoch_end", self._epoch_of(step), logs)
+        self.last_epoch = logs
+        self._keep(step)
+
+    def saved(self, step: int, path: str) -> None:
+        """A checkpoint of ``step`` was written to ``path``: the callbacks' state is kept."""
+        if self.live:
+            for callback in self.callbacks:
+                if hasattr(callback, "on_checkpoint"):
+                    callback.on_checkpoint(step, path)
+            self._keep(step)
+
+    def end(self, step: int) -> None:
+        """Training is over at ``step``."""
+        if self.live:
+            self._call("on_train_end", dict(self.last_epoch))
+            self._keep(step)
+            self.model = None
+
+    def _call(self, event: str, *args) -> None:
+        for callback in self.callbacks:
+            getattr(callback, event)(*args)
+
+    def _epoch_of(self, step: int) -> int:
+        """The epoch that step ``step`` (counted from 1) belongs to."""
+        return (step - 1) // self.epoch_steps if self.epoch_steps else 0
+
+    def _batch_of(self, step: int) -> int:
+        """Step ``step``'s index in its epoch."""
+        return step - 1 - self._epoch_of(step) * (self.epoch_steps or 0)
+
+    def _keyed(self):
+        return [(f"{i}:{type(c).__name__}", c) for i, c in enumerate(self.callbacks)]
+
+    def _keep(self, step: int) -> None:
+        """Keeps the callbacks' state as of ``step``; drops what no checkpoint needs."""
+        state = {
+            key: _changed(_state_of(callback), self.fresh.get(key, {}))
+            for key, callback in self._keyed()
+        }
+        state["__epoch__"] = self.epoch.state()
+        _write_state(self.model_dir, step, state)
+
+    def _agreed(self, stop: int) -> bool:
+        """The chief's stop and learning rates, taken by every worker (one all-gather)."""
+        if not self.workers.several:
+            return bool(stop)
+        rates = [_bits(u.optimizer.learning_rate) for u in self.units]
+        chief = self.workers.gather([int(stop), *rates])[0]
+        if not self.chief:
+            for unit, bits, mine in zip(self.units, chief[1:], rates, strict=True):
+                if bits != mine:
+                    unit.optimizer.learning_rate = float(np.int64(bits).view(np.float64))
+        return bool(chief[0])
+
+
+def _bits(learning_rate) -> int:
+    """A learning rate's float64 bits as an int64, to cross workers exactly."""
+    return int(np.float64(tf.convert_to_tensor(learning_rate).numpy()).view(np.int64))
+
+
+class _EpochLogs:
+    """The epoch's training logs: each metric's mean over the steps of its log periods."""
+
+    def __init__(
+        self, start: int = 0, sums: dict | None = None, steps: int = 0, last=None, at=None
+    ):
+        self.start, self.sums, self.steps = start, dict(sums or {}), steps
+        self.last = dict(last or {})  # the learning rates, as last logged
+        self.at = start if at is None else at  # the last log step counted
+
+    def add(self, step: int, logs: Mapping[str, float]) -> None:
+        """A log period ending at ``step``: its means count for its steps."""
+        n, self.at = step - self.at, step
+        for key, value in logs.items():
+            if key.startswith("learning_rate"):
+                self.last[key] = float(value)
+            elif key not in AUXILIARY and key.split("/")[0] not in AUXILIARY:
+                self.sums[key] = self.sums.get(key, 0.0) + float(value) * n
+        self.steps += n
+
+    def result(self) -> dict[str, float]:
+        """The means, then the learning rates."""
+        means = {k: v / self.steps for k, v in self.sums.items()} if self.steps else {}
+        return {**means, **self.last}
+
+    def state(self) -> dict:
+        """What rebuilds it after a resume."""
+        return {
+            "start": self.start,
+            "sums": self.sums,
+            "steps": self.steps,
+            "last": self.last,
+            "at": self.at,
+        }
+
+
+def _state_of(callback) -> dict:
+    """A callback's attributes that are data (numbers, strings, arrays, lists of them)."""
+    return {
+        name: value
+        for name, value in vars(callback).items()
+        if name not in _CONFIG_ATTRIBUTES and _is_data(value)
+    }
+
+
+def _changed(state: dict, fresh: dict) -> dict:
+    """What in ``state`` differs from the callback's state once begun (its config does not)."""
+    return {k: v for k, v in state.items() if k not in fresh or not _same(v, fresh[k])}
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, np.ndarray | np.generic) or isinstance(b, np.ndarray | np.generic):
+        return type(a) is type(b) and np.array_equal(a, b)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+def _is_data(value) -> bool:
+    if value is None or isinstance(value, bool | int | float | str | np.generic | np.ndarray):
+        return True
+    if isinstance(value, list | tuple):
+        return all(_is_data(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_data(v) for k, v in value.items())
+    return False
+
+
+def _write_state(model_dir: str, step: int, state: dict) -> None:
+    """``state`` to ``model_dir/callbacks/<step>.npz``: arrays as arrays, the rest as JSON."""
+    arrays: dict[str, np.ndarray] = {}
+
+    def encode(value):
+        if isinstance(value, np.ndarray | np.generic):
+            name = f"a{len(arrays)}"
+            arrays[name] = np.asarray(value)
+            return {"__array__": name}
+        if isinstance(value, list | tuple):
+            return [encode(v) for v in value]
+        if isinstance(value, dict):
+            return {k: encode(v) for k, v in value.items()}
+        return value
+
+    text = json.dumps(encode(state))
+    buffer = io.BytesIO()
+    np.savez(buffer, __json__=np.array(text), **arrays)
+    directory = os.path.join(model_dir, STATE_DIR)
+    tf.io.gfile.makedirs(directory)
+    whole_files.write_atomically(os.path.join(directory, f"{step}.npz"), buffer.getvalue())
+    kept = [checkpoints.step_of(p) for p in checkpoints.all_checkpoints(model_dir)]
+    for old in _saved_steps(directory):
+        if kept and old < min(kept) and old != step:
+            tf.io.gfile.remove(os.path.join(directory, f"{old}.npz"))
+
+
+def _saved_steps(directory: str) -> list[int]:
+    if not tf.io.gfile.isdir(directory):
+        return []
+    names = tf.io.gfile.listdir(directory)
+    return sorted(int(n[:-4]) for n in names if n.endswith(".npz") and n[:-4].isdigit())
+
+
+def _read_state(model_dir: str, step: int) -> dict:
+    """The callbacks' state kept at the newest step up to ``step`` ({} if none)."""
+    directory = os.path.join(model_dir, STATE_DIR)
+    steps = [s for s in _saved_steps(directory) if s <= step]
+    if not steps:
+        return {}
+    path = os.path.join(directory, f"{steps[-1]}.npz")
+    try:
+        with tf.io.gfile.GFile(path, "rb") as f:
+            loaded = np.load(io.BytesIO(f.read()))
+            arrays = {name: loaded[name] for name in loaded.files}
+    except (OSError, ValueError) as error:
+        logging.warning("Callback state %s is unreadable (%s): callbacks start afresh", path, error)
+        return {}
+
+    def decode(value):
+        if isinstance(value, dict):
+            if set(value) == {"__array__"}:
+                array = arrays[value["__array__"]]
+                return array[()] if array.ndim == 0 else array
+            return {k: decode(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [decode(v) for v in value]
+        return value
+
+    return decode(json.loads(str(arrays.pop("__json__"))))
