@@ -422,6 +422,20 @@ SWEEP = (
 )
 
 
+def test_callbacks_as_written(clone):
+    """README's callbacks command: a CSV row per evaluation, the same after a rerun."""
+    command = next(c for c in shown_commands() if "experiment.callbacks" in c)
+    first = ok(sh(command, clone))
+    path = clone / "output" / "digits_callbacks.csv"
+    rows = path.read_text().splitlines()
+    assert rows[0] == "epoch,accuracy,learning_rate,loss,val_accuracy,val_loss"
+    assert [row.split(",")[0] for row in rows[1:]] == ["0", "1", "2", "3", "4"]
+    accuracy = final_metrics(first.stdout)["accuracy"]  # printed to 4 places
+    assert float(rows[-1].split(",")[4]) == pytest.approx(accuracy, abs=1e-4)
+    assert "nothing to train" in ok(sh(command, clone)).stdout
+    assert path.read_text().splitlines() == rows
+
+
 def test_sweep_as_written(clone):
     """README's sweep, from a clone's root: four trials, then their table, best first."""
     proc = ok(sh(SWEEP, clone))
@@ -457,6 +471,7 @@ def test_every_command_shown_is_run_here():
             )
         ),
         "python3 -m trainer --gin_file experiments/diabetes_linear_momentum.gin",
+        *(c for c in shown_commands() if "experiment.callbacks" in c),
     }
     shown = shown_commands()
     polyfit = {c for c in shown if "polyfit.gin" in c or "parity.gin" in c}

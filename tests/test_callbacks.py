@@ -14,8 +14,8 @@ import pytest
 
 from datasets import digits
 from models.mlp import MLP
-from tests.helpers import checkpoint_steps, scalar_series
-from trainer import Checkpoints, Estimator
+from tests.helpers import checkpoint_steps, on_workers, scalar_series
+from trainer import Checkpoints, Devices, Estimator
 from trainer.errors import UserError
 
 
@@ -204,3 +204,34 @@ def test_a_monitor_whose_direction_is_unknown_is_refused_before_training(tmp_pat
     est = estimator(tmp_path)
     est.train_and_evaluate(input_fn, input_fn, 5, eval_steps=1, callbacks=[known])
     assert known.monitor_op is not None and est.step == 5
+
+
+def test_on_two_workers_the_chiefs_callbacks_stop_and_slow_both(tmp_path, data_dir):
+    """Callbacks run on the chief; its stop and its reduced learning rate reach the other
+    worker, which stops at the same step and trains at the same rate (the weights of
+    the two would part otherwise)."""
+    digits.load("train", data_dir)  # built once, before the workers read it
+    runs = on_workers(2, "tests.test_callbacks", "worker_run", str(tmp_path / "run"), data_dir)
+    assert [run["step"] for run in runs] == [15, 15]
+    assert [run["rate"] for run in runs] == pytest.approx([0.001, 0.001])
+    np.testing.assert_allclose(runs[1]["weights"], runs[0]["weights"], rtol=1e-6)
+    assert [r["epoch"] for r in csv_rows(tmp_path / "run.csv")] == ["0", "1", "2"]
+
+
+def worker_run(model_dir, data_dir):
+    """One worker of test_on_two_workers_...: its step, learning rate and weights."""
+    input_fn = functools.partial(digits.input_fn, data_dir=data_dir)
+    est = estimator(model_dir, devices=Devices(distribution="multi_worker", count="auto"))
+    est.train_and_evaluate(
+        input_fn,
+        input_fn,
+        100,
+        eval_every_steps=5,
+        eval_steps=2,
+        callbacks=plateau_callbacks(f"{model_dir}.csv"),
+    )
+    return {
+        "step": est.step,
+        "rate": float(est.optimizer.learning_rate),
+        "weights": [float(v.numpy().sum()) for v in est.model_fn.trainable_variables],
+    }

@@ -138,6 +138,12 @@ ROWS = {
         r"{tmp}/b\.gin:2: Configurable 'MLP' doesn't have a parameter named 'hidden_unit'; "
         r"did you mean 'hidden_units'\?",
     ),
+    "callback_only_fit_runs": (
+        gin("experiment.callbacks = [@callbacks.TensorBoard()]", "experiment.max_steps = 200"),
+        r"keras\.callbacks\.TensorBoard works only inside model\.fit: the framework writes "
+        r"TensorBoard event files to model_dir \(Summaries for histograms, images and the "
+        r"profiler\)",
+    ),
     "flat_estimator_argument": (
         gin("Estimator.save_checkpoints_steps = 500"),
         r"--gin_param: Configurable 'Estimator' doesn't have a parameter named "

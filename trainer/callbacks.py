@@ -130,6 +130,20 @@ class CallbackModel:
             variable.assign(value)
 
 
+class WithOptimizer:
+    """A Keras model, its ``optimizer`` replaced by the one that trains it; the rest its own."""
+
+    def __init__(self, model: keras.Model, optimizer):
+        object.__setattr__(self, "_model", model)
+        object.__setattr__(self, "optimizer", optimizer)
+
+    def __getattr__(self, name: str):
+        return getattr(self._model, name)
+
+    def __setattr__(self, name: str, value) -> None:
+        setattr(self._model, name, value)  # stop_training, say
+
+
 class Groups:
     """``callback.model.optimizer`` under optimizer groups: each group's optimizer."""
 
@@ -140,16 +154,17 @@ class Groups:
 def callback_model(model_fn, units: Sequence) -> Any:
     """What ``callback.model`` is: the Keras model, or a ``CallbackModel``.
 
-    ``units`` are the optimizers training uses (``optimizer_groups.Unit``); the Keras
-    model's ``optimizer`` is made the one that trains, as ``fit`` would have it.
+    ``units`` are the optimizers training uses (``optimizer_groups.Unit``). A Keras
+    model compiled with another optimizer than the Estimator's is seen through
+    ``WithOptimizer``, whose ``optimizer`` is the one that trains.
     """
     optimizer = units[0].optimizer if len(units) == 1 else Groups([u.optimizer for u in units])
     keras_model = getattr(model_fn, "model", None)
     if isinstance(keras_model, keras.Model):
-        if getattr(keras_model, "optimizer", None) is not optimizer:
-            keras_model.optimizer = optimizer
         keras_model.stop_training = False
-        return keras_model
+        if getattr(keras_model, "optimizer", None) is optimizer:
+            return keras_model
+        return WithOptimizer(keras_model, optimizer)
     trainable = list(model_fn.trainable_variables)
     return CallbackModel(
         lambda: trainable + list(model_fn.non_trainable_variables), len(trainable), optimizer
@@ -167,7 +182,9 @@ def set_direction(callback: keras.callbacks.Callback) -> None:
         return
     name = callback.monitor.removeprefix("val_")
     mode = getattr(callback, "mode", "auto")
-    if mode == "auto" and not name.endswith("loss"):
+    if mode == "auto" and name.endswith("loss"):
+        mode = "min"
+    elif mode == "auto":
         try:
             mode = {"up": "max", "down": "min"}[keras.metrics.get(name)._direction]
         except (ValueError, KeyError, AttributeError, TypeError):
@@ -334,7 +351,7 @@ class Events:
         if self.live:
             self._call("on_train_end", dict(self.last_epoch))
             self._keep(step)
-            self.model = None
+        self.model = None  # no event after this one
 
     def _call(self, event: str, *args) -> None:
         for callback in self.callbacks:

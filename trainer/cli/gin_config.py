@@ -82,6 +82,7 @@ for _cls in [  # Keras's callbacks that work here (trainer.callbacks), for exper
     keras.callbacks.TerminateOnNaN,
     keras.callbacks.LearningRateScheduler,
     keras.callbacks.RemoteMonitor,
+    keras.callbacks.TensorBoard,  # refused, with the framework's way (a fit habit)
 ]:
     gin.external_configurable(_cls, module="callbacks")
 
