@@ -35,6 +35,9 @@ NOT_RUN = {
     "python3 -m pip install -e .": "CI's own install (.ci/run runs README's commands)",
     'python3 -m pip install -e ".[test]"': "CI's own install",
     "python3 -m pytest -q -n 2": "this suite",
+    "python3 -m mlflow server --host 127.0.0.1 --port 5000 --backend-store-uri "
+    "sqlite:///mlflow.db": "a server that runs until stopped: tests/test_tracking.py starts "
+    "one the same way, on a free port",
     "python3 -m trainer --gin_file experiments/cifar10_alexnet.gin --num_devices 8": "8 GPUs",
     "python3 -m trainer --gin_file experiments/imagenet_alexnet.gin": "ImageNet; "
     "test_image_folders.py trains it small on shards in ImageNet's layout",
@@ -436,6 +439,19 @@ def test_callbacks_as_written(clone):
     assert path.read_text().splitlines() == rows
 
 
+def test_mlflow_as_written(clone):
+    """README's MLflow command: one run in the local store, rerun, still one run."""
+    mlflow = pytest.importorskip("mlflow", reason="MLflow is the [mlflow] extra")
+    command = next(c for c in shown_commands() if "--tracking_uri" in c)
+    ok(sh(command, clone))
+    assert "nothing to train" in ok(sh(command, clone)).stdout
+    client = mlflow.tracking.MlflowClient(f"sqlite:///{clone}/output/mlflow.db")
+    (run,) = client.search_runs([client.get_experiment_by_name("trainer").experiment_id])
+    history = client.get_metric_history(run.info.run_id, "train/loss")
+    assert [m.step for m in history] == list(range(200, 2001, 200))
+    assert run.info.status == "FINISHED" and run.data.tags["mlflow.runName"] == "digits_mlflow"
+
+
 def test_sweep_as_written(clone):
     """README's sweep, from a clone's root: four trials, then their table, best first."""
     proc = ok(sh(SWEEP, clone))
@@ -472,6 +488,7 @@ def test_every_command_shown_is_run_here():
         ),
         "python3 -m trainer --gin_file experiments/diabetes_linear_momentum.gin",
         *(c for c in shown_commands() if "experiment.callbacks" in c),
+        *(c for c in shown_commands() if "--tracking_uri" in c),
     }
     shown = shown_commands()
     polyfit = {c for c in shown if "polyfit.gin" in c or "parity.gin" in c}

@@ -12,6 +12,7 @@ import keras
 import numpy as np
 import pytest
 
+import trainer
 from datasets import digits
 from models.mlp import MLP
 from tests.helpers import checkpoint_steps, on_workers, scalar_series
@@ -220,6 +221,7 @@ def test_on_two_workers_the_chiefs_callbacks_stop_and_slow_both(tmp_path, data_d
 
 def worker_run(model_dir, data_dir):
     """One worker of test_on_two_workers_...: its step, learning rate and weights."""
+    trainer.make_strategy("multi_worker", [])  # before TensorFlow runs an op
     input_fn = functools.partial(digits.input_fn, data_dir=data_dir)
     est = estimator(model_dir, devices=Devices(distribution="multi_worker", count="auto"))
     est.train_and_evaluate(
@@ -232,6 +234,6 @@ def worker_run(model_dir, data_dir):
     )
     return {
         "step": est.step,
-        "rate": float(est.optimizer.learning_rate),
+        "rate": float(keras.ops.convert_to_numpy(est.optimizer.learning_rate)),
         "weights": [float(v.numpy().sum()) for v in est.model_fn.trainable_variables],
     }

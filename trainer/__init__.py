@@ -22,6 +22,7 @@ _HOMES = {
     "Group": "trainer.optimizer_groups",
     "InputParams": "trainer.model_fn",
     "KerasModel": "trainer.keras_model",
+    "MLflow": "trainer.tracking",
     "Mode": "trainer.model_fn",
     "ModelFn": "trainer.model_fn",
     "Spec": "trainer.model_fn",

@@ -10,6 +10,7 @@ stream's position), ``training.TrainingRun`` (one call of ``train``) and
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -30,11 +31,13 @@ from trainer import (
     precision,
     serving,
     settings,
+    tracking,
     training,
     variable_rules,
 )
 from trainer import checkpoints as checkpoint_files
 from trainer.distributed.placement import Placement
+from trainer.errors import Preempted
 from trainer.inputs import InputFn, Inputs
 from trainer.keras_model import KerasModel
 from trainer.model_fn import Mode, ModelFn
@@ -80,6 +83,8 @@ class Estimator:
       summaries: profiler, graph, histograms and images for TensorBoard (``Summaries``).
       config: the run's config text and its resume guard (``RunConfig``; the command
         line gives gin's).
+      tracker: records the run in an experiment tracker (``tracking.MLflow``), from
+        the chief.
 
     Each group is a frozen dataclass of ``trainer/settings.py``, with defaults.
     """
@@ -104,6 +109,7 @@ class Estimator:
         early_stop: EarlyStop = EarlyStop(),
         summaries: Summaries = Summaries(),
         config: RunConfig = RunConfig(),
+        tracker: tracking.MLflow | None = None,
     ):
         if isinstance(model_fn, keras.Model):  # a Keras model as it is, with its compile()
             optimizer = keras_compile.optimizer(model_fn, optimizer)
@@ -148,7 +154,12 @@ class Estimator:
         self.inputs = Inputs(
             self.placement, global_batch_size, self.eval_batch_size, seed, self.seconds
         )
-        self.writers = Writers(self.write_dir)
+        self.tracker = tracker if self.placement.worker is None else None
+        if self.tracker is not None:
+            plain = dict(global_batch_size=global_batch_size, seed=seed)
+            params = functools.partial(tracking.settings_params, (*groups, summaries), **plain)
+            self.tracker.bind(model_dir, params)
+        self.writers = Writers(self.write_dir, self.tracker)
         self.best_exporter = evaluation.best_exporter(
             self.write_dir, best_export.metric, best_export.keep, best_export.higher
         )
@@ -181,7 +192,7 @@ class Estimator:
           The global step reached.
         """
         events = self._events(callbacks, self.settings.log_every_steps, epochs_at_logs=True)
-        with WriterLock(self.write_dir):  # one trainer at a time; makes model_dir if needed
+        with self._tracked(), WriterLock(self.write_dir):  # one trainer at a time
             return self._training_run().run(input_fn, max_steps, events=events)
 
     @logs.speaks
@@ -305,25 +316,43 @@ class Estimator:
             exported if self.placement.worker is None else lambda: None,
             events.epoch_end,
         )
-        with WriterLock(self.write_dir):
-            self._training_run().run(
-                train_input_fn,
-                max_steps,
-                # The last evaluation, in the loop: callbacks see it before training ends.
-                extra=[
-                    cadence.Periodic(eval_every_steps, evaluations),
-                    cadence.At((max_steps,), evaluations),
-                ],
-                events=events,
-                # Traced before the first step: a mistake in evaluation is said at once.
-                ready=lambda: self.model.build(first.element_spec, Mode.EVAL),
-            )
-        return evaluations.final(self.step)
+        with self._tracked():
+            with WriterLock(self.write_dir):
+                self._training_run().run(
+                    train_input_fn,
+                    max_steps,
+                    # The last evaluation, in the loop: callbacks see it before the end.
+                    extra=[
+                        cadence.Periodic(eval_every_steps, evaluations),
+                        cadence.At((max_steps,), evaluations),
+                    ],
+                    events=events,
+                    # Traced before the first step: a mistake in evaluation is said at once.
+                    ready=lambda: self.model.build(first.element_spec, Mode.EVAL),
+                )
+            return evaluations.final(self.step)
 
     @property
     def step(self) -> int:
         """The global step: how many training steps the model has taken."""
         return self.model.step
+
+    @contextlib.contextmanager
+    def _tracked(self):
+        """Around a training call: the tracker checked first, its run's status after."""
+        if self.tracker is None:
+            yield
+            return
+        self.tracker.check()
+        status = "FAILED"
+        try:
+            yield
+            status = "FINISHED"
+        except Preempted:
+            status = "KILLED"  # resumed by rerunning the command
+            raise
+        finally:
+            self.tracker.finish(status)
 
     def _events(self, given, epoch_steps: int | None, epochs_at_logs: bool) -> callbacks.Events:
         """The callbacks of one train or train_and_evaluate call, run on the chief."""

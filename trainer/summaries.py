@@ -94,10 +94,11 @@ def _record(line: str) -> dict | None:
 class Writers:
     """Creates one ``tf.summary`` file writer per subdirectory of ``model_dir``, lazily."""
 
-    def __init__(self, model_dir: str):
+    def __init__(self, model_dir: str, tracker=None):
         self.model_dir = model_dir
         self._writers: dict[str, tf.summary.SummaryWriter] = {}
         self.metrics = MetricsFile(model_dir)
+        self.tracker = tracker  # an experiment tracker taking the scalars too (tracking.py)
 
     def get(self, name: str) -> tf.summary.SummaryWriter:
         """The writer of ``model_dir/name`` (``train``, ``eval_test``, ...)."""
@@ -108,6 +109,8 @@ class Writers:
     def scalars(self, name: str, step: int, values: Mapping[str, float]) -> None:
         """Writes each value as a scalar under its key, at ``step`` (and to metrics.jsonl)."""
         self.metrics.append(name, step, values)
+        if self.tracker is not None:
+            self.tracker.record(name, step, values)
         writer = self.get(name)
         with writer.as_default(step=step):
             for key, value in values.items():

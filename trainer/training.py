@@ -110,7 +110,7 @@ class TrainingRun:
         Under multi_worker a watchdog ends the run if every worker stops making progress.
         """
         self.events = events or self.events
-        with self.placement.workers.watch(self.settings.devices.progress_timeout):
+        with self.placement.workers.watch(self.settings.devices.progress_timeout), self._held():
             self.stream = TrainingStream(
                 self.inputs, self.placement, input_fn, self.settings.checkpoints.input
             )
@@ -218,6 +218,8 @@ class TrainingRun:
                 self.writers.text("train", "operative_config", text, step)
         self.stream.saved(path)
         self.events.saved(step, path)
+        if self.writers.tracker is not None:  # the metrics up to a checkpoint are final
+            self.writers.tracker.commit(step)
         return path
 
     def _start(self) -> tuple[int, bool]:
@@ -327,6 +329,25 @@ class TrainingRun:
                         "command to resume"
                     )
         return step
+
+    @contextlib.contextmanager
+    def _held(self):
+        """An experiment tracker holds the metrics until a checkpoint covers their step.
+
+        Those after the last checkpoint of a run that fails are dropped: a rerun trains
+        their steps again, and sends them then.
+        """
+        tracker = self.writers.tracker
+        if tracker is None:
+            yield
+            return
+        tracker.hold(True)
+        try:
+            yield
+        except BaseException:
+            tracker.drop()
+            raise
+        tracker.hold(False)
 
     def _stop_if_asked(self, step: int) -> None:
         """Stops training (before a save at ``step``) if a callback set ``stop_training``.

@@ -23,7 +23,16 @@ import tensorflow as tf
 from absl import flags, logging
 
 import trainer
-from trainer import checkpoints, errors, evaluation, hparams, logs, summaries, writer_lock
+from trainer import (
+    checkpoints,
+    errors,
+    evaluation,
+    hparams,
+    logs,
+    summaries,
+    tracking,
+    writer_lock,
+)
 from trainer.cli import exit_codes, gin_config, gin_errors, report, sweep
 from trainer.distributed import cluster, preemption, strategies, workers
 from trainer.errors import Preempted, TrainingDiverged, UserError
@@ -39,7 +48,14 @@ FLAGS = flags.FLAGS  # defined and parsed by trainer.cli.flags before this modul
 
 @gin.configurable(
     "experiment",
-    denylist=["model_dir", "schedule", "overwrite_config", "profile_steps", "checkpoint"],
+    denylist=[
+        "model_dir",
+        "schedule",
+        "overwrite_config",
+        "profile_steps",
+        "checkpoint",
+        "tracking_uri",
+    ],
 )
 def experiment(
     model_dir: str,
@@ -47,6 +63,7 @@ def experiment(
     overwrite_config: bool = False,
     profile_steps: tuple[int, int] | None = None,
     checkpoint: int | None = None,
+    tracking_uri: str | None = None,
     model_fn=gin.REQUIRED,
     input_fn=gin.REQUIRED,
     eval_input_fns=None,
@@ -56,6 +73,7 @@ def experiment(
     seed: int | None = 0,
     deterministic: bool = False,
     callbacks=(),
+    tracker=None,
 ) -> dict:
     """Builds the Estimator and runs ``schedule``; bound by the experiment's gin file.
 
@@ -66,6 +84,7 @@ def experiment(
       profile_steps: from ``--profile_steps``.
       checkpoint: from ``--checkpoint``: the step whose checkpoint evaluate, predict and
         export use instead of the newest.
+      tracking_uri: from ``--tracking_uri``: records the run in MLflow there.
       model_fn: the model, e.g. ``@MLP()``.
       input_fn: ``input_fn(mode, params)`` for training (and eval, unless
         ``eval_input_fns`` is given), e.g. ``@digits.input_fn``.
@@ -78,6 +97,7 @@ def experiment(
         run end bitwise equal (applied by ``main`` before anything runs).
       callbacks: Keras callbacks for train and train_and_evaluate, e.g.
         ``[@callbacks.EarlyStopping()]`` (``trainer.callbacks``).
+      tracker: an experiment tracker, ``@MLflow()`` (``trainer.tracking``).
 
     Returns:
       ``{'global_step', 'model_dir', 'metrics': {eval_set: {metric: value}}}`` or, for
@@ -91,11 +111,13 @@ def experiment(
     if profile_steps:
         groups["summaries"] = gin_config.GROUPS["summaries"](profile_steps=profile_steps)
     guard = None if overwrite_config else functools.partial(gin_config.check_resumable, model_dir)
+    tracker = _tracker(tracker, tracking_uri, model_dir)
     estimator = gin_config.ConfiguredEstimator(
         model_fn=model_fn,
         model_dir=model_dir,
         seed=seed,
         config=RunConfig(gin.operative_config_str, guard),
+        tracker=tracker,
         **groups,
     )
     eval_input_fns = evaluation.eval_sets(eval_input_fns or input_fn)
@@ -127,13 +149,30 @@ def experiment(
             "export_dir": path,
             "metrics": {},
         }
+    if estimator.tracker is not None and schedule not in ("train", "train_and_evaluate"):
+        estimator.tracker.finish("FINISHED")  # the evaluations it recorded
     return {
         "global_step": estimator.step,
         "model_dir": model_dir,
         "metrics": metrics,
         "best": report.best(estimator.best_exporter, estimator.early_stopping),
         "seconds": dict(estimator.seconds),
+        "tracker": estimator.tracker,
     }
+
+
+def _tracker(tracker, tracking_uri: str | None, model_dir: str):
+    """``experiment.tracker``, at ``--tracking_uri`` if given; params: the gin bindings."""
+    if tracker is None and tracking_uri:
+        tracker = gin_config.Tracker(tracking_uri)  # with the MLflow bindings
+    elif tracker is not None and tracking_uri:
+        tracker.tracking_uri = tracking_uri
+    if tracker is not None:
+        tracker.bind(
+            model_dir,
+            lambda: hparams.of_config(gin.operative_config_str(), gin_config.RESUMABLE),
+        )
+    return tracker
 
 
 # ---------------------------------------------------------------- main
@@ -179,7 +218,15 @@ def _sweep() -> tuple[str, int, str] | None:
             run_here=_run,
             separate=FLAGS.workers is not None,
         )
-        return trials.run(FLAGS.results)
+        if not FLAGS.tracking_uri:
+            return trials.run(FLAGS.results)
+        parent = tracking.MLflow(FLAGS.tracking_uri)  # one run; each trial's is its child
+        parent.check()
+        os.makedirs(trials.model_dir, exist_ok=True)
+        tracking.sweep_run(parent, trials.model_dir, {"sweep": " ".join(FLAGS.sweep)})
+        failure = trials.run(FLAGS.results)
+        parent.finish("FINISHED" if failure is None else "FAILED")
+        return failure
     except UserError as error:
         return errors.first_line(error), error.exit_code, "error"
 
@@ -213,9 +260,13 @@ def _run(params: list[str], model_dir: str | None, results: str | None):
             overwrite_config=FLAGS.overwrite_config,
             profile_steps=profile,
             checkpoint=FLAGS.checkpoint,
+            tracking_uri=FLAGS.tracking_uri,
         )
         logs.keep_log(model_dir)
+        tracker = result.pop("tracker", None)
         report.write(result, FLAGS.schedule, results, _CLOCK)
+        if tracker is not None and results:
+            tracker.artifact(results)
     except workers.PEER_ERRORS as error:  # the training loop names its own lost peers
         if not strategies.multi_worker_started():
             raise

@@ -68,6 +68,12 @@ flags.DEFINE_string(
     "'auto' (every GPU, else one CPU) or how many devices to train on; sets "
     "Devices.count. How they share a step is Devices.distribution.",
 )
+flags.DEFINE_string(
+    "tracking_uri",
+    None,
+    "Record the run in MLflow at this tracking URI (http://127.0.0.1:5000, "
+    "sqlite:///mlflow.db); needs pip install -e '.[mlflow]'. Sets experiment.tracker.",
+)
 flags.DEFINE_multi_string(
     "sweep",
     [],

@@ -18,7 +18,7 @@ import tokenize
 import gin
 import keras
 
-from trainer import estimator, internals, keras_model, optimization, settings
+from trainer import estimator, internals, keras_model, optimization, settings, tracking
 from trainer.checkpoints import OPERATIVE_CONFIG
 from trainer.cli import config_diff, gin_errors
 from trainer.errors import UserError
@@ -26,12 +26,14 @@ from trainer.errors import UserError
 # The bindings that may change between runs of one model_dir: how long, how often,
 # where and on what devices, not what is trained (Optimization.microbatches: the same
 # update in less memory, so a run that ran out of memory resumes with more slices).
-# Any ``data_dir`` may change too (where the data is, not what it is).
+# Any ``data_dir`` may change too (where the data is, not what it is), and where the
+# run is recorded (the tracker).
 RESUMABLE = frozenset(
     [
         f"experiment.{name}"
-        for name in ("max_steps", "eval_every_steps", "eval_steps", "eval_input_fns")
+        for name in ("max_steps", "eval_every_steps", "eval_steps", "eval_input_fns", "tracker")
     ]
+    + [f"MLflow.{name}" for name in ("tracking_uri", "experiment", "run_name")]
     + [
         f"Estimator.{name}"
         for name in ("log_every_steps", "steps_per_loop", "eval_batch_size", "progress")
@@ -55,9 +57,10 @@ ConfiguredEstimator = gin.external_configurable(  # the Estimator with its gin b
     estimator.Estimator,
     name="Estimator",
     module="trainer",
-    denylist=["model_fn", "model_dir", "seed", "config", *GROUPS],
+    denylist=["model_fn", "model_dir", "seed", "config", "tracker", *GROUPS],
 )
 gin.external_configurable(keras_model.KerasModel, module="trainer")
+Tracker = gin.external_configurable(tracking.MLflow, module="trainer")  # --tracking_uri's
 for _cls in [
     keras.optimizers.SGD,
     keras.optimizers.Adam,
