@@ -22,7 +22,9 @@ def estimator(model_dir, **kwargs):
     return Estimator(MLP(hidden_units=[16]), str(model_dir), **options)
 
 
-def test_early_stopping_after_patience_evaluations_without_improvement(tmp_path, data_dir):
+def test_early_stopping_after_patience_evaluations_without_improvement_resumed_too(
+    tmp_path, data_dir
+):
     input_fn = functools.partial(digits.input_fn, data_dir=data_dir)
     frozen = estimator(
         tmp_path,
@@ -32,6 +34,14 @@ def test_early_stopping_after_patience_evaluations_without_improvement(tmp_path,
     frozen.train_and_evaluate(input_fn, input_fn, max_steps=1000, eval_every_steps=10)
     assert frozen.step == 30  # best at 10, no better at 20 and 30
     assert checkpoint_steps(tmp_path)[-1] == 30
+    for max_steps in (20, 1000):  # stopped at 20 and rerun: it stops where the first did
+        resumed = estimator(
+            tmp_path / "resumed",
+            optimizer=keras.optimizers.SGD(0.0),
+            early_stop=EarlyStop(metric="accuracy", patience=2),
+        )
+        resumed.train_and_evaluate(input_fn, input_fn, max_steps, eval_every_steps=10)
+    assert resumed.step == 30
 
 
 def test_warm_start_takes_the_matching_weights_only(tmp_path, data_dir):

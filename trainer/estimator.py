@@ -327,8 +327,7 @@ class Estimator:
                         cadence.At((max_steps,), evaluations),
                     ],
                     events=events,
-                    # Traced before the first step: a mistake in evaluation is said at once.
-                    ready=lambda: self.model.build(first.element_spec, Mode.EVAL),
+                    ready=functools.partial(self._ready, first, evaluations),
                 )
             return evaluations.final(self.step)
 
@@ -336,6 +335,15 @@ class Estimator:
     def step(self) -> int:
         """The global step: how many training steps the model has taken."""
         return self.model.step
+
+    def _ready(self, first: tf.data.Dataset, evaluations: evaluation.Evaluations) -> None:
+        """Restored, before the first step: evaluation traced, early stopping caught up.
+
+        A mistake in evaluation is said at once; a resumed run's early stopping counts
+        the evaluations before its checkpoint.
+        """
+        self.model.build(first.element_spec, Mode.EVAL)
+        evaluations.replay(self.writers.metrics.records(f"eval_{evaluations.names[0]}"))
 
     @contextlib.contextmanager
     def _tracked(self):

@@ -114,6 +114,19 @@ class Evaluations:
                 f"improved for {self.early_stopping.patience} evaluations"
             )
 
+    def replay(self, records: list[dict]) -> None:
+        """A resumed run's early stopping: the first set's evaluations before it, again.
+
+        ``records`` are its lines of metrics.jsonl up to the checkpoint resumed from, so
+        patience counts on where the straight run would be.
+        """
+        if self.early_stopping is None:
+            return
+        for record in records:
+            metrics = {k: v for k, v in record.items() if k not in ("step", "time", "writer")}
+            if self.early_stopping.metric in metrics:
+                self.early_stopping.should_stop(metrics, record["step"])
+
     def final(self, step: int) -> dict[str, Metrics]:
         """The results after training ends at ``step``, evaluating unless just done."""
         if step not in self.evaluated_at:

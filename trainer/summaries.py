@@ -73,6 +73,12 @@ class MetricsFile:
             with open(self.path, "a") as f:
                 f.write(line)
 
+    def records(self, writer: str) -> list[dict]:
+        """The records of TensorBoard directory ``writer``, oldest first (those held)."""
+        lines = self._lines() if self.held is None else self.held
+        found = [r for r in map(_record, lines) if r is not None and r.get("writer") == writer]
+        return sorted(found, key=lambda r: r["step"])
+
     def _lines(self) -> list[str]:
         if not tf.io.gfile.exists(self.path):
             return []
