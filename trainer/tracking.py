@@ -73,6 +73,7 @@ class MLflow:
         self.sent: dict[str, int] = {}  # by key: the last step sent
         self.pending: list[tuple[str, int, float, float]] = []  # (key, step, value, time)
         self.holding = False  # training: metrics wait for a checkpoint
+        self.started = time.time()  # when training started: the run's start
 
     def bind(self, model_dir: str, params: Callable[[], Mapping[str, Any]]) -> None:
         """The model_dir recorded, and its params unless given before (the command line's).
@@ -87,6 +88,7 @@ class MLflow:
     def check(self) -> None:
         """Refuses, in one line, a tracking server that does not answer (before training)."""
         mlflow = _mlflow()
+        self.started = time.time()
         uri = self.tracking_uri or mlflow.get_tracking_uri()
         if uri.startswith(("http://", "https://")):
             try:
@@ -189,7 +191,8 @@ class MLflow:
         parent = _read(os.path.dirname(os.path.abspath(self.model_dir)))
         if parent.get("tracking_uri") == self._uri() and parent.get("sweep"):
             tags["mlflow.parentRunId"] = parent["run_id"]
-        run = self.client.create_run(self._experiment_id(), tags=tags)
+        started = int(self.started * 1000)
+        run = self.client.create_run(self._experiment_id(), start_time=started, tags=tags)
         self.run_id, self.sent = run.info.run_id, {}
         logging.info("MLflow: run %s at %s", self.run_id, self._uri())
         self._write_record()
