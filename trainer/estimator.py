@@ -154,11 +154,9 @@ class Estimator:
         self.inputs = Inputs(
             self.placement, global_batch_size, self.eval_batch_size, seed, self.seconds
         )
-        self.tracker = tracker if self.placement.worker is None else None
-        if self.tracker is not None:
-            plain = dict(global_batch_size=global_batch_size, seed=seed)
-            params = functools.partial(tracking.settings_params, (*groups, summaries), **plain)
-            self.tracker.bind(model_dir, params)
+        self.tracker = tracker if self.placement.worker is None else None  # the chief's
+        if self.tracker is not None:  # its params, unless the command line gave gin's
+            self.tracker.bind(model_dir, functools.partial(self._params, (*groups, summaries)))
         self.writers = Writers(self.write_dir, self.tracker)
         self.best_exporter = evaluation.best_exporter(
             self.write_dir, best_export.metric, best_export.keep, best_export.higher
@@ -335,6 +333,11 @@ class Estimator:
     def step(self) -> int:
         """The global step: how many training steps the model has taken."""
         return self.model.step
+
+    def _params(self, groups) -> dict:
+        """The tracker's params from Python: the settings groups and the batch size."""
+        plain = dict(global_batch_size=self.settings.global_batch_size, seed=self.inputs.run_seed)
+        return tracking.settings_params(groups, **plain)
 
     def _ready(self, first: tf.data.Dataset, evaluations: evaluation.Evaluations) -> None:
         """Restored, before the first step: evaluation traced, early stopping caught up.

@@ -71,8 +71,7 @@ flags.DEFINE_string(
 flags.DEFINE_string(
     "tracking_uri",
     None,
-    "Record the run in MLflow at this tracking URI (http://127.0.0.1:5000, "
-    "sqlite:///mlflow.db); needs pip install -e '.[mlflow]'. Sets experiment.tracker.",
+    "Record the run in MLflow at this URI (http://127.0.0.1:5000, sqlite:///mlflow.db).",
 )
 flags.DEFINE_multi_string(
     "sweep",
