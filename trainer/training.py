@@ -92,7 +92,14 @@ class TrainingRun:
         self.config, self.policy = config, policy
         self.stream: TrainingStream | None = None  # the training input, made by _start
         self.config_written = False
-        self.events = callbacks.Events((), None, False, model_dir, placement.workers, True)
+        self.events = callbacks.Events(  # none, unless run is given some
+            (),
+            None,
+            epochs_at_logs=False,
+            model_dir=model_dir,
+            workers=placement.workers,
+            chief=True,
+        )
 
     def run(
         self,
