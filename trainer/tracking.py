@@ -136,7 +136,7 @@ class MLflow:
                 self.client.log_batch(self.run_id, metrics=metrics[start : start + 1000])
             for key, at, _, _ in new:
                 self.sent[key] = max(at, self.sent.get(key, -1))
-            self.pending = [m for m in self.pending if m not in ready]
+            self.pending = [m for m in self.pending if step is not None and m[1] > step]
             self._write_record()
 
     def finish(self, status: str) -> None:
