@@ -228,11 +228,8 @@ class Events:
         self.flush: Callable[[int], None] = lambda step: None
         self.fresh: dict[str, dict] = {}  # each callback's state once begun
         self.epoch = _EpochLogs()
-        self.logged: tuple[int, dict] = (-1, {})  # the last log step and its logs
+        self.logged_at = -1  # the last log step
         self.last_epoch: dict = {}  # the last epoch's logs: on_train_end's
-
-    def __bool__(self) -> bool:
-        return bool(self.callbacks)
 
     @property
     def live(self) -> bool:
@@ -250,8 +247,8 @@ class Events:
             return
         self.model, self.units = callback_model(model_fn, units), units
         self.running, self.flush = running, flush
-        self.epoch = _EpochLogs(start=step)
-        self.logged = (step, {})
+        self.epoch = _EpochLogs(at=step)
+        self.logged_at = step
         if not self.chief:
             return
         period = self.epoch_steps or max_steps
@@ -284,7 +281,7 @@ class Events:
         if not self.callbacks:
             return
         self.epoch.add(step, logs)
-        self.logged = (step, dict(logs))
+        self.logged_at = step
         if self.epochs_at_logs:
             self.epoch_end(step, {})
 
@@ -325,7 +322,7 @@ class Events:
         """
         if not self.callbacks or self.model is None:
             return
-        if self.logged[0] != step:  # every worker logs (reading metrics is a collective)
+        if self.logged_at != step:  # every worker logs (reading metrics is a collective)
             self.flush(step)
         if not self.live:
             return
@@ -333,7 +330,7 @@ class Events:
         for i, (name, metrics) in enumerate(results.items()):
             prefix = "val_" if i == 0 else f"val_{name}_"
             logs.update({prefix + k: float(v) for k, v in metrics.items()})
-        self.epoch = _EpochLogs(start=step)
+        self.epoch = _EpochLogs(at=step)
         self._call("on_epoch_end", self._epoch_of(step), logs)
         self.last_epoch = logs
         self._keep(step)
@@ -398,12 +395,10 @@ def _bits(learning_rate) -> int:
 class _EpochLogs:
     """The epoch's training logs: each metric's mean over the steps of its log periods."""
 
-    def __init__(
-        self, start: int = 0, sums: dict | None = None, steps: int = 0, last=None, at=None
-    ):
-        self.start, self.sums, self.steps = start, dict(sums or {}), steps
+    def __init__(self, at: int = 0, sums: dict | None = None, steps: int = 0, last=None):
+        self.at = at  # the last log step counted (the epoch's start, before any)
+        self.sums, self.steps = dict(sums or {}), steps
         self.last = dict(last or {})  # the learning rates, as last logged
-        self.at = start if at is None else at  # the last log step counted
 
     def add(self, step: int, logs: Mapping[str, float]) -> None:
         """A log period ending at ``step``: its means count for its steps."""
@@ -422,13 +417,7 @@ class _EpochLogs:
 
     def state(self) -> dict:
         """What rebuilds it after a resume."""
-        return {
-            "start": self.start,
-            "sums": self.sums,
-            "steps": self.steps,
-            "last": self.last,
-            "at": self.at,
-        }
+        return {"at": self.at, "sums": self.sums, "steps": self.steps, "last": self.last}
 
 
 def _state_of(callback) -> dict:

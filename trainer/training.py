@@ -116,7 +116,8 @@ class TrainingRun:
         ``ready`` is called once the model is built and restored, before the first step.
         Under multi_worker a watchdog ends the run if every worker stops making progress.
         """
-        self.events = events or self.events
+        if events is not None:
+            self.events = events
         with self.placement.workers.watch(self.settings.devices.progress_timeout), self._held():
             self.stream = TrainingStream(
                 self.inputs, self.placement, input_fn, self.settings.checkpoints.input
