@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 
 import keras
 import numpy as np
@@ -20,6 +21,7 @@ import pytest
 import tensorflow as tf
 
 from datasets import digits, shards
+from trainer.distributed import preemption
 from tests.conftest import ENV, REPO, digits_args, run_cli
 from tests.helpers import (
     STATE_PREFIXES,
@@ -418,6 +420,30 @@ def test_sigterm_saves_at_a_step_boundary_and_exits_75(tmp_path, data_dir):
     resumed = run_cli(*args)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"from step {saved} to {saved + 10}" in resumed.stdout
+
+
+def test_a_signal_that_lands_in_a_weakref_callback_still_ends_the_start():
+    """A handler's exception raised in a weakref callback (importlib's module locks have
+    one) is only printed by Python: the signal is sent again and ends the sleep after it."""
+
+    class Module:
+        pass
+
+    def callback(_):
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):  # the handler runs here, in the callback
+            pass
+
+    previous = signal.getsignal(signal.SIGINT), sys.unraisablehook
+    with pytest.raises(preemption.Interrupted, match="SIGINT"):
+        with preemption.outside_training():
+            module = Module()
+            watched = weakref.ref(module, callback)
+            del module
+            started = time.monotonic()
+            time.sleep(60)
+    assert watched() is None and time.monotonic() - started < 30  # not the sleep's end
+    assert (signal.getsignal(signal.SIGINT), sys.unraisablehook) == previous
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,9 @@ is nothing to save: ``outside_training`` ends the command there with one line.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
 import threading
 
 from trainer.cli import exit_codes
@@ -46,6 +48,7 @@ class Interrupted(BaseException):
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
+        self.signum = signum
         # As a shell reports a process ended by the signal; but the end of a time
         # limit is near: 75, for the job to be requeued (README's exit codes).
         self.exit_code = (
@@ -59,14 +62,37 @@ def outside_training():
 
     The command then says one line instead of a traceback from whatever Python was
     doing (importing TensorFlow, most often).
+
+    A handler runs between any two bytecodes, also in a weakref callback (importlib's
+    module locks have one), whose exceptions Python prints as "Exception ignored in" and
+    drops: the command went on, and a worker waited for peers that had stopped. Such an
+    ``Interrupted`` is sent again once the callback has returned, or raised on leaving.
     """
+    swallowed: list[Interrupted] = []
 
     def handler(signum, frame):
         del frame
+        swallowed.clear()
         raise Interrupted(signum)
 
-    with _handled(handler):
-        yield
+    def send_again():
+        if swallowed:
+            os.kill(os.getpid(), swallowed[0].signum)
+
+    def hook(unraisable):
+        if not isinstance(unraisable.exc_value, Interrupted):
+            return previous_hook(unraisable)
+        swallowed[:] = [unraisable.exc_value]
+        threading.Timer(0.01, send_again).start()  # from here it would land in this hook
+
+    previous_hook, sys.unraisablehook = sys.unraisablehook, hook
+    try:
+        with _handled(handler):
+            yield
+    finally:
+        sys.unraisablehook = previous_hook
+    if swallowed:
+        raise swallowed.pop()
 
 
 @contextlib.contextmanager
