@@ -7,11 +7,12 @@ logical CPU devices must be set up before TensorFlow starts:
 
 With TRAIN_STEPS it first trains that many steps (on one device: the checkpoint the
 other set-ups evaluate). Under ``multi_worker:1`` each worker runs it with its
-TF_CONFIG. Prints the eval metrics, and how many examples each local replica
-evaluated. The eval batch, 50, splits unevenly over 4 replicas, and the eval set's
-last batch holds 10 of the 360 examples. Besides its per-example accuracy the model
-streams two Keras metrics of a binary task (is the digit even?): AUC and precision;
-with TRAIN_STEPS the output also holds scikit-learn's of the same predictions.
+TF_CONFIG. Prints the eval metrics, the per-class figures and a PR curve, and how
+many examples each local replica evaluated. The eval batch, 50, splits unevenly
+over 4 replicas, and the eval set's last batch holds 10 of the 360 examples.
+Besides its per-example accuracy the model streams two Keras metrics of a binary
+task (is the digit even?): AUC and precision; with TRAIN_STEPS the output also holds
+scikit-learn's of the same predictions.
 """
 
 import json
@@ -87,14 +88,39 @@ def main(model_dir: str, data_dir: str, train_steps: int) -> None:
     strategy = estimator.placement.strategy
     counts = strategy.experimental_local_results(sums.count) if strategy else [sums.count]
     result = {"metrics": metrics, "counts": [float(c.numpy()) for c in counts]}
+    report = estimator.model.steps.class_counts.report()  # read on every worker
+    result["classes"] = estimator.model.classes["eval"]  # precision, recall, the confusion matrix
+    result["pr_curve_3"] = report.pr_curve(3).tolist()
     if train_steps:  # scikit-learn's scores of the framework's own predictions
-        even = np.array([p["even"] for p in estimator.predict(input_fn)])
+        predicted = list(estimator.predict(input_fn))
+        even = np.array([p["even"] for p in predicted])
         _, labels = next(iter(input_fn(Mode.EVAL, InputParams(360, 360))))
         truth = labels["label"].numpy() % 2 == 0
         result["sklearn"] = {
             "even_auc": sk.roc_auc_score(truth, even),
             "even_precision": sk.precision_score(truth, even > 0.5),
         }
+        classes = np.array([p["classes"] for p in predicted])
+        precision, recall, _, support = sk.precision_recall_fscore_support(
+            labels["label"].numpy(), classes, labels=range(10), zero_division=np.nan
+        )
+        result["sklearn_classes"] = {
+            "precision": [None if np.isnan(p) else p for p in precision.tolist()],
+            "recall": recall.tolist(),
+            "support": support.tolist(),
+            "confusion_matrix": sk.confusion_matrix(labels["label"].numpy(), classes).tolist(),
+        }
+        probability_3 = np.array([p["probabilities"][3] for p in predicted])
+        result["direct_pr_3"] = [  # true and false positives at each threshold i/100
+            [
+                int(np.sum((probability_3 >= i / 100) & (labels["label"].numpy() == 3)))
+                for i in range(101)
+            ],
+            [
+                int(np.sum((probability_3 >= i / 100) & (labels["label"].numpy() != 3)))
+                for i in range(101)
+            ],
+        ]
     print(json.dumps(result))
 
 

@@ -156,6 +156,11 @@ def check_promise(name, stdout):
     return value
 
 
+def figures_out(line):
+    """``line`` with its numbers as ``#``, to compare a console line with README's."""
+    return re.sub(r"\d+(\.\d+)?(e-\d+)?", "#", line.strip())
+
+
 DIGITS = "python3 -m trainer --gin_file experiments/digits_mlp.gin"
 IMAGES = "python3 -m datasets.prepare --images photos --out data/photos"
 
@@ -193,9 +198,16 @@ def test_readmes_first_command_resumes_after_ctrl_c_reruns_and_serves_every_sche
     for schedule in ("evaluate", "continuous_eval"):
         evaluated = ok(sh(f"{DIGITS} --schedule {schedule}", clone, timeout=120))
         assert final_metrics(evaluated.stdout) == final_metrics(resumed.stdout), schedule
-    exported = ok(sh(f"{DIGITS} --schedule export", clone))
+    exported = ok(sh(next(c for c in shown_commands() if "--export_format" in c), clone))
     assert "exported     output/digits_mlp/export/2000" in exported.stdout
-    assert (clone / "output/digits_mlp/export/2000/saved_model.pb").is_file()
+    export_dir = clone / "output/digits_mlp/export/2000"
+    assert (export_dir / "saved_model.pb").is_file()
+    with open(os.path.join(REPO, "README.md")) as f:
+        shown = {figures_out(line) for line in f if line.startswith("Exported ")}
+    lines = [line for line in exported.stdout.splitlines() if line.startswith("Exported ")]
+    assert {figures_out(line) for line in lines[1:]} == shown  # README's, but for figures
+    for name in ("model.tflite", "model_int8.tflite", "model.onnx"):
+        assert (export_dir / name).stat().st_size > 1000, name
     ok(sh(f"{DIGITS} --schedule predict --results predictions.jsonl", clone))
     lines = (clone / "predictions.jsonl").read_text().splitlines()
     assert len(lines) == 360 and 0 <= json.loads(lines[0])["classes"] < 10
@@ -489,6 +501,7 @@ def test_every_command_shown_is_run_here():
         "python3 -m trainer --gin_file experiments/diabetes_linear_momentum.gin",
         *(c for c in shown_commands() if "experiment.callbacks" in c),
         *(c for c in shown_commands() if "--tracking_uri" in c),
+        *(c for c in shown_commands() if "--export_format" in c),
     }
     shown = shown_commands()
     polyfit = {c for c in shown if "polyfit.gin" in c or "parity.gin" in c}

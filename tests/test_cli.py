@@ -84,11 +84,12 @@ def test_help_lists_the_trainers_own_flags_and_exits_0():
         "--overwrite_config",
         "--num_devices",
         "--tracking_uri",
+        "--export_format",
         "--sweep",
         "--workers",
     ]
     assert "schedules: train, evaluate, train_and_evaluate" in proc.stdout
-    assert len(lines) < 31  # TensorFlow's and absl's flags stay in --helpfull
+    assert len(lines) < 33  # TensorFlow's and absl's flags stay in --helpfull
 
 
 @pytest.mark.parametrize(

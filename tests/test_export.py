@@ -147,7 +147,8 @@ def test_best_exporter_keeps_the_top_k_across_restarts(tmp_path, data_dir):
 
 def test_tabular_data_is_served_in_its_units_and_undeclared_input_as_its_features(tmp_path, capsys):
     """diabetes is served its ten variables as stored (standardised inside the export);
-    an input_fn that declares nothing is exported as its features, and says so."""
+    an input_fn that declares nothing is exported as its features, and says so; its
+    TFLite and ONNX files too."""
     from datasets import diabetes
     from models.linear import LinearRegression
     from trainer import Estimator
@@ -167,13 +168,21 @@ def test_tabular_data_is_served_in_its_units_and_undeclared_input_as_its_feature
         return diabetes.input_fn(mode, params).map(lambda features, labels: (features, labels))
 
     capsys.readouterr()
-    path = estimator.export(mapped, str(tmp_path / "undeclared"))
+    path = estimator.export(mapped, str(tmp_path / "undeclared"), formats=("tflite", "onnx"))
     assert list(tf.saved_model.load(path).signatures) == ["serving_default"]
+    out = capsys.readouterr().out
     assert (
         f"Exported SavedModel to {path}; serving_default takes the features as the model sees "
         "them (x float32 [?, 10]): the input_fn declares no serving preprocessing "
         "(trainer.serves), so a client preprocesses as the input_fn does"
-    ) in capsys.readouterr().out
+    ) in out
+    # Its files take the features too, so both run on the eval set: a regression's
+    # outputs compared, with no accuracy.
+    record = json.loads(open(os.path.join(path, "deployment.json")).read())
+    for name, file in (("tflite", "model.tflite"), ("onnx", "model.onnx")):
+        assert record[name]["examples"] == 89 and record[name]["max_difference"] < 1e-4
+        assert "accuracy" not in record[name] and f"Exported {record[name]['line']}" in out
+        assert record[name]["line"].startswith(f"{name} ({file}: serving_default): outputs within ")
 
 
 def test_a_prefetch_keeps_what_an_export_serves_and_a_map_is_said_to_drop_it(monkeypatch, caplog):

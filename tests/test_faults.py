@@ -21,7 +21,6 @@ import pytest
 import tensorflow as tf
 
 from datasets import digits, shards
-from trainer.distributed import preemption
 from tests.conftest import ENV, REPO, digits_args, run_cli
 from tests.helpers import (
     STATE_PREFIXES,
@@ -32,6 +31,7 @@ from tests.helpers import (
     wait_for_checkpoint_after,
 )
 from trainer import Estimator, ModelFn, Spec, UserError
+from trainer.distributed import preemption
 from trainer.errors import TrainingDiverged
 from trainer.settings import Checkpoints, Devices, Optimization
 

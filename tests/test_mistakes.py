@@ -144,6 +144,11 @@ ROWS = {
         r"TensorBoard event files to model_dir \(Summaries for histograms, images and the "
         r"profiler\)",
     ),
+    "export_format_without_export": (
+        lambda m: ["--schedule", "train", "--export_format", "tflite"],
+        r"--export_format applies to --schedule export; --schedule=train writes no export: run "
+        r"it, then --schedule export --export_format tflite",
+    ),
     "flat_estimator_argument": (
         gin("Estimator.save_checkpoints_steps = 500"),
         r"--gin_param: Configurable 'Estimator' doesn't have a parameter named "

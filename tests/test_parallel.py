@@ -466,8 +466,8 @@ def test_evaluation_is_split_over_replicas_and_workers_and_counts_each_example_o
     tmp_path, data_dir
 ):
     """One checkpoint evaluated on 1 device, 2 and 4 replicas and 2 workers: the same
-    metrics, each of the 360 examples once (batches of 50 split unevenly, a last batch
-    of 10), and each replica evaluating about its share."""
+    metrics, confusion matrix and PR curve, each of the 360 examples once (batches of 50
+    split unevenly, a last batch of 10), and each replica evaluating about its share."""
     model_dir = tmp_path / "run"
     reference = evaluated(eval_run(model_dir, data_dir, "towers:1", train_steps=30))
     assert reference["counts"] == [360.0]
@@ -476,6 +476,14 @@ def test_evaluation_is_split_over_replicas_and_workers_and_counts_each_example_o
     ours, theirs = reference["metrics"], reference["sklearn"]
     assert abs(ours["even_auc"] - theirs["even_auc"]) < 0.005, (ours, theirs)
     assert ours["even_precision"] == pytest.approx(theirs["even_precision"], abs=1e-6)
+    # The confusion matrix and per-class figures: scikit-learn's of the same predictions;
+    # the PR curve's counts: those of the thresholds applied to each probability.
+    ours, theirs = reference["classes"], reference["sklearn_classes"]
+    assert ours["confusion_matrix"] == theirs["confusion_matrix"]
+    for name in ("precision", "recall"):
+        assert ours[name] == pytest.approx(theirs[name], abs=1e-12), name
+    assert ours["support"] == theirs["support"] and sum(ours["support"]) == 360
+    assert reference["pr_curve_3"][:2] == reference["direct_pr_3"]
     ports = free_ports(2)
     runs = {
         "towers:2": [eval_run(model_dir, data_dir, "towers:2")],
@@ -494,6 +502,8 @@ def test_evaluation_is_split_over_replicas_and_workers_and_counts_each_example_o
         for result in results:  # every worker reports the metrics of the whole set
             for metric, value in reference["metrics"].items():
                 assert result["metrics"][metric] == pytest.approx(value, rel=1e-6), name
+            assert result["classes"] == reference["classes"], name  # summed exactly
+            assert result["pr_curve_3"] == reference["pr_curve_3"], name
 
 
 def in_slurm_step(monkeypatch, **variables):

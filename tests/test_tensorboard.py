@@ -1,4 +1,5 @@
-"""TensorBoard as the tutorials use it: graph, scalars, histograms, labelled images."""
+"""TensorBoard as the tutorials use it: graph, scalars, histograms, labelled images, and
+an evaluation's confusion matrix and PR curves."""
 
 import functools
 import os
@@ -61,6 +62,31 @@ def test_event_files_hold_graph_scalars_histograms_and_images(tmp_path, data_dir
     scalars = set(acc.PluginTagToContent("scalars"))
     assert {"loss", "accuracy", "learning_rate", "gradient_norm", "examples_per_sec"} <= scalars
     assert "operative_config" in acc.PluginTagToContent("text")
+
+    # Each evaluation: the confusion matrix as an image and a table, a PR curve a class,
+    # all from the same counts as the per-class figures the Estimator keeps.
+    acc = event_accumulator.EventAccumulator(
+        os.path.join(tmp_path, "eval_eval"), size_guidance={"tensors": 0}
+    )
+    acc.Reload()
+    figures = estimator.model.classes["eval"]
+    matrix = np.array(figures["confusion_matrix"])
+    assert matrix.shape == (10, 10) and matrix.sum() == 360
+    assert "confusion_matrix" in acc.PluginTagToContent("images")
+    (drawn,) = acc.Tensors("confusion_matrix")
+    picture = tf.io.decode_png(tf.make_ndarray(drawn.tensor_proto)[2]).numpy()
+    assert drawn.step == 20 and picture.shape == (304, 304, 3)
+    (table,) = acc.Tensors("confusion_matrix/counts")
+    rows = tf.make_ndarray(table.tensor_proto).item().decode().splitlines()
+    assert rows[2].startswith("| **0** | " + " | ".join(map(str, matrix[0])) + " | ")
+    assert rows[-1].startswith("| precision | ")
+    curves = sorted(acc.PluginTagToContent("pr_curves"))
+    assert curves == sorted(f"pr_curve/class_{k}" for k in range(10))
+    curve = tf.make_ndarray(acc.Tensors("pr_curve/class_4")[0].tensor_proto)  # [6, 101]
+    assert curve.shape == (6, 101)
+    assert curve[0, 0] == matrix[4].sum() and curve[0, 0] + curve[1, 0] == 360  # all at 0
+    assert curve[5, 0] == 1.0 and np.all(np.diff(curve[5]) <= 0)  # recall falls
+    assert figures["recall"][4] == matrix[4, 4] / matrix[4].sum()
 
 
 def test_profiler_trace_covers_the_requested_steps(tmp_path, data_dir):

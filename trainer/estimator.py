@@ -10,7 +10,6 @@ stream's position), ``training.TrainingRun`` (one call of ``train``) and
 from __future__ import annotations
 
 import collections
-import contextlib
 import functools
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -23,6 +22,7 @@ from trainer import (
     cadence,
     callbacks,
     checkpoint_writer,
+    deployment,
     errors,
     evaluation,
     export,
@@ -37,7 +37,6 @@ from trainer import (
 )
 from trainer import checkpoints as checkpoint_files
 from trainer.distributed.placement import Placement
-from trainer.errors import Preempted
 from trainer.inputs import InputFn, Inputs
 from trainer.keras_model import KerasModel
 from trainer.model_fn import Mode, ModelFn
@@ -136,9 +135,8 @@ class Estimator:
             prefetch_to_device=devices.prefetch,
             startup_timeout=devices.startup_timeout,
         )
-        self.model_fn = model_fn
+        self.model_fn, self.model_dir = model_fn, model_dir  # what every worker restores from
         self.speaks = progress and self.placement.worker is None  # as the command line does
-        self.model_dir = model_dir  # what every worker restores from
         self.write_dir = self.placement.workers.write_dir(model_dir)  # elsewhere on others
         precision.check(model_fn, devices.mixed_precision)
         self.seconds: collections.Counter = collections.Counter()  # by part: cli's summary
@@ -148,6 +146,7 @@ class Estimator:
         self.model = _model_state(
             model_fn, optimizer, self.placement, self.seconds, devices, optimization, self.config
         )
+        self.model.count_classes = summaries.confusion_matrix  # a classifier's, in evaluation
         self.global_step = self.model.global_step
         self.optimizer = self.model.optimizer  # with optimizer groups, a dict by group
         self.eval_batch_size = eval_batch_size or global_batch_size
@@ -190,7 +189,7 @@ class Estimator:
           The global step reached.
         """
         events = self._events(callbacks, self.settings.log_every_steps, epochs_at_logs=True)
-        with self._tracked(), WriterLock(self.write_dir):  # one trainer at a time
+        with tracking.tracked(self.tracker), WriterLock(self.write_dir):  # one trainer at a time
             return self._training_run().run(input_fn, max_steps, events=events)
 
     @logs.speaks
@@ -254,7 +253,12 @@ class Estimator:
 
     @logs.speaks
     def export(
-        self, input_fn: InputFn, export_dir: str | None = None, checkpoint: int | None = None
+        self,
+        input_fn: InputFn,
+        export_dir: str | None = None,
+        checkpoint: int | None = None,
+        formats: Sequence[str] = (),
+        eval_input_fn: InputFn | None = None,
     ) -> str:
         """Writes a SavedModel mapping examples to predictions (``trainer.serving``); its path.
 
@@ -262,17 +266,25 @@ class Estimator:
         Uses the weights in memory after training, else the newest checkpoint or that
         of step ``checkpoint`` (their moving average with ``Optimization.ema_decay``). Writes to
         ``export_dir``, by default ``model_dir/export/<global step>``.
+
+        ``formats``: files for deployment written into it too (``trainer.deployment``:
+        tflite, tflite_int8, onnx), each run by its runtime on ``eval_input_fn``'s
+        EVAL dataset (by default ``input_fn``'s), which also calibrates int8.
         """
+        formats = deployment.check_formats(formats)
         dataset = self.inputs.dataset(input_fn, Mode.PREDICT)
         self.model.for_inference(dataset.element_spec, Mode.PREDICT, self.model_dir, checkpoint)
         target = export_dir or os.path.join(self.model_dir, "export", str(self.step))
-        return self._save_model(dataset, Mode.PREDICT, target)
+        evaluated = functools.partial(self.inputs.dataset, eval_input_fn or input_fn, Mode.EVAL)
+        path = self._save_model(dataset, Mode.PREDICT, target, deployment.adder(formats, evaluated))
+        return deployment.said(path, formats)
 
-    def _save_model(self, dataset: tf.data.Dataset, mode: Mode, export_dir: str) -> str:
+    def _save_model(self, dataset: tf.data.Dataset, mode: Mode, export_dir: str, extras=None):
         """Exports for the features of ``dataset`` and the serving it declares."""
         features_spec, _ = split_element(dataset.element_spec, mode)
+        declared = serving.declared(dataset)
         with self.model.averaged_weights():
-            return export.save(self.model_fn, features_spec, export_dir, serving.declared(dataset))
+            return export.save(self.model_fn, features_spec, export_dir, declared, extras)
 
     @logs.speaks
     def train_and_evaluate(
@@ -314,7 +326,7 @@ class Estimator:
             exported if self.placement.worker is None else lambda: None,
             events.epoch_end,
         )
-        with self._tracked():
+        with tracking.tracked(self.tracker):
             with WriterLock(self.write_dir):
                 self._training_run().run(
                     train_input_fn,
@@ -347,23 +359,6 @@ class Estimator:
         """
         self.model.build(first.element_spec, Mode.EVAL)
         evaluations.replay(self.writers.metrics.records(f"eval_{evaluations.names[0]}"))
-
-    @contextlib.contextmanager
-    def _tracked(self):
-        """Around a training call: the tracker checked first, its run's status after."""
-        if self.tracker is None:
-            yield
-            return
-        self.tracker.check()
-        status = "FAILED"
-        try:
-            yield
-            status = "FINISHED"
-        except Preempted:
-            status = "KILLED"  # resumed by rerunning the command
-            raise
-        finally:
-            self.tracker.finish(status)
 
     def _events(self, given, epoch_steps: int | None, epochs_at_logs: bool) -> callbacks.Events:
         """The callbacks of one train or train_and_evaluate call, run on the chief."""

@@ -27,6 +27,7 @@ from trainer import (
     cadence,
     checkpoint_writer,
     checkpoints,
+    confusion,
     console,
     errors,
     export,
@@ -149,6 +150,9 @@ def evaluate(
 ) -> Metrics:
     """Evaluates eval set ``name`` (its first ``steps`` batches if given); logs the metrics.
 
+    A classifier's confusion matrix and PR curves go to TensorBoard too, and its
+    per-class precision, recall and matrix to ``model.classes[name]`` (``trainer.confusion``).
+
     Uses the weights in memory when they are trained, else the newest checkpoint in
     ``model_dir``; writes the metrics to ``model_dir/eval_<name>``. With ``bar``, a
     progress bar shows on a terminal (moved from beside the one compiled call; its
@@ -165,6 +169,8 @@ def evaluate(
     if steps is not None:
         dataset = dataset.take(steps)
     compiled.eval_metrics.reset()
+    if compiled.class_counts is not None:
+        compiled.class_counts.reset()
     start = time.perf_counter()
     with errors.runtime_errors(f"eval set {name!r}"), model.averaged_weights(), watched:
         compiled.evaluate(placement.eval_input(dataset))
@@ -173,6 +179,10 @@ def evaluate(
     if not metrics:
         raise UserError(f"eval set {name!r} is empty: its input_fn yielded no batches")
     writers.scalars(f"eval_{name}", model.step, metrics)
+    if compiled.class_counts is not None:  # read on every worker: the read adds them up
+        report = compiled.class_counts.report()
+        confusion.write(writers.get(f"eval_{name}"), model.step, report)
+        model.classes[name] = report.per_class()
     logging.info(
         "Evaluation of %r at step %d (%.0f examples, %.1fs): %s",
         name,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from collections.abc import Callable
 
 import tensorflow as tf
 from absl import logging
@@ -46,7 +47,7 @@ class _Serving(tf.Module):
             )
             if serving.parse_examples is not None:
                 self.serve_examples = tf.function(
-                    lambda examples: self.serve_stored(serving.parse_examples(examples)),
+                    lambda examples: self.serve_stored(serving.parse_examples(_protos(examples))),
                     input_signature=[tf.TensorSpec([None], tf.string, name="examples")],
                 )
 
@@ -75,10 +76,42 @@ def _checked(tensors, signature):
     )
 
 
-def save(model_fn: ModelFn, features_spec, export_dir: str, serving: Serving | None = None) -> str:
+def _protos(examples: tf.Tensor) -> tf.Tensor:
+    """``examples``, checked to look like serialized ``tf.train.Example`` protos.
+
+    Each is empty or starts with the tag of its ``features`` field. Other bytes (a JPEG,
+    JSON, pixels) reached ParseExample, whose error echoes them; in Python that ended
+    as a UnicodeDecodeError. They now fail with a message that says what is expected.
+    """
+    sound = tf.logical_or(
+        tf.equal(tf.strings.length(examples), 0), tf.equal(tf.strings.substr(examples, 0, 1), "\n")
+    )
+    first_bad = tf.argmin(tf.cast(sound, tf.int32), output_type=tf.int32)
+    check = tf.debugging.Assert(
+        tf.reduce_all(sound),
+        [
+            "serving_examples takes serialized tf.train.Example protos, a [batch] of strings; "
+            "example",
+            first_bad,
+            "of the batch is not one (an image or text sent as bytes?): send "
+            "tf.train.Example(...).SerializeToString(), or use serving_default",
+        ],
+    )
+    with tf.control_dependencies([check]):
+        return tf.identity(examples)
+
+
+def save(
+    model_fn: ModelFn,
+    features_spec,
+    export_dir: str,
+    serving: Serving | None = None,
+    extras: Callable[[str], object] | None = None,
+) -> str:
     """Writes a SavedModel of ``model_fn`` to ``export_dir`` (replacing it); returns the dir.
 
     ``serving``: how the input_fn's stored examples become features, if it declares it.
+    ``extras(directory)`` adds files of the saved SavedModel (``trainer.deployment``).
     It is written under a temporary name beside it and renamed when complete. Such
     leftovers of exports that were killed on this host are removed first.
     """
@@ -90,6 +123,9 @@ def save(model_fn: ModelFn, features_spec, export_dir: str, serving: Serving | N
     level = logging.get_absl_logger().level
     try:
         tf.saved_model.save(module, tmp, signatures=module.signatures())
+        logging.get_absl_logger().setLevel(level)
+        if extras is not None:
+            extras(tmp)
     except BaseException:
         if tf.io.gfile.exists(tmp):
             tf.io.gfile.rmtree(tmp)

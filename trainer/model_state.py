@@ -16,6 +16,7 @@ import os
 import re
 import time
 from collections.abc import Mapping
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -23,6 +24,7 @@ import tensorflow as tf
 from trainer import (
     checkpoint_writer,
     checkpoints,
+    confusion,
     custom_step,
     errors,
     microbatch,
@@ -70,8 +72,11 @@ class ModelState:
         jit_compile: bool = False,
         microbatches: int = 1,
         config: checkpoints.ConfigRecord | None = None,
+        count_classes: bool = True,
     ):
         self.model_fn, self.placement = model_fn, placement
+        self.count_classes = count_classes  # a classifier's confusion matrix, in evaluation
+        self.classes: dict[str, dict] = {}  # its per-class figures, by eval set (the last)
         self.groups = optimizer_groups.declared(model_fn)
         optimizers = optimizer_groups.optimizers_for(self.groups, optimizer)
         optimizers, ema_decay = taken_ema(optimizers, ema_decay)  # Keras's use_ema
@@ -139,7 +144,7 @@ class ModelState:
                 self._find_metrics(element_spec, mode)  # a model's metrics may differ by mode
             return self.steps
         started = time.perf_counter()
-        metrics, streamed, scalars = self._trace(element_spec, mode)
+        metrics, streamed, scalars, classifier = self._trace(element_spec, mode)
         self.traced.add(mode)
         self.placement.adopt_metrics(streamed.values())
         self.seconds["building"] += time.perf_counter() - started
@@ -167,6 +172,8 @@ class ModelState:
                 by_group=self.loss_by_group,
                 microbatches=self.microbatches,
             )
+            if mode == Mode.EVAL:
+                self.steps.count_classes(classifier)
         return self.steps
 
     def _find_metrics(self, element_spec, mode: Mode) -> None:
@@ -176,11 +183,13 @@ class ModelState:
         (an AUC) or in TRAIN only is found here, before that mode's step is traced.
         """
         started = time.perf_counter()
-        metrics, streamed, scalars = self._trace(element_spec, mode)
+        metrics, streamed, scalars, classifier = self._trace(element_spec, mode)
         self.traced.add(mode)
         self.placement.adopt_metrics(streamed.values())
         with self.placement.scope():
             self.steps.found(mode, metrics, streamed, scalars, self.loss_by_group)
+            if mode == Mode.EVAL:
+                self.steps.count_classes(classifier)
         self.seconds["building"] += time.perf_counter() - started
 
     def checkpoint_items(self, optimizer: bool) -> dict:
@@ -234,11 +243,12 @@ class ModelState:
         """Within the block the model holds its EMA weights, if an EMA is kept."""
         return self.ema.swapped_in() if self.ema is not None else contextlib.nullcontext()
 
-    def _trace(self, element_spec, mode: Mode) -> tuple[list[str], dict, list[str]]:
+    def _trace(self, element_spec, mode: Mode) -> tuple[list[str], dict, list[str], Any]:
         """Calls the model once on symbolic inputs; returns what it reports.
 
         That is the names of its per-example metrics, its streamed metrics (Keras
-        metric objects) by name, and the names of its scalars.
+        metric objects) by name, the names of its scalars, and in EVAL where its
+        labels and class scores are if it is a classifier (``confusion.Classifier``).
         """
         features_spec, labels_spec = split_element(element_spec, mode)
         name = type(self.model_fn).__name__
@@ -265,6 +275,8 @@ class ModelState:
             found["scalars"] = sorted([*spec.scalars, *map(loss_name, losses)])
             found["streamed"] = {name: value[0] for name, value in streamed.items()}
             found["unfit"] = unfit_metric(name, streamed)  # traced, never run
+            if mode == Mode.EVAL and self.count_classes:
+                found["classifier"] = confusion.classifier(spec.predictions, labels)
             return spec.predictions
 
         args = (features_spec,) if labels_spec is None else (features_spec, labels_spec)
@@ -287,7 +299,8 @@ class ModelState:
             raise UserError(self._missing_key_message(key, given)) from None
         if found.get("unfit"):
             raise UserError(found["unfit"])
-        return found.get("metrics", []), found.get("streamed", {}), found.get("scalars", [])
+        metrics, streamed = found.get("metrics", []), found.get("streamed", {})
+        return metrics, streamed, found.get("scalars", []), found.get("classifier")
 
     def _traced_step(self, features, labels):
         """The Spec of the model's own ``train_step``, traced as a replica runs it."""

@@ -187,12 +187,15 @@ class Summaries:
       write_graph: write the compiled training step's graph, once.
       histogram_every_steps: write a histogram of every weight this often.
       image_every_steps: write eval images with predicted and true class this often.
+      confusion_matrix: a classifier's evaluations also write its confusion matrix,
+        PR curves and per-class precision and recall (``trainer.confusion``).
     """
 
     profile_steps: tuple[int, int] | None = None
     write_graph: bool = True
     histogram_every_steps: int | None = None
     image_every_steps: int | None = None
+    confusion_matrix: bool = True
 
     def __post_init__(self):
         steps = tuple(self.profile_steps) if self.profile_steps else None

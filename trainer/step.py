@@ -41,6 +41,7 @@ import tensorflow as tf
 
 from trainer import (
     batch_statistics,
+    confusion,
     custom_step,
     gradients,
     internals,
@@ -153,6 +154,7 @@ class Steps:
         batch_statistics.check_synchronized(model_fn.layers, microbatches, self.towers is not None)
         self.batch_state = batch_statistics.parts_of(model_fn)  # over slices and replicas
         self.own_step = custom_step.has_own_step(model_fn)  # ModelFn.train_step
+        self.count_classes(None)  # until the model is traced in EVAL
         self.found(Mode.TRAIN, metric_names, {}, scalar_names, by_group)
         self.found(Mode.EVAL, metric_names, streamed_metrics, scalar_names, by_group)
         self.times_input = not _op_determinism()  # tf.timestamp is refused under it
@@ -172,6 +174,19 @@ class Steps:
         self.train_loop = _function(self._stacked_train_loop if jit_compile else self._steps)
         self.evaluate = _function(self._evaluate)
         self.predict = _function(self._predict)
+
+    def count_classes(self, classifier: confusion.Classifier | None) -> None:
+        """Counts a classifier's confusion matrix in evaluation (``trainer.confusion``).
+
+        Called, as ``found``, once the model was traced in EVAL and before that mode's
+        step is: ``classifier`` says where its labels and scores are, None if it is not one.
+        """
+        self.classifier = classifier
+        self.class_counts = None
+        if classifier is not None:
+            self.class_counts = confusion.ClassCounts(
+                classifier.num_classes, self.placement.per_replica
+            )
 
     def found(
         self,
@@ -593,6 +608,10 @@ class Steps:
                 spec = self.model_fn(features, labels, Mode.EVAL)
             per_example, streamed = split_metrics(spec.metrics)
             self.eval_metrics.stream(streamed)
+            if self.class_counts is not None:
+                self.class_counts.update(
+                    *confusion.picked(self.classifier, spec.predictions, labels)
+                )
             loss = batch_loss(spec, batch_size_of(features), examples)
             scalars = reported_scalars(spec, loss)
             if self.has_regularization:  # the loss reported is the one trained, as Keras's

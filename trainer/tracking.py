@@ -259,3 +259,21 @@ def _read(directory: str) -> dict:
         logging.warning("%s: a new MLflow run is made", error)
         return {}
     return record if isinstance(record, dict) else {}
+
+
+@contextlib.contextmanager
+def tracked(tracker: MLflow | None):
+    """Around a training call: the tracker checked first, its run's status after."""
+    if tracker is None:
+        yield
+        return
+    tracker.check()
+    status = "FAILED"
+    try:
+        yield
+        status = "FINISHED"
+    except errors.Preempted:
+        status = "KILLED"  # resumed by rerunning the command
+        raise
+    finally:
+        tracker.finish(status)

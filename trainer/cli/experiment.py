@@ -25,6 +25,7 @@ from absl import flags, logging
 import trainer
 from trainer import (
     checkpoints,
+    deployment,
     errors,
     evaluation,
     hparams,
@@ -55,6 +56,7 @@ FLAGS = flags.FLAGS  # defined and parsed by trainer.cli.flags before this modul
         "profile_steps",
         "checkpoint",
         "tracking_uri",
+        "export_formats",
     ],
 )
 def experiment(
@@ -64,6 +66,7 @@ def experiment(
     profile_steps: tuple[int, int] | None = None,
     checkpoint: int | None = None,
     tracking_uri: str | None = None,
+    export_formats: tuple[str, ...] = (),
     model_fn=gin.REQUIRED,
     input_fn=gin.REQUIRED,
     eval_input_fns=None,
@@ -85,6 +88,7 @@ def experiment(
       checkpoint: from ``--checkpoint``: the step whose checkpoint evaluate, predict and
         export use instead of the newest.
       tracking_uri: from ``--tracking_uri``: records the run in MLflow there.
+      export_formats: from ``--export_format``: deployment files the export adds.
       model_fn: the model, e.g. ``@MLP()``.
       input_fn: ``input_fn(mode, params)`` for training (and eval, unless
         ``eval_input_fns`` is given), e.g. ``@digits.input_fn``.
@@ -142,11 +146,13 @@ def experiment(
     elif schedule == "predict":
         return {"predictions": estimator.predict(input_fn, checkpoint), "model_dir": model_dir}
     elif schedule == "export":
-        path = estimator.export(input_fn, checkpoint=checkpoint)
+        evaluated = next(iter(eval_input_fns.values()))
+        path = estimator.export(input_fn, None, checkpoint, export_formats, evaluated)
         return {
             "global_step": estimator.step,
             "model_dir": model_dir,
             "export_dir": path,
+            "exports": deployment.recorded(path),
             "metrics": {},
         }
     if estimator.tracker is not None and schedule not in ("train", "train_and_evaluate"):
@@ -155,6 +161,7 @@ def experiment(
         "global_step": estimator.step,
         "model_dir": model_dir,
         "metrics": metrics,
+        "classes": {n: estimator.model.classes[n] for n in metrics if n in estimator.model.classes},
         "best": report.best(estimator.best_exporter, estimator.early_stopping),
         "seconds": dict(estimator.seconds),
         "tracker": estimator.tracker,
@@ -261,6 +268,7 @@ def _run(params: list[str], model_dir: str | None, results: str | None):
             profile_steps=profile,
             checkpoint=FLAGS.checkpoint,
             tracking_uri=FLAGS.tracking_uri,
+            export_formats=tuple(FLAGS.export_format),
         )
         logs.keep_log(model_dir)
         tracker = result.pop("tracker", None)
@@ -295,6 +303,12 @@ def _check_paths(model_dir: str, results: str | None) -> None:
         raise UserError(
             f"--checkpoint={FLAGS.checkpoint} names the checkpoint --schedule evaluate, "
             f"predict or export uses; --schedule={FLAGS.schedule} trains on from the newest"
+        )
+    if FLAGS.export_format != ["saved_model"] and FLAGS.schedule != "export":
+        formats = " ".join(f"--export_format {f}" for f in FLAGS.export_format)
+        raise UserError(
+            f"--export_format applies to --schedule export; --schedule={FLAGS.schedule} "
+            f"writes no export: run it, then --schedule export {formats}"
         )
     if FLAGS.schedule == "predict" and not results:
         raise UserError("--schedule=predict needs --results=PATH.jsonl to write to")

@@ -73,6 +73,13 @@ flags.DEFINE_string(
     None,
     "Record the run in MLflow at this URI (http://127.0.0.1:5000, sqlite:///mlflow.db).",
 )
+flags.DEFINE_multi_enum(
+    "export_format",
+    ["saved_model"],
+    ["saved_model", "tflite", "tflite_int8", "onnx"],  # trainer.deployment's FORMATS
+    "With --schedule export: tflite, tflite_int8 or onnx files beside the SavedModel, each "
+    "run by its runtime on the eval set; repeat for several. onnx needs the onnx extra.",
+)
 flags.DEFINE_multi_string(
     "sweep",
     [],

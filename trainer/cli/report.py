@@ -96,6 +96,8 @@ def _where(result: dict) -> list[str]:
     if "export_dir" in result:
         where.append(("exported", result["export_dir"]))
         where.append(("serve it", f"saved_model_cli show --dir {result['export_dir']} --all"))
+        for export_format, record in result.get("exports", {}).items():
+            where.append((export_format, os.path.join(result["export_dir"], record["file"])))
     where.append(("model_dir", model_dir))
     for label, name in (("metrics", summaries.METRICS), ("log", logs.LOG_NAME)):
         if os.path.exists(os.path.join(model_dir, name)):
