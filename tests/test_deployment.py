@@ -122,7 +122,7 @@ def test_a_preprocessing_tflite_and_onnx_lack_leaves_the_files_the_features(tmp_
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert any(
         m.startswith("TFLite cannot convert serving_default (")
-        and m.endswith("): model.tflite takes the model's features only (serving_features)")
+        and m.endswith("): model.tflite takes the model's features (serving_features)")
         for m in warned
     ), warned
     assert os.path.isfile(os.path.join(path, "model.onnx"))

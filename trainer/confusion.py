@@ -24,6 +24,7 @@ from collections.abc import Mapping
 import numpy as np
 import tensorflow as tf
 
+from trainer.metrics import replica_sums
 from trainer.model_fn import Weighted
 
 THRESHOLDS = 101  # PR curve points: scores 0, 0.01, ..., 1
@@ -94,14 +95,7 @@ class ClassCounts:
 
     def __init__(self, num_classes: int, per_replica: bool = False):
         self.num_classes = num_classes
-        sync = (
-            dict(
-                synchronization=tf.VariableSynchronization.ON_READ,
-                aggregation=tf.VariableAggregation.SUM,
-            )
-            if per_replica
-            else {}
-        )
+        sync = replica_sums(per_replica)
 
         def counts(shape, name):
             zeros = tf.zeros(shape, tf.float64)

@@ -120,18 +120,24 @@ def _write_tflite(loaded, signatures: dict, path: str, samples: list | None) -> 
     except Exception as error:  # the converter's errors have no common class
         if len(names) == 1:
             raise UserError(f"TFLite cannot convert {names[0]}: {_first_line(error)}") from None
-        logging.warning(
-            "TFLite cannot convert %s (%s): %s takes the model's features only (%s)",
-            DEFAULT,
-            _first_line(error),
-            os.path.basename(path),
-            FEATURES,
-        )
+        _takes_features("TFLite", DEFAULT, error, path)
         names = [FEATURES]
         content = _tflite(loaded, {FEATURES: signatures[FEATURES]}, None)
     with tf.io.gfile.GFile(path, "wb") as file:
         file.write(content)
     return _entries(content, names)
+
+
+def _takes_features(converter: str, name: str, error: BaseException, path: str) -> None:
+    """Warns that ``path`` is made of ``serving_features``: ``name`` did not convert."""
+    logging.warning(
+        "%s cannot convert %s (%s): %s takes the model's features (%s)",
+        converter,
+        name,
+        _first_line(error),
+        os.path.basename(path),
+        FEATURES,
+    )
 
 
 def _entries(content: bytes, names: list[str]) -> dict[str, str]:
@@ -182,13 +188,7 @@ def _write_onnx(saved_model: str, signatures: dict, path: str) -> str:
         except Exception as error:  # tf2onnx's errors have no common class
             if name == names[-1]:
                 raise UserError(f"tf2onnx cannot convert {name}: {_first_line(error)}") from None
-            logging.warning(
-                "tf2onnx cannot convert %s (%s): %s takes the model's features (%s)",
-                name,
-                _first_line(error),
-                os.path.basename(path),
-                FEATURES,
-            )
+            _takes_features("tf2onnx", name, error, path)
     with tf.io.gfile.GFile(path, "wb") as file:
         file.write(content)
     return name

@@ -100,6 +100,16 @@ def unfit_metric(name: str, streamed: dict) -> str | None:
     return None
 
 
+def replica_sums(per_replica: bool) -> dict:
+    """``tf.Variable`` options of a sum kept per replica and added up when read, if asked."""
+    if not per_replica:
+        return {}
+    return dict(
+        synchronization=tf.VariableSynchronization.ON_READ,
+        aggregation=tf.VariableAggregation.SUM,
+    )
+
+
 class MetricSums:
     """Streams means: of per-example metrics over examples, of per-batch values over batches.
 
@@ -126,14 +136,7 @@ class MetricSums:
         self.per_example = list(per_example)
         self.streamed = dict(streamed or {})
         self.per_batch = list(per_batch)
-        sync = (
-            dict(
-                synchronization=tf.VariableSynchronization.ON_READ,
-                aggregation=tf.VariableAggregation.SUM,
-            )
-            if per_replica
-            else {}
-        )
+        sync = replica_sums(per_replica)
         with tf.init_scope():
             self.sums = {
                 n: tf.Variable(0.0, dtype=tf.float64, trainable=False, name=f"sum_{n}", **sync)
