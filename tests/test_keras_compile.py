@@ -137,7 +137,7 @@ class OwnStep(keras.Model):
     def call(self, image):
         return self.dense(image)
 
-    def train_step(self, data):
+    def test_step(self, data):
         return {}
 
 
@@ -155,9 +155,9 @@ def test_what_compile_gives_that_cannot_be_honoured_is_refused_in_one_line(tmp_p
     model = OwnStep()
     model.compile(loss="binary_crossentropy")
     assert refusal(model, tmp_path) == (
-        "Keras model 'own_step' overrides train_step, which the framework never calls (it "
-        "trains with the compiled loss in its own step): write the step as a "
-        "trainer.ModelFn, or train this model with model.fit"
+        "Keras model 'own_step' overrides test_step, which the framework never calls (it "
+        "evaluates with the model's call and its compiled loss and metrics): write it as a "
+        "trainer.ModelFn, or use model.fit"
     )
 
     unreduced = compiled(keras.losses.BinaryCrossentropy(reduction=None))

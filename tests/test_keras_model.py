@@ -18,6 +18,7 @@ from datasets import digits
 from tests.conftest import run_cli
 from tests.helpers import event_tags
 from trainer import Estimator, InputParams, Mode, UserError, set_precision
+from trainer.errors import TrainingDiverged
 from trainer.settings import BestExport, Checkpoints, Devices, Optimization, Summaries
 
 
@@ -50,17 +51,16 @@ print(json.dumps(serve(image=tf.constant(np.load(sys.argv[2])))["output"].numpy(
 
 
 def make(model, model_dir, **options):
-    return Estimator(
-        model,
-        str(model_dir),
+    """The Estimator of these tests; ``options`` add to or replace its settings."""
+    settings = dict(
         global_batch_size=32,
         steps_per_loop=50,
         checkpoints=Checkpoints(every_steps=100),
         seed=0,
         summaries=Summaries(write_graph=False),
         progress=False,
-        **options,
     )
+    return Estimator(model, str(model_dir), **{**settings, **options})
 
 
 @pytest.fixture
@@ -290,3 +290,138 @@ def test_a_keras_model_made_before_the_precision_policy_is_named(tmp_path):
         "before making the model (python -m trainer does)"
     )
     assert not (tmp_path / "run").exists()
+
+
+def user_module(name):
+    """A module of tests/user_project, imported as its user imports it."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "user_project"))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.pop(0)
+
+
+def gan_estimator(model, model_dir, **options):
+    """Batches of 64, one log at step 7."""
+    return make(model, model_dir, **{"global_batch_size": 64, "log_every_steps": 7, **options})
+
+
+def test_a_keras_models_own_train_step_trains_as_fit_does_and_resumes_exactly(tmp_path):
+    """keras.io's DCGAN, whose train_step applies its two optimizers: the framework's
+    steps are fit's on the same batches from the same weights, also when stopped and
+    resumed by a new model object; the logs are fit's epoch means."""
+    dcgan = user_module("dcgan")
+    images = load_digits().images[:448, :, :, None].astype("float32") / 16.0  # 7 batches
+
+    def input_fn(mode, params):  # the images alone, as the example's dataset yields them
+        return tf.data.Dataset.from_tensor_slices(images).batch(params.batch_size).repeat()
+
+    reference = dcgan.make()
+    history = reference.fit(images, batch_size=64, epochs=1, shuffle=False, verbose=0).history
+    whole = dcgan.make()
+    gan_estimator(whole, tmp_path / "whole", steps_per_loop=7).train(input_fn, 7)
+    stopped = gan_estimator(dcgan.make(), tmp_path / "stopped", steps_per_loop=2)
+    assert stopped.train(input_fn, 4) == 4
+    resumed = dcgan.make()  # another object: its weights, optimizers and seeds restored
+    assert gan_estimator(resumed, tmp_path / "stopped").train(input_fn, 7) == 7
+    for model in (whole, resumed):
+        for theirs, mine in zip(reference.weights, model.weights, strict=True):
+            np.testing.assert_allclose(mine.numpy(), theirs.numpy(), atol=1e-6, err_msg=mine.path)
+    assert resumed.d_optimizer.iterations.numpy() == resumed.g_optimizer.iterations.numpy() == 7
+    (logged,) = [json.loads(line) for line in (tmp_path / "whole/metrics.jsonl").open()]
+    assert logged["step"] == 7 and "gradient_norm" not in logged
+    for name in ("d_loss", "g_loss"):  # fit's mean over the epoch, ours over the log period
+        assert logged[name] == pytest.approx(history[name][0], rel=1e-5), name
+    assert logged["loss"] == pytest.approx(logged["d_loss"] + logged["g_loss"], rel=1e-6)
+
+
+class CustomModel(keras.Sequential):
+    """keras.io's "Customizing what happens in fit()": compiled loss, metrics, optimizer."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(y=y, y_pred=y_pred)
+        gradients = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply(gradients, self.trainable_variables)
+        for metric in self.metrics:
+            if metric.name == "loss":
+                metric.update_state(loss)
+            else:
+                metric.update_state(y, y_pred)
+        return {m.name: m.result() for m in self.metrics}
+
+
+def test_a_train_step_with_keras_compiled_loss_and_optimizer_trains_and_evaluates(tmp_path):
+    """self.compute_loss, self.optimizer and self.metrics as Keras provides them: fit's
+    weights after 7 steps; evaluated with the compiled loss and metrics."""
+    digits_data = load_digits()
+    x = digits_data.images[:448, :, :, None].astype("float32") / 16.0
+    y = digits_data.target[:448]
+
+    def model():
+        keras.utils.set_random_seed(0)
+        layers = [keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(10)]
+        made = CustomModel(layers, name="custom")
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        made.compile(optimizer=keras.optimizers.Adam(1e-2), loss=loss, metrics=["accuracy"])
+        return made
+
+    def input_fn(mode, params):
+        data = tf.data.Dataset.from_tensor_slices((x, y)).batch(params.batch_size)
+        return data.repeat() if mode == Mode.TRAIN else data
+
+    reference = model()
+    reference.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0)
+    ours = model()
+    estimator = gan_estimator(ours, tmp_path)
+    metrics = estimator.train_and_evaluate(input_fn, input_fn, 7)["eval"]
+    for theirs, mine in zip(reference.weights, ours.weights, strict=True):
+        np.testing.assert_allclose(mine.numpy(), theirs.numpy(), atol=1e-6, err_msg=mine.path)
+    evaluated = reference.evaluate(x, y, batch_size=64, verbose=0, return_dict=True)
+    assert metrics["loss"] == pytest.approx(evaluated["loss"], rel=1e-5)
+    assert metrics["accuracy"] == pytest.approx(evaluated["accuracy"], abs=1e-6)
+
+
+def test_a_keras_models_own_train_step_refuses_what_it_cannot_honour(tmp_path):
+    """Settings its own updates cannot reach, and an evaluation without a loss; a NaN
+    its step meets stops training at that step, the last checkpoint untouched."""
+    dcgan = user_module("dcgan")
+    images = np.random.default_rng(0).random([320, 8, 8, 1], np.float32)
+    images[64 * 4 + 3] = np.nan  # in the 5th batch
+    estimator = gan_estimator(
+        dcgan.make(), tmp_path / "nan", steps_per_loop=2, checkpoints=Checkpoints(every_steps=2)
+    )
+    with pytest.raises(TrainingDiverged, match=r"^loss or gradients NaN or Inf at step 5; the "):
+        estimator.train(
+            lambda mode, params: tf.data.Dataset.from_tensor_slices(images).batch(64), 7
+        )
+    assert sorted(os.listdir(tmp_path / "nan")).count("ckpt-4.index") == 1
+    fixes = {
+        "Optimization.microbatches": (dict(optimization=Optimization(microbatches=2)), "remove it"),
+        "Optimization.clip_gradient_norm": (
+            dict(optimization=Optimization(clip_gradient_norm=1.0)),
+            "clip in the step, or in its optimizers",
+        ),
+        "an optimizer given to the Estimator": (
+            dict(optimizer=keras.optimizers.SGD()),
+            "give it to the model's compile()",
+        ),
+    }
+    for setting, (options, fix) in fixes.items():
+        with pytest.raises(UserError) as raised:
+            gan_estimator(dcgan.make(), tmp_path, **options)
+        assert re.fullmatch(
+            rf"Keras model 'gan(_\d+)?' applies its own updates in its train_step, which "
+            rf"{re.escape(setting)} cannot reach: {re.escape(fix)}",
+            str(raised.value),
+        ), str(raised.value)
+    images = np.zeros([64, 8, 8, 1], np.float32)
+    labelled = lambda mode, params: tf.data.Dataset.from_tensors((images, np.zeros(64)))  # noqa: E731
+    with pytest.raises(
+        UserError,
+        match=r"trains with its own train_step and has no compiled "
+        r"loss to evaluate with: train it \(--schedule train\)",
+    ):
+        gan_estimator(dcgan.make(), tmp_path / "eval").evaluate(labelled)

@@ -150,9 +150,8 @@ class Estimator:
         self.global_step = self.model.global_step
         self.optimizer = self.model.optimizer  # with optimizer groups, a dict by group
         self.eval_batch_size = eval_batch_size or global_batch_size
-        self.inputs = Inputs(
-            self.placement, global_batch_size, self.eval_batch_size, seed, self.seconds
-        )
+        batches = (global_batch_size, self.eval_batch_size)
+        self.inputs = Inputs(self.placement, *batches, seed, self.seconds, self.model.keras_step)
         self.tracker = tracker if self.placement.worker is None else None  # the chief's
         if self.tracker is not None:  # its params, unless the command line gave gin's
             self.tracker.bind(model_dir, functools.partial(self._params, (*groups, summaries)))

@@ -46,8 +46,10 @@ class Inputs:
         eval_batch_size: int,
         seed: int | None,
         seconds: collections.Counter | None = None,
+        bare_training: bool = False,
     ):
         self.placement = placement
+        self.bare_training = bare_training  # x alone, as fit takes it: a model's own step
         self.seconds = collections.Counter() if seconds is None else seconds
         self.global_batch_size, self.eval_batch_size = global_batch_size, eval_batch_size
         self.run_seed = seed
@@ -129,7 +131,8 @@ class Inputs:
             )
         spec = dataset.element_spec
         has_labels = isinstance(spec, tuple) and len(spec) in (2, 3)
-        if mode != Mode.PREDICT and not has_labels:
+        bare = mode == Mode.PREDICT or (mode == Mode.TRAIN and self.bare_training)
+        if not (bare or has_labels):
             raise UserError(
                 f"input_fn {_name(input_fn)} yields {spec} in mode {mode.value!r}; "
                 "TRAIN and EVAL need (features, labels) or (features, labels, sample_weight)"

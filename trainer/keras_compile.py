@@ -9,10 +9,13 @@ says in one line what the framework cannot honour instead of doing something els
   ``'sum_over_batch_size'``, ``'mean_with_sample_weight'`` or ``'sum'``), loss
   weights, metrics, weighted metrics (with the input_fn's sample weights), and the
   optimizer unless the Estimator is given one (which the log then says);
+* run as it is: a model's own ``train_step`` (``keras_step``), and the
+  ``compute_loss`` it calls;
 * refused: a loss with ``reduction=None`` (Keras would add its values up unsaid), a
-  model that overrides ``train_step``, ``test_step``, ``predict_step`` or
-  ``compute_loss`` (the framework runs its own step; ``trainer.ModelFn`` is the way
-  to write another), and one metric object under two names (they would share state);
+  model that overrides ``test_step``, ``predict_step``, or ``compute_loss`` without
+  ``train_step`` (the framework evaluates and trains with the compiled loss;
+  ``trainer.ModelFn`` is the way to write another), and one metric object under two
+  names (they would share state);
 * said in the log: ``steps_per_execution``, ``jit_compile`` and ``run_eagerly``
   given to compile, which the Estimator's own settings replace.
 """
@@ -27,10 +30,15 @@ from typing import Any
 import keras
 from absl import logging
 
-from trainer import internals
+from trainer import internals, keras_step
 from trainer.errors import UserError
 
-OWN_STEPS = ("train_step", "test_step", "predict_step", "compute_loss")
+OWN_STEPS = {  # a method the framework does not call: what it does instead
+    "test_step": "it evaluates with the model's call and its compiled loss and metrics",
+    "predict_step": "it predicts with the model's call",
+    "compute_loss": "its own step takes the compiled loss; a train_step that calls "
+    "compute_loss is run as it is",
+}
 REDUCTIONS = {  # Keras's reduction: how the framework reduces the weighted values
     "sum_over_batch_size": "mean",
     "mean": "mean",
@@ -69,15 +77,17 @@ class Given:
 def given(model: keras.Model, loss, metrics, weighted_metrics, loss_weights) -> Given:
     """What compile() was given, unless given here; refuses what cannot be honoured."""
     compiled = _compiled(model)
-    for method in OWN_STEPS:
+    own = keras_step.overrides(model)  # run as it is; the compute_loss it calls too
+    for method, instead in OWN_STEPS.items():
+        if own and method == "compute_loss":
+            continue
         if getattr(type(model), method) is not getattr(keras.Model, method):
             raise UserError(
                 f"Keras model {model.name!r} overrides {method}, which the framework never "
-                "calls (it trains with the compiled loss in its own step): write the step "
-                "as a trainer.ModelFn, or train this model with model.fit"
+                f"calls ({instead}): write it as a trainer.ModelFn, or use model.fit"
             )
     loss = compiled.get("loss") if loss is None else loss
-    if loss is None:
+    if loss is None and not own:
         raise UserError(
             f"Keras model {model.name!r} has no loss: compile it with "
             "model.compile(loss=...), or pass trainer.KerasModel(model, loss=...)"
@@ -104,6 +114,7 @@ def optimizer(model: keras.Model, given_optimizer):
     When both are given the log says which one trains.
     """
     compiled = getattr(model, "optimizer", None) if getattr(model, "compiled", False) else None
+    keras_step.check(model, optimizer=given_optimizer if keras_step.overrides(model) else None)
     if given_optimizer is None or compiled is None or given_optimizer is compiled:
         return given_optimizer or compiled
     logging.info(

@@ -6,7 +6,9 @@ loss weights, metrics and weighted metrics given to ``compile()`` (what of compi
 is honoured and what refused: ``keras_compile``); ``KerasModel(model, loss=...,
 metrics=..., ...)`` does the same for a model that is not compiled.
 The model keeps its own variables: after training it holds the trained weights, and
-``model.predict`` or ``model.save('m.keras')`` work on it as ever.
+``model.predict`` or ``model.save('m.keras')`` work on it as ever. A model with its
+own ``train_step`` is trained by it (``keras_step``); it is evaluated and predicts
+as below.
 
 How a batch meets the model:
 
@@ -36,7 +38,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from trainer import internals, keras_compile
+from trainer import internals, keras_compile, keras_step
 from trainer.errors import UserError
 from trainer.model_fn import Mode, ModelFn, Spec, Weighted
 
@@ -71,6 +73,7 @@ class KerasModel(ModelFn):
         if not isinstance(model, keras.Model):
             raise UserError(f"KerasModel takes a keras.Model, got {type(model).__name__}")
         self.model = model
+        self.own_keras_step = keras_step.overrides(model)  # run by trainer.keras_step
         # Kept out of the checkpoint's reach (a plain object is not tracked): compiled
         # metrics hold state of their own, which is not the model's.
         self._given = keras_compile.given(model, loss, metrics, weighted_metrics, loss_weights)
@@ -81,6 +84,12 @@ class KerasModel(ModelFn):
     @tf.autograph.experimental.do_not_convert  # plain TensorFlow calls: nothing to convert
     def __call__(self, features, labels, mode: Mode) -> Spec:
         """The model's outputs as predictions; with labels, its loss and metrics."""
+        if labels is not None and self._given.loss is None:  # its own train_step, no loss
+            raise UserError(
+                f"Keras model {self.model.name!r} trains with its own train_step and has no "
+                "compiled loss to evaluate with: train it (--schedule train), or compile it "
+                "with a loss"
+            )
         outputs = self.model(self._inputs(features), training=mode == Mode.TRAIN)
         predictions = _by_name(outputs, self._output_names(outputs))
         if labels is None:

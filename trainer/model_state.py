@@ -27,6 +27,7 @@ from trainer import (
     confusion,
     custom_step,
     errors,
+    keras_step,
     microbatch,
     optimizer_groups,
     precision,
@@ -89,6 +90,15 @@ class ModelState:
         self.rules = rules
         self.microbatches = microbatches
         self.own_step = custom_step.has_own_step(model_fn)
+        self.keras_step = getattr(model_fn, "own_keras_step", False)  # trainer.keras_step
+        if self.keras_step:
+            keras_step.check(
+                model_fn.model,
+                towers=placement.strategy is None and len(placement.devices) > 1,
+                microbatches=microbatches,
+                clip=clip_gradient_norm,
+                groups=self.groups,
+            )
         if self.own_step and microbatches > 1:
             raise UserError(
                 f"{model_fn}.train_step computes its own gradients of the whole batch, which "
@@ -261,7 +271,10 @@ class ModelState:
         found = {}
 
         def trace(features, labels=None):
-            spec = self.model_fn(features, labels, mode)
+            if mode == Mode.TRAIN and self.keras_step:  # a Keras model's own train_step
+                spec = self._traced_step(features, labels, keras_step.run)
+            else:
+                spec = self.model_fn(features, labels, mode)
             if mode == Mode.TRAIN and self.own_step:  # its Spec is what training reports
                 spec = self._traced_step(features, labels)
             try:
@@ -302,12 +315,19 @@ class ModelState:
         metrics, streamed = found.get("metrics", []), found.get("streamed", {})
         return metrics, streamed, found.get("scalars", []), found.get("classifier")
 
-    def _traced_step(self, features, labels):
-        """The Spec of the model's own ``train_step``, traced as a replica runs it."""
+    def _traced_step(self, features, labels, keras_run=None):
+        """The Spec of the model's own ``train_step``, traced as a replica runs it.
+
+        With ``keras_run`` (``keras_step.run``), a Keras model's: the trace creates its
+        optimizers' variables, so that a checkpoint restores into them.
+        """
         names = list(self.groups) if self.groups is not None else [custom_step.MODEL]
         specs = []
 
         def step(features, labels):
+            if keras_run is not None:
+                specs.append(keras_run(self.model_fn.model, features, labels))
+                return tf.constant(True)
             optimizers = {name: custom_step.Tracing() for name in names}  # apply nothing
             specs.append(self.model_fn.train_step(features, labels, optimizers))
             return tf.constant(True)

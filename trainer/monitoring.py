@@ -136,7 +136,8 @@ class TrainLog:
         self.last_step = step
         logs = self.steps.train_metrics.result()
         self.steps.train_metrics.reset()
-        logs["gradient_norm"] = float(self.steps.gradient_norm.numpy())
+        if not self.steps.keras_step:  # a Keras model's own step keeps its gradients
+            logs["gradient_norm"] = float(self.steps.gradient_norm.numpy())
         logs.update(self.progress.rates(step))
         logs.update(self.input_wait.since_last_log())
         for unit in self.units:  # learning_rate, or learning_rate/generator, ...

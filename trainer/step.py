@@ -45,6 +45,7 @@ from trainer import (
     custom_step,
     gradients,
     internals,
+    keras_step,
     layer_losses,
     microbatch,
 )
@@ -147,7 +148,9 @@ class Steps:
             for v in model_fn.trainable_variables + model_fn.non_trainable_variables
             if tf.as_dtype(v.dtype).is_floating
         ]
-        self.has_regularization = bool(model_fn.regularization_losses)
+        self.keras_step = getattr(model_fn, "own_keras_step", False)  # trainer.keras_step
+        # A Keras model's own step adds its layers' losses itself, if it does.
+        self.has_regularization = bool(model_fn.regularization_losses) and not self.keras_step
         if microbatches > 1 or placement.num_replicas > 1:
             layer_losses.say_how_cut_batches_take(layer_losses.own_adders(model_fn.layers))
         self.towers = placement.towers(model_fn)
@@ -238,6 +241,8 @@ class Steps:
         block (``_check_weights``). For the same reason the gradient norm is measured
         at the block's last step (at every step when clipping needs it; NaN otherwise).
         """
+        if self.keras_step:
+            return self._keras_step(features, labels)
         # Batch norm whose weights wait for frozen_until_step runs as Keras runs a
         # frozen layer: normalised by its moving statistics, which stay as they are.
         frozen = batch_statistics.frozen_norms(self.model_fn.layers, self.plan.frozen(phase))
@@ -245,6 +250,18 @@ class Steps:
             finite, grads = self._gradients(features, labels, phase)
         norm = self._apply(grads, phase, last_of_block)
         return self.placement.all_finite(finite), norm
+
+    def _keras_step(self, features, labels):
+        """One replica's call of a Keras model's own ``train_step`` (``trainer.keras_step``).
+
+        It applies its own updates; its logs go to ``train_metrics`` as per-batch values.
+        No gradient norm is measured: the step keeps its gradients to itself.
+        """
+        spec = keras_step.run(self.model_fn.model, features, labels)
+        scalars = {"loss": spec.loss, **spec.scalars}
+        self.train_metrics.update({}, scalars, batch_size_of(features))
+        finite = tf.reduce_all([tf.math.is_finite(value) for value in scalars.values()])
+        return self.placement.all_finite(finite), tf.constant(float("nan"))
 
     def _gradients(self, features, labels, phase: Sequence[int]):
         """``(finite, gradients)`` of the batch's mean loss; its metrics go to ``train_metrics``.

@@ -172,7 +172,7 @@ class TrainingRun:
         log = monitoring.TrainLog(
             self.steps,
             self.writers,
-            self.model.plan.units,
+            () if self.model.keras_step else self.model.plan.units,  # its own optimizers
             monitoring.Progress(start, max_steps, self.settings.global_batch_size, display),
             self.input_wait,
             self.events.log,
