@@ -17,7 +17,7 @@ from sklearn.metrics import precision_score, roc_auc_score
 from datasets import digits
 from tests.conftest import run_cli
 from tests.helpers import event_tags
-from trainer import Estimator, InputParams, Mode, UserError, set_precision
+from trainer import Estimator, InputParams, Mode, UserError, keras_step, set_precision
 from trainer.errors import TrainingDiverged
 from trainer.settings import BestExport, Checkpoints, Devices, Optimization, Summaries
 
@@ -417,6 +417,12 @@ def test_a_keras_models_own_train_step_refuses_what_it_cannot_honour(tmp_path):
             rf"{re.escape(setting)} cannot reach: {re.escape(fix)}",
             str(raised.value),
         ), str(raised.value)
+    with pytest.raises(
+        UserError,
+        match=r"which several devices or a tf.distribute strategy "
+        r"cannot reach: train it on one device \(--num_devices 1\)$",
+    ):
+        keras_step.check(dcgan.make(), distributed=True)  # as ModelState checks a placement
     images = np.zeros([64, 8, 8, 1], np.float32)
     labelled = lambda mode, params: tf.data.Dataset.from_tensors((images, np.zeros(64)))  # noqa: E731
     with pytest.raises(

@@ -15,10 +15,11 @@ generators), resume at the exact batch, the NaN guard, logs and TensorBoard.
   averages them over an epoch. ``loss`` is the step's ``loss``, or for a step that
   returns none (a GAN's ``d_loss`` and ``g_loss``) the sum of those named ``*loss``:
   the NaN guard and the progress line read it.
-* What the step's own updates rule out is refused in one line (``check``): towers
-  (a tf.distribute strategy runs it, Keras's optimizers adding up the replicas'
-  gradients), micro-batches, the framework's gradient clipping and optimizer
-  groups, and an optimizer given to the Estimator, which the step would not use.
+* What the step's own updates rule out is refused in one line (``check``): several
+  devices (towers would need its gradients; a tf.distribute strategy, optimizers
+  made in its scope, which ``fit`` itself cannot give keras.io's GAN), micro-batches,
+  the framework's gradient clipping and optimizer groups, and an optimizer given to
+  the Estimator, which the step would not use.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def _flat(logs: dict) -> dict:
 def check(
     model: keras.Model,
     *,
-    towers: bool = False,
+    distributed: bool = False,
     microbatches: int = 1,
     clip: float | None = None,
     groups=None,
@@ -97,7 +98,10 @@ def check(
 ) -> None:
     """Refuses the settings a step that applies its own updates cannot honour."""
     fixes = {
-        "towers": (towers, "use Devices.distribution = 'mirrored' (or one device)"),
+        "several devices or a tf.distribute strategy": (
+            distributed,
+            "train it on one device (--num_devices 1)",
+        ),
         "Optimization.microbatches": (microbatches > 1, "remove it"),
         "Optimization.clip_gradient_norm": (clip, "clip in the step, or in its optimizers"),
         "optimizer groups": (groups is not None, "apply each optimizer in the step"),

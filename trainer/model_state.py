@@ -94,7 +94,7 @@ class ModelState:
         if self.keras_step:
             keras_step.check(
                 model_fn.model,
-                towers=placement.strategy is None and len(placement.devices) > 1,
+                distributed=placement.strategy is not None or len(placement.devices) > 1,
                 microbatches=microbatches,
                 clip=clip_gradient_norm,
                 groups=self.groups,
