@@ -122,8 +122,7 @@ def _write_tflite(loaded, signatures: dict, path: str, samples: list | None) -> 
         if len(names) == 1:
             raise UserError(f"TFLite cannot convert {names[0]}: {_first_line(error)}") from None
         _takes_features("TFLite", DEFAULT, error, path)
-        names = [FEATURES]
-        content = _tflite(loaded, {FEATURES: signatures[FEATURES]}, None)
+        return _write_tflite(loaded, {FEATURES: signatures[FEATURES]}, path, None)
     with tf.io.gfile.GFile(path, "wb") as file:
         file.write(content)
     return _entries(content, names)
@@ -144,12 +143,13 @@ def _takes_features(converter: str, name: str, error: BaseException, path: str) 
 def _entries(content: bytes, names: list[str]) -> dict[str, str]:
     """{a TFLite file's signature: the SavedModel's it was converted from}.
 
-    With one function the converter names its signature ``serving_default`` whatever
-    the function is: an int8 file's ``serving_default`` takes the model's features.
+    With several, each keeps its function's name (``_renamed``); with one the
+    converter names it ``serving_default`` whatever the function is: an int8 file's
+    ``serving_default`` takes the model's features.
     """
     with _quiet():
         keys = list(tf.lite.Interpreter(model_content=content).get_signature_list())
-    return dict(zip(keys, names, strict=True)) if len(names) > 1 else {keys[0]: names[0]}
+    return {key: key for key in keys} if len(names) > 1 else {keys[0]: names[0]}
 
 
 def _tflite(loaded, signatures: dict, samples: list | None) -> bytes:
