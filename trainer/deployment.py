@@ -33,7 +33,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from trainer import whole_files
+from trainer import errors, whole_files
 from trainer.errors import UserError
 
 RECORD = "deployment.json"
@@ -262,8 +262,8 @@ def _inputs(features, signature) -> dict[str, np.ndarray]:
 
 
 def _first_line(error: BaseException) -> str:
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return (lines[0] if lines else type(error).__name__)[:300]
+    """The error's line (``errors.first_line``), else its type; cut to 300 characters."""
+    return (errors.first_line(error) or type(error).__name__)[:300]
 
 
 @contextlib.contextmanager
