@@ -38,6 +38,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from datasets import mixing
 from datasets.order import Order, pipeline_positions
 from datasets.sources import (  # noqa: F401 - users name them pipeline.ArraySource, ...
     ArraySource,
@@ -159,7 +160,7 @@ def _by_index(
     """The endless training stream of this pipeline, from ``params.start_example`` on."""
     if examples is not None and augment is None:  # a whole batch in one gather
         return _batches_by_index(
-            lambda positions: examples.gather(order.rows(positions)), params, knobs
+            lambda positions: examples.gather(order.rows(positions)), params, knobs, order.seed
         )
     elements = tf.data.Dataset.range(np.iinfo(np.int64).max)
     if isinstance(data, RecordExamples):  # a batch of records per read, parsed one by one
@@ -183,27 +184,52 @@ def _by_index(
                 return position, examples.gather(row)
             return position, preprocess(data.gather(row))
 
+    mixed = _mixed(params, order.seed)
+
     def augmented(*element):
         position, (features, labels) = example(*element)
-        if augment is None:
-            return features, labels
-        return augment(features, labels, _stateless_seed(order.seed, position))
+        if augment is not None:
+            features, labels = augment(features, labels, _stateless_seed(order.seed, position))
+        return (features, labels, position) if mixed else (features, labels)
 
     dataset = stream.map(augmented, num_parallel_calls=tf.data.AUTOTUNE)
     dataset = dataset.batch(params.batch_size, drop_remainder=True)
+    if mixed:
+        dataset = dataset.map(mixed, num_parallel_calls=tf.data.AUTOTUNE)
     return positioned(_finish(dataset, knobs, symbolic=True))
 
 
 def _batches_by_index(
-    batch: Callable[[tf.Tensor], tuple[dict, dict]], params: InputParams, knobs: dict
+    batch: Callable[[tf.Tensor], tuple[dict, dict]],
+    params: InputParams,
+    knobs: dict,
+    seed: int | None,
 ) -> tf.data.Dataset:
     """This pipeline's endless batches: ``batch(stream positions of its examples)``."""
     elements = tf.data.Dataset.range(np.iinfo(np.int64).max)
     dataset = elements.batch(params.batch_size, drop_remainder=True)
-    dataset = dataset.map(
-        lambda e: batch(pipeline_positions(e, params)), num_parallel_calls=tf.data.AUTOTUNE
-    )
+    mixed = _mixed(params, seed)
+
+    def batch_at(batch_of_elements):
+        positions = pipeline_positions(batch_of_elements, params)
+        return mixed(*batch(positions), positions) if mixed else batch(positions)
+
+    dataset = dataset.map(batch_at, num_parallel_calls=tf.data.AUTOTUNE)
     return positioned(_finish(dataset, knobs, symbolic=True))
+
+
+def _mixed(params: InputParams, seed: int | None) -> Callable | None:
+    """The batches' mixing as ``mixing`` is bound, or None when it mixes nothing.
+
+    It maps ``(features, labels, stream positions)`` to ``(features, labels)``.
+    """
+    mix = mixing.options()
+    mixing.check_batch(mix, params.batch_size)
+    if not mix.active:
+        return None
+    return lambda features, labels, positions: mixing.mix(
+        features, labels, positions, seed or 0, mix
+    )
 
 
 def batched(
@@ -237,7 +263,7 @@ def batched(
                 features, labels = augment(features, labels, seed)
             return features, labels
 
-        return _batches_by_index(batch, params, knobs)
+        return _batches_by_index(batch, params, knobs, order.seed)
     dataset = _cache(records, knobs["cache"], name)
     if training:
         _log_sequential(name, "its records are read in sequence")
@@ -248,6 +274,8 @@ def batched(
         dataset = _with_seeds(dataset, params.seed).map(
             lambda element, seed: augment(*element, seed), num_parallel_calls=tf.data.AUTOTUNE
         )
+    if training:
+        dataset = _mixed_in_sequence(dataset, params)
     return _finish(dataset, knobs)
 
 
@@ -312,7 +340,20 @@ def _sequential(sources, mode, params, preprocess, augment, weights, name, knobs
             lambda element, seed: augment(*element, seed), num_parallel_calls=tf.data.AUTOTUNE
         )
     dataset = dataset.batch(params.batch_size, drop_remainder=training)
+    if training:
+        dataset = _mixed_in_sequence(dataset, params)
     return _finish(dataset, knobs)
+
+
+def _mixed_in_sequence(dataset: tf.data.Dataset, params: InputParams) -> tf.data.Dataset:
+    """Training batches read in sequence, mixed: their positions counted from this read."""
+    mixed, size = _mixed(params, params.seed), params.batch_size
+    if not mixed:
+        return dataset
+    return dataset.enumerate().map(
+        lambda k, element: mixed(*element, k * size + tf.range(size, dtype=tf.int64)),
+        num_parallel_calls=tf.data.AUTOTUNE,
+    )
 
 
 _WARNED: set[str] = set()  # sources warned of, once a process

@@ -59,6 +59,7 @@ class Row:
       frozen: a prefix of layer names: Keras trains the model with those layers set
         ``trainable = False`` (its fine-tuning guide), the framework with
         ``frozen_until_step`` on them.
+      image: the data are images of this shape (their labels from their mean).
     """
 
     make: Callable[[], keras.Model]
@@ -67,6 +68,7 @@ class Row:
     model_fn: Callable | None = None
     batch_statistics: bool = False
     frozen: str | None = None
+    image: tuple[int, int, int] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,9 +139,16 @@ COLUMNS = {
 }
 
 
-def arrays(seed: int = 0, examples: int = BATCH * STEPS):
-    """Keras-style data: features [n, 6], class ids [n] in 0..2, a weight per example."""
+def arrays(seed: int = 0, examples: int = BATCH * STEPS, image=None):
+    """Keras-style data: features [n, 6], class ids [n] in 0..2, a weight per example.
+
+    ``image``: features [n, *image] instead, the class from each image's mean.
+    """
     rng = np.random.default_rng(seed)
+    if image:
+        x = rng.normal(size=(examples, *image)).astype("float32")
+        y = np.digitize(x.mean(axis=(1, 2, 3)), [-0.02, 0.02]).astype("int64")
+        return x, y, rng.uniform(0.2, 3.0, size=examples).astype("float32")
     x = rng.normal(size=(examples, 6)).astype("float32")
     y = (np.abs(x[:, 0] * 2 + x[:, 1]) % 3).astype("int64")
     w = rng.uniform(0.2, 3.0, size=examples).astype("float32")
@@ -148,7 +157,7 @@ def arrays(seed: int = 0, examples: int = BATCH * STEPS):
 
 def elements(row: Row):
     """The row's data as Keras users give it: ``(x, y)`` or ``(x, y, w)`` arrays."""
-    x, y, w = arrays()
+    x, y, w = arrays(image=row.image)
     if row.outputs:
         y = {name: y if i == 0 else (y + 1) % 3 for i, name in enumerate(row.outputs)}
     return (x, y, w) if row.weighted else (x, y)
@@ -354,7 +363,7 @@ def cell(row_name: str, column_name: str, model_dir: str | None = None) -> dict:
     if model_dir is None:  # a directory of its own, removed after
         with tempfile.TemporaryDirectory() as made:
             return cell(row_name, column_name, os.path.join(made, "model"))
-    row, column = ROWS[row_name], COLUMNS[column_name]
+    row, column = (ROWS | ZOO)[row_name], COLUMNS[column_name]
     cut = row.batch_statistics and column.cuts_batch
     steps = 1 if cut else STEPS
     evaluated = column.evaluates and not cut
@@ -379,6 +388,27 @@ def cell(row_name: str, column_name: str, model_dir: str | None = None) -> dict:
         "worst": [worst, kept[worst]],
         "tolerance": TOLERANCE[column.precision],
         "reference": reference or "float32",
+    }
+
+
+def resnet_on_two_devices() -> dict:
+    """ResNet-8's worst differences over 3 steps: mirrored with synchronized batch norm
+    against one device, and towers against mirrored (each part by its own statistics,
+    as Keras under a strategy)."""
+    runs = {}
+    with tempfile.TemporaryDirectory() as made:
+        for name, row, settings in [
+            ("one", "resnet8", {}),
+            ("mirrored synchronized", "resnet8_synchronized", {"distribution": "mirrored"}),
+            ("towers", "resnet8", {"distribution": "towers"}),
+            ("mirrored", "resnet8", {"distribution": "mirrored"}),
+        ]:
+            if settings:
+                settings = {**settings, "num_devices": 2}
+            runs[name] = framework_run(ZOO[row], f"{made}/{name}", **settings)
+    return {
+        f"{a} vs {b}": max(differences(runs[b], runs[a]).items(), key=lambda item: item[1])
+        for a, b in [("mirrored synchronized", "one"), ("towers", "mirrored")]
     }
 
 
@@ -599,6 +629,48 @@ class CalledTwice(trainer.ModelFn):
         return _spec(logits, labels)
 
 
+_RESNETS: dict = {}  # id of a resnet() model -> the ResNet whose layers it holds
+
+
+def resnet(depth: int = 20, synchronized: bool = False) -> keras.Model:
+    """models.resnet's CIFAR ResNet (option A shortcuts, zero-initialised last batch-norm
+    scales, weight decay on the kernels) as a compiled Keras model of its own layers,
+    trained with its recipe's SGD."""
+    from models.resnet import ResNet
+
+    def build():
+        net = ResNet(depth=depth, num_classes=3, synchronized_batch_norm=synchronized)
+        inputs = keras.Input(RESNET_IMAGE)
+        x = keras.layers.ReLU()(net.stem_bn(net.stem(inputs)))
+        for name in net.block_names:
+            x = getattr(net, name)(x)
+        logits = net.logits(keras.layers.GlobalAveragePooling2D()(x))
+        model = keras.Model(inputs, logits)
+        _RESNETS[id(model)] = net
+        return model
+
+    return _seeded(
+        build,
+        keras.optimizers.SGD(0.1, momentum=0.9),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+
+
+class ResNetOf(trainer.ModelFn):
+    """The ResNet ModelFn whose layers a ``resnet()`` model holds, fed Keras's ``(x, y)``."""
+
+    def __init__(self, model: keras.Model):
+        super().__init__()
+        self.net = _RESNETS.pop(id(model))
+
+    def __call__(self, features, labels, mode):
+        spec = self.net({"image": features}, None if labels is None else {"label": labels}, mode)
+        # Predictions as Keras's predict gives them: the logits first.
+        spec.predictions = {"logits": spec.activations["logits"], **spec.predictions}
+        return spec
+
+
+RESNET_IMAGE = (8, 8, 3)
 plain = weighted_loss("sum_over_batch_size")
 ROWS = {
     "plain": Row(plain),
@@ -618,6 +690,17 @@ ROWS = {
     "shared_layer": Row(shared_layer),
     "layer_held_twice": Row(regularizers, model_fn=HeldTwice),
     "layer_called_twice": Row(shared_layer, model_fn=CalledTwice),
+}
+# Models of the zoo, ModelFns against fit of their own layers: the columns they are
+# tested in are their own (tests/test_resnet.py), not the whole grid.
+ZOO = {
+    "resnet20": Row(resnet, model_fn=ResNetOf, batch_statistics=True, image=RESNET_IMAGE),
+    # ResNet-8: one block of each stage (an identity and two padded shortcuts), for the
+    # multi-device runs, which trace a step per device.
+    "resnet8": Row(functools.partial(resnet, 8), model_fn=ResNetOf, image=RESNET_IMAGE),
+    "resnet8_synchronized": Row(
+        functools.partial(resnet, 8, synchronized=True), model_fn=ResNetOf, image=RESNET_IMAGE
+    ),
 }
 
 

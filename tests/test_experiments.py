@@ -11,6 +11,7 @@ from tests.helpers import checkpoint_steps
 from trainer.cli import experiment
 
 TFDS_EXPERIMENTS = ["mnist_mlp", "fashion_mnist_mlp", "mnist_alexnet", "cifar10_alexnet"]
+TFDS_EXPERIMENTS += ["cifar10_resnet56"]
 
 
 @pytest.mark.parametrize("name", TFDS_EXPERIMENTS)

@@ -280,7 +280,8 @@ def test_sigkill_at_random_steps_then_resume_is_bitwise_exact(tmp_path, data_dir
     """Two kills at random moments (mid-save included); the end equals an unbroken run.
 
     Both experiments read their training data by index (in memory, or TFRecord shards
-    by offset): a checkpoint holds only how far the stream was read.
+    by offset): a checkpoint holds only how far the stream was read. The TFRecord one
+    also mixes its batches (MixUp and CutMix), drawn from the same positions.
     """
     shard_dir = tmp_path / "shard_dir"
     if experiment == "digits_mlp_tfrecord":
@@ -296,7 +297,17 @@ def test_sigkill_at_random_steps_then_resume_is_bitwise_exact(tmp_path, data_dir
         "--gin_param",
         f"digits.input_fn.data_dir = '{data_dir}'",
         *(
-            ["--gin_param", f"tfrecord.input_fn.data_dir = '{shard_dir}'"]
+            [
+                "--gin_param",
+                f"tfrecord.input_fn.data_dir = '{shard_dir}'",
+                # MixUp and CutMix draw from (seed, position): the resume stays exact.
+                "--gin_param",
+                "mixing.mixup_alpha = 0.2",
+                "--gin_param",
+                "mixing.cutmix_alpha = 1.0",
+                "--gin_param",
+                "mixing.num_classes = 10",
+            ]
             if experiment == "digits_mlp_tfrecord"
             else []
         ),

@@ -307,8 +307,9 @@ def test_a_killed_preparation_is_finished_by_the_same_command(tmp_path):
     assert written == {p.name: p.read_bytes() for p in (tmp_path / "straight").iterdir()}
 
 
-def test_the_imagenet_experiment_trains_small_and_reports_top_k_errors(tmp_path):
-    """imagenet_alexnet.gin on build-script shards, at 64x64 for 10 steps."""
+@pytest.mark.parametrize("name", ["imagenet_alexnet", "imagenet_resnet50"])
+def test_the_imagenet_experiment_trains_small_and_reports_top_k_errors(tmp_path, name):
+    """An ImageNet experiment on build-script shards, at 64x64 for 10 steps."""
     import gin
 
     from datasets import foreign
@@ -320,7 +321,7 @@ def test_the_imagenet_experiment_trains_small_and_reports_top_k_errors(tmp_path)
     for split in ("train", "validation"):
         foreign.index(f"{lying}/{split}-*", split, str(tmp_path / "data"), label_offset=-1)
     gin.parse_config_files_and_bindings(
-        [f"{REPO}/experiments/imagenet_alexnet.gin", f"{REPO}/experiments/smoke.gin"],
+        [f"{REPO}/experiments/{name}.gin", f"{REPO}/experiments/smoke.gin"],
         [
             f"tfrecord.input_fn.data_dir = '{tmp_path / 'data'}'",
             "tfrecord.input_fn.image_size = 64",
