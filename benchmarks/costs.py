@@ -82,9 +82,11 @@ def describe(name: str, model_fn, image_shape: tuple[int, ...]) -> Network:
 
 
 def networks() -> list[Network]:
-    """README's two: the ImageNet AlexNet (experiments/alexnet_imagenet.gin) and the MLP."""
+    """README's: the ImageNet AlexNet (experiments/alexnet_imagenet.gin), ResNet-50
+    (experiments/imagenet_resnet50.gin) and the MLP."""
     from models.alexnet import AlexNet
     from models.mlp import MLP
+    from models.resnet import ResNet
 
     alexnet = AlexNet(
         num_classes=1000,
@@ -97,6 +99,7 @@ def networks() -> list[Network]:
     )
     return [
         describe("AlexNet (ImageNet)", alexnet, (224, 224, 3)),
+        describe("ResNet-50 (ImageNet)", ResNet(depth=50, num_classes=1000), (224, 224, 3)),
         describe("MLP 784-512-512-10", MLP(hidden_units=[512, 512]), (28, 28, 1)),
     ]
 

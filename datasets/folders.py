@@ -51,6 +51,7 @@ def layout(root: str, eval_fraction: float) -> tuple[dict[str, list], list[str]]
     for split, items in splits.items():
         if not items:
             raise UserError(f"{root}: split {split!r} has no files")
+    _check_every_class_trains(root, classes, splits["train"], "train" in subfolders)
     random.Random(SHUFFLE_SEED).shuffle(splits["train"])
     return splits, classes
 
@@ -73,6 +74,25 @@ def prepare(
             out_dir, metadata, split, items, len(items), count, plan, classes, eval_split, max_side
         )
     return metadata
+
+
+def _check_every_class_trains(root, classes, train, in_train_folder) -> None:
+    """Refuses, by name, class folders without training files.
+
+    Their ids would be labels no example has: torchvision's ImageFolder refuses such a
+    folder too, Keras's image_dataset_from_directory keeps it silently.
+    """
+    counts = {label: 0 for label in range(len(classes))}
+    for _, label in train:
+        counts[label] += 1
+    empty = [classes[label] for label, count in counts.items() if not count]
+    if empty:
+        where = os.path.join(root, "train") if in_train_folder else root
+        folders = ", ".join(os.path.join(where, name) for name in empty)
+        raise UserError(
+            f"{folders}: no training images in this class folder, so the model would learn "
+            "a class no example has; add its images or remove the folder"
+        )
 
 
 def _subfolders(path: str) -> list[str]:

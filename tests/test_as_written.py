@@ -39,6 +39,11 @@ NOT_RUN = {
     "sqlite:///mlflow.db": "a server that runs until stopped: tests/test_tracking.py starts "
     "one the same way, on a free port",
     "python3 -m trainer --gin_file experiments/cifar10_alexnet.gin --num_devices 8": "8 GPUs",
+    'python3 -c "import keras; keras.applications.MobileNetV2(include_top=False, '
+    "input_shape=(96, 96, 3), pooling='avg').save('mobilenet_v2.keras')\"": "downloads "
+    "ImageNet's weights; the fine-tuning test saves the same model made with weights=None",
+    "python3 -m trainer --gin_file experiments/imagenet_resnet50.gin --num_devices 8": "ImageNet "
+    "on 8 GPUs; test_image_folders.py trains it small on shards in ImageNet's layout",
     "python3 -m trainer --gin_file experiments/imagenet_alexnet.gin": "ImageNet; "
     "test_image_folders.py trains it small on shards in ImageNet's layout",
     **{
@@ -53,6 +58,7 @@ NOT_RUN = {
 # Two machines (host1, host2, /shared): tests/test_parallel.py runs these workers on 127.0.0.1.
 MULTI_WORKER = "TF_CONFIG="
 NEEDS_DOWNLOAD = ["mnist_mlp", "fashion_mnist_mlp", "mnist_alexnet", "cifar10_alexnet"]
+NEEDS_DOWNLOAD += ["cifar10_resnet56"]
 
 
 def shown_commands() -> set[str]:
@@ -306,6 +312,61 @@ def test_your_own_images_prepare_and_train_as_promised(clone):
     check_promise("images_alexnet", run.stdout)
 
 
+BACKBONE = """
+import sys, numpy as np, keras
+keras.utils.set_random_seed(0)
+body = keras.applications.MobileNetV2(
+    weights=None, include_top=False, input_shape=(96, 96, 3), alpha=0.35, pooling="avg")
+norms = [layer for layer in body.layers if isinstance(layer, keras.layers.BatchNormalization)]
+for layer in norms:  # statistics that fit images, as a pretrained model's fit its data
+    layer.momentum = 0.0
+body(np.random.default_rng(0).uniform(-1, 1, (32, 96, 96, 3)).astype("float32"), training=True)
+for layer in norms:
+    layer.momentum = 0.999
+body.save(sys.argv[1])
+"""
+
+
+def test_a_pretrained_backbone_fine_tunes_in_two_phases_as_written(clone):
+    """README's fine-tuning recipe; its backbone made here, as nothing downloads."""
+    import numpy as np
+
+    from tests import image_folders
+    from trainer.warm_start import Source
+
+    commands = [c for c in shown_commands() if "images_pretrained" in c]
+    (head,) = [c for c in commands if c.endswith("images_pretrained_head.gin")]
+    (whole,) = [c for c in commands if c.endswith("images_pretrained_all.gin")]
+    (clone / "make_backbone.py").write_text(BACKBONE)
+    ok(sh("python3 make_backbone.py mobilenet_v2.keras", clone))
+    image_folders.make(str(clone / "photos"), 60, split_folders=())
+    ok(sh(IMAGES, clone))
+    refused = sh(whole, clone)  # phase 2 before phase 1: one line
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+    assert "output/images_pretrained_head: there is nothing there; train" in refused.stderr
+    first = ok(sh(head, clone))
+    assert (
+        "Loaded backbone mobilenetv2_0.35_96 from mobilenet_v2.keras: 410,208 weights "
+        "in 155 layers (52 batch norms, kept in inference mode), frozen; the head alone "
+        "trains; new head of 3 classes"
+    ) in first.stdout
+    assert "(3,843 parameters)" in first.stdout  # the head's 1280 x 3 + 3
+    assert final_metrics(first.stdout)["accuracy"] >= 0.9
+    second = ok(sh(whole, clone))
+    assert "Warm-started from output/images_pretrained_head/ckpt-100: loaded 262 of the " in (
+        second.stdout
+    )
+    assert final_metrics(second.stdout)["accuracy"] >= 0.9
+    # Phase 2 trained the body; no moving statistic of its 52 batch norms moved.
+    before = Source(str(clone / "output/images_pretrained_head"))
+    after = Source(str(clone / "output/images_pretrained_all"))
+    moving = [name for name in before.shapes if "moving" in name]
+    assert len(moving) == 104 and before.shapes == after.shapes
+    assert all(np.array_equal(before.read(n), after.read(n)) for n in moving)
+    changed = [n for n in before.shapes if not np.array_equal(before.read(n), after.read(n))]
+    assert len(changed) > 100 and any(n.endswith("gamma") for n in changed)
+
+
 @pytest.mark.parametrize("name", ["diabetes_linear", "diabetes_linear_momentum"])
 def test_diabetes_experiments_reach_the_closed_form(clone, name):
     proc = ok(sh(f"python3 -m trainer --gin_file experiments/{name}.gin", clone))
@@ -499,6 +560,7 @@ def test_every_command_shown_is_run_here():
             )
         ),
         "python3 -m trainer --gin_file experiments/diabetes_linear_momentum.gin",
+        *(c for c in shown_commands() if "images_pretrained" in c),
         *(c for c in shown_commands() if "experiment.callbacks" in c),
         *(c for c in shown_commands() if "--tracking_uri" in c),
         *(c for c in shown_commands() if "--export_format" in c),

@@ -107,6 +107,21 @@ def test_class_folders_hold_out_a_stable_fraction_of_each_class(tmp_path):
     assert len(moved) <= 2  # the new file, and at most the one it displaced
 
 
+@pytest.mark.parametrize("split_folders", [(), ("train", "test")])
+def test_an_empty_class_folder_is_refused_by_name(tmp_path, split_folders):
+    """A class without training images would be a label no example has."""
+    image_folders.make(str(tmp_path), 4, split_folders=split_folders, broken=False)
+    where = tmp_path / "train" if split_folders else tmp_path
+    (where / "zebra").mkdir()
+    (where / "zebra" / ".DS_Store").write_bytes(b"")  # hidden files are no images
+    with pytest.raises(UserError, match=rf"^{where / 'zebra'}: no training images in this class"):
+        folders.layout(str(tmp_path), 0.25)
+    if split_folders:  # a class with training images but none to evaluate on is fine
+        (where / "zebra" / "a.jpg").write_bytes(b"")
+        splits, classes = folders.layout(str(tmp_path), 0.25)
+        assert classes[-1] == "zebra" and 3 not in {label for _, label in splits["test"]}
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -307,9 +322,9 @@ def test_a_killed_preparation_is_finished_by_the_same_command(tmp_path):
     assert written == {p.name: p.read_bytes() for p in (tmp_path / "straight").iterdir()}
 
 
-@pytest.mark.parametrize("name", ["imagenet_alexnet", "imagenet_resnet50"])
-def test_the_imagenet_experiment_trains_small_and_reports_top_k_errors(tmp_path, name):
-    """An ImageNet experiment on build-script shards, at 64x64 for 10 steps."""
+@pytest.mark.parametrize("name, size", [("imagenet_alexnet", 64), ("imagenet_resnet50", 32)])
+def test_the_imagenet_experiment_trains_small_and_reports_top_k_errors(tmp_path, name, size):
+    """An ImageNet experiment on build-script shards, small images for 10 steps."""
     import gin
 
     from datasets import foreign
@@ -324,7 +339,7 @@ def test_the_imagenet_experiment_trains_small_and_reports_top_k_errors(tmp_path,
         [f"{REPO}/experiments/{name}.gin", f"{REPO}/experiments/smoke.gin"],
         [
             f"tfrecord.input_fn.data_dir = '{tmp_path / 'data'}'",
-            "tfrecord.input_fn.image_size = 64",
+            f"tfrecord.input_fn.image_size = {size}",
             "Estimator.global_batch_size = 8",
             "Estimator.steps_per_loop = 5",
         ],

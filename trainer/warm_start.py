@@ -127,10 +127,22 @@ class Source:
             self.shapes = {name: value.shape for name, value in self._values.items()}
             return
         path = source
+        if not tf.io.gfile.exists(source) and not tf.io.gfile.glob(f"{source}.index"):
+            raise UserError(
+                f"cannot warm-start from {source}: there is nothing there; train that "
+                "model first, or set WarmStart.source to a checkpoint, model_dir, "
+                "SavedModel or .keras file"
+            )
         if tf.io.gfile.exists(os.path.join(source, "saved_model.pb")):
             path = os.path.join(source, "variables", "variables")
         elif tf.io.gfile.isdir(source):
-            path = checkpoints.latest_checkpoint(source) or source
+            path = checkpoints.latest_checkpoint(source)
+            if path is None:
+                raise UserError(
+                    f"cannot warm-start from {source}: the directory holds no checkpoint "
+                    "(nor saved_model.pb); train that model first, or point "
+                    "WarmStart.source at one"
+                )
         try:
             self._reader = tf.train.load_checkpoint(path)
             shapes = self._reader.get_variable_to_shape_map()

@@ -1,0 +1,145 @@
+"""Fine-tuning a keras.applications backbone in the two phases of Keras's transfer guide."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import trainer
+from models.pretrained import Pretrained, scale_pixels
+from tests import parity
+from trainer import Mode, UserError
+
+SIZE, CLASSES, BATCH, STEPS = 32, 3, 16, 3
+
+
+def make_backbone(path, seed=0):
+    """MobileNet (alpha 0.25, 27 batch norms) saved as .keras, as a user saves one.
+
+    ``weights=None`` (nothing downloads here); its moving statistics are set to those
+    of some images, as a pretrained model's fit its data (neither 0 and 1, so that
+    inference mode shows, nor far off, which would saturate its ReLU6s).
+    """
+    keras.utils.set_random_seed(seed)
+    body = keras.applications.MobileNet(
+        weights=None, include_top=False, input_shape=(SIZE, SIZE, 3), alpha=0.25, pooling="avg"
+    )
+    norms = [layer for layer in body.layers if isinstance(layer, keras.layers.BatchNormalization)]
+    for layer in norms:
+        layer.momentum = 0.0  # one batch in training mode sets the statistics to its own
+    images = np.random.default_rng(seed).uniform(-1, 1, (64, SIZE, SIZE, 3)).astype("float32")
+    body(images, training=True)
+    for layer in norms:
+        layer.momentum = 0.99
+    body.save(path)
+    return path
+
+
+def _data():
+    rng = np.random.default_rng(2)
+    x = rng.uniform(0.0, 1.0, (2 * STEPS * BATCH, SIZE, SIZE, 3)).astype("float32")
+    y = (x.mean(axis=(1, 2, 3)) * 1000 % CLASSES).astype("int64")
+    return x, y
+
+
+def _input_fn(x, y):
+    def input_fn(mode, params):
+        dataset = tf.data.Dataset.from_tensor_slices(({"image": x}, {"label": y}))
+        return dataset.repeat().batch(params.batch_size, drop_remainder=True)
+
+    return input_fn
+
+
+class Guide(keras.Model):
+    """The guide's model: scaling, ``base_model(x, training=False)``, a new Dense head.
+
+    Written as a subclassed model: Keras 3.15's functional model hands ``fit``'s
+    ``training=True`` to every layer, overriding the ``training=False`` recorded in the
+    graph (keras-team/keras#20285), so the guide's functional code runs its backbone's
+    batch norm in training mode once unfrozen, which the guide says it must not.
+    """
+
+    def __init__(self, body):
+        super().__init__()
+        self.body, self.head = body, keras.layers.Dense(CLASSES, name="head")
+
+    def call(self, x, training=False):
+        return self.head(self.body(x * 2.0 - 1.0, training=False))  # MobileNet's [-1, 1]
+
+
+def keras_guide(path, x, y, head):
+    """The guide's two phases under Keras's own step: frozen body, then all at 1e-5."""
+    body = keras.saving.load_model(path, compile=False)
+    body.trainable = False
+    model = Guide(body)
+    model(x[:1])
+    for variable, value in zip(model.head.weights, head, strict=True):
+        variable.assign(value)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    for phase, rate in enumerate((1e-3, 1e-5)):
+        if phase:
+            body.trainable = True
+        model.compile(keras.optimizers.Adam(rate), loss, jit_compile=False)
+        for step in range(STEPS):
+            start = (phase * STEPS + step) * BATCH
+            model.train_on_batch(x[start : start + BATCH], y[start : start + BATCH])
+    return body, model.head
+
+
+def framework_phases(path, x, y, tmp_path):
+    """The same two phases as two runs: images_pretrained_head.gin, then _all.gin."""
+    head = None
+    for phase, rate in enumerate((1e-3, 1e-5)):
+        model = Pretrained(path, num_classes=CLASSES, train_body=bool(phase), dropout_rate=0.0)
+        model({"image": x[:1]}, None, Mode.PREDICT)  # builds the head
+        if head is None:
+            head = [w.numpy() for w in model.head.weights]
+        part = slice(phase * STEPS * BATCH, (phase + 1) * STEPS * BATCH)
+        estimator = trainer.Estimator(
+            model,
+            str(tmp_path / f"phase{phase}"),
+            optimizer=keras.optimizers.Adam(rate),
+            global_batch_size=BATCH,
+            steps_per_loop=STEPS,
+            progress=False,
+            checkpoints=trainer.Checkpoints(every_steps=None),
+            warm_start=trainer.WarmStart(str(tmp_path / "phase0") if phase else None),
+        )
+        estimator.train(_input_fn(x[part], y[part]), max_steps=STEPS)
+    return model, head
+
+
+def test_the_two_phases_equal_kerass_guide_under_fit_and_batch_norm_never_moves(tmp_path):
+    path = make_backbone(str(tmp_path / "mobilenet_v2.keras"))
+    x, y = _data()
+    model, head = framework_phases(path, x, y, tmp_path)
+    body, dense = keras_guide(path, x, y, head)
+    pairs = list(zip(model.body.weights, body.weights, strict=True))
+    pairs += list(zip(model.head.weights, dense.weights, strict=True))
+    worst = max(float(np.max(np.abs(ours.numpy() - theirs.numpy()))) for ours, theirs in pairs)
+    assert worst <= parity.TOLERANCE[None], worst
+    pretrained = keras.saving.load_model(path, compile=False)
+    moved = [
+        float(np.max(np.abs(ours.numpy() - before.numpy())))
+        for ours, before in zip(model.body.weights, pretrained.weights, strict=True)
+    ]
+    names = [v.path for v in model.body.weights]
+    statistics = [m for m, n in zip(moved, names, strict=True) if "moving" in n]
+    trained = [m for m, n in zip(moved, names, strict=True) if "kernel" in n]
+    assert len(statistics) == 54 and max(statistics) == 0.0  # 27 batch norms, never moved
+    assert min(trained) > 0.0  # phase 2 trained every kernel of the body
+
+
+def test_pixels_are_scaled_as_keras_applications_preprocess_input_does():
+    image = np.random.default_rng(0).uniform(0, 1, (2, 4, 4, 3)).astype("float32")
+    for mode in ("tf", "torch", "caffe"):
+        expected = keras.applications.imagenet_utils.preprocess_input(image * 255.0, mode=mode)
+        np.testing.assert_allclose(scale_pixels(tf.constant(image), mode), expected, atol=2e-4)
+
+
+def test_a_missing_or_foreign_backbone_file_is_one_line(tmp_path):
+    with pytest.raises(UserError, match=r"does not exist: save one first"):
+        Pretrained(str(tmp_path / "none.keras"))
+    (tmp_path / "weights.h5").write_bytes(b"x")
+    with pytest.raises(UserError, match=r"is not a .keras file"):
+        Pretrained(str(tmp_path / "weights.h5"))
