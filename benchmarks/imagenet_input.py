@@ -9,9 +9,12 @@ images/s per core, batch 128:
 
 1. decode alone: the shards read in sequence, each JPEG decoded whole;
 2. naive: the same reading, then decode whole, random-resized crop, resize to 224, flip;
-3. the framework's training pipeline (``tfrecord.input_fn``, ``image_size = 224``,
-   ``augment = 'inception'``), reading by index from the shards on disk (not held in
-   memory), on the original JPEGs and on the ``--max_side 320`` ones.
+3. fused: the framework's crop (only the window decoded) on the JPEG bytes held in
+   memory, in order: what the framework does per image, without reading by index;
+4. the framework's training pipeline (``tfrecord.input_fn``, ``image_size = 224``,
+   ``augment = 'inception'``) reading by index: its records held in memory, and from
+   the shards on disk (not held in memory), on the original JPEGs and on the
+   ``--max_side 320`` ones.
 
 It ends with the ratios to the naive pipeline and, from ``benchmarks/costs.py``'s
 model of the ImageNet AlexNet step, how many such cores one GPU needs.
@@ -103,9 +106,32 @@ def naive(data: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
     return tf.image.stateless_random_flip_left_right(image, seed + 1) / 255.0
 
 
-def framework(data_dir: str) -> tf.data.Dataset:
+def fused_in_memory(data_dir: str) -> tf.data.Dataset:
+    """The framework's own crop (the window decoded) on JPEG bytes held in memory, in order.
+
+    What the framework's pipeline does per image, without its reading by index: the
+    difference between the two is what reading by index costs.
+    """
+    paths = tf.io.gfile.glob(os.path.join(data_dir, "train-*.tfrecord"))
+    feature = {"image": tf.io.FixedLenFeature([], tf.string)}
+    records = tf.data.TFRecordDataset(paths).map(
+        lambda record: tf.io.parse_single_example(record, feature)["image"]
+    )
+    jpegs = tf.constant(list(records.as_numpy_iterator()))
+    seeds = tf.data.Dataset.random(seed=0).batch(2)
+    dataset = tf.data.Dataset.zip((tf.data.Dataset.from_tensor_slices(jpegs).repeat(), seeds))
+    dataset = dataset.map(
+        lambda data, seed: images.random_resized_crop(data, seed, SIZE, 3),
+        num_parallel_calls=tf.data.AUTOTUNE,
+    )
+    return dataset.batch(BATCH).prefetch(tf.data.AUTOTUNE)
+
+
+def framework(data_dir: str, in_memory: bool = False) -> tf.data.Dataset:
+    """``tfrecord.input_fn``'s training batches: by index from the shards, or held in memory."""
     params = InputParams(batch_size=BATCH, global_batch_size=BATCH, seed=0)
-    gin.bind_parameter("pipeline.cache", False)  # read from the files, as at ImageNet's size
+    # From the files, as at ImageNet's size; or the records held in memory.
+    gin.bind_parameter("pipeline.cache", True if in_memory else False)
     try:
         return tfrecord.input_fn(
             Mode.TRAIN, params, data_dir=data_dir, image_size=SIZE[0], augment="inception"
@@ -142,6 +168,8 @@ def main() -> None:
             results[f"{name}_bytes_per_image"] = total / train["count"]
         results["decode_only"] = rate(in_sequence(original, decoded), args.batches)
         results["naive"] = rate(in_sequence(original, naive), args.batches)
+        results["fused_in_memory"] = rate(fused_in_memory(original), args.batches)
+        results["framework_in_memory"] = rate(framework(original, True), args.batches)
         results["framework"] = rate(framework(original), args.batches)
         results["framework_max_side_320"] = rate(framework(small), args.batches)
     header = f"{'ImageNet-style input, 224x224, batch 128':<52}{'img/s':>9}"
@@ -149,6 +177,8 @@ def main() -> None:
     for key, label in [
         ("decode_only", "decode alone (whole JPEG, in sequence)"),
         ("naive", "naive: decode all, crop, resize, flip"),
+        ("fused_in_memory", "crop window decoded, JPEG bytes in memory"),
+        ("framework_in_memory", "framework: by index, records held in memory"),
         ("framework", "framework: by index, crop window decoded"),
         ("framework_max_side_320", "framework on --max_side 320 storage"),
     ]:

@@ -14,6 +14,11 @@ Then the framework and Keras fit under the mixed_bfloat16 policy. Each
 rate is also given as a share of the machine's measured fp32 matmul peak: 6 x
 parameters FLOPs per example for the MLP, 6 per multiply-add of the convolutions and
 Dense layers for AlexNet.
+
+``--models resnet20,resnet50``: CIFAR's ResNet-20 at 32x32 (batch 128) and ResNet-50
+at 224x224 (batch 8, small for a CPU), the framework against Keras fit of a Keras
+model of the same layers (``ResNet.keras_model``) and, for ResNet-50, of
+keras.applications' ResNet50 (v1, untrained), and a plain tf.function loop.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import trainer  # noqa: E402, I001
 
 trainer.quiet_start()  # first: TensorFlow loads without its start-up lines
+import costs  # noqa: E402
 import keras  # noqa: E402
 import synthetic  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -37,6 +43,7 @@ from absl import logging  # noqa: E402
 
 from models.alexnet import AlexNet  # noqa: E402
 from models.mlp import MLP  # noqa: E402
+from models.resnet import ResNet  # noqa: E402
 from trainer import Estimator, set_precision  # noqa: E402
 from trainer.settings import Checkpoints, Devices, Summaries  # noqa: E402
 
@@ -77,11 +84,28 @@ def alexnet_keras():
     )
 
 
+def resnet_keras(depth: int, shape: tuple[int, ...]):
+    """The framework's ResNet as a functional Keras model of its own layers."""
+    return lambda: ResNet(depth=depth, num_classes=10).keras_model(shape)
+
+
+def applications_resnet50():
+    """keras.applications' ResNet50 (v1: the stride in the first 1x1), untrained."""
+    return keras.applications.ResNet50(weights=None, input_shape=(224, 224, 3), classes=10)
+
+
 # name: (image shape, the framework's model, the same model in Keras)
 MODELS = {
     "mlp": ((28, 28, 1), lambda: MLP(hidden_units=[512, 512], dropout_rate=0.0), mlp_keras),
     "alexnet": ((32, 32, 3), lambda: AlexNet(num_classes=10), alexnet_keras),
+    "resnet20": ((32, 32, 3), lambda: ResNet(depth=20), resnet_keras(20, (32, 32, 3))),
+    "resnet50": (
+        (224, 224, 3),
+        lambda: ResNet(depth=50, num_classes=10),
+        resnet_keras(50, (224, 224, 3)),
+    ),
 }
+BATCHES = {"resnet50": 8}  # a small batch on CPU: 24.5 GFLOP to train each image
 
 
 def training_flops(make_keras) -> float:
@@ -102,14 +126,14 @@ def training_flops(make_keras) -> float:
     return 6.0 * macs
 
 
-def timed(run_steps, seconds: float, chunk: int) -> float:
+def timed(run_steps, seconds: float, chunk: int, batch: int) -> float:
     """Examples/s of ``run_steps(chunk)`` called repeatedly for ``seconds``, after a warm-up."""
     run_steps(chunk)
     steps, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         run_steps(chunk)
         steps += chunk
-    return steps * BATCH / (time.perf_counter() - start)
+    return steps * batch / (time.perf_counter() - start)
 
 
 class Marks:
@@ -118,8 +142,8 @@ class Marks:
     The first mark comes after tracing and the first block, so it is the warm-up.
     """
 
-    def __init__(self, seconds: float):
-        self.seconds, self.marks = seconds, []
+    def __init__(self, seconds: float, batch: int):
+        self.seconds, self.batch, self.marks = seconds, batch, []
 
     def add(self, step: int) -> bool:
         """Records a mark; True once ``seconds`` have passed since the first."""
@@ -128,7 +152,7 @@ class Marks:
 
     def rate(self) -> float:
         (s0, t0), (s1, t1) = self.marks[0], self.marks[-1]
-        return (s1 - s0) * BATCH / (t1 - t0)
+        return (s1 - s0) * self.batch / (t1 - t0)
 
 
 def compiled(make_keras) -> keras.Model:
@@ -151,8 +175,9 @@ def framework(
     shape, make_model, make_keras = MODELS[model]
     if keras_model:
         make_model = lambda: compiled(make_keras)  # noqa: E731
-    input_fn = synthetic.input_fn(*synthetic.batch(BATCH, shape))
-    marks = Marks(seconds)
+    batch = BATCHES.get(model, BATCH)
+    input_fn = synthetic.input_fn(*synthetic.batch(batch, shape))
+    marks = Marks(seconds, batch)
 
     class Timer(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):  # train's epochs are its log periods
@@ -165,7 +190,7 @@ def framework(
             estimator = Estimator(
                 make_model(),
                 model_dir,
-                global_batch_size=BATCH,
+                global_batch_size=batch,
                 progress=False,
                 steps_per_loop=100,
                 log_every_steps=chunk,
@@ -180,12 +205,24 @@ def framework(
 
 
 def keras_fit(
-    model: str, seconds: float, chunk: int, steps_per_execution: int, jit: bool, precision=None
+    model: str,
+    seconds: float,
+    chunk: int,
+    steps_per_execution: int,
+    jit: bool,
+    precision=None,
+    applications: bool = False,
 ) -> float:
-    """One Model.fit call; timed between its batch-end callbacks."""
+    """One Model.fit call; timed between its batch-end callbacks.
+
+    ``applications``: keras.applications' ResNet50 instead of the model's Keras twin.
+    """
     shape, _, make_keras = MODELS[model]
-    images, labels = synthetic.batch(BATCH, shape)
-    marks = Marks(seconds)
+    if applications:
+        make_keras = applications_resnet50
+    batch = BATCHES.get(model, BATCH)
+    images, labels = synthetic.batch(batch, shape)
+    marks = Marks(seconds, batch)
     set_precision(precision)
     try:
         net = make_keras()
@@ -210,7 +247,8 @@ def keras_fit(
 
 def plain_loop(model: str, seconds: float, chunk: int) -> float:
     shape, _, make_keras = MODELS[model]
-    images, labels = synthetic.batch(BATCH, shape)
+    batch = BATCHES.get(model, BATCH)
+    images, labels = synthetic.batch(batch, shape)
     net = make_keras()
     optimizer = keras.optimizers.Adam()
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -226,7 +264,7 @@ def plain_loop(model: str, seconds: float, chunk: int) -> float:
         for _ in range(n):
             step(images, labels)
 
-    return timed(run, seconds, chunk)
+    return timed(run, seconds, chunk, batch)
 
 
 def matmul_peak(seconds: float) -> float:
@@ -241,9 +279,26 @@ def matmul_peak(seconds: float) -> float:
     return count * 2 * 2048**3 / (time.perf_counter() - start) / 1e9
 
 
+def resnet_rows(model: str, seconds: float, chunk: int) -> dict:
+    """ResNet's rows: the framework, Keras fit of the same layers, and of keras.applications'."""
+    rows = {
+        "framework": lambda: framework(model, seconds, chunk, jit=False),
+        "keras_fit_spe1": lambda: keras_fit(model, seconds, chunk, 1, jit=False),
+        "keras_fit_spe50": lambda: keras_fit(model, seconds, chunk, 50, jit=False),
+        "plain_tf_function": lambda: plain_loop(model, seconds, chunk),
+    }
+    if model == "resnet50":
+        rows["keras_applications_fit_spe50"] = lambda: keras_fit(
+            model, seconds, chunk, 50, jit=False, applications=True
+        )
+    return rows
+
+
 def measure(model: str, seconds: float, repeats: int) -> dict[str, float]:
     """Median examples/s of each row; the rows take turns, so drift hits all alike."""
-    chunk = 200 if model == "mlp" else 20  # steps between marks (and per plain-loop call)
+    chunk = {"mlp": 200, "resnet20": 5, "resnet50": 2}.get(model, 20)  # steps between marks
+    if model.startswith("resnet"):
+        return _medians(resnet_rows(model, seconds, chunk), repeats)
     bf16 = "mixed_bfloat16"
     rows = {"framework": lambda: framework(model, seconds, chunk, jit=False)}
     rows["compiled_keras_in_framework"] = lambda: framework(
@@ -263,6 +318,10 @@ def measure(model: str, seconds: float, repeats: int) -> dict[str, float]:
     rows["keras_fit_spe50_bf16"] = lambda: keras_fit(model, seconds, chunk, 50, False, bf16)
     if model == "mlp":
         rows["keras_fit_spe50_xla_bf16"] = lambda: keras_fit(model, seconds, chunk, 50, True, bf16)
+    return _medians(rows, repeats)
+
+
+def _medians(rows: dict, repeats: int) -> dict[str, float]:
     runs = {name: [] for name in rows}
     for _ in range(repeats):
         for name, row in rows.items():
@@ -270,10 +329,53 @@ def measure(model: str, seconds: float, repeats: int) -> dict[str, float]:
     return {name: statistics.median(rates) for name, rates in runs.items()}
 
 
+def flops_per_example(model: str) -> float:
+    """FLOPs to train one example: 6 per multiply-add (``training_flops``)."""
+    if model == "mlp":
+        return 6 * MLP_PARAMS
+    shape, make_model, make_keras = MODELS[model]
+    if model.startswith("resnet"):  # its Keras twin's layers are blocks: read the graph
+        return costs.describe(model, make_model(), shape).train_flops
+    return training_flops(make_keras)
+
+
+def summarize(model: str, results: dict[str, float], peak: float) -> dict[str, float]:
+    """Prints one model's rows (examples/s, share of peak) and ratios; returns the ratios."""
+    flops = flops_per_example(model)
+    batch = BATCHES.get(model, BATCH)
+    print(f"\n{model}, batch {batch}, {flops / 1e6:.0f} MFLOP per example   examples/s  % peak")
+    for name, rate in results.items():
+        print(f"  {name:<30}{rate:>12.0f}{100 * rate * flops / 1e9 / peak:>11.1f}%")
+    float32 = {k: v for k, v in results.items() if not k.endswith("bf16")}
+    best = max(v for k, v in float32.items() if k.startswith("framework"))
+    best_keras = max(v for k, v in float32.items() if k.startswith("keras_fit_spe"))
+    ratios = {
+        "framework_best_over_keras_best": best / best_keras,
+        "framework_best_over_plain": best / results["plain_tf_function"],
+    }
+    if "compiled_keras_in_framework" in results:
+        ratios["compiled_keras_over_framework"] = (
+            results["compiled_keras_in_framework"] / results["framework"]
+        )
+    if "keras_applications_fit_spe50" in results:
+        ratios["framework_over_keras_applications"] = best / results["keras_applications_fit_spe50"]
+    if any(k.endswith("bf16") for k in results):
+        best_bf16 = max(v for k, v in results.items() if k.startswith("framework") and "bf16" in k)
+        keras_bf16 = max(v for k, v in results.items() if k.startswith("keras") and "bf16" in k)
+        ratios["bf16_best_over_float32_best"] = best_bf16 / best
+        ratios["bf16_best_over_keras_bf16_best"] = best_bf16 / keras_bf16
+        ratios["bf16_best_over_keras_float32_best"] = best_bf16 / best_keras
+    for name, ratio in ratios.items():
+        print(f"  {name:<42}{ratio:.2f}x")
+    return ratios
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="timed seconds per row")
-    parser.add_argument("--models", default="mlp,alexnet", help="comma-separated: mlp,alexnet")
+    parser.add_argument(
+        "--models", default="mlp,alexnet", help="comma-separated: mlp,alexnet,resnet20,resnet50"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="runs of each row (median)")
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args()
@@ -282,27 +384,7 @@ def main() -> None:
     report = {"matmul_gflops": peak}
     for model in args.models.split(","):
         results = measure(model, args.seconds, args.repeats)
-        float32 = {k: v for k, v in results.items() if not k.endswith("bf16")}
-        best = max(v for k, v in float32.items() if k.startswith("framework"))
-        best_keras = max(v for k, v in float32.items() if k.startswith("keras"))
-        flops = 6 * MLP_PARAMS if model == "mlp" else training_flops(MODELS[model][2])
-        print(f"\n{model}, batch {BATCH}, {flops / 1e6:.0f} MFLOP per example   examples/s  % peak")
-        for name, rate in results.items():
-            print(f"  {name:<30}{rate:>12.0f}{100 * rate * flops / 1e9 / peak:>11.1f}%")
-        ratios = {
-            "framework_best_over_keras_best": best / best_keras,
-            "framework_best_over_plain": best / results["plain_tf_function"],
-            "compiled_keras_over_framework": results["compiled_keras_in_framework"]
-            / results["framework"],
-        }
-        best_bf16 = max(v for k, v in results.items() if k.startswith("framework") and "bf16" in k)
-        keras_bf16 = max(v for k, v in results.items() if k.startswith("keras") and "bf16" in k)
-        ratios["bf16_best_over_float32_best"] = best_bf16 / best
-        ratios["bf16_best_over_keras_bf16_best"] = best_bf16 / keras_bf16
-        ratios["bf16_best_over_keras_float32_best"] = best_bf16 / best_keras
-        for name, ratio in ratios.items():
-            print(f"  {name:<42}{ratio:.2f}x")
-        report[model] = {**results, **ratios}
+        report[model] = {**results, **summarize(model, results, peak)}
     print(f"\nmatmul peak {peak:.0f} GFLOP/s (float32, 2048^3)")
     if args.json:
         with open(args.json, "w") as f:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from models import ops
-from trainer import Spec
+from trainer import Spec, UserError
 from trainer.model_fn import check_class_ids
 
 
@@ -40,6 +40,11 @@ def classification(
         return Spec(predictions)
     classes = logits.shape[-1]
     target = labels[label_key]
+    if target.dtype.is_floating and target.shape.rank == 2 and target.shape[-1] != classes:
+        raise UserError(
+            f"labels[{label_key!r}] holds distributions over {target.shape[-1]} classes where "
+            f"the model has {classes}: is mixing.num_classes the model's num_classes?"
+        )
     if is_distribution(target, classes):
         target = check_distribution(target, label_key)
         label = tf.argmax(target, axis=-1, output_type=tf.int64)

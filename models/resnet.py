@@ -238,6 +238,22 @@ class ResNet(ModelFn):
         """How the console names the model: ``ResNet-20``."""
         return f"ResNet-{self.depth}"
 
+    def keras_model(self, input_shape: Sequence[int]) -> keras.Model:
+        """The same network as a functional Keras model of this model's own layers.
+
+        The two share their weights: what one trains, the other holds (Keras ``fit``
+        of it is the parity tests' and the benchmark's reference). It takes images
+        as they come, and gives the logits.
+        """
+        inputs = keras.Input(tuple(input_shape))
+        x = keras.layers.ReLU()(self.stem_bn(self.stem(inputs)))
+        if self.variant == "imagenet":
+            x = keras.layers.MaxPooling2D(3, 2, padding="same")(x)
+        for name in self.block_names:
+            x = getattr(self, name)(x)
+        logits = self.logits(keras.layers.GlobalAveragePooling2D()(x))
+        return keras.Model(inputs, logits, name=f"resnet{self.depth}")
+
     def __call__(self, features, labels, mode):
         """Logits from the image; see ``heads.classification`` for the Spec."""
         training = mode == Mode.TRAIN

@@ -640,12 +640,7 @@ def resnet(depth: int = 20, synchronized: bool = False) -> keras.Model:
 
     def build():
         net = ResNet(depth=depth, num_classes=3, synchronized_batch_norm=synchronized)
-        inputs = keras.Input(RESNET_IMAGE)
-        x = keras.layers.ReLU()(net.stem_bn(net.stem(inputs)))
-        for name in net.block_names:
-            x = getattr(net, name)(x)
-        logits = net.logits(keras.layers.GlobalAveragePooling2D()(x))
-        model = keras.Model(inputs, logits)
+        model = net.keras_model(RESNET_IMAGE)
         _RESNETS[id(model)] = net
         return model
 

@@ -152,3 +152,5 @@ def test_the_head_takes_mixed_labels_and_smooths_as_keras_does():
     np.testing.assert_allclose(plain.loss, sparse(ids, logits), rtol=1e-6)
     with pytest.raises(tf.errors.InvalidArgumentError, match="not a distribution"):
         heads.classification(logits, {"label": tf.constant(soft * 2, tf.float32)})
+    with pytest.raises(UserError, match=r"over 4 classes where the model has 5: is mixing"):
+        heads.classification(logits, {"label": tf.constant(soft[:, :4], tf.float32)})
