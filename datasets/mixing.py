@@ -77,20 +77,12 @@ class Mixing:
         return (self.mixup_alpha > 0 or self.cutmix_alpha > 0) and self.probability > 0
 
 
-@gin.configurable("mixing")
-def options(
-    mixup_alpha: float = 0.0,
-    cutmix_alpha: float = 0.0,
-    probability: float = 1.0,
-    cutmix_share: float = 0.5,
-    num_classes: int | None = None,
-    image_key: str = "image",
-    label_key: str = "label",
-) -> Mixing:
+_CONFIGURED = gin.external_configurable(Mixing, name="mixing")  # mixing.mixup_alpha = 0.2
+
+
+def options() -> Mixing:
     """The mixing bound in gin (``mixing.cutmix_alpha = 1.0``); off unless an alpha is set."""
-    return Mixing(
-        mixup_alpha, cutmix_alpha, probability, cutmix_share, num_classes, image_key, label_key
-    )
+    return _CONFIGURED()
 
 
 def check_batch(mixing: Mixing, batch_size: int) -> None:
