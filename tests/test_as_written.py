@@ -312,33 +312,20 @@ def test_your_own_images_prepare_and_train_as_promised(clone):
     check_promise("images_alexnet", run.stdout)
 
 
-BACKBONE = """
-import sys, numpy as np, keras
-keras.utils.set_random_seed(0)
-body = keras.applications.MobileNetV2(
-    weights=None, include_top=False, input_shape=(96, 96, 3), alpha=0.35, pooling="avg")
-norms = [layer for layer in body.layers if isinstance(layer, keras.layers.BatchNormalization)]
-for layer in norms:  # statistics that fit images, as a pretrained model's fit its data
-    layer.momentum = 0.0
-body(np.random.default_rng(0).uniform(-1, 1, (32, 96, 96, 3)).astype("float32"), training=True)
-for layer in norms:
-    layer.momentum = 0.999
-body.save(sys.argv[1])
-"""
-
-
 def test_a_pretrained_backbone_fine_tunes_in_two_phases_as_written(clone):
     """README's fine-tuning recipe; its backbone made here, as nothing downloads."""
+    import keras
     import numpy as np
 
     from tests import image_folders
+    from tests.test_fine_tuning import make_backbone
     from trainer.warm_start import Source
 
     commands = [c for c in shown_commands() if "images_pretrained" in c]
     (head,) = [c for c in commands if c.endswith("images_pretrained_head.gin")]
     (whole,) = [c for c in commands if c.endswith("images_pretrained_all.gin")]
-    (clone / "make_backbone.py").write_text(BACKBONE)
-    ok(sh("python3 make_backbone.py mobilenet_v2.keras", clone))
+    # README's first command with weights=None, and statistics that fit images.
+    make_backbone(str(clone / "mobilenet_v2.keras"), keras.applications.MobileNetV2, 96, 0.35)
     image_folders.make(str(clone / "photos"), 60, split_folders=())
     ok(sh(IMAGES, clone))
     refused = sh(whole, clone)  # phase 2 before phase 1: one line
