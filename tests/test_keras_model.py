@@ -395,7 +395,7 @@ def test_a_keras_models_own_train_step_refuses_what_it_cannot_honour(tmp_path):
     )
     with pytest.raises(TrainingDiverged, match=r"^loss or gradients NaN or Inf at step 5; the "):
         estimator.train(
-            lambda mode, params: tf.data.Dataset.from_tensor_slices(images).batch(64), 7
+            lambda mode, params: tf.data.Dataset.from_tensor_slices(images).batch(64).repeat(), 7
         )
     assert sorted(os.listdir(tmp_path / "nan")).count("ckpt-4.index") == 1
     fixes = {

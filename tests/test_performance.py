@@ -84,7 +84,9 @@ def pause(seconds: float, after: tf.Tensor) -> tf.Tensor:
 
 @tf.custom_gradient
 def slow_gradient(loss):
-    return tf.identity(loss), lambda upstream: upstream + pause(0.03, upstream)
+    # Paused after the loss: an upstream gradient of ones is the same at every step, and
+    # a pause computed from it alone would be hoisted out of the training loop.
+    return tf.identity(loss), lambda upstream: upstream + pause(0.03, loss)
 
 
 class SlowMLP(MLP):
@@ -139,7 +141,9 @@ def test_prefetch_to_device_is_refused_where_it_does_not_apply(tmp_path):
             str(tmp_path),
             devices=Devices(prefetch=True, jit_compile=True),
         )
-    assert Estimator(model, str(tmp_path)).placement.prefetch_device is None  # auto: not on a CPU
+    auto = Estimator(model, str(tmp_path)).placement.prefetch_device  # one device: on
+    assert auto is not None and tf.DeviceSpec.from_string(auto).device_type == "CPU"
+    assert Estimator(model, str(tmp_path), devices=Devices(jit_compile=True)).placement.prefetch_device is None
 
 
 @pytest.fixture

@@ -39,7 +39,7 @@ def batches(count=None, nan_at=None, batch=8):
 
 
 def compiled(**placement):
-    """Fresh Linear model, SGD, and its compiled steps on one CPU."""
+    """Fresh Linear model, SGD, and its compiled steps on one CPU (reading ahead, by default)."""
     keras.utils.set_random_seed(1)
     model = ModelState(
         Linear(),
@@ -76,7 +76,8 @@ def test_a_nan_loss_ends_the_block_at_its_step_uncounted():
 
 @pytest.mark.parametrize("way", [{"prefetch_to_device": True}, {"jit_compile": True}])
 def test_every_way_of_fetching_trains_like_reading_on_demand(way):
-    plain, plain_steps = compiled()
+    plain, plain_steps = compiled(prefetch_to_device=False)
+    assert plain.placement.prefetch_device is None
     plain_steps.train_loop(iter(batches()), tf.constant(6, tf.int64))
     other, other_steps = compiled(**way)
     assert other.placement.prefetch_device == (

@@ -63,8 +63,8 @@ class Devices:
         ``set_precision`` before making the model (``python -m trainer`` does).
       jit_compile: compile each block of steps with XLA (training batches of one
         shape); faster for dense models on CPU: measure (benchmarks/throughput.py).
-      prefetch: copy each batch to the device during the step before it; None: on
-        for one GPU without jit_compile (the only case it applies to).
+      prefetch: read each batch (and copy it to the device) during the step before
+        it; None: on for one device without jit_compile (the only case it applies to).
       startup_timeout: multi_worker: seconds to wait for every worker to join.
       progress_timeout: multi_worker: seconds without progress by some worker before
         the run ends naming it (exit 75); longer than the longest evaluation.

@@ -507,6 +507,7 @@ class Steps:
             if self.ema is not None:
                 self.ema.update(first=self.global_step == 0)
             self.global_step.assign_add(tf.cast(finite, tf.int64))
+            self._count_wait(carried)
             if not finite:
                 self.nonfinite.assign(True)
                 break
@@ -534,8 +535,7 @@ class Steps:
         A block still reads exactly its ``num_steps`` batches, so the checkpointed
         iterator position stays exact (a block that ends at a non-finite loss has read
         one batch more, but after one the Estimator restores the checkpoint or stops).
-        The wait added to ``input_seconds`` is how long after the previous step ended
-        a batch arrived: what the step really waited.
+        The wait is counted after each step (``_count_wait``).
         """
         begun = self._timestamp()
         with tf.control_dependencies([begun]):
@@ -543,16 +543,28 @@ class Steps:
         self.input_seconds.assign_add(first[1] - begun)  # the block's first batch
 
         def fetch(i, carried):
-            element, ready = carried
-            # An iteration starts once the previous one's updates are done: the step
-            # could start now, and its batch arrives ``ready - started`` later.
-            started = self._timestamp(after=i)
-            self.input_seconds.assign_add(tf.maximum(ready - started, 0.0))
+            element, _ = carried
             if i + 1 < num_steps:
                 carried = self._read_ahead(iterator)
             return element, carried
 
         return fetch, first
+
+    @tf.autograph.experimental.do_not_convert
+    def _count_wait(self, carried) -> None:
+        """Adds how long after this step's updates the batch read ahead arrived.
+
+        Timed here, not when the next iteration starts: an iteration of the loop starts
+        only once every op of the one before has run, the read-ahead among them, so its
+        start never precedes the batch. After the block's last step ``carried`` is the
+        batch that step took, which arrived before the update: nothing is added.
+        """
+        if not carried or not self.times_input:  # read when needed: timed in _next
+            return
+        # Read after their updates: the weights, and the step count (after the loss).
+        updated = [tf.identity(v) for v in [*self.model_fn.trainable_variables, self.global_step]]
+        done = self._timestamp(after=updated)
+        self.input_seconds.assign_add(tf.maximum(carried[1] - done, 0.0))
 
     def _read_ahead(self, iterator):
         """The next training element, copied to ``prefetch_device``, and when it got there."""

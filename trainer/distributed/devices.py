@@ -100,10 +100,8 @@ def prefetch_device(
 ) -> str | None:
     """The device each batch is copied to while the step before it runs, or None."""
     single = distribution == "towers" and len(devices) == 1 and not jit_compile
-    if prefetch_to_device is None:  # on where there is a copy to hide: not on a CPU
-        if single and tf.DeviceSpec.from_string(devices[0]).device_type != "CPU":
-            return devices[0]
-        return None
+    if prefetch_to_device is None:  # on wherever it applies: a GPU hides the copy, a CPU the read
+        return devices[0] if single else None
     if prefetch_to_device and not single:
         count = f"{len(devices)} device" + ("s" if len(devices) > 1 else "")
         setting = "jit_compile" if jit_compile else f"distribution {distribution!r} on {count}"
