@@ -10,7 +10,8 @@ single-device reference. A ``/keras`` suffix trains with Keras's own Adam update
 instead of the fused kernel the framework uses where it can (strategies use Keras's);
 ``/clip`` (or ``/keras+clip``) clips the gradient's global norm to 0.1; ``/compiled``
 gives the Estimator the MLP as a compiled Keras model, its optimizer from ``compile``;
-``/micro4`` takes each batch in 4 micro-batches.
+``/micro4`` takes each batch in 4 micro-batches; ``/mix`` mixes the training batches
+(MixUp and CutMix, bound in gin as a user binds them).
 Every run trains 50 steps from the same seed; the JSON maps each RUN to its train-loss
 and gradient-norm curves (every 10 steps), final weights and eval metrics.
 """
@@ -27,6 +28,7 @@ from trainer.distributed import strategies
 strategies.split_cpu(4)
 
 import keras  # noqa: E402
+import gin  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import logging  # noqa: E402
 
@@ -86,7 +88,12 @@ def train(out_dir: str, data_dir: str, run: str) -> dict:
             {**logs, "gradient_norm": float(estimator.model.steps.gradient_norm.numpy())}
         )
     )
-    estimator.train(input_fn, 50, callbacks=[at_blocks])  # a block ends at each log step
+    mixing = ["mixing.mixup_alpha = 0.4", "mixing.cutmix_alpha = 1.0", "mixing.num_classes = 10"]
+    gin.parse_config(mixing if "mix" in options else [])
+    try:
+        estimator.train(input_fn, 50, callbacks=[at_blocks])  # a block ends at each log step
+    finally:
+        gin.clear_config()
     result = {
         "losses": [logs["loss"] for logs in logged],
         "gradient_norms": [logs["gradient_norm"] for logs in logged],

@@ -243,7 +243,7 @@ def assert_same_training(run, reference, rtol=1e-5):
 
 def test_one_two_and_four_devices_train_alike(tmp_path, data_dir):
     """50 steps at one global batch: same loss curve and weights on 1, 2 and 4 devices,
-    with and without clipping the gradient's global norm."""
+    with and without clipping the gradient's global norm, and with mixed batches."""
     runs = device_runs(
         tmp_path,
         data_dir,
@@ -251,7 +251,9 @@ def test_one_two_and_four_devices_train_alike(tmp_path, data_dir):
         + ["towers:1@30", "towers:4@30"]  # 30 examples on 4 towers: shards of 8, 8, 7, 7
         + ["towers:1@128/keras", "towers:1@128/keras+clip", "mirrored:2@128/clip"]
         + ["towers:1@128/compiled+keras", "towers:2@128/compiled+keras"]
-        + ["mirrored:2@128/compiled+keras", "mirrored:2@128/keras+clip+micro4"],
+        + ["mirrored:2@128/compiled+keras", "mirrored:2@128/keras+clip+micro4"]
+        + ["towers:1@128/mix", "towers:2@128/mix", "towers:1@128/keras+mix"]
+        + ["mirrored:2@128/keras+mix"],
         # Two MirroredStrategies of different sizes cannot share a process's collectives.
         ["mirrored:4@128", "towers:4@30/micro4"],
     )
@@ -280,6 +282,11 @@ def test_one_two_and_four_devices_train_alike(tmp_path, data_dir):
         assert_same_training(runs[run], compiled)
     for run in [r for r in runs if "compiled" in r]:
         np.testing.assert_allclose(runs[run]["keras_predict"], runs[run]["predict"], atol=1e-5)
+    # MixUp and CutMix mix the same pairs whatever the devices: the same training.
+    mixed = runs["towers:1@128/mix"]
+    assert abs(mixed["losses"][0] - reference["losses"][0]) > 0.01  # the batches were mixed
+    assert_same_training(runs["towers:2@128/mix"], mixed)
+    assert_same_training(runs["mirrored:2@128/keras+mix"], runs["towers:1@128/keras+mix"])
 
 
 def test_device_settings_that_cannot_run_are_refused():

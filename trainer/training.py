@@ -245,6 +245,9 @@ class TrainingRun:
         latest = self.placement.workers.check_same_start(find, self.model_dir, config)
         self.placement.workers.heartbeat("starting", checkpoints.step_of(latest) if latest else 0)
         dataset = self.stream.open(latest)
+        source = self.settings.warm_start.source
+        if latest is None and source:  # opened before building: a wrong path said at once
+            source = warm_start.Source(source)
         self.placement.workers.heartbeat("building the model")
         self.steps: Steps = self.model.build(dataset.element_spec, Mode.TRAIN)
         state = {
@@ -267,10 +270,10 @@ class TrainingRun:
             variables = self.model.model_fn.trainable_variables
             self.config.check(lambda: checkpoints.misfit(self.checkpointer.latest, variables))
         restored = self.checkpointer.restore_latest() is not None
-        if not restored and self.settings.warm_start.source:
+        if not restored and source:
             warm_start.warm_start(
                 self.model.model_fn,
-                self.settings.warm_start.source,
+                source,
                 self.settings.warm_start.pattern,
                 self.settings.warm_start.map,
             )

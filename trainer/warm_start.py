@@ -40,13 +40,14 @@ MODEL_ROOTS = ("model", "model_fn")
 
 
 def warm_start(
-    model_fn, source: str, pattern: str = ".*", names: Mapping[str, str] | None = None
+    model_fn, source: str | Source, pattern: str = ".*", names: Mapping[str, str] | None = None
 ) -> dict[str, list[str]]:
     """Assigns ``model_fn``'s variables their values in ``source``; returns the report.
 
     Args:
       model_fn: the model, its variables made.
-      source: a checkpoint, a model_dir, a SavedModel directory or a ``.keras`` file.
+      source: a checkpoint, a model_dir, a SavedModel directory or a ``.keras`` file
+        (or that ``Source``, opened already).
       pattern: only this model's variables whose Keras path matches it (``re.search``)
         are considered; the others keep their values and are not reported.
       names: ``{pattern: replacement}`` turning this model's names into the source's.
@@ -63,7 +64,7 @@ def warm_start(
         for v in model_fn.trainable_variables + model_fn.non_trainable_variables
         if re.search(pattern, v.path) and tf.as_dtype(v.dtype).is_floating
     ]
-    found = Source(source)
+    found = source if isinstance(source, Source) else Source(source)
     ours = _keras_names(wanted) if found.keras_paths else _object_names(model_fn, wanted)
     report: dict[str, list[str]] = {"loaded": [], "skipped": [], "left": []}
     assign = []
@@ -80,7 +81,7 @@ def warm_start(
         report["loaded"].append(name)
         assign.append((variable, theirs))
     if not assign:
-        raise UserError(_nothing_loaded(source, ours.values(), found.shapes, names))
+        raise UserError(_nothing_loaded(found.source, ours.values(), found.shapes, names))
     for variable, theirs in assign:  # every shape checked before any assignment
         value = np.asarray(found.read(theirs))
         variable.assign(value.astype(tf.as_dtype(variable.dtype).as_numpy_dtype))
@@ -114,6 +115,7 @@ class Source:
     """The variables of a checkpoint, a SavedModel or a ``.keras`` file, by name.
 
     Attributes:
+      source: the path given.
       path: what is read (a model_dir's newest checkpoint, a SavedModel's variables).
       shapes: ``{name: shape}`` of the source's model variables.
       keras_paths: whether the names are Keras paths (a ``.keras`` file) rather than
@@ -121,6 +123,7 @@ class Source:
     """
 
     def __init__(self, source: str):
+        self.source = source
         self.keras_paths = source.endswith(".keras")
         if self.keras_paths:
             self.path, self._values = source, _keras_file(source)

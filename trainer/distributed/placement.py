@@ -187,11 +187,15 @@ class Placement:
         if self.strategy is None:
             return
 
-        def blank(spec: tf.TensorSpec | None) -> tf.Tensor | None:
+        def blank(spec: tf.TensorSpec | None, label: bool = False) -> tf.Tensor | None:
             if spec is None:  # Weighted labels' mean_weight, filled in by the step
                 return None
             shape = [1 if d is None else d for d in spec.shape]
-            return tf.fill(shape, "") if spec.dtype == tf.string else tf.zeros(shape, spec.dtype)
+            if spec.dtype == tf.string:
+                return tf.fill(shape, "")
+            if label and spec.dtype.is_floating and len(shape) > 1:  # as a distribution
+                return tf.fill(shape, tf.constant(1 / shape[-1], spec.dtype))  # (mixed labels)
+            return tf.zeros(shape, spec.dtype)
 
         # A Keras model built before it reached the Estimator (a compiled Keras model)
         # holds plain variables: made again in the scope, values kept, so that the
@@ -202,7 +206,8 @@ class Placement:
             if labels_spec is None:
                 model_fn(features, None, Mode.PREDICT)
             else:
-                model_fn(features, tf.nest.map_structure(blank, labels_spec), Mode.EVAL)
+                labels = tf.nest.map_structure(lambda s: blank(s, label=True), labels_spec)
+                model_fn(features, labels, Mode.EVAL)
 
     def adopt_metrics(self, metrics) -> None:
         """Under a strategy, makes Keras metrics' state per replica (see ``_adopt``).
