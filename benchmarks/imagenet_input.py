@@ -131,7 +131,7 @@ def framework(data_dir: str, in_memory: bool = False) -> tf.data.Dataset:
     """``tfrecord.input_fn``'s training batches: by index from the shards, or held in memory."""
     params = InputParams(batch_size=BATCH, global_batch_size=BATCH, seed=0)
     # From the files, as at ImageNet's size; or the records held in memory.
-    gin.bind_parameter("pipeline.cache", True if in_memory else False)
+    gin.bind_parameter("pipeline.cache", in_memory)
     try:
         return tfrecord.input_fn(
             Mode.TRAIN, params, data_dir=data_dir, image_size=SIZE[0], augment="inception"

@@ -27,8 +27,8 @@ from trainer.distributed import strategies
 
 strategies.split_cpu(4)
 
-import keras  # noqa: E402
 import gin  # noqa: E402
+import keras  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import logging  # noqa: E402
 
