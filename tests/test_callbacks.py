@@ -159,7 +159,7 @@ def test_trains_epochs_are_log_periods_and_callbacks_see_each_block(tmp_path, in
             self.model.set_weights([np.zeros_like(w) for w in weights])
 
     est.train(input_fn, 100, callbacks=[Watch()])
-    metrics = ["accuracy", "learning_rate", "loss"]
+    metrics = ["accuracy", "loss"]  # fit's: no learning_rate unless a callback adds it
     assert events == [
         ("begin", 0, 0),
         ("batch", 3, 4, ["accuracy", "loss"]),
@@ -178,6 +178,58 @@ def test_trains_epochs_are_log_periods_and_callbacks_see_each_block(tmp_path, in
     assert est.step == 14 and checkpoint_steps(tmp_path) == [5, 10, 14]
     kept = estimator(tmp_path)  # the weights set at on_train_end are the checkpoint's
     assert kept.evaluate(input_fn, steps=1)["loss"] == pytest.approx(np.log(10), rel=1e-6)
+
+
+def compiled_linear():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((8, 8, 1), name="image"), keras.layers.Flatten(), keras.layers.Dense(10)]
+    )
+    model.compile(
+        keras.optimizers.SGD(0.05),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    return model
+
+
+def test_lambda_callbacks_get_fits_arguments_and_csv_rows_fits_columns(tmp_path, input_fn):
+    """Ported from Keras's LambdaCallback and CSVLogger tests: every begin event is given
+    ``(index, logs)``, and a CSVLogger row has the columns fit writes (no learning_rate)."""
+
+    def callbacks(name, seen):
+        return [
+            keras.callbacks.LambdaCallback(
+                on_epoch_begin=lambda epoch, logs: seen.append(("epoch", epoch, dict(logs))),
+                on_train_batch_begin=lambda batch, logs: seen.append(("batch", dict(logs))),
+            ),
+            keras.callbacks.CSVLogger(str(tmp_path / f"{name}.csv")),
+        ]
+
+    ours = []
+    est = estimator(tmp_path / "run", compiled_linear())
+    est.train_and_evaluate(
+        input_fn, input_fn, 10, eval_every_steps=5, eval_steps=2, callbacks=callbacks("ours", ours)
+    )
+    assert [e for e in ours if e[0] == "epoch"] == [("epoch", 0, {}), ("epoch", 1, {})]
+    assert {e[1] == {} for e in ours if e[0] == "batch"} == {True}
+
+    fits = []
+    model = compiled_linear()
+    images = np.zeros((64, 8, 8, 1), np.float32)
+    labels = np.arange(64) % 10
+    model.fit(
+        images,
+        labels,
+        batch_size=32,
+        epochs=2,
+        validation_data=(images, labels),
+        verbose=0,
+        callbacks=callbacks("fit", fits),
+    )
+    assert [e for e in fits if e[0] == "epoch"] == [("epoch", 0, {}), ("epoch", 1, {})]
+    with open(tmp_path / "ours.csv") as f, open(tmp_path / "fit.csv") as g:
+        assert f.readline() == g.readline() == "epoch,accuracy,loss,val_accuracy,val_loss\n"
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ import pytest
 import trainer
 from trainer import settings
 from trainer.cli import config_diff, gin_config
+from tests.conftest import REPO
 from trainer.errors import UserError
 
 
@@ -60,6 +61,91 @@ def test_every_old_argument_names_a_field_of_its_group_and_every_field_had_one()
 def test_a_group_refuses_a_bad_setting_when_made(make, message):
     with pytest.raises(UserError, match=message):
         make()
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (
+            lambda: trainer.Summaries(confusion_matrix="False"),
+            "Summaries.confusion_matrix must be True or False, got 'False' (in gin, write "
+            "False without quotes)",
+        ),
+        (
+            lambda: trainer.Checkpoints(keep_best="no"),
+            "Checkpoints.keep_best must be True or False, got 'no'",
+        ),
+        (
+            lambda: trainer.Devices(jit_compile="false"),
+            "Devices.jit_compile must be True or False, got 'false' (in gin, write False "
+            "without quotes)",
+        ),
+        (
+            lambda: trainer.Optimization(ema_decay="0.99"),
+            "Optimization.ema_decay must be a number or None, got '0.99' (in gin, write 0.99 "
+            "without quotes)",
+        ),
+        (
+            lambda: trainer.Optimization(clip_gradient_norm="1.0"),
+            "Optimization.clip_gradient_norm must be a number or None, got '1.0' (in gin, "
+            "write 1.0 without quotes)",
+        ),
+        (
+            lambda: trainer.Optimization(learning_rate_multipliers="body"),
+            "Optimization.learning_rate_multipliers must be a dict of strings to numbers or "
+            "None, got 'body'",
+        ),
+        (
+            lambda: trainer.Optimization(no_weight_decay="bias"),
+            "Optimization.no_weight_decay must be a list of strings, got 'bias'",
+        ),
+        (
+            lambda: trainer.Summaries(profile_steps=[1, "9"]),
+            "Summaries.profile_steps must be (a whole number, a whole number) or None, got "
+            "(1, '9')",
+        ),
+        (lambda: trainer.WarmStart(map=3), "WarmStart.map must be a dict of strings to strings"),
+        (lambda: trainer.BestExport(higher=1), "BestExport.higher must be True or False, got 1"),
+    ],
+)
+def test_every_field_of_a_group_is_checked_for_its_type_when_made(make, message):
+    """A quoted 'False' is a non-empty string, which Python reads as True: refused."""
+    with pytest.raises(UserError) as refused:
+        make()
+    assert str(refused.value) == message or str(refused.value).startswith(message)
+
+
+def test_a_field_of_the_right_type_is_taken_as_given():
+    assert trainer.Optimization(ema_decay=1, clip_gradient_norm=2).ema_decay == 1
+    assert trainer.Summaries(profile_steps=[2, 4]).profile_steps == (2, 4)
+    assert trainer.Devices(count=2, prefetch=None).count == 2
+
+
+def test_an_old_flat_argument_from_python_is_told_its_group(tmp_path):
+    from models.mlp import MLP
+
+    with pytest.raises(UserError) as refused:
+        trainer.Estimator(MLP(), str(tmp_path), save_checkpoints_steps=10)
+    assert str(refused.value) == (
+        "Estimator(save_checkpoints_steps=...) is Checkpoints.every_steps now: pass "
+        "Estimator(..., checkpoints=trainer.Checkpoints(every_steps=...))"
+    )
+    with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
+        trainer.Estimator(MLP(), str(tmp_path), bogus=10)
+
+
+def test_a_group_bound_whole_in_gin_is_told_to_bind_its_fields():
+    from trainer.cli import experiment  # noqa: F401 (registers experiment)
+
+    with pytest.raises(UserError) as refused:
+        gin_config.parse(
+            [f"{REPO}/experiments/digits_mlp.gin"], ["Estimator.checkpoints = @Checkpoints()"]
+        )
+    assert str(refused.value) == (
+        "--gin_param: Configurable 'Estimator' has denylisted kwarg 'checkpoints': the command "
+        "line makes Estimator.checkpoints from the Checkpoints bindings: bind its fields "
+        "instead, e.g. 'Checkpoints.every_steps = ...'"
+    )
 
 
 def test_a_group_is_frozen_and_its_mappings_are_its_own():

@@ -5,11 +5,13 @@ and each step's metrics are in MLflow once (``trainer/tracking.py``).
 """
 
 import functools
+import http.server
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -21,6 +23,7 @@ from models.mlp import MLP
 from tests.conftest import REPO, run_cli
 from trainer import Checkpoints, Estimator
 from trainer.distributed.launcher import free_ports
+from trainer.errors import UserError
 from trainer.tracking import MLflow
 
 mlflow = pytest.importorskip("mlflow", reason="MLflow is the [mlflow] extra")
@@ -142,6 +145,11 @@ def test_an_estimator_extended_from_python_continues_its_run_in_a_local_store(tm
     assert steps(client, run.info.run_id, "eval_eval/loss") == [10, 20]
     assert run.data.params["Checkpoints.every_steps"] == "10"
     assert run.info.status == "FINISHED"
+    artifacts = tmp_path / "mlartifacts"  # beside the store, not ./mlruns of the cwd
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"operative_config.gin"}
+    assert client.get_experiment_by_name("python").artifact_location.endswith(str(artifacts))
+    assert run.info.artifact_uri.startswith(f"file://{artifacts}/"), run.info.artifact_uri
+    assert (artifacts / run.info.experiment_id / run.info.run_id).is_dir()
 
 
 def test_an_unreachable_tracking_server_is_one_line_before_training(tmp_path):
@@ -159,6 +167,61 @@ def test_an_unreachable_tracking_server_is_one_line_before_training(tmp_path):
     )
     assert done.stderr.count("\n") == 1
     assert not (tmp_path / "run").exists() or not os.listdir(tmp_path / "run")
+
+
+class _NotMLflow(http.server.BaseHTTPRequestHandler):
+    """A web server that answers /health as MLflow's does, and nothing else."""
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+        self.wfile.write(b"OK" if self.path == "/health" else b"<html>not found</html>")
+
+    do_POST = do_GET  # noqa: N815
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def not_mlflow():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotMLflow)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("store", ["file", "scheme", "foreign"])
+def test_a_store_mlflow_refuses_is_one_line_before_training(store, tmp_path, not_mlflow):
+    """A file: store (MLflow 3.17 refuses them), a misspelt scheme, and a web server that
+    answers /health but is not MLflow: each refused before anything trains."""
+    uri = {
+        "file": f"file:{tmp_path}/mlruns",
+        "scheme": "htp://127.0.0.1:5000",
+        "foreign": not_mlflow,
+    }[store]
+    with pytest.raises(UserError) as refused:
+        MLflow(uri).check()
+    said = str(refused.value)
+    assert "\n" not in said and said.startswith(f"MLflow cannot record to {uri} ("), said
+    assert said.endswith(
+        "give --tracking_uri a database store (sqlite:///mlflow.db) or an MLflow tracking "
+        "server (http://127.0.0.1:5000)"
+    )
+    if store == "file":
+        assert "MLFLOW_ALLOW_FILE_STORE=true" in said
+    assert not (tmp_path / "mlruns").exists()
+
+
+def test_a_refused_store_ends_the_command_with_one_line_and_no_model_dir(tmp_path):
+    uri = f"file:{tmp_path}/mlruns"
+    done = run_cli(*DIGITS, "--model_dir", str(tmp_path / "run"), "--tracking_uri", uri)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.startswith(f"error: MLflow cannot record to {uri} ("), done.stderr
+    assert done.stderr.count("\n") == 1
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_sweep_is_one_parent_run_with_a_child_per_trial(tmp_path, server):

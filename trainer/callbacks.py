@@ -6,14 +6,14 @@ framework trains in compiled blocks of steps, so its events are these, with ``fi
 names and arguments:
 
 * ``on_train_begin(logs)``: once per call, after the model is built and restored;
-* ``on_epoch_begin(epoch)`` and ``on_epoch_end(epoch, logs)``: an epoch is an
+* ``on_epoch_begin(epoch, logs)`` and ``on_epoch_end(epoch, logs)``: an epoch is an
   evaluation cycle of ``train_and_evaluate`` (``eval_every_steps`` steps; the last may
   be shorter), or a log period (``log_every_steps``) of ``train``, which does not
   evaluate. Epoch ``k`` ends at step ``(k + 1) * period``. Its logs are named as
   ``fit`` names them: the epoch's training metrics (``loss``, ``accuracy``, ...: each
-  the mean over the epoch's steps), ``learning_rate``, then ``val_loss``,
+  the mean over the epoch's steps), then ``val_loss``,
   ``val_accuracy``, ... of the first eval set and ``val_<set>_<metric>`` of the others;
-* ``on_train_batch_begin(batch)`` and ``on_train_batch_end(batch, logs)``: around each
+* ``on_train_batch_begin(batch, logs)`` and ``on_train_batch_end(batch, logs)``: around each
   compiled block (a block ends at each log step), ``batch`` being the index in its
   epoch of the block's last step; the logs are the training metrics since the last
   log step;
@@ -273,8 +273,8 @@ class Events:
         if not self.live:
             return
         if step % self.epoch_steps == 0 if self.epoch_steps else step == 0:
-            self._call("on_epoch_begin", self._epoch_of(step + 1))
-        self._call("on_train_batch_begin", self._batch_of(step + 1))
+            self._call("on_epoch_begin", self._epoch_of(step + 1), {})
+        self._call("on_train_batch_begin", self._batch_of(step + 1), {})
 
     def log(self, step: int, logs: Mapping[str, float]) -> None:
         """The log action's logs at ``step``: part of the epoch's; an epoch of ``train`` ends."""
@@ -393,31 +393,32 @@ def _bits(learning_rate) -> int:
 
 
 class _EpochLogs:
-    """The epoch's training logs: each metric's mean over the steps of its log periods."""
+    """The epoch's training logs: each metric's mean over the steps of its log periods.
+
+    As in ``fit``'s, no learning rate: ReduceLROnPlateau and LearningRateScheduler add
+    ``learning_rate`` themselves.
+    """
 
     def __init__(self, at: int = 0, sums: dict | None = None, steps: int = 0, last=None):
+        del last  # the learning rates an older saved state holds: not a log of fit's
         self.at = at  # the last log step counted (the epoch's start, before any)
         self.sums, self.steps = dict(sums or {}), steps
-        self.last = dict(last or {})  # the learning rates, as last logged
 
     def add(self, step: int, logs: Mapping[str, float]) -> None:
         """A log period ending at ``step``: its means count for its steps."""
         n, self.at = step - self.at, step
         for key, value in logs.items():
-            if key.startswith("learning_rate"):
-                self.last[key] = float(value)
-            elif key not in AUXILIARY and key.split("/")[0] not in AUXILIARY:
+            if not key.startswith("learning_rate") and key.split("/")[0] not in AUXILIARY:
                 self.sums[key] = self.sums.get(key, 0.0) + float(value) * n
         self.steps += n
 
     def result(self) -> dict[str, float]:
-        """The means, then the learning rates."""
-        means = {k: v / self.steps for k, v in self.sums.items()} if self.steps else {}
-        return {**means, **self.last}
+        """The means."""
+        return {k: v / self.steps for k, v in self.sums.items()} if self.steps else {}
 
     def state(self) -> dict:
         """What rebuilds it after a resume."""
-        return {"at": self.at, "sums": self.sums, "steps": self.steps, "last": self.last}
+        return {"at": self.at, "sums": self.sums, "steps": self.steps}
 
 
 def _state_of(callback) -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import inspect
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -87,6 +88,14 @@ class Estimator:
 
     Each group is a frozen dataclass of ``trainer/settings.py``, with defaults.
     """
+
+    def __new__(cls, *args, **kwargs):
+        """Refuses, by its place now, an argument that moved into a settings group."""
+        del args
+        moved = sorted(set(kwargs) & set(settings.MOVED))
+        if moved:
+            raise errors.UserError(settings.moved_argument(moved[0]))
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -388,6 +397,11 @@ class Estimator:
         return evaluation.evaluate(
             model, dataset, steps, name, writers, self.model_dir, self.speaks, batch_size
         )
+
+
+# help(), IDEs and inspect show __init__'s arguments, not __new__'s (*args, **kwargs).
+_INIT = inspect.signature(Estimator.__init__)
+Estimator.__signature__ = _INIT.replace(parameters=list(_INIT.parameters.values())[1:])
 
 
 def _model_state(

@@ -12,7 +12,10 @@ translated (``trainer/cli/gin_errors.py``, ``trainer/cli/config_diff.py``).
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
+import types
+import typing
 from collections.abc import Callable, Mapping, Sequence
 
 from trainer import errors
@@ -20,6 +23,84 @@ from trainer.errors import UserError
 
 frozen = dataclasses.dataclass(frozen=True)
 NONFINITE_POLICIES = ("stop", "rollback")  # what a NaN or infinite loss does
+
+
+def check_types(group) -> None:
+    """Refuses a field whose value is not of its annotated type, naming the field.
+
+    A string where a bool or a number belongs is the usual case: gin's ``'False'`` in
+    quotes is a non-empty string, which Python reads as True.
+    """
+    hints = typing.get_type_hints(type(group))
+    for field in dataclasses.fields(group):
+        value = getattr(group, field.name)
+        if _accepts(hints[field.name], value):
+            continue
+        said = f"{type(group).__name__}.{field.name} must be {_described(hints[field.name])}"
+        meant = _unquoted(value) if isinstance(value, str) else None
+        hint = f" (in gin, write {meant} without quotes)" if meant else ""
+        raise UserError(f"{said}, got {value!r}{hint}")
+
+
+def _accepts(hint, value) -> bool:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_accepts(arg, value) for arg in args)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint in (int, float):  # a whole number is a number; a bool is neither
+        kinds = (int,) if hint is int else (int, float)
+        return isinstance(value, kinds) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if origin is collections.abc.Mapping:
+        return isinstance(value, Mapping) and all(
+            _accepts(args[0], k) and _accepts(args[1], v) for k, v in value.items()
+        )
+    if origin is collections.abc.Sequence:
+        return isinstance(value, list | tuple) and all(_accepts(args[0], v) for v in value)
+    if origin is tuple:
+        return (
+            isinstance(value, tuple)
+            and len(value) == len(args)
+            and all(_accepts(a, v) for a, v in zip(args, value, strict=True))
+        )
+    if origin is collections.abc.Callable:
+        return callable(value)
+    return True
+
+
+def _described(hint) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_described(arg) for arg in args)
+    if origin is collections.abc.Mapping:
+        return f"a dict of {_plural(args[0])} to {_plural(args[1])}"
+    if origin is collections.abc.Sequence:
+        return f"a list of {_plural(args[0])}"
+    if origin is tuple:
+        return f"({', '.join(_described(a) for a in args)})"
+    named = {type(None): "None", bool: "True or False", int: "a whole number", float: "a number"}
+    named.update({str: "a string", collections.abc.Callable: "a function"})
+    return named.get(origin or hint, getattr(hint, "__name__", str(hint)))
+
+
+def _plural(hint) -> str:
+    return {str: "strings", int: "whole numbers", float: "numbers"}.get(hint, _described(hint))
+
+
+def _unquoted(text: str) -> str | None:
+    """The literal a quoted value meant: 'false' -> False, '0.99' -> 0.99; else None."""
+    words = {"true": "True", "false": "False", "none": "None"}
+    if text.strip().lower() in words:
+        return words[text.strip().lower()]
+    try:
+        float(text)
+    except ValueError:
+        return None
+    return text.strip()
 
 
 @frozen
@@ -48,6 +129,7 @@ class Checkpoints:
         errors.check_count("Checkpoints.every_steps", self.every_steps, optional=True)
         errors.check_count("Checkpoints.keep", self.keep)
         errors.check_count("Checkpoints.keep_every_steps", self.keep_every_steps, optional=True)
+        check_types(self)
 
 
 @frozen
@@ -81,6 +163,7 @@ class Devices:
     def __post_init__(self):
         errors.check_seconds("Devices.startup_timeout", self.startup_timeout)
         errors.check_seconds("Devices.progress_timeout", self.progress_timeout)
+        check_types(self)
 
 
 @frozen
@@ -113,7 +196,9 @@ class Optimization:
 
     def __post_init__(self):
         for name in ("learning_rate_multipliers", "frozen_until_step"):
-            object.__setattr__(self, name, dict(getattr(self, name) or {}))
+            value = getattr(self, name)
+            if value is None or isinstance(value, Mapping):  # else refused below
+                object.__setattr__(self, name, dict(value or {}))
         errors.check_count("Optimization.microbatches", self.microbatches)
         errors.check_count("Optimization.max_rollbacks", self.max_rollbacks, minimum=0)
         if self.nonfinite_loss not in NONFINITE_POLICIES:
@@ -121,6 +206,7 @@ class Optimization:
                 "Optimization.nonfinite_loss must be 'stop' or 'rollback', "
                 f"got {self.nonfinite_loss!r}"
             )
+        check_types(self)
 
 
 @frozen
@@ -139,7 +225,9 @@ class WarmStart:
     map: Mapping[str, str] | None = None  # None: {}
 
     def __post_init__(self):
-        object.__setattr__(self, "map", dict(self.map or {}))
+        if self.map is None or isinstance(self.map, Mapping):  # else refused below
+            object.__setattr__(self, "map", dict(self.map or {}))
+        check_types(self)
 
 
 @frozen
@@ -158,6 +246,7 @@ class BestExport:
 
     def __post_init__(self):
         errors.check_count("BestExport.keep", self.keep)
+        check_types(self)
 
 
 @frozen
@@ -176,6 +265,7 @@ class EarlyStop:
 
     def __post_init__(self):
         errors.check_count("EarlyStop.patience", self.patience)
+        check_types(self)
 
 
 @frozen
@@ -198,14 +288,16 @@ class Summaries:
     confusion_matrix: bool = True
 
     def __post_init__(self):
-        steps = tuple(self.profile_steps) if self.profile_steps else None
+        steps = self.profile_steps
+        steps = tuple(steps) if isinstance(steps, list | tuple) and steps else steps or None
         object.__setattr__(self, "profile_steps", steps)
-        if steps is not None and not (len(steps) == 2 and 0 <= steps[0] < steps[1]):
+        for name in ("histogram_every_steps", "image_every_steps"):
+            errors.check_count(f"Summaries.{name}", getattr(self, name), optional=True)
+        check_types(self)
+        if steps is not None and not 0 <= steps[0] < steps[1]:
             raise UserError(
                 f"Summaries.profile_steps must be (start, stop) with 0 <= start < stop, got {steps}"
             )
-        for name in ("histogram_every_steps", "image_every_steps"):
-            errors.check_count(f"Summaries.{name}", getattr(self, name), optional=True)
 
 
 @frozen
@@ -237,6 +329,16 @@ def check(*groups) -> None:
     """
     for name, group, value in zip(ARGUMENTS, (*GROUPS, RunConfig), groups, strict=True):
         errors.check_instance(f"Estimator.{name}", value, group, f"a trainer.{group.__name__}")
+
+
+def moved_argument(name: str) -> str:
+    """What to pass instead of ``Estimator(name=...)``, an argument that moved to a group."""
+    group, field = MOVED[name].split(".")
+    argument = ARGUMENTS[[g.__name__ for g in GROUPS].index(group)]
+    return (
+        f"Estimator({name}=...) is {group}.{field} now: pass "
+        f"Estimator(..., {argument}=trainer.{group}({field}=...))"
+    )
 
 
 # Each Estimator argument that moved into a group, to its binding now.

@@ -52,9 +52,11 @@ class MLflow:
     """Records one model_dir's training in an MLflow run.
 
     Args:
-      tracking_uri: an MLflow tracking server (``http://127.0.0.1:5000``) or store
-        (``sqlite:///mlflow.db``, ``file:./mlruns``); None takes MLflow's own default
-        (``MLFLOW_TRACKING_URI``, else ``./mlruns``).
+      tracking_uri: an MLflow tracking server (``http://127.0.0.1:5000``) or database
+        store (``sqlite:///mlflow.db``); None takes MLflow's own default
+        (``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``). MLflow 3.17 refuses
+        ``file:`` stores unless ``MLFLOW_ALLOW_FILE_STORE=true``. The artifacts of a
+        run in a database store go beside it (``mlartifacts/``); a server keeps its own.
       experiment: the MLflow experiment's name.
       run_name: the run's name; default the model_dir's name.
     """
@@ -86,10 +88,14 @@ class MLflow:
         self.params = self.params or params
 
     def check(self) -> None:
-        """Refuses, in one line, a tracking server that does not answer (before training)."""
+        """Refuses, in one line, a server that does not answer or a store MLflow refuses.
+
+        Called before training: a run that trains for hours and records nothing is
+        worse than a run that does not start.
+        """
         mlflow = _mlflow()
         self.started = time.time()
-        uri = self.tracking_uri or mlflow.get_tracking_uri()
+        uri = self._uri()
         if uri.startswith(("http://", "https://")):
             try:
                 with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=10):
@@ -100,6 +106,11 @@ class MLflow:
                     f"the MLflow tracking server at {uri} does not answer ({reason}): start "
                     "it (mlflow server --host 127.0.0.1 --port 5000) or fix --tracking_uri"
                 ) from None
+        try:
+            self.client = self.client or mlflow.tracking.MlflowClient(self.tracking_uri)
+            self.client.search_experiments(max_results=1)
+        except Exception as error:  # MlflowException, an unknown scheme, a foreign server
+            raise UserError(refusal(uri, error)) from None
 
     def hold(self, holding: bool) -> None:
         """While training, metrics wait for the checkpoint of their step (``commit``)."""
@@ -145,7 +156,7 @@ class MLflow:
             return  # nothing was recorded: no run was made
         self.holding = False
         self.commit(None)
-        with self._failing_softly(f"mark run {self.run_id} {status}"):
+        with self._failing_softly(f"mark run {self.run_id or '(not made)'} {status}"):
             for name in (checkpoints.OPERATIVE_CONFIG, os.path.join("export", "best")):
                 path = os.path.join(self.model_dir, name)
                 if tf.io.gfile.isdir(path):
@@ -205,7 +216,9 @@ class MLflow:
         found = self.client.get_experiment_by_name(self.experiment)
         if found is not None:
             return found.experiment_id
-        return self.client.create_experiment(self.experiment)
+        return self.client.create_experiment(
+            self.experiment, artifact_location=artifacts_beside(self._uri())
+        )
 
     def _log_params(self, params: Mapping[str, Any]) -> None:
         """Logs the params the run does not have yet; says which differ from its own."""
@@ -227,6 +240,33 @@ class MLflow:
             os.path.join(self.model_dir, RECORD),
             {"tracking_uri": self._uri(), "run_id": self.run_id, "sent": self.sent},
         )
+
+
+def refusal(uri: str, error: Exception) -> str:
+    """The one line for a tracking URI MLflow cannot record to, and what to use instead."""
+    said = errors.first_line(error)
+    if "maintenance mode" in said:  # MLflow >= 3.17 and a file: store
+        said = "MLflow no longer records to file stores unless MLFLOW_ALLOW_FILE_STORE=true"
+    elif len(said) > 200:
+        said = said[:200] + "..."
+    return (
+        f"MLflow cannot record to {uri} ({said}): give --tracking_uri a database store "
+        "(sqlite:///mlflow.db) or an MLflow tracking server (http://127.0.0.1:5000)"
+    )
+
+
+def artifacts_beside(uri: str) -> str | None:
+    """Where a new experiment's artifacts go: beside a local database, else the store's choice.
+
+    MLflow's client puts a database store's artifacts in ``./mlruns`` of whatever
+    directory the run was started from.
+    """
+    if not uri.startswith("sqlite:///"):
+        return None
+    database = uri[len("sqlite:///") :]
+    if not database or database.startswith(":memory:"):
+        return None
+    return os.path.join(os.path.dirname(os.path.abspath(database)), "mlartifacts")
 
 
 def sweep_run(tracker: MLflow, sweep_dir: str, params: Mapping[str, Any]) -> None:

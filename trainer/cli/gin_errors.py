@@ -8,6 +8,7 @@ configurable that could not be called with its settings.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib.util
 import inspect
@@ -137,6 +138,9 @@ def _closest_name_hint(message: str) -> str:
     if missing:
         return _configurable_hint(missing.group(1), registry)
     param = re.search(r"Configurable '([^']+)' doesn't have a parameter named '([^']+)'", message)
+    denied = re.search(r"Configurable '([^']+)' has denylisted kwarg '([^']+)'", message)
+    if denied:
+        return _made_by_the_command_line(denied.group(1), denied.group(2))
     if param and param.group(1).endswith("Estimator") and param.group(2) in settings.MOVED:
         now = settings.MOVED[param.group(2)]
         return f": it is {now} now (trainer/settings.py): write '{now} = ...' instead"
@@ -151,6 +155,31 @@ def _closest_name_hint(message: str) -> str:
         modules = sorted({*_project_modules(), "models", "datasets", "trainer"})
         return _did_you_mean(module.group(1), modules)
     return ""
+
+
+# What the command line gives the Estimator itself, and where the user sets it.
+GIVEN = {
+    "model_fn": "experiment.model_fn",
+    "model_dir": "--model_dir",
+    "seed": "experiment.seed",
+    "config": "the gin files themselves",
+    "tracker": "--tracking_uri or experiment.tracker",
+}
+
+
+def _made_by_the_command_line(configurable: str, parameter: str) -> str:
+    """Why a binding the command line makes itself is refused, and the one to write."""
+    groups = dict(zip(settings.ARGUMENTS, (*settings.GROUPS, settings.RunConfig), strict=True))
+    group = groups.get(parameter)
+    if group is not None and group in settings.GROUPS:
+        field = dataclasses.fields(group)[0].name
+        return (
+            f": the command line makes {configurable}.{parameter} from the {group.__name__} "
+            f"bindings: bind its fields instead, e.g. '{group.__name__}.{field} = ...'"
+        )
+    if parameter in GIVEN:
+        return f": the command line gives it; set {GIVEN[parameter]} instead"
+    return ": the command line gives it"
 
 
 def _configurable_hint(name: str, registry) -> str:
