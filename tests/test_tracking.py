@@ -136,9 +136,11 @@ def test_an_estimator_extended_from_python_continues_its_run_in_a_local_store(tm
             log_every_steps=5,
             checkpoints=Checkpoints(every_steps=10),
             progress=False,
-            tracker=MLflow(uri, experiment="python"),
+            tracker=(tracker := MLflow(uri, experiment="python")),
         )
         estimator.train_and_evaluate(input_fn, input_fn, max_steps, eval_steps=1)
+    (tmp_path / "notes.txt").write_text("kept")
+    tracker.artifact(str(tmp_path / "notes.txt"))
     client = mlflow.tracking.MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("python").experiment_id])
     assert steps(client, run.info.run_id, "train/loss") == [5, 10, 15, 20]
@@ -146,10 +148,10 @@ def test_an_estimator_extended_from_python_continues_its_run_in_a_local_store(tm
     assert run.data.params["Checkpoints.every_steps"] == "10"
     assert run.info.status == "FINISHED"
     artifacts = tmp_path / "mlartifacts"  # beside the store, not ./mlruns of the cwd
-    assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"operative_config.gin"}
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"notes.txt"}
     assert client.get_experiment_by_name("python").artifact_location.endswith(str(artifacts))
-    assert run.info.artifact_uri.startswith(f"file://{artifacts}/"), run.info.artifact_uri
-    assert (artifacts / run.info.experiment_id / run.info.run_id).is_dir()
+    assert run.info.artifact_uri.startswith(f"{artifacts}/"), run.info.artifact_uri
+    assert (artifacts / run.info.run_id / "artifacts" / "notes.txt").read_text() == "kept"
 
 
 def test_an_unreachable_tracking_server_is_one_line_before_training(tmp_path):
