@@ -6,6 +6,7 @@ import os
 import pty
 import re
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -224,3 +225,29 @@ def test_importing_the_framework_changes_nothing_and_a_quiet_start_is_asked_for(
         assert proc.stdout == out, proc.stdout
         if code is quiet:
             assert proc.stderr == ""
+
+
+@pytest.mark.parametrize("ending", ["abort", "import_error"])
+def test_a_tensorflow_that_fails_while_loading_has_its_lines_said(tmp_path, ending):
+    """quiet_start holds TensorFlow's start-up lines back; a TensorFlow that aborts (a CPU
+    it was not built for) or fails to import still has what it wrote said, noise aside."""
+    fake = tmp_path / "tensorflow"
+    fake.mkdir()
+    end = "os.abort()" if ending == "abort" else "raise ImportError('no libcudart.so.12')"
+    (fake / "__init__.py").write_text(
+        "import os\n"
+        "os.write(2, b'I0000 cpu_feature_guard.cc:227] This TensorFlow binary is optimized\\n')\n"
+        "os.write(2, b'F0000 port.cc:42] Check failed: AVX512F not supported\\n')\n"
+        f"{end}\n"
+    )
+    code = "from trainer import console\nconsole.quiet_start(command_line=True)\n"
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}")
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == (-signal.SIGABRT if ending == "abort" else 1), proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines[0] == "F0000 port.cc:42] Check failed: AVX512F not supported", proc.stderr
+    if ending == "import_error":
+        assert lines[-1] == "ImportError: no libcudart.so.12"

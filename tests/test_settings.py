@@ -6,9 +6,9 @@ import inspect
 import pytest
 
 import trainer
+from tests.conftest import REPO
 from trainer import settings
 from trainer.cli import config_diff, gin_config
-from tests.conftest import REPO
 from trainer.errors import UserError
 
 

@@ -26,6 +26,7 @@ import io
 import logging as pylogging
 import os
 import re
+import signal
 import sys
 import tempfile
 import threading
@@ -97,23 +98,59 @@ def quiet_start(command_line: bool = False) -> None:
         return
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     sys.stderr.flush()
-    saved = os.dup(2)
     with tempfile.TemporaryFile(mode="w+b") as held:
-        os.dup2(held.fileno(), 2)
+        keeper, pipe = _start_keeper(held.fileno())
+        saved = os.dup(2)
+        os.dup2(pipe, 2)
+        os.close(pipe)
         try:
             with optional_packages_held_back(command_line):
                 import tensorflow as tf
 
             tf.config.list_physical_devices()  # CUDA is probed here
-        finally:
-            os.dup2(saved, 2)
+        finally:  # an ImportError too: the keeper has said what TensorFlow wrote
+            os.dup2(saved, 2)  # the pipe's last writer gone: the keeper ends
             os.close(saved)
+            os.waitpid(keeper, 0)
             held.seek(0)
-            lines = held.read().decode("utf-8", "replace").splitlines()
-    STARTUP_LOG.extend(lines)
-    for line in lines:
-        if line.strip() and not NOISE.search(line):
-            print(line, file=sys.stderr)
+            STARTUP_LOG.extend(held.read().decode("utf-8", "replace").splitlines())
+
+
+def _start_keeper(log_fd: int) -> tuple[int, int]:
+    """A child process that passes on what TensorFlow writes to stderr as it loads.
+
+    Each line goes to ``log_fd`` (trainer.log's start) and, unless it is ``NOISE``, to
+    the console. A process of its own, so that a TensorFlow that aborts while loading
+    (a CPU it was not built for, a broken CUDA install) still has its fatal line said.
+    Returns the child's pid and the pipe's writing end.
+    """
+    reading, writing = os.pipe()
+    pid = os.fork()  # before TensorFlow starts any thread
+    if pid:
+        os.close(reading)
+        return pid, writing
+    try:
+        os.close(writing)
+        for number in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):  # the loader's to answer
+            signal.signal(number, signal.SIG_IGN)
+        _pass_on(reading, log_fd)
+    finally:
+        os._exit(0)
+
+
+def _pass_on(reading: int, log_fd: int) -> None:
+    """Copies the pipe to ``log_fd``, and its lines that are not ``NOISE`` to stderr."""
+    pending = b""
+    while True:
+        chunk = os.read(reading, 65536)
+        os.write(log_fd, chunk)
+        *lines, pending = (pending + chunk).split(b"\n") if chunk else [pending, b""]
+        for line in lines:
+            text = line.decode("utf-8", "replace")
+            if text.strip() and not NOISE.search(text):
+                os.write(2, line + b"\n")
+        if not chunk:
+            return
 
 
 @contextlib.contextmanager
