@@ -52,9 +52,10 @@ def wants_everything(argv: list[str] | None = None) -> bool:
 
 # Packages Keras imports at start-up only if they are installed (``try: import``), for
 # what the command line never asks of Keras: notebook file editing (IPython), fitting
-# on DataFrames (pandas), the scikit-learn wrappers: 1.5 of the 5.5 s a command took
-# to start. tests/test_internals.py checks that Keras does without them.
-OPTIONAL_AT_IMPORT = ("IPython", "pandas", "sklearn")
+# on DataFrames (pandas), the scikit-learn wrappers, plotting image galleries
+# (matplotlib): 1.8 of the 5.5 s a command took to start. tests/test_internals.py
+# checks that Keras does without them.
+OPTIONAL_AT_IMPORT = ("IPython", "pandas", "sklearn", "matplotlib")
 
 
 class _HeldBack(importlib.abc.MetaPathFinder):
