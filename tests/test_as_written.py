@@ -171,6 +171,7 @@ DIGITS = "python3 -m trainer --gin_file experiments/digits_mlp.gin"
 IMAGES = "python3 -m datasets.prepare --images photos --out data/photos"
 
 
+@pytest.mark.slow
 def test_readmes_first_command_resumes_after_ctrl_c_reruns_and_serves_every_schedule(clone):
     """README's first command, interrupted, rerun twice; then each schedule on its model_dir."""
     proc = subprocess.Popen(
@@ -220,6 +221,7 @@ def test_readmes_first_command_resumes_after_ctrl_c_reruns_and_serves_every_sche
     assert sorted(os.listdir(clone / "output")) == ["digits_mlp"]  # nothing nested
 
 
+@pytest.mark.slow
 def test_readmes_console_is_the_first_commands_line_for_line_and_its_model_fine_tunes(clone):
     """README shows the first command's whole console: the real one, numbers aside. Its
     fine-tuning example then puts the digits MLP's body under a new head: the warm
@@ -259,6 +261,7 @@ def test_readmes_console_is_the_first_commands_line_for_line_and_its_model_fine_
     assert "nothing to train" in ok(sh(finetune, clone)).stdout
 
 
+@pytest.mark.slow
 def test_readmes_own_model_trains_resumes_and_predicts(clone):
     train, predict = sorted(c for c in shown_commands() if "polyfit.gin" in c)[:2]
     assert predict.endswith("--schedule predict --results predictions.jsonl"), predict
@@ -272,6 +275,7 @@ def test_readmes_own_model_trains_resumes_and_predicts(clone):
     assert ys == pytest.approx([3.0, 4.25, 8.0], abs=0.1)  # y = 5x^2 + 3 at x = 0, .5, 1
 
 
+@pytest.mark.slow
 def test_tfrecord_experiment_prepares_trains_verifies_and_runs_from_another_directory(clone):
     prepare = "python3 -m datasets.prepare --dataset digits --out data/digits --shards 4"
     prepared = ok(sh(prepare, clone))
@@ -299,6 +303,7 @@ def test_tfrecord_experiment_prepares_trains_verifies_and_runs_from_another_dire
     assert (clone / "tests/output/digits_mlp_tfrecord/ckpt-10.index").is_file()
 
 
+@pytest.mark.slow
 def test_your_own_images_prepare_and_train_as_promised(clone):
     """README's folder of images: prepared, trained with the ImageNet recipe, rerun."""
     from tests import image_folders
@@ -312,6 +317,7 @@ def test_your_own_images_prepare_and_train_as_promised(clone):
     check_promise("images_alexnet", run.stdout)
 
 
+@pytest.mark.slow
 def test_a_pretrained_backbone_fine_tunes_in_two_phases_as_written(clone):
     """README's fine-tuning recipe; its backbone made here, as nothing downloads."""
     import keras
@@ -354,6 +360,7 @@ def test_a_pretrained_backbone_fine_tunes_in_two_phases_as_written(clone):
     assert len(changed) > 100 and any(n.endswith("gamma") for n in changed)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["diabetes_linear", "diabetes_linear_momentum"])
 def test_diabetes_experiments_reach_the_closed_form(clone, name):
     proc = ok(sh(f"python3 -m trainer --gin_file experiments/{name}.gin", clone))
@@ -361,6 +368,7 @@ def test_diabetes_experiments_reach_the_closed_form(clone, name):
     assert mse == pytest.approx(closed_form_eval_mse(), rel=0.01)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["digits_alexnet", "digits_alexnet_bn"])
 def test_digits_alexnet_keeps_its_promise(clone, name):
     proc = ok(sh(f"python3 -m trainer --gin_file experiments/{name}.gin", clone))
@@ -368,6 +376,7 @@ def test_digits_alexnet_keeps_its_promise(clone, name):
     check_promise(name, proc.stdout)
 
 
+@pytest.mark.slow
 def test_digits_gan_keeps_its_promise_and_resumes(clone):
     """Two optimizers through the CLI: the promise, digits in TensorBoard, a rerun."""
     command = "python3 -m trainer --gin_file experiments/digits_gan.gin"
@@ -376,6 +385,7 @@ def test_digits_gan_keeps_its_promise_and_resumes(clone):
     assert "nothing to train" in ok(sh(command, clone)).stdout
 
 
+@pytest.mark.slow
 def test_digits_keras_keeps_its_promise_resumes_and_exports(clone):
     """A compiled Keras model through the CLI: trains, reruns to nothing, exports."""
     command = "python3 -m trainer --gin_file experiments/digits_keras.gin"
@@ -385,6 +395,7 @@ def test_digits_keras_keeps_its_promise_resumes_and_exports(clone):
     assert list((clone / "output/digits_keras/export").glob("*/saved_model.pb"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NEEDS_DOWNLOAD)
 def test_tfds_experiments_without_their_data_say_how_to_get_it(clone, name):
     started = time.monotonic()
@@ -396,6 +407,7 @@ def test_tfds_experiments_without_their_data_say_how_to_get_it(clone, name):
     assert time.monotonic() - started < 120
 
 
+@pytest.mark.slow
 def test_readmes_local_workers_train_one_model_as_promised(clone):
     """README's ``--workers 2``: two worker processes on this machine, one run."""
     proc = ok(sh(f"{DIGITS} --workers 2", clone))
@@ -403,6 +415,7 @@ def test_readmes_local_workers_train_one_model_as_promised(clone):
     check_promise("digits_mlp", proc.stdout)
 
 
+@pytest.mark.slow
 def test_kubernetes_recipe_describes_its_cluster_and_runs_as_each_pod(clone, tmp_path):
     """README's manifest: its TF_CONFIG names the Job's pods; its script trains as written."""
     with open(os.path.join(REPO, "README.md")) as f:
@@ -485,6 +498,7 @@ SWEEP = (
 )
 
 
+@pytest.mark.slow
 def test_callbacks_as_written(clone):
     """README's callbacks command: a CSV row per evaluation, the same after a rerun."""
     command = next(c for c in shown_commands() if "experiment.callbacks" in c)
@@ -499,6 +513,7 @@ def test_callbacks_as_written(clone):
     assert path.read_text().splitlines() == rows
 
 
+@pytest.mark.slow
 def test_mlflow_as_written(clone):
     """README's MLflow command: one run in the local store, rerun, still one run."""
     mlflow = pytest.importorskip("mlflow", reason="MLflow is the [mlflow] extra")
@@ -512,6 +527,7 @@ def test_mlflow_as_written(clone):
     assert run.info.status == "FINISHED" and run.data.tags["mlflow.runName"] == "digits_mlflow"
 
 
+@pytest.mark.slow
 def test_sweep_as_written(clone):
     """README's sweep, from a clone's root: four trials, then their table, best first."""
     proc = ok(sh(SWEEP, clone))

@@ -56,6 +56,7 @@ def csv_rows(path):
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow
 def test_keras_callbacks_stop_reduce_and_log_alike_straight_and_resumed(tmp_path, input_fn):
     """EarlyStopping's patience, ReduceLROnPlateau's rate and CSVLogger's rows survive a
     resume: the resumed run stops at the step the straight one stops at (a fresh
@@ -193,6 +194,7 @@ def compiled_linear():
     return model
 
 
+@pytest.mark.slow
 def test_lambda_callbacks_get_fits_arguments_and_csv_rows_fits_columns(tmp_path, input_fn):
     """Ported from Keras's LambdaCallback and CSVLogger tests: every begin event is given
     ``(index, logs)``, and a CSVLogger row has the columns fit writes (no learning_rate)."""
@@ -259,6 +261,7 @@ def test_a_monitor_whose_direction_is_unknown_is_refused_before_training(tmp_pat
     assert known.monitor_op is not None and est.step == 5
 
 
+@pytest.mark.slow
 def test_on_two_workers_the_chiefs_callbacks_stop_and_slow_both(tmp_path, data_dir):
     """Callbacks run on the chief; its stop and its reduced learning rate reach the other
     worker, which stops at the same step and trains at the same rate (the weights of

@@ -137,6 +137,7 @@ def test_checkpoints_listed_again_after_a_lost_list_are_still_deleted_past_the_l
     assert [checkpoints.step_of(p) for p in checkpoints.all_checkpoints(str(tmp_path))] == [50, 60]
 
 
+@pytest.mark.slow
 def test_checkpoint_policies_hold_across_restarts_and_a_lost_list(tmp_path, data_dir):
     """The newest two, every multiple of 25 and the best export's step are kept and
     listed; after a restart, and after the list was lost, the same rule; a kept

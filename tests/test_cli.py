@@ -19,6 +19,7 @@ def assert_ok(proc):
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_train_then_evaluate_then_predict(tmp_path, data_dir):
     model_dir = tmp_path / "run"
     ten = ["--gin_param", "experiment.max_steps = 10"]
@@ -135,6 +136,7 @@ def test_flag_mistakes_exit_with_the_user_error_code():
     assert default == exit_codes.USER_ERROR == UserError.exit_code == 2
 
 
+@pytest.mark.slow
 def test_a_batch_larger_than_the_training_set_is_warned_of_once(tmp_path, data_dir):
     args = [
         "--gin_param",

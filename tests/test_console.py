@@ -74,6 +74,7 @@ def screen_lines(out, columns=120):
     return [line for line in lines if line]
 
 
+@pytest.mark.slow
 def test_a_terminal_shows_one_bar_with_whole_lines_above_it_and_a_clean_ctrl_c(tmp_path, data_dir):
     every = ["experiment.eval_every_steps = 250", "Checkpoints.every_steps = 250"]
     args = digits_args(data_dir, tmp_path / "run", "--gin_param", "experiment.max_steps = 2000")
@@ -104,6 +105,7 @@ def test_a_terminal_shows_one_bar_with_whole_lines_above_it_and_a_clean_ctrl_c(t
     assert "Downloading and preparing" not in out  # TFDS's, as the digits are first built
 
 
+@pytest.mark.slow
 def test_redirected_output_is_plain_lines_every_log_step(tmp_path, data_dir):
     proc = run_cli(
         *digits_args(data_dir, tmp_path / "run", "--gin_param", "experiment.max_steps = 300")
@@ -166,6 +168,7 @@ def test_training_from_python_shows_progress_unless_asked_not_to(
     assert out.startswith("Evaluation of 'eval' at step 20") == progress
 
 
+@pytest.mark.slow
 def test_metrics_file_holds_each_step_once_after_a_resume(tmp_path, data_dir):
     args = digits_args(
         data_dir,
@@ -193,6 +196,7 @@ def test_metrics_file_holds_each_step_once_after_a_resume(tmp_path, data_dir):
     assert (evals.accuracy > 0.5).all()
 
 
+@pytest.mark.slow
 def test_importing_the_framework_changes_nothing_and_a_quiet_start_is_asked_for():
     """``import trainer`` in a script or notebook imports nothing yet and, with its
     modules, changes no file descriptor, import hook or environment variable beyond

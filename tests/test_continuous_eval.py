@@ -5,11 +5,14 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from datasets import digits
 from tests.conftest import REPO, digits_args, run_cli
 from tests.helpers import scalar_series
 
 
+@pytest.mark.slow
 def test_continuous_eval_beside_training_evaluates_each_checkpoint_once(tmp_path, data_dir):
     digits.load("train", data_dir)  # prepared data, as in a real setup (no build race)
     model_dir = tmp_path / "run"

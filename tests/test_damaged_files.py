@@ -31,6 +31,7 @@ def refused(model_dir, faulty_gin, *args, changed=(), **kwargs):
     return proc.stderr.strip()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "content",
     [
@@ -59,6 +60,7 @@ def test_an_unreadable_or_foreign_checkpoint_list_is_rebuilt_from_the_files(
     assert all(after[k] == v for k, v in kept.items())  # the earlier run's files untouched
 
 
+@pytest.mark.slow
 def test_an_unreadable_side_car_record_is_warned_of_and_evaluation_starts_over(
     model_dir, faulty_gin
 ):
@@ -72,6 +74,7 @@ def test_an_unreadable_side_car_record_is_warned_of_and_evaluation_starts_over(
     assert (model_dir / "continuous_eval.json").read_text().strip() == '{\n  "step": 100\n}'
 
 
+@pytest.mark.slow
 def test_a_missing_config_record_refuses_a_resume_it_cannot_check(model_dir, faulty_gin):
     (model_dir / "operative_config.gin").unlink()
     assert refused(model_dir, faulty_gin, "--gin_param", "Adam.learning_rate = 0.5") == (
@@ -84,6 +87,7 @@ def test_a_missing_config_record_refuses_a_resume_it_cannot_check(model_dir, fau
     assert "Adam.learning_rate" in (model_dir / "operative_config.gin").read_text()
 
 
+@pytest.mark.slow
 def test_an_evaluation_that_fails_keeps_the_steps_trained_before_it(model_dir, faulty_gin):
     """Corrupt eval data found at the final evaluation: the steps since the last
     checkpoint are saved first; with the data repaired, a rerun only evaluates."""
@@ -109,6 +113,7 @@ def test_an_evaluation_that_fails_keeps_the_steps_trained_before_it(model_dir, f
     assert "Training" not in proc.stdout and checkpoint_steps(model_dir) == [50, 100, 130]
 
 
+@pytest.mark.slow
 def test_metrics_lines_cut_short_by_a_kill_are_dropped_with_a_warning(model_dir, faulty_gin):
     metrics = model_dir / "metrics.jsonl"
     good = metrics.read_bytes()

@@ -23,6 +23,7 @@ def interpreter(path):
         return tf.lite.Interpreter(model_path=str(path))
 
 
+@pytest.mark.slow
 def test_tflite_and_onnx_files_serve_as_the_saved_model_does(model_dir, faulty_gin, data_dir):
     """Float files agree with the SavedModel within 1e-5 on the stored test digits, in
     TFLite's interpreter and onnxruntime; int8 loses at most 3 points of accuracy."""
@@ -103,6 +104,7 @@ def png_input_fn(mode: Mode, params: InputParams) -> tf.data.Dataset:
     return serves(dataset, features_of, {"png": tf.TensorSpec([], tf.string)})
 
 
+@pytest.mark.slow
 def test_a_preprocessing_tflite_and_onnx_lack_leaves_the_files_the_features(tmp_path, caplog):
     """PNG decoding inside serving_default: each file takes the model's features, says
     why in a warning, and is checked on the eval set."""
@@ -128,6 +130,7 @@ def test_a_preprocessing_tflite_and_onnx_lack_leaves_the_files_the_features(tmp_
     assert os.path.isfile(os.path.join(path, "model.onnx"))
 
 
+@pytest.mark.slow
 def test_onnx_without_its_extra_is_one_line_before_anything_runs(model_dir, faulty_gin):
     """tf2onnx missing (a package that fails to import, as a missing one does)."""
     fake = model_dir.parent / "without_onnx"

@@ -35,6 +35,7 @@ def input_fn(data_dir):
     return functools.partial(digits.input_fn, data_dir=data_dir)
 
 
+@pytest.mark.slow
 def test_ten_steps_write_checkpoints_and_events(tmp_path, input_fn):
     estimator = make_estimator(
         tmp_path, config=RunConfig(text_fn=lambda: "MLP.hidden_units = [32]\n")
@@ -71,6 +72,7 @@ def test_rerun_resumes_and_does_not_retrain(tmp_path, input_fn):
     assert checkpoint_steps(tmp_path) == [5, 10, 15]
 
 
+@pytest.mark.slow
 def test_resume_continues_from_the_exact_batch(tmp_path, input_fn):
     """10 + 10 steps across two Estimators equal 20 uninterrupted steps, bit for bit."""
     straight = make_estimator(tmp_path / "straight")
@@ -85,6 +87,7 @@ def test_resume_continues_from_the_exact_batch(tmp_path, input_fn):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
+@pytest.mark.slow
 def test_prefetching_to_the_device_resumes_from_the_exact_batch(tmp_path, input_fn):
     """Reading a batch ahead still reads exactly a block's batches: 10 + 10 steps with
     prefetching equal 20 steps with it and 20 steps without, bit for bit."""
@@ -158,6 +161,7 @@ def _params(batch_size):
     return InputParams(batch_size=batch_size, global_batch_size=batch_size, seed=0)
 
 
+@pytest.mark.slow
 def test_xla_compiled_step_trains_to_the_same_place(tmp_path, input_fn):
     """Without dropout (whose random draws differ under XLA) the arithmetic agrees."""
 

@@ -14,6 +14,7 @@ TFDS_EXPERIMENTS = ["mnist_mlp", "fashion_mnist_mlp", "mnist_alexnet", "cifar10_
 TFDS_EXPERIMENTS += ["cifar10_resnet56"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", TFDS_EXPERIMENTS)
 def test_tfds_experiment_trains_on_mock_data(tmp_path, name):
     gin.parse_config_files_and_bindings(
@@ -27,6 +28,7 @@ def test_tfds_experiment_trains_on_mock_data(tmp_path, name):
     assert checkpoint_steps(tmp_path) == [10]
 
 
+@pytest.mark.slow
 def test_smoke_include_shrinks_an_experiment(tmp_path, data_dir):
     proc = run_cli(
         "--gin_file",

@@ -36,6 +36,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_saved_model_in_a_fresh_process_predicts_like_the_framework(tmp_path, data_dir):
     common = digits_args(data_dir, tmp_path / "run", "--gin_param", "experiment.max_steps = 50")
     assert run_cli(*common, "--schedule", "train").returncode == 0
@@ -80,6 +81,7 @@ def test_saved_model_in_a_fresh_process_predicts_like_the_framework(tmp_path, da
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name, shape",
     [
@@ -117,6 +119,7 @@ def test_signature_matches_the_data(tmp_path, name, shape):
             signature(image=tf.zeros(wrong, tf.uint8))
 
 
+@pytest.mark.slow
 def test_best_exporter_keeps_the_top_k_across_restarts(tmp_path, data_dir):
     model_dir = tmp_path / "run"
     args = digits_args(

@@ -74,6 +74,7 @@ def run_bad(model_dir, faulty_gin, *args, exit_code=2, **kwargs):
 # ---------------------------------------------------------------- the bad-input table
 
 
+@pytest.mark.slow
 def test_disk_full_during_save_keeps_the_previous_checkpoint(model_dir, faulty_gin):
     data_file = model_dir / "ckpt-100.data-00000-of-00001"
     limit = os.path.getsize(data_file) // 2
@@ -110,6 +111,7 @@ def test_disk_full_during_save_keeps_the_previous_checkpoint(model_dir, faulty_g
 # ---------------------------------------------------------------- NaN guard
 
 
+@pytest.mark.slow
 def test_nonfinite_loss_stops_and_keeps_the_last_checkpoint(model_dir, faulty_gin):
     line = run_bad(
         model_dir,
@@ -129,6 +131,7 @@ def test_nonfinite_loss_stops_and_keeps_the_last_checkpoint(model_dir, faulty_gi
     ), line
 
 
+@pytest.mark.slow
 def test_rollback_skips_the_bad_batch_and_finishes(tmp_path, faulty_gin):
     model_dir = tmp_path / "run"
     proc = run_cli(
@@ -238,6 +241,7 @@ def test_a_nan_gradient_stops_at_its_step_or_names_the_block(tmp_path):
 # ---------------------------------------------------------------- kills and signals
 
 
+@pytest.mark.slow
 def test_sigkill_during_a_background_save_resumes_bitwise_exact(tmp_path, data_dir):
     """Killed while a save is written in the background (its files half there): the
     list still names the checkpoint before, and the rerun ends as an unbroken run."""
@@ -275,6 +279,7 @@ def test_sigkill_during_a_background_save_resumes_bitwise_exact(tmp_path, data_d
         np.testing.assert_array_equal(value, actual[key], err_msg=key)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("experiment", ["digits_mlp", "digits_mlp_tfrecord"])
 def test_sigkill_at_random_steps_then_resume_is_bitwise_exact(tmp_path, data_dir, experiment):
     """Two kills at random moments (mid-save included); the end equals an unbroken run.
@@ -352,6 +357,7 @@ def test_sigkill_at_random_steps_then_resume_is_bitwise_exact(tmp_path, data_dir
     assert not any(key.startswith("input/") for key in actual)  # no iterator was saved
 
 
+@pytest.mark.slow
 def test_one_trainer_per_model_dir_and_a_dead_holder_is_taken_over(tmp_path, data_dir):
     """Two trainers started together: one trains, the other is refused naming it; once
     the holder is SIGKILLed a rerun takes the lock over and resumes."""
@@ -395,6 +401,7 @@ def test_one_trainer_per_model_dir_and_a_dead_holder_is_taken_over(tmp_path, dat
     assert (model_dir / ".trainer.lock").read_text() == ""  # released at the end
 
 
+@pytest.mark.slow
 def test_sigterm_saves_at_a_step_boundary_and_exits_75(tmp_path, data_dir):
     model_dir = tmp_path / "run"
     args = [
@@ -457,6 +464,7 @@ def test_a_signal_that_lands_in_a_weakref_callback_still_ends_the_start():
     assert (signal.getsignal(signal.SIGINT), sys.unraisablehook) == previous
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -479,6 +487,7 @@ def test_a_run_that_fails_before_training_says_why_and_leaves_no_model_dir(
     assert not (tmp_path / "output").exists()
 
 
+@pytest.mark.slow
 def test_float_labels_that_are_whole_class_ids_train(tmp_path, faulty_gin):
     """3.0 is class 3 (3.5 is refused: the mistake table's label_not_a_class_id)."""
     proc = run_cli(
@@ -502,6 +511,7 @@ def rerun_to_150(model_dir, faulty_gin):
     return run_cli("--gin_file", faulty_gin, "--model_dir", str(model_dir), *args, env=ENV)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "damage, problem",
     [
@@ -533,6 +543,7 @@ def test_a_damaged_newest_checkpoint_is_named_and_nothing_is_overwritten(
     assert dir_hash(model_dir) == before
 
 
+@pytest.mark.slow
 def test_a_batch_size_change_resumes_a_positioned_input_at_its_example(tmp_path, data_dir):
     """digits is read by position: batch 64 goes on from the example batch 128 reached."""
     model_dir = tmp_path / "run"

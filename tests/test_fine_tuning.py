@@ -111,6 +111,7 @@ def framework_phases(path, x, y, tmp_path):
     return model, head
 
 
+@pytest.mark.slow
 def test_the_two_phases_equal_kerass_guide_under_fit_and_batch_norm_never_moves(tmp_path):
     path = make_backbone(str(tmp_path / "mobilenet_v2.keras"))
     x, y = _data()

@@ -73,6 +73,7 @@ def test_frozen_variables_stay_bit_equal_until_their_step_then_move(tmp_path):
     assert units == {"model": 6, "body": 3}
 
 
+@pytest.mark.slow
 def test_no_weight_decay_leaves_the_matched_variables_undecayed(tmp_path):
     """One AdamW step from the same weights, with and without the biases excluded: the
     kernels move alike, the biases do not (decay pulls them to zero only without)."""
@@ -212,6 +213,7 @@ def test_a_group_mistake_is_refused_in_one_line(
     assert not (tmp_path / "checkpoint").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["gan", "wgan"])
 def test_groups_take_turns_alike_on_one_device_towers_and_mirrored(tmp_path, data_dir, kind):
     """Two discriminator steps, then one generator step: each optimizer counts its
@@ -230,6 +232,7 @@ def test_groups_take_turns_alike_on_one_device_towers_and_mirrored(tmp_path, dat
             assert other["metrics"][metric] == pytest.approx(value, rel=1e-4, abs=1e-6), name
 
 
+@pytest.mark.slow
 def test_the_gan_experiment_on_two_devices_and_killed_and_resumed(tmp_path, data_dir):
     """experiments/digits_gan.gin through the command line: --num_devices 2 gives the
     one device's losses at step 100; SIGKILL after a checkpoint, then the same command,
@@ -360,6 +363,7 @@ def test_a_train_step_that_misuses_its_optimizers_is_refused_in_one_line(
     assert not (tmp_path / "checkpoint").exists()
 
 
+@pytest.mark.slow
 def test_two_workers_train_the_gan_taking_turns_as_one_process_does(tmp_path, data_dir):
     """Two optimizers under multi_worker (worker processes on 127.0.0.1): each group's
     gradients all-reduced over the workers, the turns kept, the noise drawn where one

@@ -51,6 +51,7 @@ def photos(tmp_path_factory):
     return root / "photos", out, broken, proc
 
 
+@pytest.mark.slow
 def test_a_folder_is_prepared_with_its_bad_files_named_and_counted(photos):
     root, out, broken, proc = photos
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -84,6 +85,7 @@ def test_jpeg_bytes_are_kept_as_they_are(photos):
     assert stored == set(jpegs)
 
 
+@pytest.mark.slow
 def test_verify_and_a_rerun_keep_what_is_written(photos):
     _, out, _, _ = photos
     verified = prepare("--verify", out)
@@ -122,6 +124,7 @@ def test_an_empty_class_folder_is_refused_by_name(tmp_path, split_folders):
         assert classes[-1] == "zebra" and 3 not in {label for _, label in splits["test"]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -144,6 +147,7 @@ def test_images_of_varying_sizes_need_an_image_size(photos):
         tfrecord.input_fn(Mode.TRAIN, params, data_dir=str(photos[1]))
 
 
+@pytest.mark.slow
 def test_inception_crops_resume_bit_equal(photos, tmp_path):
     """Random-resized crops are drawn from the stream position: 20 + 20 steps = 40 steps.
 
@@ -201,6 +205,7 @@ def imagenet_layout(directory, per_split=((("train", 2), 60), (("validation", 1)
                     writer.write(example.SerializeToString())
 
 
+@pytest.mark.slow
 def test_imagenet_build_script_shards_are_read_where_they_lie(tmp_path):
     """Indexed, not copied; labels from 1 moved to 0; verified; trained above chance."""
     lying = tmp_path / "imagenet"
@@ -257,6 +262,7 @@ def test_imagenet_build_script_shards_are_read_where_they_lie(tmp_path):
     assert float(lines[table + 1].split()[-1]) > 0.6, proc.stdout  # chance is 1/3
 
 
+@pytest.mark.slow
 def test_shards_without_the_keys_given_are_one_line(tmp_path):
     lying = tmp_path / "imagenet"
     lying.mkdir()
@@ -297,6 +303,7 @@ def test_tfds_imagenet2012_is_prepared_encoded_and_read(tmp_path):
     assert sum(len(y["label"]) for _, y in evaluated) == 10
 
 
+@pytest.mark.slow
 def test_a_killed_preparation_is_finished_by_the_same_command(tmp_path):
     """Killed after its first shards: nothing looks complete; the rerun writes the rest."""
     rng = np.random.default_rng(1)
@@ -322,6 +329,7 @@ def test_a_killed_preparation_is_finished_by_the_same_command(tmp_path):
     assert written == {p.name: p.read_bytes() for p in (tmp_path / "straight").iterdir()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, size", [("imagenet_alexnet", 64), ("imagenet_resnet50", 32)])
 def test_the_imagenet_experiment_trains_small_and_reports_top_k_errors(tmp_path, name, size):
     """An ImageNet experiment on build-script shards, small images for 10 steps."""
@@ -358,6 +366,7 @@ print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
 """
 
 
+@pytest.mark.slow
 def test_preparing_four_times_the_images_takes_no_more_memory(tmp_path):
     """Peak memory of prepare --images on 4,000 and on 16,000 images: within 60 MB."""
     rng = np.random.default_rng(0)

@@ -191,6 +191,7 @@ def test_gin_config__LOCATION_PREFIXES(tmp_path):
         paths.remove(str(tmp_path))  # the test leaves gin's include paths as they were
 
 
+@pytest.mark.slow
 def test_keras_imports_ipython_pandas_sklearn_and_matplotlib_only_if_they_are_there():
     """``console.OPTIONAL_AT_IMPORT``, held back while the command line imports TensorFlow."""
     import subprocess

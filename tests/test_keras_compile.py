@@ -116,6 +116,7 @@ def sum_reduced_runs(model_dir):
     return runs
 
 
+@pytest.mark.slow
 def test_a_sum_reduced_loss_is_summed_over_the_whole_step_on_two_devices(tmp_path):
     """Towers and mirrored replicas train what one device trains with reduction='sum'."""
     runs = on_two_cpus("tests.test_keras_compile", "sum_reduced_runs", str(tmp_path))

@@ -68,6 +68,7 @@ def input_fn(data_dir):
     return functools.partial(digits.input_fn, data_dir=data_dir)
 
 
+@pytest.mark.slow
 def test_compiled_sequential_trains_resumes_exactly_and_keeps_its_weights(tmp_path, input_fn):
     model = digits_cnn()
     estimator = make(model, tmp_path / "run")
@@ -226,6 +227,7 @@ def test_mixed_precision_and_weight_averaging_take_a_keras_model(tmp_path, input
     assert (served == ours).mean() == 1.0  # both the averaged weights
 
 
+@pytest.mark.slow
 def test_a_compiled_keras_model_trains_alike_on_two_workers(tmp_path, data_dir):
     """The gin experiment's Keras model across 2 worker processes, as on one: the same
     examples and updates (the same loss at step 100, to rounding; the sums' order
@@ -306,6 +308,7 @@ def gan_estimator(model, model_dir, **options):
     return make(model, model_dir, **{"global_batch_size": 64, "log_every_steps": 7, **options})
 
 
+@pytest.mark.slow
 def test_a_keras_models_own_train_step_trains_as_fit_does_and_resumes_exactly(tmp_path):
     """keras.io's DCGAN, whose train_step applies its two optimizers: the framework's
     steps are fit's on the same batches from the same weights, also when stopped and
@@ -384,6 +387,7 @@ def test_a_train_step_with_keras_compiled_loss_and_optimizer_trains_and_evaluate
     assert metrics["accuracy"] == pytest.approx(evaluated["accuracy"], abs=1e-6)
 
 
+@pytest.mark.slow
 def test_a_keras_models_own_train_step_refuses_what_it_cannot_honour(tmp_path):
     """Settings its own updates cannot reach, and an evaluation without a loss; a NaN
     its step meets stops training at that step, the last checkpoint untouched."""

@@ -36,6 +36,7 @@ def saved(model_dir) -> dict:
     return {k: reader.get_tensor(k) for k in keys if k.startswith(("model/", "optimizer/"))}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("devices", [[], ["--num_devices", "2"]], ids=["one_device", "towers"])
 def test_four_microbatches_train_as_the_whole_batch(tmp_path, data_dir, devices):
     """Through the CLI, one sweep of microbatches 1 and 4: the same losses, weights and
@@ -85,6 +86,7 @@ def uneven_runs(tmp_path_factory, data_dir):
     return weights
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("run,reference", [("4", "whole"), ("40", "whole"), ("xla 3", "xla")])
 def test_uneven_and_single_example_slices_train_as_the_whole_batch(uneven_runs, run, reference):
     for actual, expected in zip(uneven_runs[run], uneven_runs[reference], strict=True):

@@ -453,6 +453,7 @@ def empty(directory: Path) -> list[str]:
     return []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("row", sorted(ROWS))
 def test_a_mistake_is_one_line_and_changes_nothing(row, model_dir, faulty_gin, data_dir, tmp_path):
     make_args, expected = ROWS[row]

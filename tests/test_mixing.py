@@ -61,6 +61,7 @@ def _global_batches(bindings, global_batch, pipelines, start=0, steps=3, augment
 BOTH = ["mixing.mixup_alpha = 0.4", "mixing.cutmix_alpha = 1.0", f"mixing.num_classes = {CLASSES}"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("augment", [None, _flip], ids=["whole_batches", "example_by_example"])
 def test_pairs_mix_alike_on_one_or_two_pipelines_and_from_a_resumed_position(augment):
     """The same global batches whatever the sharding, and from the middle of the stream."""

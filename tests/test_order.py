@@ -145,6 +145,7 @@ def input_state_bytes(checkpoint):
     )
 
 
+@pytest.mark.slow
 def test_input_state_in_a_checkpoint_stays_a_few_integers(tmp_path):
     """2,000 or 20,000 CIFAR-shaped examples: the same 16 bytes of input state."""
     sizes = {}
@@ -196,6 +197,7 @@ def test_a_user_pipeline_with_a_shuffle_buffer_still_resumes_exactly(tmp_path):
 # ---------------------------------------------------------------- other device counts
 
 
+@pytest.mark.slow
 def test_resuming_on_other_device_counts_reads_exactly_the_same_examples(tmp_path):
     """Stopped under mirrored on 2 devices at step 6, resumed on 1, 2 or 4: every step
     reads the examples an uninterrupted one-device run reads (see resume_runs.py)."""

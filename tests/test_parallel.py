@@ -127,6 +127,7 @@ def tower_placement(model_dir, kind="mlp"):
     ]
 
 
+@pytest.mark.slow
 def test_each_towers_forward_and_gradient_ops_run_on_its_device_and_only_the_sum_crosses(
     tmp_path,
 ):
@@ -146,6 +147,7 @@ def test_each_towers_forward_and_gradient_ops_run_on_its_device_and_only_the_sum
     assert readers == {"AddN", "MulNoNan", "ConcatV2"}, readers
 
 
+@pytest.mark.slow
 def test_the_several_optimizer_steps_ops_run_on_their_towers_devices_too(tmp_path):
     """The GAN's step (two losses, two optimizers, one persistent tape per tower):
     every forward and gradient op of tower i on device i, for both groups."""
@@ -241,6 +243,7 @@ def assert_same_training(run, reference, rtol=1e-5):
     assert run["metrics"]["accuracy"] == pytest.approx(reference["metrics"]["accuracy"])
 
 
+@pytest.mark.slow
 def test_one_two_and_four_devices_train_alike(tmp_path, data_dir):
     """50 steps at one global batch: same loss curve and weights on 1, 2 and 4 devices,
     with and without clipping the gradient's global norm, and with mixed batches."""
@@ -336,6 +339,7 @@ def train_locally(data_dir, model_dir, max_steps):
     return estimator.evaluate(input_fn)
 
 
+@pytest.mark.slow
 def test_two_workers_train_one_model_that_restores_on_one_device(tmp_path, data_dir):
     model_dir = tmp_path / "run"
     settings = ("experiment.max_steps = 60", "Checkpoints.every_steps = 30")
@@ -363,6 +367,7 @@ def test_two_workers_train_one_model_that_restores_on_one_device(tmp_path, data_
     assert distributed["accuracy"] > 0.8
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "tf_config, line",
     [
@@ -438,6 +443,7 @@ def test_each_tf_config_mistake_is_named_before_anything_starts(monkeypatch, tf_
     assert cluster.find().where == ("worker 1 of 2", "b:2")
 
 
+@pytest.mark.slow
 def test_num_devices_on_a_machine_without_gpus_splits_its_cpu(tmp_path, data_dir):
     """The command line splits the CPU before TensorFlow starts, and says why."""
     args = digits_args(data_dir, tmp_path / "run", "--gin_param", "experiment.max_steps = 20")
@@ -469,6 +475,7 @@ def evaluated(process):
     return json.loads(out.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_evaluation_is_split_over_replicas_and_workers_and_counts_each_example_once(
     tmp_path, data_dir
 ):
@@ -596,6 +603,7 @@ def test_slurm_tasks_sharing_a_node_get_their_gpus_and_their_jobs_ports(monkeypa
     assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
 
 
+@pytest.mark.slow
 def test_cost_model_counts_what_towers_and_the_ring_move():
     """benchmarks/costs.py: README's table of what a step costs on many GPUs."""
     from benchmarks import costs

@@ -67,11 +67,13 @@ def cells(columns):
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("row, column", cells(IN_PROCESS))
 def test_cell(row, column, tmp_path):
     check(f"{row} {column}", parity.cell(row, column, str(tmp_path / "model")))
 
 
+@pytest.mark.slow
 def test_two_device_cells():
     """Every row under towers and mirrored, in one process that split its CPU in two
     (one test, so that the suite's two workers do not both start it)."""
@@ -88,6 +90,7 @@ def test_two_device_cells():
     assert differing == known, "\n".join(failures)
 
 
+@pytest.mark.slow
 def test_multi_worker_cells(tmp_path):
     """The multi_worker column's rows, on two worker processes on 127.0.0.1 (one
     cluster for every cell: a process joins one); each worker finds them equal."""
@@ -111,6 +114,7 @@ def test_a_batch_cut_in_parts_says_how_it_takes_a_layers_own_add_loss(tmp_path, 
     assert len(said) == 1 and "'added_loss'" in said[0] and "ops.mean" in said[0], said
 
 
+@pytest.mark.slow
 def test_keras_applications_mobilenet_fed_x_y_as_keras_users_feed_it():
     """keras.applications' MobileNetV2 (batch norm throughout), fed ``(x, y)`` tensors:
     three steps here and by Keras from the same weights on the same batches leave every
@@ -161,6 +165,7 @@ def test_keras_applications_mobilenet_fed_x_y_as_keras_users_feed_it():
         np.testing.assert_allclose(mine, keras_weight, atol=1e-5, rtol=0, err_msg=mine.path)
 
 
+@pytest.mark.slow
 def test_a_summed_loss_of_a_models_own_step_is_reported_as_the_whole_batchs_sum():
     """Under a strategy it was the mean of the replicas' sums: half, on two."""
     found = on_two_cpus("tests.parity", "reported_summed_losses", "towers:1,mirrored:2")

@@ -49,6 +49,7 @@ def in_memory(mode, params, delay=0.0):
     return dataset
 
 
+@pytest.mark.slow
 def test_input_bound_run_is_reported_with_the_knobs_to_turn(tmp_path, caplog):
     slow = estimator(tmp_path / "slow", checkpoints=Checkpoints(input=False))
     with caplog.at_level(logging.INFO, logger="absl"):
@@ -102,6 +103,7 @@ class SlowMLP(MLP):
         return spec
 
 
+@pytest.mark.slow
 def test_prefetch_to_device_reads_the_next_batch_while_the_step_runs(tmp_path):
     """A 20 ms read beside a 40 ms step (10 forward, 30 backward): waited for without
     prefetching, hidden with it but for the first batch of each block. The read stands
@@ -154,6 +156,7 @@ def policy():
     set_precision(None)
 
 
+@pytest.mark.slow
 def test_bfloat16_trains_digits_as_well_as_float32(tmp_path, data_dir, policy):
     input_fn = functools.partial(digits.input_fn, data_dir=data_dir)
     results = {}

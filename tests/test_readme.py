@@ -3,6 +3,8 @@
 import os
 import re
 
+import pytest
+
 from tests.conftest import REPO
 
 
@@ -48,6 +50,7 @@ def test_python_api_snippet_runs(tmp_path, monkeypatch):
     assert abs(kernel[1] - 5) < 0.3 and abs(estimator.model_fn.dense.bias.numpy()[0] - 3) < 0.2
 
 
+@pytest.mark.slow
 def test_keras_snippet_trains_the_model_it_compiled(tmp_path, monkeypatch):
     """README's 'Your Keras model', run as written from a working directory."""
     snippet = next(b for b in code_blocks("python") if "keras.Sequential(" in b)

@@ -13,6 +13,7 @@ from tests.test_parity import check
 from trainer import Mode, UserError
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "depth, variant, size, classes, weights",
     [
@@ -50,12 +51,14 @@ def test_a_depth_that_is_no_resnet_is_refused_in_one_line():
         ResNet(depth=20, variant="imagenet")
 
 
+@pytest.mark.slow
 def test_resnet20_trains_as_keras_fit_trains_its_own_layers(tmp_path):
     """Three steps of the framework's ResNet-20 equal fit's of a Keras model of its layers,
     then evaluate and predict."""
     check("resnet20 one_device", parity.cell("resnet20", "one_device", str(tmp_path / "model")))
 
 
+@pytest.mark.slow
 def test_resnet_on_two_devices_equals_one_device_or_keras_under_a_strategy():
     """Synchronized batch norm on two mirrored replicas trains what one device trains;
     towers (each tower by its own statistics) train what mirrored replicas train."""
@@ -86,6 +89,7 @@ def _cli_args(data, model_dir, max_steps):
     return args
 
 
+@pytest.mark.slow
 def test_resnet20_trains_above_chance_through_the_command_line_and_resumes_bitwise(tmp_path):
     """cifar10_resnet56.gin made ResNet-20 on generated 32x32 images of three classes."""
     rng = np.random.default_rng(0)

@@ -53,6 +53,7 @@ def wait_until(condition, timeout: float, what: str) -> None:
         time.sleep(0.5)
 
 
+@pytest.mark.slow
 def test_two_jobs_of_two_tasks_share_the_node_and_scancel_term_saves(slurm, tmp_path):
     """README's srun line as two jobs at once, 2 tasks each: each job listens on ports of
     its own (both took 8888 before), one trains to its end, the other is sent
@@ -94,6 +95,7 @@ def test_two_jobs_of_two_tasks_share_the_node_and_scancel_term_saves(slurm, tmp_
     assert ports[0] != ports[1] and "8888" not in ports[0] + ports[1], ports
 
 
+@pytest.mark.slow
 def test_the_time_limits_warning_saves_and_the_batch_script_requeues_the_job(slurm, tmp_path):
     """README's batch script with a one-minute limit and the warning 20 s before it: the
     workers stop on SIGUSR1 with 75 and the script requeues the job; started again, it

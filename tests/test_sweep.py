@@ -27,6 +27,7 @@ GRID = [
 ]
 
 
+@pytest.mark.slow
 def test_a_sweep_stopped_and_rerun_trains_each_trial_once(tmp_path, faulty_gin):
     sweep_dir, results = tmp_path / "sweep", tmp_path / "sweep.json"
     args = ["--gin_file", faulty_gin, "--model_dir", str(sweep_dir), *FORTY_STEPS, *GRID]
@@ -143,6 +144,7 @@ def test_a_grid_is_every_combination_named_by_its_values():
     ]
 
 
+@pytest.mark.slow
 def test_a_sweep_of_the_devices_runs_each_trial_as_a_command_of_its_own(tmp_path, data_dir):
     sweep_dir = tmp_path / "devices"
     args = digits_args(data_dir, sweep_dir, "--gin_file", "experiments/smoke.gin")

@@ -112,6 +112,7 @@ def eval_accuracy(tmp_path, input_fn):
     return estimator.train_and_evaluate(input_fn, input_fn, max_steps=400)["eval"]["accuracy"]
 
 
+@pytest.mark.slow
 def test_digits_from_shards_match_the_in_memory_source(tmp_path, digits_records, data_dir):
     from_records = eval_accuracy(
         tmp_path / "records", functools.partial(tfrecord.input_fn, data_dir=str(digits_records))
@@ -184,6 +185,7 @@ def test_empty_or_absent_splits_are_clear_errors(tmp_path):
         tfrecord.read(str(tmp_path / "nowhere"), "train", Mode.EVAL, params())
 
 
+@pytest.mark.slow
 def test_prepare_command_writes_and_verifies(tmp_path, data_dir):
     out = tmp_path / "out"
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
@@ -360,6 +362,7 @@ def test_a_description_that_does_not_fit_the_files_is_refused(digits_records, tm
     )
 
 
+@pytest.mark.slow
 def test_training_over_2048_shards_under_an_open_file_limit_of_1024(tmp_path):
     """ImageNet-scale shard counts: files are closed, not held open one per shard."""
     data = tmp_path / "data"

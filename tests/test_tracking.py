@@ -75,6 +75,7 @@ def steps(client, run_id, key):
     return [m.step for m in client.get_metric_history(run_id, key)]
 
 
+@pytest.mark.slow
 def test_a_run_stopped_by_sigterm_and_rerun_is_one_mlflow_run_each_step_once(tmp_path, server):
     """The command line with --tracking_uri: SIGTERM after the first checkpoint, rerun;
     one MLflow run holds the params, each log step's train metrics and each evaluation
@@ -122,6 +123,7 @@ def test_a_run_stopped_by_sigterm_and_rerun_is_one_mlflow_run_each_step_once(tmp
     assert {"operative_config.gin", "results.json"} <= artifacts
 
 
+@pytest.mark.slow
 def test_an_estimator_extended_from_python_continues_its_run_in_a_local_store(tmp_path, data_dir):
     """MLflow("sqlite:///...") from Python: train to 10, then on to 20 with a new
     Estimator; one run, each step once, the settings groups as params."""
@@ -154,6 +156,7 @@ def test_an_estimator_extended_from_python_continues_its_run_in_a_local_store(tm
     assert (artifacts / run.info.run_id / "artifacts" / "notes.txt").read_text() == "kept"
 
 
+@pytest.mark.slow
 def test_an_unreachable_tracking_server_is_one_line_before_training(tmp_path):
     (port,) = free_ports(1)
     done = run_cli(
@@ -217,6 +220,7 @@ def test_a_store_mlflow_refuses_is_one_line_before_training(store, tmp_path, not
     assert not (tmp_path / "mlruns").exists()
 
 
+@pytest.mark.slow
 def test_a_refused_store_ends_the_command_with_one_line_and_no_model_dir(tmp_path):
     uri = f"file:{tmp_path}/mlruns"
     done = run_cli(*DIGITS, "--model_dir", str(tmp_path / "run"), "--tracking_uri", uri)
@@ -226,6 +230,7 @@ def test_a_refused_store_ends_the_command_with_one_line_and_no_model_dir(tmp_pat
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_a_sweep_is_one_parent_run_with_a_child_per_trial(tmp_path, server):
     sweep_dir = tmp_path / "sweep"
     done = run_cli(

@@ -6,6 +6,7 @@ import re
 
 import keras
 import numpy as np
+import pytest
 
 from datasets import digits
 from models.mlp import MLP
@@ -22,6 +23,7 @@ def estimator(model_dir, **kwargs):
     return Estimator(MLP(hidden_units=[16]), str(model_dir), **options)
 
 
+@pytest.mark.slow
 def test_early_stopping_after_patience_evaluations_without_improvement_resumed_too(
     tmp_path, data_dir
 ):
@@ -68,6 +70,7 @@ def test_warm_start_takes_the_matching_weights_only(tmp_path, data_dir):
     assert not np.allclose(by_path["logits/kernel"], source_weights["logits/kernel"], atol=0.01)
 
 
+@pytest.mark.slow
 def test_timestamped_model_dir_and_run_eagerly(tmp_path, data_dir):
     proc = run_cli(
         "--gin_file",

@@ -43,6 +43,7 @@ class AucOnlyInEval(trainer.ModelFn):
         return trainer.Spec({"probability": probability}, tf.reduce_mean(loss), metrics)
 
 
+@pytest.mark.slow
 def test_metrics_made_in_one_mode_only_are_found_when_that_mode_is_first_traced(tmp_path):
     """The EVAL-only AUC is reported and ranks the best export, after training traced first;
     evaluated first, a later training logs only what TRAIN makes."""

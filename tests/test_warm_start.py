@@ -121,6 +121,7 @@ def digits_mlp():
     return model
 
 
+@pytest.mark.slow
 def test_a_warm_start_with_a_moving_average_evaluates_the_warm_started_weights(tmp_path):
     """The average starts from the weights of the first step, not from the values the
     variables were made with (it evaluated 0.169 where the source evaluates 0.95)."""

@@ -24,6 +24,7 @@ from tests.workers import (
 )
 
 
+@pytest.mark.slow
 def test_sigterm_to_one_worker_stops_all_at_one_checkpoint_and_a_rerun_finishes(tmp_path, data_dir):
     model_dir = tmp_path / "run"
     settings = ("experiment.max_steps = 3000", "Checkpoints.every_steps = 100")
@@ -54,6 +55,7 @@ def test_sigterm_to_one_worker_stops_all_at_one_checkpoint_and_a_rerun_finishes(
     assert checkpoint_steps(model_dir)[-1] == step + 20
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("victim", "fault"),
     [(1, signal.SIGKILL), (0, signal.SIGKILL), (0, signal.SIGSTOP)],
@@ -105,6 +107,7 @@ def worker_pid(launcher, index):
     pytest.fail(f"no worker {index} under the launcher")
 
 
+@pytest.mark.slow
 def test_a_closed_terminal_or_a_lost_worker_ends_the_launcher_as_readme_says(tmp_path, data_dir):
     """SIGHUP (the terminal closed) saves as SIGTERM does, said once: exit 75; the run's
     '{timestamp}' model_dir is one directory for both workers; on the rerun, worker 1
@@ -146,6 +149,7 @@ def test_a_closed_terminal_or_a_lost_worker_ends_the_launcher_as_readme_says(tmp
     assert err.startswith("error: lost worker 1 (127.0.0.1:") and "every worker resumes" in err
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_the_workers_start_or_twice_in_training_is_one_line(tmp_path, data_dir):
     """Ctrl-C (SIGINT to the command's process group) as TensorFlow loads: one line, exit
     130, no model_dir; twice in training: the workers are killed, one line says so."""
@@ -186,6 +190,7 @@ def run_faulty_workers(tmp_path, data_dir, *settings):
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
 
 
+@pytest.mark.slow
 def test_a_worker_that_fails_is_said_first_and_the_others_are_stopped_at_once(tmp_path, data_dir):
     """Worker 1's labels go out of range at its 30th batch: its one line comes first, the
     chief is stopped (not left to find the lost peer), and the job exits 2."""
@@ -202,6 +207,7 @@ def test_a_worker_that_fails_is_said_first_and_the_others_are_stopped_at_once(tm
     assert "Traceback" not in done.stderr and len(lines) <= 2, done.stderr
 
 
+@pytest.mark.slow
 def test_workers_that_see_other_checkpoints_or_a_changed_config_stop_before_training(
     tmp_path, data_dir
 ):
@@ -235,6 +241,7 @@ def test_workers_that_see_other_checkpoints_or_a_changed_config_stop_before_trai
     assert sorted(os.listdir(model_dir)) == before
 
 
+@pytest.mark.slow
 def test_workers_given_different_configs_or_clusters_stop_in_one_line(tmp_path, data_dir):
     """What differs between workers is named on every worker, before anything is written."""
     model_dir, settings = tmp_path / "run", ("experiment.max_steps = 20",)
@@ -282,6 +289,7 @@ def test_workers_given_different_configs_or_clusters_stop_in_one_line(tmp_path, 
     assert not model_dir.exists() or not os.listdir(model_dir)
 
 
+@pytest.mark.slow
 def test_a_worker_whose_peers_never_come_gives_up_or_answers_signals_while_it_waits(
     tmp_path, data_dir
 ):
@@ -312,6 +320,7 @@ def test_a_worker_whose_peers_never_come_gives_up_or_answers_signals_while_it_wa
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
+@pytest.mark.slow
 def test_a_worker_stuck_in_its_input_fn_is_named_and_the_run_ends_resumable(tmp_path, data_dir):
     """Worker 1's input_fn never returns while its process still heartbeats (TensorFlow
     would wait forever): after Devices.progress_timeout the watchdog names it, every
@@ -336,6 +345,7 @@ def weights(stop: dict) -> dict:
     return {"step": stop["step"], "table": stop["table"]}
 
 
+@pytest.mark.slow
 def test_reruns_on_fewer_or_more_workers_read_what_one_uninterrupted_run_reads(tmp_path):
     """Stopped at step 6 on 2 workers, resumed on 3 to step 12 and on 1 to step 16: every
     step reads the examples one uninterrupted process reads, and the weights are bit-equal
@@ -354,6 +364,7 @@ def test_reruns_on_fewer_or_more_workers_read_what_one_uninterrupted_run_reads(t
     assert checkpoint_steps(model_dir)[-1] == 16
 
 
+@pytest.mark.slow
 def test_a_users_own_input_fn_is_shared_out_between_workers_as_one_process_reads_it(tmp_path):
     """README's input_fn (arrays, shuffle, batch by params.batch_size), which does not read
     params.input_pipeline_id: two workers read what one process reads at the same global
@@ -373,6 +384,7 @@ def test_a_users_own_input_fn_is_shared_out_between_workers_as_one_process_reads
     assert np.std(expected[-1]) > 0.1
 
 
+@pytest.mark.slow
 def test_two_workers_clip_the_summed_gradient_as_one_process_does(tmp_path):
     """The global norm of the gradient summed over the workers (and over each one's 3
     micro-batches) is clipped: the id-table model's weights equal one process's, and
@@ -399,6 +411,7 @@ def test_two_workers_clip_the_summed_gradient_as_one_process_does(tmp_path):
     assert np.abs(np.subtract(table(unclipped)["table"], expected)).max() > 0.1
 
 
+@pytest.mark.slow
 def test_workers_flag_starts_local_workers_passes_signals_on_and_says_things_once(
     tmp_path, data_dir
 ):

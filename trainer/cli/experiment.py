@@ -35,6 +35,7 @@ from trainer import (
     writer_lock,
 )
 from trainer.cli import exit_codes, gin_config, gin_errors, report, sweep
+from trainer.cli import flags as cli_flags
 from trainer.distributed import cluster, preemption, strategies, workers
 from trainer.errors import Preempted, TrainingDiverged, UserError
 from trainer.precision import set_precision
@@ -43,7 +44,6 @@ from trainer.settings import RunConfig
 _CLOCK: dict[str, float] = {}  # seconds spent importing and parsing the config
 _CREATED_DIRS: list[str] = []  # directories this run made, deepest first
 
-INFERENCE = ("evaluate", "predict", "export")  # the schedules --checkpoint applies to
 FLAGS = flags.FLAGS  # defined and parsed by trainer.cli.flags before this module is imported
 
 
@@ -260,7 +260,7 @@ def _run(params: list[str], model_dir: str | None, results: str | None):
         _check_paths(model_dir, results)
         _set_up_the_process()  # before any op runs
         logging.info("model_dir: %s", model_dir)
-        profile = _profile_steps(FLAGS.profile_steps)
+        profile = cli_flags.profile_steps(FLAGS.profile_steps)
         result = experiment(
             model_dir=model_dir,
             schedule=FLAGS.schedule,
@@ -296,22 +296,13 @@ def _run(params: list[str], model_dir: str | None, results: str | None):
 
 
 def _check_paths(model_dir: str, results: str | None) -> None:
-    """Makes model_dir (remembering what it made) and refuses flags that cannot work."""
+    """Makes model_dir (remembering what it made) and refuses a results file that cannot work.
+
+    The flags that need no path were checked before TensorFlow loaded
+    (``flags.check_combinations``).
+    """
     _CREATED_DIRS[:] = writer_lock.missing_dirs(model_dir)
     _check_writable(model_dir, "--model_dir")
-    if FLAGS.checkpoint is not None and FLAGS.schedule not in INFERENCE:
-        raise UserError(
-            f"--checkpoint={FLAGS.checkpoint} names the checkpoint --schedule evaluate, "
-            f"predict or export uses; --schedule={FLAGS.schedule} trains on from the newest"
-        )
-    if FLAGS.export_format != ["saved_model"] and FLAGS.schedule != "export":
-        formats = " ".join(f"--export_format {f}" for f in FLAGS.export_format)
-        raise UserError(
-            f"--export_format applies to --schedule export; --schedule={FLAGS.schedule} "
-            f"writes no export: run it, then --schedule export {formats}"
-        )
-    if FLAGS.schedule == "predict" and not results:
-        raise UserError("--schedule=predict needs --results=PATH.jsonl to write to")
     if results:
         _check_results(results, model_dir)
 
@@ -342,22 +333,6 @@ def _set_up_the_process() -> None:
     if gin_config.query("experiment.deterministic", False):
         tf.config.experimental.enable_op_determinism()
     tf.get_logger().setLevel("WARNING")  # TF's per-save INFO lines are noise here
-
-
-def _profile_steps(values: list[str] | None) -> tuple[int, int] | None:
-    """``--profile_steps=100,110`` as ``(100, 110)``."""
-    if not values:
-        return None
-    try:
-        start, stop = (int(v) for v in values)
-    except ValueError:
-        start = stop = -1
-    if not 0 <= start < stop:
-        raise UserError(
-            f"--profile_steps={','.join(values)}: give START,STOP global steps "
-            "with START < STOP, e.g. 100,110"
-        )
-    return start, stop
 
 
 def _default_model_dir(files: list[str]) -> str:

@@ -103,6 +103,7 @@ def main(argv: list[str]) -> None:
     missing = missing_gin_file(FLAGS.gin_file)
     if missing:
         fail(missing)
+    check_combinations()
     try:
         with preemption.outside_training():
             if FLAGS.workers is not None:
@@ -120,6 +121,46 @@ def main(argv: list[str]) -> None:
             interrupted.exit_code,
             "interrupted",
         )
+
+
+INFERENCE = ("evaluate", "predict", "export")  # the schedules --checkpoint applies to
+
+
+def check_combinations() -> None:
+    """Refuses flags that cannot work as given (together, or in their form), at once."""
+    if FLAGS.checkpoint is not None and FLAGS.schedule not in INFERENCE:
+        fail(
+            f"--checkpoint={FLAGS.checkpoint} names the checkpoint --schedule evaluate, "
+            f"predict or export uses; --schedule={FLAGS.schedule} trains on from the newest"
+        )
+    if FLAGS.export_format != ["saved_model"] and FLAGS.schedule != "export":
+        formats = " ".join(f"--export_format {f}" for f in FLAGS.export_format)
+        fail(
+            f"--export_format applies to --schedule export; --schedule={FLAGS.schedule} "
+            f"writes no export: run it, then --schedule export {formats}"
+        )
+    if FLAGS.schedule == "predict" and not FLAGS.results:
+        fail("--schedule=predict needs --results=PATH.jsonl to write to")
+    devices = FLAGS.num_devices
+    if devices is not None and devices != "auto" and not devices.isdigit():
+        fail(f"num_devices must be 'auto' or a number, got {devices!r}")
+    profile_steps(FLAGS.profile_steps)
+
+
+def profile_steps(values: list[str] | None) -> tuple[int, int] | None:
+    """``--profile_steps=100,110`` as ``(100, 110)``; anything else is refused."""
+    if not values:
+        return None
+    try:
+        start, stop = (int(v) for v in values)
+    except ValueError:
+        start = stop = -1
+    if not 0 <= start < stop:
+        fail(
+            f"--profile_steps={','.join(values)}: give START,STOP global steps "
+            "with START < STOP, e.g. 100,110"
+        )
+    return start, stop
 
 
 def _check_workers(count: int) -> None:
