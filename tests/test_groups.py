@@ -118,7 +118,6 @@ def test_no_weight_decay_leaves_the_matched_variables_undecayed(tmp_path):
             dict(optimization=Optimization(no_weight_decay=["bias"])),
             r"the optimizer of 'model' \(SGD\) has no weight_decay: use AdamW",
         ),
-        (dict(optimization=Optimization(no_weight_decay="bias")), r"write \['bias'\]"),
     ],
 )
 def test_a_rule_that_cannot_apply_is_refused_in_one_line(tmp_path, settings, message):

@@ -97,7 +97,7 @@ def test_a_group_refuses_a_bad_setting_when_made(make, message):
         ),
         (
             lambda: trainer.Optimization(no_weight_decay="bias"),
-            "Optimization.no_weight_decay must be a list of strings, got 'bias'",
+            "Optimization.no_weight_decay must be a list of strings, got 'bias': write ['bias']",
         ),
         (
             lambda: trainer.Summaries(profile_steps=[1, "9"]),

@@ -37,9 +37,21 @@ def check_types(group) -> None:
         if _accepts(hints[field.name], value):
             continue
         said = f"{type(group).__name__}.{field.name} must be {_described(hints[field.name])}"
-        meant = _unquoted(value) if isinstance(value, str) else None
-        hint = f" (in gin, write {meant} without quotes)" if meant else ""
-        raise UserError(f"{said}, got {value!r}{hint}")
+        raise UserError(f"{said}, got {value!r}{_fix(hints[field.name], value)}")
+
+
+def _fix(hint, value) -> str:
+    """How to write what was meant: a quoted literal unquoted, one string as a list."""
+    if not isinstance(value, str):
+        return ""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        hints = typing.get_args(hint)
+    else:
+        hints = (hint,)
+    if any(typing.get_origin(h) is collections.abc.Sequence for h in hints):
+        return f": write [{value!r}]"
+    meant = _unquoted(value)
+    return f" (in gin, write {meant} without quotes)" if meant else ""
 
 
 def _accepts(hint, value) -> bool:

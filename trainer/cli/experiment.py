@@ -35,7 +35,6 @@ from trainer import (
     writer_lock,
 )
 from trainer.cli import exit_codes, gin_config, gin_errors, report, sweep
-from trainer.cli import flags as cli_flags
 from trainer.distributed import cluster, preemption, strategies, workers
 from trainer.errors import Preempted, TrainingDiverged, UserError
 from trainer.precision import set_precision
@@ -260,7 +259,7 @@ def _run(params: list[str], model_dir: str | None, results: str | None):
         _check_paths(model_dir, results)
         _set_up_the_process()  # before any op runs
         logging.info("model_dir: %s", model_dir)
-        profile = cli_flags.profile_steps(FLAGS.profile_steps)
+        profile = tuple(map(int, FLAGS.profile_steps)) if FLAGS.profile_steps else None  # checked
         result = experiment(
             model_dir=model_dir,
             schedule=FLAGS.schedule,
