@@ -234,6 +234,98 @@ def test_lambda_callbacks_get_fits_arguments_and_csv_rows_fits_columns(tmp_path,
         assert f.readline() == g.readline() == "epoch,accuracy,loss,val_accuracy,val_loss\n"
 
 
+@pytest.mark.slow
+def test_a_second_call_begins_its_callbacks_afresh_as_a_second_fit_does(tmp_path, input_fn):
+    """Keras resets EarlyStopping in on_train_begin: a second fit with the same callback
+    waits its patience again. So does a second train_and_evaluate (it stopped after one
+    epoch); a new EarlyStopping with other settings does not take the old one's state."""
+    model = compiled_linear()
+    images, labels = np.zeros((64, 8, 8, 1), np.float32), np.arange(64) % 10
+    plateau = keras.callbacks.EarlyStopping(monitor="val_loss", patience=2, min_delta=10.0)
+    fits = []
+    for _ in range(2):
+        history = model.fit(
+            images,
+            labels,
+            batch_size=32,
+            epochs=100,
+            validation_data=(images, labels),
+            verbose=0,
+            callbacks=[plateau],
+        )
+        fits.append(len(history.epoch))
+    assert fits == [3, 3]
+
+    est = estimator(tmp_path / "run")
+    plateau = keras.callbacks.EarlyStopping(monitor="val_loss", patience=2, min_delta=10.0)
+    steps = []
+    for _ in range(2):
+        est.train_and_evaluate(
+            input_fn, input_fn, 100, eval_every_steps=5, eval_steps=1, callbacks=[plateau]
+        )
+        steps.append(est.step)
+    assert steps == [15, 30]  # 3 epochs of 5 steps each time, as fit's
+    other = keras.callbacks.EarlyStopping(monitor="val_loss", patience=3, min_delta=10.0)
+    est.train_and_evaluate(
+        input_fn, input_fn, 100, eval_every_steps=5, eval_steps=1, callbacks=[other]
+    )
+    assert est.step == 50  # its own patience from its first epoch: 4 epochs
+
+
+@pytest.mark.slow
+def test_a_stop_mid_epoch_validates_and_ends_the_epoch_as_fit_does(tmp_path, input_fn):
+    """A callback that sets stop_training in on_train_batch_end: fit leaves the epoch's
+    batches, then validates and calls on_epoch_end (a CSVLogger row) before on_train_end."""
+
+    class StopAt(keras.callbacks.Callback):
+        def __init__(self, batch):
+            super().__init__()
+            self.batch, self.seen = batch, []
+
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == self.batch:
+                self.model.stop_training = True
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.seen.append(("epoch_end", epoch, sorted(logs)))
+
+        def on_train_end(self, logs=None):
+            self.seen.append(("train_end",))
+
+    model = compiled_linear()
+    images, labels = np.zeros((64, 8, 8, 1), np.float32), np.arange(64) % 10
+    fit_stop = StopAt(0)
+    model.fit(
+        images,
+        labels,
+        batch_size=32,
+        epochs=3,
+        validation_data=(images, labels),
+        verbose=0,
+        callbacks=[fit_stop],
+    )
+    est = estimator(tmp_path / "run", compiled_linear())
+    ours = StopAt(3)  # the block that ends at step 4, in the first 5-step epoch
+    est.train_and_evaluate(
+        input_fn,
+        input_fn,
+        100,
+        eval_every_steps=5,
+        eval_steps=1,
+        callbacks=[ours, keras.callbacks.CSVLogger(str(tmp_path / "rows.csv"))],
+    )
+    assert est.step == 4
+    assert (
+        ours.seen
+        == fit_stop.seen
+        == [
+            ("epoch_end", 0, ["accuracy", "loss", "val_accuracy", "val_loss"]),
+            ("train_end",),
+        ]
+    )
+    assert [r["epoch"] for r in csv_rows(tmp_path / "rows.csv")] == ["0"]
+
+
 @pytest.mark.parametrize(
     "given, says",
     [

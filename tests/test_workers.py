@@ -4,6 +4,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -441,6 +442,32 @@ def test_workers_flag_starts_local_workers_passes_signals_on_and_says_things_onc
     proc = run_local_workers(data_dir, model_dir, 2, "Estimator.global_batch_size = 65")
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "does not divide over the 2 replicas" in proc.stderr
+
+
+def test_a_worker_deaf_to_a_signal_passed_on_is_stopped_once_another_has_ended():
+    """Ctrl-C while the workers join: one ends at once (130); the chief, waiting inside
+    TensorFlow for a peer that will never come, cannot answer. The launcher kills it
+    once the other has ended a while, and the job ends as interrupted (it hung 300 s)."""
+    from trainer.distributed import launcher
+
+    answers = "import signal, sys, time\nsignal.signal(signal.SIGINT, lambda *a: sys.exit(130))\n"
+    deaf = "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+    ready = "print('ready', flush=True)\ntime.sleep(600)\n"
+    workers = [
+        subprocess.Popen([sys.executable, "-c", code + ready], stdout=subprocess.PIPE, text=True)
+        for code in (deaf, answers)
+    ]
+    try:
+        for worker in workers:
+            assert worker.stdout.readline() == "ready\n"  # their handlers are set
+        forwarded = []
+        launcher.forward_signals(workers, forwarded)(signal.SIGINT, None)
+        codes = launcher._wait(workers, lambda index: None, forwarded, straggler_seconds=1)
+    finally:
+        for worker in workers:
+            worker.kill()
+            worker.wait()
+    assert codes == [130, 130] and launcher.job_code(codes) == 130
 
 
 def test_the_launchers_exit_code_start_time_and_crowding_in_one_place():

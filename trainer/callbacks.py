@@ -33,7 +33,10 @@ which hands its stop and learning rates to the others after each block.
 A callback's state (EarlyStopping's ``wait`` and ``best``, ReduceLROnPlateau's, a
 CSVLogger's columns) is kept in ``model_dir/callbacks/<step>.npz`` after each checkpoint
 and each epoch: a resumed run takes it back, as of the checkpoint it resumes from, and
-fires no event again for a step that the checkpoint holds. What can work only inside
+fires no event again for a step that the checkpoint holds. A callback takes back the
+state of the one at its place in the list if it is made alike (its class and settings);
+one given to a second ``train`` call in the same process begins afresh, as in a second
+``fit``. What can work only inside
 ``fit`` is refused in one line naming the framework's way (``REFUSED``).
 """
 
@@ -43,6 +46,7 @@ import copy
 import io
 import json
 import os
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -68,6 +72,7 @@ REFUSED = {  # Keras callback: what the framework does instead
 }
 AUXILIARY = ("gradient_norm", "steps_per_sec", "examples_per_sec", "input_wait_share")
 _CONFIG_ATTRIBUTES = ("model", "params", "_model", "_params")  # set by the framework
+_BEGUN: weakref.WeakSet = weakref.WeakSet()  # the callbacks this process has begun
 
 
 def checked(callbacks: Sequence[Any] | None) -> list[keras.callbacks.Callback]:
@@ -254,17 +259,22 @@ class Events:
         period = self.epoch_steps or max_steps
         params = {"epochs": -(-max_steps // period), "steps": period, "verbose": 0}
         saved = _read_state(self.model_dir, step)
+        configs = saved.get("__config__", {})
         for key, callback in self._keyed():
             callback.set_model(self.model)
             callback.set_params(params)
-            if key in saved and isinstance(callback, keras.callbacks.CSVLogger):
+            again = callback in _BEGUN  # a second train call with it: fit's begins afresh
+            _BEGUN.add(callback)
+            resumed = key in saved and not again
+            if resumed and isinstance(callback, keras.callbacks.CSVLogger):
                 callback.append = True  # a resumed run adds rows to the file it began
             callback.on_train_begin({})
             if hasattr(callback, "monitor"):
                 set_direction(callback)
             self.fresh[key] = copy.deepcopy(_state_of(callback))
-            for name, value in saved.get(key, {}).items():
-                setattr(callback, name, value)
+            if resumed and _same(configs.get(key, self.fresh[key]), self.fresh[key]):
+                for name, value in saved[key].items():  # a run stopped part way goes on
+                    setattr(callback, name, value)
         if "__epoch__" in saved:
             self.epoch = _EpochLogs(**saved["__epoch__"])
 
@@ -372,6 +382,7 @@ class Events:
             for key, callback in self._keyed()
         }
         state["__epoch__"] = self.epoch.state()
+        state["__config__"] = self.fresh  # whose state it is: a callback made alike takes it
         _write_state(self.model_dir, step, state)
 
     def _agreed(self, stop: int) -> bool:

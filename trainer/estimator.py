@@ -346,6 +346,7 @@ class Estimator:
                     ],
                     events=events,
                     ready=functools.partial(self._ready, first, evaluations),
+                    epoch_end=evaluations,  # a callback's stop mid-epoch validates, as in fit
                 )
             return evaluations.final(self.step)
 

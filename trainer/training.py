@@ -108,12 +108,15 @@ class TrainingRun:
         extra: Sequence[cadence.Periodic | cadence.At] = (),
         events: callbacks.Events | None = None,
         ready: Callable[[], object] | None = None,
+        epoch_end: Callable[[int], object] | None = None,
     ) -> int:
         """Trains to ``max_steps``; ``extra`` actions run at their steps. Returns the step.
 
         ``events`` calls the Keras callbacks (``callbacks.Events``); their
         ``on_train_end`` comes before the last checkpoint, which keeps weights they set.
         ``ready`` is called once the model is built and restored, before the first step.
+        ``epoch_end(step)`` ends the epoch where training stopped early (a callback set
+        ``stop_training``), before ``on_train_end``, as ``fit`` validates there.
         Under multi_worker a watchdog ends the run if every worker stops making progress.
         """
         if events is not None:
@@ -143,6 +146,9 @@ class TrainingRun:
             try:
                 step = self._loop(start, actions, max_steps, log.progress)
                 log(step)  # unless just done: training stopped early
+                if step < max_steps and epoch_end is not None:
+                    with contextlib.suppress(cadence.StopTraining):  # it has stopped
+                        epoch_end(step)
                 self.events.end(step)
                 self.save(step)
                 self.checkpointer.wait()  # training returns with its checkpoints whole

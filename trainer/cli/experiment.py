@@ -43,6 +43,7 @@ from trainer.settings import RunConfig
 _CLOCK: dict[str, float] = {}  # seconds spent importing and parsing the config
 _CREATED_DIRS: list[str] = []  # directories this run made, deepest first
 
+PEER_SIGNAL_GRACE = 2.0  # seconds a worker that lost a peer before training waits for a signal
 FLAGS = flags.FLAGS  # defined and parsed by trainer.cli.flags before this module is imported
 
 
@@ -277,6 +278,10 @@ def _run(params: list[str], model_dir: str | None, results: str | None):
     except workers.PEER_ERRORS as error:  # the training loop names its own lost peers
         if not strategies.multi_worker_started():
             raise
+        # A signal to every worker (a time limit's warning, Ctrl-C) stops the first to
+        # get it before training: the others lose it first, and get their own just
+        # after. Wait for it (the handler raises Interrupted) before blaming the peer.
+        time.sleep(PEER_SIGNAL_GRACE)
         error = workers.lost_before_training(error, strategies.joined_cluster())
         return errors.first_line(error), error.exit_code, error.prefix
     except Preempted as error:  # or a lost peer: restarting resumes either

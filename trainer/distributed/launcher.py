@@ -34,6 +34,10 @@ from trainer.cli import exit_codes
 # connection dropped) as SIGTERM, so that they save before they stop.
 PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
 STOP_SECONDS = 30  # after one worker fails, how long the others have to stop
+# After a signal passed on, once one worker has ended, how long the others have. A
+# worker joining the cluster waits inside TensorFlow for its peers, deaf to signals,
+# up to Devices.startup_timeout: a peer that stopped before joining never comes.
+STRAGGLER_SECONDS = 10
 
 
 def run(count: int, argv: list[str]) -> int:
@@ -112,7 +116,12 @@ def _show(index: int, lines: list[str], said: set[str], by_others: set[str], for
     sys.stderr.flush()
 
 
-def _wait(workers: list[subprocess.Popen], failed, forwarded: list[int]) -> list[int]:
+def _wait(
+    workers: list[subprocess.Popen],
+    failed,
+    forwarded: list[int],
+    straggler_seconds: float = STRAGGLER_SECONDS,
+) -> list[int]:
     """Every worker's exit code; the first to fail makes the others stop at once.
 
     A failure is an exit other than done (0) or restart (75), by the worker itself
@@ -121,19 +130,25 @@ def _wait(workers: list[subprocess.Popen], failed, forwarded: list[int]) -> list
     worker in training saves and exits 75), and those still running
     ``STOP_SECONDS`` later are killed. Not once a signal was passed on to them
     (``forwarded``): a worker that ends first with 128 + n is then no failure, and a
-    SIGTERM on top of the SIGINT would make another end 143 instead of 130.
+    SIGTERM on top of the SIGINT would make another end 143 instead of 130. Then a
+    worker still running ``straggler_seconds`` after another ended is killed, and
+    counts as ended by the signal.
     """
     deadline = None
+    stragglers: set[int] = set()
     while any(worker.poll() is None for worker in workers):
-        if deadline is None:
+        ended = [i for i, w in enumerate(workers) if w.poll() is not None]
+        if forwarded and ended and deadline is None:
+            deadline = time.monotonic() + straggler_seconds
+            stragglers = {i for i in range(len(workers)) if i not in ended}
+        elif deadline is None:
             failures = [  # a worker killed by a signal is lost: the others say so, exit 75
                 i
-                for i, w in enumerate(workers)
-                if w.poll() is not None
-                and w.poll() >= 0
-                and w.poll() not in (exit_codes.DONE, exit_codes.PREEMPTED)
+                for i in ended
+                if workers[i].poll() >= 0
+                and workers[i].poll() not in (exit_codes.DONE, exit_codes.PREEMPTED)
             ]
-            if failures and not forwarded:
+            if failures:
                 failed(failures[0])
                 for worker in workers:
                     if worker.poll() is None:
@@ -144,7 +159,15 @@ def _wait(workers: list[subprocess.Popen], failed, forwarded: list[int]) -> list
                 if worker.poll() is None:
                     worker.kill()
         time.sleep(0.05)
-    return [worker.wait() for worker in workers]
+    codes = [worker.wait() for worker in workers]
+    killed = {i for i in stragglers if codes[i] == -signal.SIGKILL and len(forwarded) == 1}
+    return [_answer(forwarded[0]) if i in killed else code for i, code in enumerate(codes)]
+
+
+def _answer(number: int) -> int:
+    """The exit code of a worker that answered signal ``number`` (passed on) before training."""
+    sent = signal.SIGTERM if number == signal.SIGHUP else number
+    return exit_codes.PREEMPTED if sent == signal.SIGUSR1 else exit_codes.of_signal(sent)
 
 
 def crowding(count: int, cores: int) -> str | None:
