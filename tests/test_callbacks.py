@@ -8,6 +8,7 @@ import csv
 import functools
 import os
 
+import gin
 import keras
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ import trainer
 from datasets import digits
 from models.mlp import MLP
 from tests.helpers import checkpoint_steps, on_workers, scalar_series
-from trainer import Checkpoints, Devices, Estimator
+from trainer import Checkpoints, Devices, Estimator, errors
 from trainer.errors import UserError
 
 
@@ -340,6 +341,39 @@ def test_callbacks_that_work_only_in_fit_are_refused_in_one_line(tmp_path, given
         estimator(tmp_path).train(lambda mode, params: None, 10, callbacks=[given])
     assert "\n" not in str(refused.value)
     assert not os.listdir(tmp_path)
+
+
+@gin.configurable("callbacks_taken")
+def callbacks_taken(callbacks=None):
+    return callbacks
+
+
+@pytest.mark.parametrize(
+    "binding, says",
+    [
+        (
+            "[@callbacks.ModelCheckpoint()]",  # without the filepath it would need
+            "keras.callbacks.ModelCheckpoint works only inside model.fit: the framework "
+            "checkpoints model_dir itself",
+        ),
+        ("[@callbacks.BackupAndRestore()]", "keras.callbacks.BackupAndRestore works only"),
+        ("[@callbacks.ProgbarLogger()]", "keras.callbacks.ProgbarLogger works only inside"),
+        ("[@callbacks.SwapEMAWeights()]", "keras.callbacks.SwapEMAWeights works only inside"),
+        ("[@callbacks.ModelCheckpoint]", "keras.callbacks.ModelCheckpoint works only inside"),
+        (
+            "[@callbacks.EarlyStopping]",
+            "callbacks takes keras.callbacks.Callback objects, got the class EarlyStopping "
+            "(in gin, write @callbacks.EarlyStopping() with parentheses)",
+        ),
+    ],
+)
+def test_callbacks_named_in_gin_are_refused_as_from_python(binding, says):
+    from trainer.cli import gin_config  # noqa: F401 (registers gin's callbacks)
+
+    gin.parse_config([f"callbacks_taken.callbacks = {binding}"])
+    with pytest.raises(UserError) as refused:
+        trainer.callbacks.checked(callbacks_taken())
+    assert errors.first_line(refused.value).startswith(says), refused.value
 
 
 def test_a_monitor_whose_direction_is_unknown_is_refused_before_training(tmp_path, input_fn):

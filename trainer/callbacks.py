@@ -48,7 +48,7 @@ import json
 import os
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import keras
 import numpy as np
@@ -84,6 +84,14 @@ def checked(callbacks: Sequence[Any] | None) -> list[keras.callbacks.Callback]:
     ):
         callbacks = [callbacks]
     for callback in callbacks:
+        name = getattr(callback, "__name__", None)
+        if name in REFUSED and callable(callback):  # gin's @callbacks.ModelCheckpoint
+            raise UserError(refusal(name))
+        if isinstance(callback, type) and issubclass(callback, keras.callbacks.Callback):
+            raise UserError(
+                f"callbacks takes keras.callbacks.Callback objects, got the class {name} "
+                f"(in gin, write @callbacks.{name}() with parentheses)"
+            )
         if not isinstance(callback, keras.callbacks.Callback):
             raise UserError(
                 f"callbacks takes keras.callbacks.Callback objects, got {type(callback).__name__} "
@@ -92,11 +100,27 @@ def checked(callbacks: Sequence[Any] | None) -> list[keras.callbacks.Callback]:
             )
         for cls in type(callback).__mro__:
             if cls.__module__.startswith("keras") and cls.__name__ in REFUSED:
-                raise UserError(
-                    f"keras.callbacks.{cls.__name__} works only inside model.fit: "
-                    f"{REFUSED[cls.__name__]}"
-                )
+                raise UserError(refusal(cls.__name__))
     return list(callbacks)
+
+
+def refusal(name: str) -> str:
+    """The one line for Keras callback ``name``, which works only inside ``fit``."""
+    return f"keras.callbacks.{name} works only inside model.fit: {REFUSED[name]}"
+
+
+def refused_in_gin(name: str) -> Callable[..., NoReturn]:
+    """What gin's ``@callbacks.<name>()`` makes of a callback ``REFUSED`` names.
+
+    Its one line, whatever it is given (``ModelCheckpoint`` without its filepath too).
+    """
+
+    def refuse(*args, **kwargs):
+        del args, kwargs
+        raise UserError(refusal(name))
+
+    refuse.__name__ = refuse.__qualname__ = name
+    return refuse
 
 
 class CallbackModel:

@@ -18,7 +18,7 @@ import tokenize
 import gin
 import keras
 
-from trainer import estimator, internals, keras_model, optimization, settings, tracking
+from trainer import callbacks, estimator, internals, keras_model, optimization, settings, tracking
 from trainer.checkpoints import OPERATIVE_CONFIG
 from trainer.cli import config_diff, gin_errors
 from trainer.errors import UserError
@@ -85,9 +85,10 @@ for _cls in [  # Keras's callbacks that work here (trainer.callbacks), for exper
     keras.callbacks.TerminateOnNaN,
     keras.callbacks.LearningRateScheduler,
     keras.callbacks.RemoteMonitor,
-    keras.callbacks.TensorBoard,  # refused, with the framework's way (a fit habit)
 ]:
     gin.external_configurable(_cls, module="callbacks")
+for _name in callbacks.REFUSED:  # a fit habit: refused in one line, with the framework's way
+    gin.external_configurable(callbacks.refused_in_gin(_name), _name, module="callbacks")
 
 
 def _safe_check(exists):
