@@ -376,6 +376,36 @@ def test_callbacks_named_in_gin_are_refused_as_from_python(binding, says):
     assert errors.first_line(refused.value).startswith(says), refused.value
 
 
+@pytest.mark.parametrize(
+    "given, says",
+    [
+        (
+            dict(optimizer=keras.optimizers.SGD(keras.optimizers.schedules.CosineDecay(0.1, 9))),
+            "but SGD's is a schedule (CosineDecay), which Keras cannot set (fit fails alike)",
+        ),
+        (
+            dict(optimization=trainer.Optimization(learning_rate_multipliers={"logits": 0.5})),
+            "which Optimization.learning_rate_multipliers makes a schedule per rule",
+        ),
+    ],
+)
+@pytest.mark.parametrize("setter", ["ReduceLROnPlateau", "LearningRateScheduler"])
+def test_a_callback_that_sets_a_scheduled_rate_is_refused_before_training(
+    tmp_path, input_fn, given, says, setter
+):
+    callback = (
+        keras.callbacks.ReduceLROnPlateau(patience=1)
+        if setter == "ReduceLROnPlateau"
+        else keras.callbacks.LearningRateScheduler(lambda epoch, rate: rate / 2)
+    )
+    est = Estimator(MLP(hidden_units=[16]), str(tmp_path), progress=False, **given)
+    with pytest.raises(UserError) as refused:
+        est.train_and_evaluate(input_fn, input_fn, 10, eval_every_steps=5, callbacks=[callback])
+    assert str(refused.value).startswith(f"keras.callbacks.{setter} sets the optimizer's")
+    assert says in str(refused.value)
+    assert checkpoint_steps(tmp_path) == []
+
+
 def test_a_monitor_whose_direction_is_unknown_is_refused_before_training(tmp_path, input_fn):
     unknown = keras.callbacks.EarlyStopping(monitor="val_my_score")
     with pytest.raises(UserError, match=r"monitor='val_my_score'\) cannot tell .* mode='max'"):

@@ -123,6 +123,38 @@ def refused_in_gin(name: str) -> Callable[..., NoReturn]:
     return refuse
 
 
+RATE_SETTERS = (keras.callbacks.ReduceLROnPlateau, keras.callbacks.LearningRateScheduler)
+
+
+def check_rates_settable(callbacks: Sequence, units: Sequence) -> None:
+    """Refuses, before training, a callback that sets a learning rate that is a schedule.
+
+    Keras cannot set one (``fit`` fails alike, at the first change); a multiplier rule
+    (``Optimization.learning_rate_multipliers``) makes its variables' rate a schedule.
+    """
+    setter = next((c for c in callbacks if isinstance(c, RATE_SETTERS)), None)
+    if setter is None:
+        return
+    for unit in units:
+        optimizer = getattr(unit.optimizer, "inner_optimizer", unit.optimizer)
+        given = optimizer.get_config()["learning_rate"]
+        if not isinstance(given, dict):  # a number (a schedule is serialised as a dict)
+            continue
+        what = type(setter).__name__
+        if getattr(unit, "rate", None) is not None:
+            raise UserError(
+                f"keras.callbacks.{what} sets the optimizer's learning rate, which "
+                "Optimization.learning_rate_multipliers makes a schedule per rule, and Keras "
+                "cannot set a schedule: drop the multipliers or the callback"
+            )
+        raise UserError(
+            f"keras.callbacks.{what} sets the optimizer's learning rate, but "
+            f"{type(optimizer).__name__}'s is a schedule ({given.get('class_name')}), which "
+            "Keras cannot set (fit fails alike): give the optimizer a number, or drop the "
+            "callback"
+        )
+
+
 class CallbackModel:
     """``callback.model`` for a ``ModelFn``: its weights, ``stop_training`` and optimizer.
 
@@ -274,6 +306,7 @@ class Events:
         """
         if not self.callbacks:
             return
+        check_rates_settable(self.callbacks, units)
         self.model, self.units = callback_model(model_fn, units), units
         self.running, self.flush = running, flush
         self.epoch = _EpochLogs(at=step)
