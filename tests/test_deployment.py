@@ -128,6 +128,16 @@ def test_a_preprocessing_tflite_and_onnx_lack_leaves_the_files_the_features(tmp_
         for m in warned
     ), warned
     assert os.path.isfile(os.path.join(path, "model.onnx"))
+    # Exported again, the same step in another format (or none): the others stay.
+    onnx = (tmp_path / "run" / "export" / "20" / "model.onnx").read_bytes()
+    again = estimator.export(png_input_fn, formats=("tflite",))
+    assert (
+        again == path and (tmp_path / "run" / "export" / "20" / "model.onnx").read_bytes() == onnx
+    )
+    kept = json.loads((tmp_path / "run" / "export" / "20" / "deployment.json").read_text())
+    assert kept["onnx"] == record["onnx"] and set(kept) == {"tflite", "onnx"}
+    estimator.export(png_input_fn)
+    assert {"model.tflite", "model.onnx", "deployment.json"} <= set(os.listdir(path))
 
 
 @pytest.mark.slow

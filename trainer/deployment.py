@@ -63,9 +63,16 @@ def check_formats(formats: Iterable[str]) -> tuple[str, ...]:
     return formats
 
 
-def adder(formats: tuple[str, ...], data):
-    """What ``export.save`` calls to add the files of ``formats``; None for none."""
-    return functools.partial(write_checked, formats=formats, data=data) if formats else None
+def adder(formats: tuple[str, ...], data, replaced: str | None = None):
+    """What ``export.save`` calls to add the files of ``formats``; None for none.
+
+    ``replaced``: an export of the same checkpoint that this one replaces; the files it
+    has of other formats are kept (``--export_format onnx`` after ``tflite``).
+    """
+    kept = {f: r for f, r in recorded(replaced).items() if f not in formats} if replaced else {}
+    if not formats and not kept:
+        return None
+    return functools.partial(write_checked, formats=formats, data=data, kept=(replaced, kept))
 
 
 def said(export_dir: str, formats: tuple[str, ...]) -> str:
@@ -75,16 +82,24 @@ def said(export_dir: str, formats: tuple[str, ...]) -> str:
     return export_dir
 
 
-def write_checked(saved_model: str, formats: Iterable[str], data) -> list[Check]:
+def write_checked(saved_model: str, formats: Iterable[str], data, kept=(None, {})) -> list[Check]:
     """Writes the files of ``formats`` into ``saved_model``, checks and records them.
 
     ``data()``: the eval input_fn's dataset, which calibrates int8 and checks each
-    file. Each check's line and figures are kept in ``deployment.json``.
+    file. Each check's line and figures are kept in ``deployment.json``, beside those
+    of the files ``kept`` (an export directory and its records) copies over.
     """
-    takes = write(saved_model, formats, data)
-    with _quiet():  # the interpreter's first run prints its delegate
-        checks = check(saved_model, takes, data())
-    record = {one.export_format: {"line": one.line(), **one.results()} for one in checks}
+    checks = []
+    if formats:
+        takes = write(saved_model, formats, data)
+        with _quiet():  # the interpreter's first run prints its delegate
+            checks = check(saved_model, takes, data())
+    replaced, records = kept
+    for export_format in records:
+        name = FILES[export_format]
+        tf.io.gfile.copy(os.path.join(replaced, name), os.path.join(saved_model, name))
+    record = {**records}
+    record.update({one.export_format: {"line": one.line(), **one.results()} for one in checks})
     whole_files.write_json(os.path.join(saved_model, RECORD), record)
     return checks
 

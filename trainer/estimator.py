@@ -284,7 +284,9 @@ class Estimator:
         self.model.for_inference(dataset.element_spec, Mode.PREDICT, self.model_dir, checkpoint)
         target = export_dir or os.path.join(self.model_dir, "export", str(self.step))
         evaluated = functools.partial(self.inputs.dataset, eval_input_fn or input_fn, Mode.EVAL)
-        path = self._save_model(dataset, Mode.PREDICT, target, deployment.adder(formats, evaluated))
+        replaced = target if export_dir is None and tf.io.gfile.isdir(target) else None
+        extras = deployment.adder(formats, evaluated, replaced)  # same step: its other files
+        path = self._save_model(dataset, Mode.PREDICT, target, extras)
         return deployment.said(path, formats)
 
     def _save_model(self, dataset: tf.data.Dataset, mode: Mode, export_dir: str, extras=None):
