@@ -76,6 +76,17 @@ def test_tflite_and_onnx_files_serve_as_the_saved_model_does(model_dir, faulty_g
         "serving_examples takes serialized tf.train.Example protos, a [batch] of strings; "
         "example] [0] [of the batch is not one"
     ) in raised.value.message
+    whole = tf.train.Example(
+        features=tf.train.Features(
+            feature={
+                "image": tf.train.Feature(
+                    bytes_list=tf.train.BytesList(value=[bytes(range(150, 256))])
+                )
+            }
+        )
+    ).SerializeToString()
+    with pytest.raises(tf.errors.DataLossError, match="Failed skipping field"):  # not echoed
+        signatures["serving_examples"](examples=tf.constant([whole[:40]]))
     int8 = interpreter(export_dir / "model_int8.tflite").get_signature_runner()
     classes = int8(image=pipeline.unit_range(images).numpy())["classes"]
     accuracy = np.mean(saved["classes"].numpy() == labels)

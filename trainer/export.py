@@ -81,7 +81,8 @@ def _protos(examples: tf.Tensor) -> tf.Tensor:
 
     Each is empty or starts with the tag of its ``features`` field. Other bytes (a JPEG,
     JSON, pixels) reached ParseExample, whose error echoes them; in Python that ended
-    as a UnicodeDecodeError. They now fail with a message that says what is expected.
+    as a UnicodeDecodeError. They now fail with a message that says what is expected;
+    a proto cut short fails in DecodeProto ("Failed skipping field"), without its bytes.
     """
     sound = tf.logical_or(
         tf.equal(tf.strings.length(examples), 0), tf.equal(tf.strings.substr(examples, 0, 1), "\n")
@@ -97,8 +98,13 @@ def _protos(examples: tf.Tensor) -> tf.Tensor:
             "tf.train.Example(...).SerializeToString(), or use serving_default",
         ],
     )
-    with tf.control_dependencies([check]):
-        return tf.identity(examples)
+    with tf.control_dependencies([check]):  # a proto cut short or damaged: said without
+        sizes, _ = tf.io.decode_proto(  # its bytes, which ParseExample's error echoes
+            examples, "tensorflow.Example", ["features"], [tf.string]
+        )
+    # A data dependency (a control one is optimised away): ParseExample runs after.
+    length = tf.strings.length(examples) + tf.minimum(sizes[:, 0], 0)
+    return tf.strings.substr(examples, tf.zeros_like(length), length)
 
 
 def save(
