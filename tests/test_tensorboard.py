@@ -103,3 +103,15 @@ def test_profiler_trace_covers_the_requested_steps(tmp_path, data_dir):
         os.path.join(tmp_path, "train", "plugins", "profile", "*", "*.xplane.pb")
     )
     assert len(traces) == 1 and os.path.getsize(traces[0]) > 0
+
+
+def test_a_classifier_of_too_many_classes_counts_no_confusion_matrix(caplog):
+    """Its matrix grows with classes squared: 4,000 classes were 16M cells per replica."""
+    from trainer import confusion
+
+    labels = {"label": tf.TensorSpec([None], tf.int64)}
+    for classes, counted in ((confusion.COUNTED_CLASSES, True), (4000, False)):
+        predictions = {"probabilities": tf.TensorSpec([None, classes], tf.float32)}
+        found = confusion.classifier(predictions, labels)
+        assert (found is not None) == counted and (not found or found.num_classes == classes)
+    assert "4000 classes: evaluations count no confusion matrix or PR curves" in caplog.text

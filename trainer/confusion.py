@@ -23,12 +23,16 @@ from collections.abc import Mapping
 
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 from trainer.metrics import replica_sums
 from trainer.model_fn import Weighted
 
 THRESHOLDS = 101  # PR curve points: scores 0, 0.01, ..., 1
 DRAWN_CLASSES = 32  # beyond this, no table, curves or numbers in the image: one per pixel
+# Beyond this, no counts: the matrix grows with classes squared (4,000 classes: 16M cells,
+# 128 MB per replica, and a 208 MB --results file).
+COUNTED_CLASSES = 1000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +63,14 @@ def classifier(predictions, labels) -> Classifier | None:
         return None
     num_classes = predictions[scores].shape[-1]
     if num_classes is None or num_classes < 2:
+        return None
+    if num_classes > COUNTED_CLASSES:
+        logging.warning(
+            "%d classes: evaluations count no confusion matrix or PR curves (up to %d "
+            "classes; they grow with classes squared)",
+            num_classes,
+            COUNTED_CLASSES,
+        )
         return None
     sparse = label.shape.rank == 1 and label.dtype.is_integer
     one_hot = label.shape.rank == 2 and label.shape[-1] == num_classes

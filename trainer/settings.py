@@ -290,7 +290,8 @@ class Summaries:
       histogram_every_steps: write a histogram of every weight this often.
       image_every_steps: write eval images with predicted and true class this often.
       confusion_matrix: a classifier's evaluations also write its confusion matrix,
-        PR curves and per-class precision and recall (``trainer.confusion``).
+        PR curves and per-class precision and recall (``trainer.confusion``), for up
+        to 1,000 classes.
     """
 
     profile_steps: tuple[int, int] | None = None
