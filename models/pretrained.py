@@ -24,6 +24,7 @@ batch do not overwrite what ImageNet taught it (nor does its dropout act).
 from __future__ import annotations
 
 import os
+import zipfile
 from collections.abc import Sequence
 
 import gin
@@ -67,8 +68,20 @@ def load_backbone(path: str) -> keras.Model:
             "keras.applications.MobileNetV2(include_top=False, pooling='avg')"
             f".save({path!r})"
         )
-    with keras.name_scope("body"):  # its variables' paths: body/Conv1/kernel, ...
-        return keras.saving.load_model(path, compile=False)
+    if not zipfile.is_zipfile(path):
+        raise UserError(
+            f"Pretrained.backbone = {path!r} is not a whole .keras file (a zip archive): "
+            "copied or downloaded in part? Save it again with model.save(...)"
+        )
+    try:
+        with keras.name_scope("body"):  # its variables' paths: body/Conv1/kernel, ...
+            return keras.saving.load_model(path, compile=False)
+    except (OSError, RuntimeError, ValueError, KeyError, zipfile.BadZipFile) as error:  # h5py's
+        said = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UserError(
+            f"Pretrained.backbone = {path!r} cannot be loaded ({said}): save it again with "
+            "model.save(...)"
+        ) from None
 
 
 @gin.configurable
@@ -126,6 +139,7 @@ class Pretrained(ModelFn):
         image = tf.cast(features[self.image_key], tf.float32)
         if self.image_size:
             image = tf.image.resize(image, [self.image_size, self.image_size])
+        self._check_channels(image)
         # Inference mode in both phases, as the guide's base_model(x, training=False).
         x = self.body(scale_pixels(image, self.preprocessing), training=False)
         if x.shape.rank == 4:  # a backbone saved without pooling='avg'
@@ -137,6 +151,17 @@ class Pretrained(ModelFn):
         )
         spec.activations = {"features": x, "logits": logits}
         return spec
+
+    def _check_channels(self, image: tf.Tensor) -> None:
+        """Refuses images of other channels than the backbone takes (grey into RGB)."""
+        wanted, given = self.body.input_shape[-1], image.shape[-1]
+        if wanted is not None and given is not None and wanted != given:
+            raise UserError(
+                f"the backbone {self.body.name} takes images of {wanted} channels, but "
+                f"{self.image_key!r} has {given}: convert them in the input_fn "
+                "(tf.image.grayscale_to_rgb for grey images), or use a backbone made for "
+                f"{given}"
+            )
 
 
 def describe(body: keras.Model, path: str, train_body: bool, num_classes: int) -> str:

@@ -146,3 +146,54 @@ def test_a_missing_or_foreign_backbone_file_is_one_line(tmp_path):
     (tmp_path / "weights.h5").write_bytes(b"x")
     with pytest.raises(UserError, match=r"is not a .keras file"):
         Pretrained(str(tmp_path / "weights.h5"))
+
+
+def small_backbone(path):
+    """A small convolutional backbone without its top, saved as a user saves one."""
+    keras.utils.set_random_seed(0)
+    body = keras.Sequential(
+        [
+            keras.Input((8, 8, 3)),
+            keras.layers.Conv2D(4, 3, name="conv"),
+            keras.layers.GlobalAveragePooling2D(),
+        ],
+        name="small",
+    )
+    body.save(path)
+    return str(path)
+
+
+def test_a_damaged_backbone_file_or_grey_images_into_rgb_are_one_line(tmp_path):
+    """A .keras file cut short (it said 'File not found'), one whose weights are damaged
+    (an OSError traceback), and grey images into a backbone of 3 channels (Keras's
+    '• kwargs=<class inspect._empty>')."""
+    whole = small_backbone(tmp_path / "small.keras")
+    data = open(whole, "rb").read()
+    (tmp_path / "cut.keras").write_bytes(data[: len(data) // 2])
+    with pytest.raises(UserError) as refused:
+        Pretrained(str(tmp_path / "cut.keras"))
+    assert str(refused.value).startswith(
+        f"Pretrained.backbone = '{tmp_path}/cut.keras' is not a whole .keras file (a zip "
+        "archive): copied or downloaded in part?"
+    )
+    import zipfile
+
+    with zipfile.ZipFile(whole) as source, zipfile.ZipFile(tmp_path / "bad.keras", "w") as bad:
+        for item in source.infolist():
+            content = source.read(item)
+            if item.filename.endswith(".h5"):
+                content = content[:64] + b"\0" * (len(content) - 64)
+            bad.writestr(item, content)
+    with pytest.raises(UserError) as refused:
+        Pretrained(str(tmp_path / "bad.keras"))
+    said = str(refused.value).splitlines()  # gin adds its "In call to configurable" below
+    assert said[0].startswith(f"Pretrained.backbone = '{tmp_path}/bad.keras' cannot be loaded (")
+    assert said[0].endswith("): save it again with model.save(...)")
+
+    grey = {"image": tf.zeros([2, 8, 8, 1])}
+    with pytest.raises(UserError) as refused:
+        Pretrained(whole, num_classes=2)(grey, None, Mode.PREDICT)
+    assert str(refused.value) == (
+        "the backbone small takes images of 3 channels, but 'image' has 1: convert them in "
+        "the input_fn (tf.image.grayscale_to_rgb for grey images), or use a backbone made for 1"
+    )
