@@ -100,7 +100,7 @@ def mix(features: dict, labels: dict, positions: tf.Tensor, seed: int, mixing: M
 
     ``positions`` are the batch's stream positions, consecutive from an even one.
     """
-    images = features[mixing.image_key]
+    images, ids = _checked(features, labels, mixing)
     pairs = tf.cast(positions[::2], tf.int64) // 2
     lam, cut, box = tf.map_fn(
         lambda pair: _draw(pair, seed, mixing),
@@ -122,10 +122,46 @@ def mix(features: dict, labels: dict, positions: tf.Tensor, seed: int, mixing: M
     mixed = tf.where(_per_example(cut, pixels), pasted, blended)
     if images.dtype.is_integer:
         mixed = tf.round(mixed)
-    one_hot = tf.one_hot(labels[mixing.label_key], mixing.num_classes)
+    one_hot = tf.one_hot(ids, mixing.num_classes)
     target = lam[:, None] * one_hot + (1.0 - lam[:, None]) * tf.gather(one_hot, partner)
     features = {**features, mixing.image_key: tf.cast(mixed, images.dtype)}
     return features, {**labels, mixing.label_key: target}
+
+
+def _checked(features: dict, labels: dict, mixing: Mixing) -> tuple[tf.Tensor, tf.Tensor]:
+    """The batch's images and class ids; refuses what cannot be mixed, in one line.
+
+    The shapes when traced; the ids when run (an id out of range would mix a row of
+    zeros into the label, which a Keras loss takes silently).
+    """
+    images = features.get(mixing.image_key) if isinstance(features, dict) else None
+    ids = labels.get(mixing.label_key) if isinstance(labels, dict) else None
+    if images is None or images.shape.rank != 4:
+        got = "no such feature" if images is None else f"of shape {images.shape}"
+        raise UserError(
+            f"MixUp and CutMix mix images [batch, height, width, channels], but "
+            f"{mixing.image_key!r} is {got}: bind mixing.image_key to the images, or drop "
+            "mixing.mixup_alpha and mixing.cutmix_alpha for other data"
+        )
+    if ids is None or ids.shape.rank != 1 or not ids.dtype.is_integer:
+        got = "not given" if ids is None else f"{ids.dtype.name} of shape {ids.shape}"
+        raise UserError(
+            f"MixUp and CutMix make class distributions of class ids, one per example, but "
+            f"label {mixing.label_key!r} is {got}: give class ids (not one-hot rows), or bind "
+            "mixing.label_key"
+        )
+    inside = (ids >= 0) & (ids < mixing.num_classes)
+    check = tf.debugging.Assert(
+        tf.reduce_all(inside),
+        [
+            f"label out of range [0, {mixing.num_classes}) in MixUp/CutMix; is "
+            "mixing.num_classes right? (got",
+            tf.boolean_mask(ids, ~inside)[:8],
+            ")",
+        ],
+    )
+    with tf.control_dependencies([check]):
+        return images, tf.identity(ids)
 
 
 @tf.autograph.experimental.do_not_convert

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from datasets import mixing, pipeline
 from models import heads
-from trainer import InputParams, Mode, UserError
+from trainer import InputParams, Mode, UserError, errors
 
 CLASSES = 10
 COUNT = 64  # examples; each image holds its own id in every pixel, so mixes can be read back
@@ -155,3 +155,39 @@ def test_the_head_takes_mixed_labels_and_smooths_as_keras_does():
         heads.classification(logits, {"label": tf.constant(soft * 2, tf.float32)})
     with pytest.raises(UserError, match=r"over 4 classes where the model has 5: is mixing"):
         heads.classification(logits, {"label": tf.constant(soft[:, :4], tf.float32)})
+
+
+def _batches(source, bindings, steps=1):
+    with gin.unlock_config():
+        gin.parse_config(bindings)
+    params = InputParams(batch_size=16, global_batch_size=16, seed=3)
+    dataset = pipeline.build(source, Mode.TRAIN, params, _preprocess)
+    return [y["label"].numpy() for _, y in dataset.take(steps)]
+
+
+def test_labels_that_cannot_be_mixed_and_data_that_is_no_image_are_refused_in_one_line():
+    """Class ids out of range made rows of zeros that a Keras loss took silently; one-hot
+    labels and a non-image feature ended in tracebacks."""
+    images = np.zeros((COUNT, 6, 6, 1), np.float32)
+    shifted = pipeline.ArraySource({"image": images, "label": np.arange(COUNT) % 10 + 1}, "ids")
+    with pytest.raises(tf.errors.InvalidArgumentError) as raised:
+        _batches(shifted, BOTH)
+    assert "label out of range [0, 10) in MixUp/CutMix; is mixing.num_classes right?" in str(
+        raised.value
+    )
+    one_hot = np.eye(CLASSES, dtype=np.float32)[np.arange(COUNT) % CLASSES]
+    with pytest.raises(UserError) as refused:
+        _batches(pipeline.ArraySource({"image": images, "label": one_hot}, "one_hot"), BOTH)
+    assert errors.first_line(refused.value).startswith(  # the command line's line
+        "MixUp and CutMix make class distributions of class ids, one per example, but label "
+        "'label' is float32 of shape (16, 10): give class ids (not one-hot rows)"
+    )
+    rows = pipeline.ArraySource(
+        {"image": np.zeros((COUNT, 10), np.float32), "label": np.arange(COUNT) % CLASSES}, "rows"
+    )
+    with pytest.raises(UserError) as refused:
+        _batches(rows, BOTH)
+    assert errors.first_line(refused.value).startswith(
+        "MixUp and CutMix mix images [batch, height, width, channels], but 'image' is of "
+        "shape (16, 10)"
+    )
