@@ -435,3 +435,30 @@ def test_a_keras_models_own_train_step_refuses_what_it_cannot_honour(tmp_path):
         r"loss to evaluate with: train it \(--schedule train\)",
     ):
         gan_estimator(dcgan.make(), tmp_path / "eval").evaluate(labelled)
+
+
+def test_a_model_of_mixed_labels_evaluates_on_class_ids_as_keras_does_on_one_hot_rows():
+    """README's MixUp with a model compiled with categorical_crossentropy: training takes
+    the mixed distributions; the eval set keeps class ids, which were refused. They
+    are taken one-hot, as a Keras user's own evaluation would; in training, class ids
+    to such a loss are still refused, as fit refuses them."""
+    from trainer import KerasModel
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((6,), name="x"), keras.layers.Dense(3)])
+    model.compile(
+        "sgd", keras.losses.CategoricalCrossentropy(from_logits=True), metrics=["accuracy"]
+    )
+    x = np.random.default_rng(0).normal(size=(16, 6)).astype("float32")
+    ids = np.arange(16) % 3
+    expected = model.evaluate(x, np.eye(3)[ids], verbose=0, return_dict=True)
+    spec = KerasModel(model)({"x": tf.constant(x)}, {"label": tf.constant(ids)}, Mode.EVAL)
+    assert float(tf.reduce_mean(spec.loss)) == pytest.approx(expected["loss"], rel=1e-6)
+    assert float(tf.reduce_mean(spec.metrics["accuracy"])) == pytest.approx(expected["accuracy"])
+    with pytest.raises(UserError, match=r"class ids take sparse_categorical_crossentropy"):
+        KerasModel(model)({"x": tf.constant(x)}, {"label": tf.constant(ids)}, Mode.TRAIN)
+    mixed = tf.constant(np.eye(3)[ids] * 0.8 + 0.2 / 3, tf.float32)
+    sparse = keras.Sequential([keras.Input((6,), name="x"), keras.layers.Dense(3)])
+    sparse.compile("sgd", "sparse_categorical_crossentropy")
+    with pytest.raises(UserError, match=r"class distributions \(MixUp, CutMix, soft labels\) "):
+        KerasModel(sparse)({"x": tf.constant(x)}, {"label": mixed}, Mode.TRAIN)

@@ -42,6 +42,9 @@ from trainer import internals, keras_compile, keras_step
 from trainer.errors import UserError
 from trainer.model_fn import Mode, ModelFn, Spec, Weighted
 
+# Keras losses of class distributions: given class ids, they take them one-hot.
+DISTRIBUTION_LOSSES = ("categorical_crossentropy", "categorical_focal_crossentropy")
+
 
 class KerasModel(ModelFn):
     """A ``keras.Model`` trained with its compiled (or the given) loss and metrics.
@@ -105,7 +108,9 @@ class KerasModel(ModelFn):
         for output in resolved:
             y, p = _same_rank(targets[output.name], predictions[output.name])
             w = self._weights(weights, output.name, p)
-            values = self._loss_of(output.name, output.loss, y, p)  # per example
+            # The loss takes an eval set's class ids one-hot (metrics resolve to ids).
+            as_scored = y if mode == Mode.TRAIN else _distributions_for(output.loss, y, p)
+            values = self._loss_of(output.name, output.loss, as_scored, p)  # per example
             mean_weight = _of_output(mean_weights, output.name)
             output_loss, per_example = _reduced(values, w, output.reduction, mean_weight)
             loss += output.weight * output_loss
@@ -142,19 +147,23 @@ class KerasModel(ModelFn):
         divides by the replicas of a strategy in scope, and the framework weights
         each replica's loss itself. Labels are cast to the loss's type, as Keras does.
         """
-        given = y.dtype.name
+        given, shape = y.dtype.name, tuple(y.shape)
+        loss_name = _name_of(loss_fn)
         dtype = getattr(loss_fn, "dtype", None) or tf.float32  # under mixed precision too
         y, p = tf.cast(y, dtype), tf.cast(p, dtype)
         try:
             values = loss_fn.call(y, p) if isinstance(loss_fn, keras.losses.Loss) else loss_fn(y, p)
             return _per_example(values, p)
         except (ValueError, TypeError, tf.errors.InvalidArgumentError):
-            loss_name = getattr(loss_fn, "name", None) or getattr(loss_fn, "__name__", "loss")
+            takes = (
+                "class distributions (MixUp, CutMix, soft labels) take categorical_crossentropy"
+                if len(shape) == p.shape.rank
+                else "class ids take sparse_categorical_crossentropy"
+            )
             raise UserError(
                 f"Keras model {self.model.name!r}: loss {loss_name!r} does not fit output "
-                f"{name!r} of shape {tuple(p.shape)} and its label of shape {tuple(y.shape)} "
-                f"({given}): compile with a loss for these labels (class ids take "
-                "sparse_categorical_crossentropy)"
+                f"{name!r} of shape {tuple(p.shape)} and its label of shape {shape} "
+                f"({given}): compile with a loss for these labels ({takes})"
             ) from None
 
     # ------------------------------------------------------------ matching by name
@@ -290,6 +299,24 @@ def _per_example(values: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
     """``values`` as one float32 value per example: the mean over any other axes."""
     values = tf.reshape(tf.cast(values, tf.float32), [tf.shape(outputs)[0], -1])
     return tf.reduce_mean(values, axis=1)
+
+
+def _name_of(loss_fn) -> str:
+    return getattr(loss_fn, "name", None) or getattr(loss_fn, "__name__", "loss")
+
+
+def _distributions_for(loss_fn, y: tf.Tensor, p: tf.Tensor) -> tf.Tensor:
+    """Class ids one-hot, for a loss of class distributions; other labels as they are.
+
+    The evaluation of a model trained on mixed labels (MixUp, CutMix) with
+    ``categorical_crossentropy``: its eval set keeps class ids. In training, ids given
+    to such a loss are refused, as ``fit`` refuses them.
+    """
+    if _name_of(loss_fn) not in DISTRIBUTION_LOSSES or not y.dtype.is_integer:
+        return y
+    if y.shape.rank != p.shape.rank - 1:
+        return y
+    return tf.one_hot(y, tf.shape(p)[-1], dtype=p.dtype)
 
 
 def _same_rank(y_true, y_pred):
