@@ -386,6 +386,16 @@ def test_a_train_step_with_keras_compiled_loss_and_optimizer_trains_and_evaluate
     assert metrics["loss"] == pytest.approx(evaluated["loss"], rel=1e-5)
     assert metrics["accuracy"] == pytest.approx(evaluated["accuracy"], abs=1e-6)
 
+    # The framework's own datasets keep labels in a dict ({'label': ids}): the step is
+    # handed the one tensor, as (x, y) (it failed: "got label of type 'str'").
+    def labelled(mode, params):
+        return input_fn(mode, params).map(lambda images, ids: (images, {"label": ids}))
+
+    again = model()
+    gan_estimator(again, tmp_path / "labelled").train(labelled, 7)
+    for theirs, mine in zip(reference.weights, again.weights, strict=True):
+        np.testing.assert_allclose(mine.numpy(), theirs.numpy(), atol=1e-6, err_msg=mine.path)
+
 
 @pytest.mark.slow
 def test_a_keras_models_own_train_step_refuses_what_it_cannot_honour(tmp_path):
@@ -411,6 +421,15 @@ def test_a_keras_models_own_train_step_refuses_what_it_cannot_honour(tmp_path):
         "an optimizer given to the Estimator": (
             dict(optimizer=keras.optimizers.SGD()),
             "give it to the model's compile()",
+        ),
+        # Ignored before, while the log said which variables they matched.
+        "Optimization.frozen_until_step": (
+            dict(optimization=Optimization(frozen_until_step={"generator": 10})),
+            "scale or hold back those variables' updates in the step",
+        ),
+        "Optimization.learning_rate_multipliers": (
+            dict(optimization=Optimization(learning_rate_multipliers={"discriminator": 0.5})),
+            "scale or hold back those variables' updates in the step",
         ),
     }
     for setting, (options, fix) in fixes.items():

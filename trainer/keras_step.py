@@ -18,8 +18,8 @@ generators), resume at the exact batch, the NaN guard, logs and TensorBoard.
 * What the step's own updates rule out is refused in one line (``check``): several
   devices (towers would need its gradients; a tf.distribute strategy, optimizers
   made in its scope, which ``fit`` itself cannot give keras.io's GAN), micro-batches,
-  the framework's gradient clipping and optimizer groups, and an optimizer given to
-  the Estimator, which the step would not use.
+  the framework's gradient clipping, optimizer groups and per-variable rates or
+  freezing, and an optimizer given to the Estimator, which the step would not use.
 """
 
 from __future__ import annotations
@@ -37,12 +37,20 @@ def overrides(model: keras.Model) -> bool:
 
 
 def batch(features, labels):
-    """The element as ``fit`` hands it to ``train_step``: ``x``, ``(x, y)`` or ``(x, y, w)``."""
+    """The element as ``fit`` hands it to ``train_step``: ``x``, ``(x, y)`` or ``(x, y, w)``.
+
+    Labels in a dict of one (the framework's datasets: ``{'label': ids}``) are handed
+    as that one tensor, ``y``, as a Keras user's ``(x, y)`` has it.
+    """
     if labels is None:
         return features
     if isinstance(labels, Weighted):
-        return features, labels.labels, labels.sample_weight
-    return features, labels
+        return features, _one(labels.labels), labels.sample_weight
+    return features, _one(labels)
+
+
+def _one(labels):
+    return next(iter(labels.values())) if isinstance(labels, dict) and len(labels) == 1 else labels
 
 
 @tf.autograph.experimental.do_not_convert  # the user's step: converted by Keras's own rules
@@ -95,8 +103,17 @@ def check(
     clip: float | None = None,
     groups=None,
     optimizer=None,
+    rules=None,
 ) -> None:
-    """Refuses the settings a step that applies its own updates cannot honour."""
+    """Refuses the settings a step that applies its own updates cannot honour.
+
+    ``rules``: ``Optimization``'s per-variable rules (``variable_rules.Rules``).
+    """
+    set_rules = [
+        f"Optimization.{name}"
+        for name in ("learning_rate_multipliers", "frozen_until_step")
+        if rules is not None and getattr(rules, name)
+    ]
     fixes = {
         "several devices or a tf.distribute strategy": (
             distributed,
@@ -104,6 +121,10 @@ def check(
         ),
         "Optimization.microbatches": (microbatches > 1, "remove it"),
         "Optimization.clip_gradient_norm": (clip, "clip in the step, or in its optimizers"),
+        " and ".join(set_rules): (
+            bool(set_rules),
+            "scale or hold back those variables' updates in the step",
+        ),
         "optimizer groups": (groups is not None, "apply each optimizer in the step"),
         "an optimizer given to the Estimator": (
             optimizer is not None,

@@ -98,6 +98,7 @@ class ModelState:
                 microbatches=microbatches,
                 clip=clip_gradient_norm,
                 groups=self.groups,
+                rules=rules,
             )
         if self.own_step and microbatches > 1:
             raise UserError(
