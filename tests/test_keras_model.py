@@ -481,3 +481,20 @@ def test_a_model_of_mixed_labels_evaluates_on_class_ids_as_keras_does_on_one_hot
     sparse.compile("sgd", "sparse_categorical_crossentropy")
     with pytest.raises(UserError, match=r"class distributions \(MixUp, CutMix, soft labels\) "):
         KerasModel(sparse)({"x": tf.constant(x)}, {"label": mixed}, Mode.TRAIN)
+
+
+def test_a_keras_model_frozen_whole_is_refused_for_what_it_is(tmp_path):
+    """fit runs it and updates nothing; the advice was written for a ModelFn ("create its
+    Keras layers as attributes in __init__")."""
+    model = keras.Sequential([keras.Input((6,), name="x"), keras.layers.Dense(3)], name="frozen")
+    model.trainable = False
+    model.compile("sgd", "sparse_categorical_crossentropy")
+    data = tf.data.Dataset.from_tensor_slices((np.zeros((16, 6), "float32"), np.zeros(16, int)))
+    estimator = Estimator(model, str(tmp_path), global_batch_size=8, progress=False)
+    with pytest.raises(UserError) as refused:
+        estimator.train(lambda mode, params: data.repeat().batch(params.batch_size), 2)
+    assert str(refused.value) == (
+        "Keras model 'frozen' has no trainable variables (every layer is frozen): training "
+        "would change nothing (fit runs it all the same); set trainable = True on the layers "
+        "to train"
+    )

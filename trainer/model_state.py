@@ -350,8 +350,15 @@ class ModelState:
         )
 
     def _check_variables(self, variables: list) -> None:
-        """Refuses a model a checkpoint could not save whole."""
+        """Refuses a model a checkpoint could not save whole, or one that cannot train."""
         name = type(self.model_fn).__name__
+        keras_model = getattr(self.model_fn, "model", None)
+        if not variables and isinstance(keras_model, keras.Model):
+            raise UserError(
+                f"Keras model {keras_model.name!r} has no trainable variables (every layer is "
+                "frozen): training would change nothing (fit runs it all the same); set "
+                "trainable = True on the layers to train"
+            )
         if not variables:
             raise UserError(
                 f"{name} has no trainable variables: create its Keras layers as attributes "
