@@ -415,6 +415,10 @@ def test_a_monitor_whose_direction_is_unknown_is_refused_before_training(tmp_pat
     est = estimator(tmp_path)
     est.train_and_evaluate(input_fn, input_fn, 5, eval_steps=1, callbacks=[known])
     assert known.monitor_op is not None and est.step == 5
+    for name in ("val_acc", "acc", "val_auc"):  # compile()'s "acc" too, as fit infers it
+        callback = keras.callbacks.EarlyStopping(monitor=name)
+        trainer.callbacks.set_direction(callback)
+        assert callback.monitor_op(1.0, 0.0), name  # higher is better
 
 
 @pytest.mark.slow

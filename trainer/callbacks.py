@@ -246,8 +246,9 @@ def set_direction(callback: keras.callbacks.Callback) -> None:
     if mode == "auto" and name.endswith("loss"):
         mode = "min"
     elif mode == "auto":
-        try:
-            mode = {"up": "max", "down": "min"}[keras.metrics.get(name)._direction]
+        try:  # compile() takes "acc" for accuracy too
+            metric = keras.metrics.get("accuracy" if name == "acc" else name)
+            mode = {"up": "max", "down": "min"}[metric._direction]
         except (ValueError, KeyError, AttributeError, TypeError):
             raise UserError(
                 f"{type(callback).__name__}(monitor={callback.monitor!r}) cannot tell whether "
