@@ -98,8 +98,11 @@ COMPILED = (  # plain, batch statistics, an update, weights, outputs, a layer tw
 )
 GROUPED = ("plain", "batch_norm", "frozen_batch_norm", "constraint", "regularizers")
 GROUPED += ("weights_weighted_mean", "layer_held_twice", "ema")
-MULTI_WORKER = ("plain", "batch_norm", "synchronized_batch_norm", "weights_weighted_mean")
-MULTI_WORKER += ("regularizers", "ema", "two_outputs")
+# What crosses processes: the global batch's weights and loss terms, synchronised
+# statistics, averages. Per-replica batch statistics and per-output losses add nothing
+# to what the mirrored column (the same two replicas, in one process) shows.
+MULTI_WORKER = ("plain", "synchronized_batch_norm", "weights_weighted_mean", "regularizers")
+MULTI_WORKER += ("ema",)
 # What a cut batch could change in evaluation (weighted means, sums, layer losses,
 # outputs, averages): the rows the multi-device columns evaluate (one device: all).
 EVALUATED_APART = ("plain", "weights_weighted_mean", "weights_sum", "regularizers")

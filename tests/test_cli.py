@@ -107,6 +107,15 @@ def test_help_lists_the_trainers_own_flags_and_exits_0():
         (["extra"], r"error: unexpected arguments \['extra'\]: every option is a --flag .*"),
         ([], r"error: --gin_file is required, e\.g\. --gin_file=experiments/digits_mlp\.gin"),
         (["--gin_file=nope.gin"], r"error: --gin_file=nope\.gin: no such file; experiments .*"),
+        (  # gin's syntax too: its parser is read with every name taken as known
+            ["--gin_file=experiments/digits_mlp.gin", "--gin_param", "experiment.max_steps:9"],
+            r"error: --gin_param:1: gin syntax error: a binding is 'name = value': write "
+            r"'experiment\.max_steps = 9'",
+        ),
+        (
+            ["--gin_file=experiments/digits_mlp.gin", "--export_format", "onnx"],
+            r"error: --export_format applies to --schedule export; .*",
+        ),
     ],
 )
 def test_help_and_flag_mistakes_answer_before_tensorflow_loads(args, out):
@@ -120,7 +129,7 @@ def test_help_and_flag_mistakes_answer_before_tensorflow_loads(args, out):
     )
     imported = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines() if "|" in line}
     assert {"absl.app", "absl.flags"} <= imported  # the list is read right
-    assert not {"tensorflow", "keras", "gin"} & imported
+    assert not {"tensorflow", "keras"} & imported
     said = [line for line in (proc.stdout + proc.stderr).splitlines() if "import time:" not in line]
     assert re.fullmatch(out, said[0]), said
     assert proc.returncode == (0 if args == ["--help"] else 2)

@@ -293,7 +293,7 @@ def test_sigkill_at_random_steps_then_resume_is_bitwise_exact(tmp_path, data_dir
         for split in ("train", "test"):
             rows = list(digits.load(split, data_dir).as_numpy_iterator())
             shards.write(rows, str(shard_dir), split, 4, "png", num_classes=10)
-    max_steps = 2000 if experiment == "digits_mlp" else 1500
+    max_steps = 1000  # both kills come a checkpoint or two after the first (step 100)
     common = [
         "--gin_file",
         f"experiments/{experiment}.gin",

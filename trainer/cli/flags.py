@@ -17,6 +17,7 @@ import textwrap
 from absl import app, flags
 
 from trainer import console
+from trainer.cli import gin_syntax
 from trainer.cli.exit_codes import fail
 from trainer.distributed import preemption
 
@@ -104,6 +105,9 @@ def main(argv: list[str]) -> None:
     if missing:
         fail(missing)
     check_combinations()
+    mistyped = gin_syntax.check(FLAGS.gin_file, FLAGS.gin_param)
+    if mistyped:
+        fail(mistyped)
     try:
         with preemption.outside_training():
             if FLAGS.workers is not None:

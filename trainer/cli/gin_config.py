@@ -20,7 +20,7 @@ import keras
 
 from trainer import callbacks, estimator, internals, keras_model, optimization, settings, tracking
 from trainer.checkpoints import OPERATIVE_CONFIG
-from trainer.cli import config_diff, gin_errors
+from trainer.cli import config_diff, gin_errors, gin_syntax
 from trainer.errors import UserError
 
 # The bindings that may change between runs of one model_dir: how long, how often,
@@ -147,14 +147,8 @@ def parse(files: list[str], params: list[str], swept: list[str] = ()) -> None:
 
 
 def _above(files: list[str]) -> list[str]:
-    """The directories of ``files`` and every directory above them, nearest first."""
-    found: list[str] = []
-    for path in files:
-        directory = os.path.dirname(os.path.abspath(path))
-        while directory not in found:
-            found.append(directory)
-            directory = os.path.dirname(directory)
-    return [d for d in found if d not in internals.gin_include_paths()]
+    """``gin_syntax.above``: the directories of ``files`` and above, but gin's own."""
+    return [d for d in gin_syntax.above(files) if d not in internals.gin_include_paths()]
 
 
 def check_resumable(model_dir: str, saved: str, new: str) -> None:

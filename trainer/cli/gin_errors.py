@@ -17,6 +17,7 @@ import re
 import tokenize
 
 from trainer import errors, internals, settings
+from trainer.cli import gin_syntax
 
 
 def unused_macro(params: list[str]) -> str | None:
@@ -64,71 +65,20 @@ def _owners_of(parameter: str) -> list[str]:
 def parse_error(error: Exception, source: str) -> str:
     """Turns gin's multi-line parse error into ``file:line: message (hint)``.
 
-    A bracket left open makes gin read on and fail where the text ends or on a later
-    line; the line named is then the bracket's.
+    Syntax (``gin_syntax``, also read before TensorFlow loads), an include not found,
+    or a name that is not a configurable, parameter or module, with the closest real one.
     """
     if isinstance(error, (tokenize.TokenError, SyntaxError)):
-        line = _unclosed_bracket_line(source)
-        if line and line <= (getattr(error, "lineno", None) or line):
-            return f"{source}:{line}: gin syntax error: a bracket opened here is never closed"
-    if isinstance(error, tokenize.TokenError):
-        return f"{source}: gin syntax error: {error.args[0]} (is a bracket or quote unclosed?)"
+        return gin_syntax.syntax_error(error, source)
     text = str(error)
-    if isinstance(error, SyntaxError):
-        line = f":{error.lineno}" if error.lineno else ""
-        return f"{error.filename or source}{line}: gin syntax error: {_syntax_hint(error)}"
     where = re.search(r'In file "([^"]+)", line (\d+)', text)
     location = f"{where.group(1)}:{where.group(2)}" if where else source
     message = text.splitlines()[0].rstrip(".")
     # gin shows the failing line; an include of a file not there fails as an OSError.
     include = re.search(r"^\s*include\s+['\"]([^'\"]+)['\"]\s*$", text, re.M)
     if include and not os.path.isfile(include.group(1)):
-        return (
-            f"{location}: include {include.group(1)!r} not found in the working directory "
-            f"{os.getcwd()} nor above the gin file: run from the directory it is relative "
-            "to, or include it by its absolute path"
-        )
+        return gin_syntax.include_not_found(location, include.group(1))
     return f"{location}: {message}{_closest_name_hint(message)}"
-
-
-def _syntax_hint(error: SyntaxError) -> str:
-    """Gin's syntax error, said in terms of the line the user wrote and its fix."""
-    text = (error.text or "").strip()
-    token = re.search(r"Failed to parse token '([^']+)'", error.msg)
-    if token:
-        name = token.group(1)
-        return (
-            f"{name} is not a value gin knows (in {text!r}): write @{name}() for a new "
-            f"instance of a configurable, @{name} for the class or function itself, or "
-            f"'{name}' with quotes for a string"
-        )
-    colon = re.fullmatch(r"([\w./]+)\s*:\s*(.+)", text)
-    if colon:
-        return f"a binding is 'name = value': write '{colon.group(1)} = {colon.group(2)}'"
-    return re.sub(r"\s*<[^>]* at 0x[0-9a-f]+>", "", errors.first_line(error.msg))
-
-
-def _unclosed_bracket_line(source: str) -> int | None:
-    """The line of the first bracket a gin file (or binding) opens and never closes."""
-    if not os.path.isfile(source):
-        return None
-    with open(source) as f:
-        text = f.read()
-    opened: list[int] = []
-    quote = None
-    for number, line in enumerate(text.splitlines(), 1):
-        for char in line:
-            if quote:
-                quote = None if char == quote else quote
-            elif char in "'\"":
-                quote = char
-            elif char == "#":
-                break
-            elif char in "([{":
-                opened.append(number)
-            elif char in ")]}" and opened:
-                opened.pop()
-    return opened[0] if opened else None
 
 
 def _closest_name_hint(message: str) -> str:
