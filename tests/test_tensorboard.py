@@ -115,3 +115,19 @@ def test_a_classifier_of_too_many_classes_counts_no_confusion_matrix(caplog):
         found = confusion.classifier(predictions, labels)
         assert (found is not None) == counted and (not found or found.num_classes == classes)
     assert "4000 classes: evaluations count no confusion matrix or PR curves" in caplog.text
+
+
+def test_probabilities_in_bfloat16_are_taken_as_they_are_not_softmaxed_again():
+    """A softmax output under mixed_bfloat16 sums to 1 only within bfloat16's rounding;
+    it was taken for logits and softmaxed again (no class above 0.5 in the PR curves)."""
+    from trainer import confusion
+
+    logits = tf.random.stateless_normal([64, 10], [1, 2]) * 4
+    for dtype in (tf.float32, tf.bfloat16, tf.float16):
+        probabilities = tf.cast(tf.nn.softmax(logits), dtype)
+        found = confusion.Classifier("label", False, "probabilities", 10)
+        labels = {"label": tf.zeros([64], tf.int64)}
+        _, scores = confusion.picked(found, {"probabilities": probabilities}, labels)
+        np.testing.assert_allclose(scores, tf.cast(probabilities, tf.float32), atol=1e-6)
+    _, scores = confusion.picked(found, {"probabilities": tf.cast(logits, tf.bfloat16)}, labels)
+    np.testing.assert_allclose(tf.reduce_sum(scores, -1), 1.0, atol=1e-5)  # logits: softmaxed

@@ -95,9 +95,12 @@ def picked(found: Classifier, predictions, labels) -> tuple[tf.Tensor, tf.Tensor
         labels = labels.labels
     label = labels[found.label] if found.label is not None else labels
     ids = tf.argmax(label, axis=-1) if found.one_hot else label
-    scores = tf.cast(predictions[found.scores], tf.float32)
+    given = predictions[found.scores]
+    scores = tf.cast(given, tf.float32)
     sums = tf.reduce_sum(scores, axis=-1)
-    probabilities = tf.reduce_all(scores >= 0) & tf.reduce_all(tf.abs(sums - 1) < 1e-3)
+    # A bfloat16 softmax's rows sum to 1 only within its rounding (8 bits of mantissa).
+    tolerance = 1e-3 if given.dtype.size >= 4 else 5e-2
+    probabilities = tf.reduce_all(scores >= 0) & tf.reduce_all(tf.abs(sums - 1) < tolerance)
     scores = tf.cond(probabilities, lambda: scores, lambda: tf.nn.softmax(scores))
     return tf.cast(ids, tf.int32), scores
 
