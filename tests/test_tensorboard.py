@@ -127,7 +127,29 @@ def test_probabilities_in_bfloat16_are_taken_as_they_are_not_softmaxed_again():
         probabilities = tf.cast(tf.nn.softmax(logits), dtype)
         found = confusion.Classifier("label", False, "probabilities", 10)
         labels = {"label": tf.zeros([64], tf.int64)}
-        _, scores = confusion.picked(found, {"probabilities": probabilities}, labels)
+        targets, scores = confusion.picked(found, {"probabilities": probabilities}, labels)
+        assert targets.shape == (64, 10)
         np.testing.assert_allclose(scores, tf.cast(probabilities, tf.float32), atol=1e-6)
     _, scores = confusion.picked(found, {"probabilities": tf.cast(logits, tf.bfloat16)}, labels)
     np.testing.assert_allclose(tf.reduce_sum(scores, -1), 1.0, atol=1e-5)  # logits: softmaxed
+
+
+def test_a_multi_label_model_counts_each_class_and_no_row_of_several_in_the_matrix():
+    """Sigmoid outputs and multi-hot labels: each class's PR counts take the rows it is in
+    (its scores not softmaxed); the matrix only the rows of one class."""
+    from trainer import confusion
+
+    labels = tf.constant([[1, 0, 1], [0, 1, 0], [1, 1, 0], [0, 0, 1]], tf.float32)
+    scores = tf.constant([[0.9, 0.2, 0.8], [0.1, 0.7, 0.3], [0.6, 0.6, 0.1], [0.2, 0.1, 0.9]])
+    found = confusion.classifier(
+        {"probabilities": tf.TensorSpec([None, 3], tf.float32)},
+        {"label": tf.TensorSpec([None, 3], tf.float32)},
+    )
+    targets, taken = confusion.picked(found, {"probabilities": scores}, {"label": labels})
+    np.testing.assert_allclose(taken, scores)  # independent probabilities, as they are
+    counts = confusion.ClassCounts(3)
+    counts.update(targets, taken)
+    np.testing.assert_array_equal(counts.positives.numpy().sum(axis=1), [2, 2, 2])
+    np.testing.assert_array_equal(counts.negatives.numpy().sum(axis=1), [2, 2, 2])
+    assert counts.matrix.numpy().sum() == 2  # rows 1 and 3: one class each
+    assert counts.matrix.numpy()[1, 1] == counts.matrix.numpy()[2, 2] == 1

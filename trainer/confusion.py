@@ -90,19 +90,31 @@ def _only(labels):
 
 @tf.autograph.experimental.do_not_convert
 def picked(found: Classifier, predictions, labels) -> tuple[tf.Tensor, tf.Tensor]:
-    """``(class ids [batch], probabilities [batch, classes])`` of one batch."""
+    """``(targets, probabilities)`` of one batch, both ``[batch, classes]``.
+
+    The targets are the label rows: one-hot for class ids (all zero for an id out of
+    range, which the loss says), or multi-hot for a multi-label model's. Scores that
+    are neither probabilities (rows summing to 1) nor independent ones (each in
+    [0, 1], as sigmoid outputs are) are logits, and softmaxed.
+    """
     if isinstance(labels, Weighted):
         labels = labels.labels
     label = labels[found.label] if found.label is not None else labels
-    ids = tf.argmax(label, axis=-1) if found.one_hot else label
+    if found.one_hot:
+        targets = tf.cast(label, tf.float64)
+    else:
+        targets = tf.one_hot(tf.cast(label, tf.int32), found.num_classes, dtype=tf.float64)
     given = predictions[found.scores]
     scores = tf.cast(given, tf.float32)
     sums = tf.reduce_sum(scores, axis=-1)
     # A bfloat16 softmax's rows sum to 1 only within its rounding (8 bits of mantissa).
     tolerance = 1e-3 if given.dtype.size >= 4 else 5e-2
-    probabilities = tf.reduce_all(scores >= 0) & tf.reduce_all(tf.abs(sums - 1) < tolerance)
+    in_range = tf.reduce_all(scores >= 0) & tf.reduce_all(scores <= 1 + tolerance)
+    summed = tf.reduce_all(tf.abs(sums - 1) < tolerance)
+    multi = tf.reduce_any(tf.reduce_sum(targets, axis=-1) > 1)
+    probabilities = in_range & (summed | multi)
     scores = tf.cond(probabilities, lambda: scores, lambda: tf.nn.softmax(scores))
-    return tf.cast(ids, tf.int32), scores
+    return targets, scores
 
 
 class ClassCounts:
@@ -122,19 +134,23 @@ class ClassCounts:
             self.negatives = counts([num_classes, THRESHOLDS], "scores_of_the_others")
 
     @tf.autograph.experimental.do_not_convert
-    def update(self, ids: tf.Tensor, scores: tf.Tensor) -> None:
-        """Adds one batch: true class ids ``[batch]``, probabilities ``[batch, classes]``."""
+    def update(self, targets: tf.Tensor, scores: tf.Tensor) -> None:
+        """Adds one batch: label rows and probabilities, ``[batch, classes]`` each.
+
+        The matrix counts the rows of one class (a multi-label row has no one true
+        class); each class's score histograms count every row that has a label.
+        """
         classes = self.num_classes
-        known = tf.cast((ids >= 0) & (ids < classes), tf.float64)  # an id out of range: not
-        ids = tf.where(known > 0, ids, tf.zeros_like(ids))  # counted (the loss says so)
+        labelled = tf.cast(tf.reduce_sum(targets, axis=-1) > 0, tf.float64)
+        single = tf.cast(tf.abs(tf.reduce_sum(targets, axis=-1) - 1) < 1e-3, tf.float64)
+        ids = tf.argmax(targets, axis=-1, output_type=tf.int32)
         predicted = tf.argmax(scores, axis=-1, output_type=tf.int32)
-        matrix = tf.math.confusion_matrix(ids, predicted, classes, weights=known, dtype=tf.float64)
+        matrix = tf.math.confusion_matrix(ids, predicted, classes, weights=single, dtype=tf.float64)
         self.matrix.assign_add(matrix)
         bucket = tf.cast(tf.floor(tf.clip_by_value(scores, 0.0, 1.0) * (THRESHOLDS - 1)), tf.int32)
         cell = tf.range(classes)[tf.newaxis, :] * THRESHOLDS + bucket  # [batch, classes]
-        own = tf.one_hot(ids, classes, dtype=tf.float64) * known[:, tf.newaxis]
-        others = (1.0 - own) * known[:, tf.newaxis]
-        for variable, weight in ((self.positives, own), (self.negatives, others)):
+        others = (1.0 - targets) * labelled[:, tf.newaxis]
+        for variable, weight in ((self.positives, targets), (self.negatives, others)):
             summed = tf.math.unsorted_segment_sum(
                 tf.reshape(weight, [-1]), tf.reshape(cell, [-1]), classes * THRESHOLDS
             )
