@@ -1,6 +1,8 @@
 """Shared fixtures: absl flags parsed, gin cleared between tests, one TFDS data dir,
 and a trained model_dir to make mistakes against."""
 
+import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
@@ -27,10 +29,29 @@ def _clear_gin():
     gin.clear_config()
 
 
+def shared(tmp_path_factory, name: str):
+    """A directory all of this session's processes share (pytest-xdist's workers), held
+    under an exclusive lock while the block makes what goes in it; yields its path."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's, above each worker's own
+    directory = root / name
+    directory.mkdir(exist_ok=True)
+    return directory
+
+
+@contextlib.contextmanager
+def locked(directory):
+    with open(directory / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory):
-    """A TFDS data_dir private to this test session (digits get built into it once)."""
-    return str(tmp_path_factory.mktemp("tensorflow_datasets"))
+    """A TFDS data_dir of this test session's (digits get built into it once, under
+    ``datasets.digits``'s own lock)."""
+    return str(shared(tmp_path_factory, "tensorflow_datasets"))
 
 
 def run_cli(*args, cwd=REPO, env=None, timeout=300, unset=()):
@@ -67,8 +88,9 @@ def digits_args(data_dir, model_dir, *extra):
 @pytest.fixture(scope="session")
 def faulty_gin(tmp_path_factory, data_dir):
     """digits_mlp, fed by faulty_digits (no fault unless a test binds one)."""
-    path = tmp_path_factory.mktemp("gin") / "faulty.gin"
-    path.write_text(
+    directory = shared(tmp_path_factory, "gin")
+    path = directory / "faulty.gin"
+    text = (
         f"include '{REPO}/experiments/digits_mlp.gin'\n"
         "import faulty\n"
         "experiment.input_fn = @faulty_digits\n"
@@ -78,15 +100,24 @@ def faulty_gin(tmp_path_factory, data_dir):
         "Estimator.log_every_steps = 50\n"
         f"digits.input_fn.data_dir = '{data_dir}'\n"
     )
+    with locked(directory):  # written once: another process may be reading it
+        if not path.exists():
+            (directory / "faulty.gin.new").write_text(text)
+            os.replace(directory / "faulty.gin.new", path)
     return str(path)
 
 
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory, faulty_gin):
-    """A model_dir trained to step 100 with checkpoints at 50 and 100."""
-    model_dir = tmp_path_factory.mktemp("trained") / "run"
-    proc = run_cli("--gin_file", faulty_gin, "--model_dir", str(model_dir), env=ENV)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    """A model_dir trained to step 100 with checkpoints at 50 and 100, trained once for
+    the session's processes (tests make their mistakes against copies: ``model_dir``)."""
+    directory = shared(tmp_path_factory, "trained")
+    model_dir = directory / "run"
+    with locked(directory):
+        if not (model_dir / "ckpt-100.index").exists():
+            shutil.rmtree(model_dir, ignore_errors=True)
+            proc = run_cli("--gin_file", faulty_gin, "--model_dir", str(model_dir), env=ENV)
+            assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(f for f in os.listdir(model_dir) if f.endswith(".index")) == [
         "ckpt-100.index",
         "ckpt-50.index",
