@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from sklearn.datasets import load_digits
-from sklearn.metrics import precision_score, roc_auc_score
+from sklearn.metrics import f1_score, precision_score, roc_auc_score
 
 from datasets import digits
 from tests.conftest import run_cli
@@ -177,21 +177,25 @@ def test_compiled_auc_and_precision_stream_over_the_eval_set(tmp_path, data_dir)
     # Named: Keras names an unnamed Precision by a count of those made in the process
     # ('precision_1' after another test's), which made this test depend on the order.
     precision = keras.metrics.Precision(name="precision")
-    model.compile("adam", "binary_crossentropy", metrics=["auc", precision])
+    f1 = keras.metrics.F1Score(threshold=0.5, name="f1")  # its result has shape [1]: refused
+    model.compile("adam", "binary_crossentropy", metrics=["auc", precision, f1])
     input_fn = functools.partial(even_digits, data_dir=data_dir)
     estimator = make(model, tmp_path / "run", best_export=BestExport(metric="auc"))
     results = estimator.train_and_evaluate(input_fn, input_fn, max_steps=200, eval_every_steps=100)
     metrics = results["eval"]
-    assert set(metrics) == {"loss", "auc", "precision"}
+    assert set(metrics) == {"loss", "auc", "precision", "f1"}
 
     even = np.array([p["output"][0] for p in estimator.predict(input_fn)])
     _, labels = next(iter(input_fn(Mode.EVAL, InputParams(360, 360))))
     truth = labels["even"].numpy()
     assert abs(metrics["auc"] - roc_auc_score(truth, even)) < 0.005
     assert metrics["precision"] == pytest.approx(precision_score(truth, even > 0.5), abs=1e-6)
+    assert metrics["f1"] == pytest.approx(f1_score(truth, even > 0.5), abs=1e-6)
     features, _ = next(iter(input_fn(Mode.EVAL, InputParams(360, 360))))
-    keras_metrics = model.evaluate(features["image"], truth, verbose=0, return_dict=True)
+    # [batch, 1] labels: Keras's F1Score takes no other shape
+    keras_metrics = model.evaluate(features["image"], truth[:, None], verbose=0, return_dict=True)
     assert metrics["auc"] == pytest.approx(keras_metrics["auc"], abs=1e-6)
+    assert metrics["f1"] == pytest.approx(keras_metrics["f1"], abs=1e-6)
 
     # Written where every metric goes, and ranked by the best export.
     lines = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from trainer import errors
@@ -195,6 +196,8 @@ class MetricSums:
 def _scalar(name: str, metric: keras.metrics.Metric) -> float:
     """A streamed metric's result, which must be one number to be logged and ranked."""
     value = metric.result()
+    if getattr(value, "shape", None) is not None and int(np.prod(value.shape)) == 1:
+        return float(np.reshape(value, ()))  # F1Score() of a binary classifier: [1]
     if len(getattr(value, "shape", ())) > 0:
         raise UserError(
             f"metric {name!r} ({type(metric).__name__}) has a result of shape "
