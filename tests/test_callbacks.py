@@ -52,6 +52,35 @@ def plateau_callbacks(csv_path):
     ]
 
 
+def compiled_linear():
+    """A linear classifier of the digits, compiled as a Keras user compiles it."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((8, 8, 1), name="image"), keras.layers.Flatten(), keras.layers.Dense(10)]
+    )
+    model.compile(
+        keras.optimizers.SGD(0.05),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    return model
+
+
+def fit_blank(model, epochs, callbacks):
+    """``model.fit`` as a Keras user calls it, on 64 blank digits in batches of 32,
+    validating on them too; its History."""
+    images, labels = np.zeros((64, 8, 8, 1), np.float32), np.arange(64) % 10
+    return model.fit(
+        images,
+        labels,
+        batch_size=32,
+        epochs=epochs,
+        validation_data=(images, labels),
+        verbose=0,
+        callbacks=callbacks,
+    )
+
+
 def csv_rows(path):
     with open(path) as f:
         return list(csv.DictReader(f))
@@ -103,14 +132,7 @@ def test_keras_callbacks_stop_reduce_and_log_alike_straight_and_resumed(tmp_path
 def test_a_keras_models_best_weights_are_restored_into_the_last_checkpoint(tmp_path, input_fn):
     """restore_best_weights on a compiled Keras model: callback.model is the model, and
     the weights EarlyStopping puts back at the end are the ones the run saves."""
-    model = keras.Sequential(
-        [keras.Input((8, 8, 1), name="image"), keras.layers.Flatten(), keras.layers.Dense(10)]
-    )
-    model.compile(
-        keras.optimizers.SGD(0.05),
-        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
-    )
+    model = compiled_linear()
     seen = []
     best_at_first = keras.callbacks.EarlyStopping(
         monitor="val_loss", mode="max", patience=1, restore_best_weights=True
@@ -182,19 +204,6 @@ def test_trains_epochs_are_log_periods_and_callbacks_see_each_block(tmp_path, in
     assert kept.evaluate(input_fn, steps=1)["loss"] == pytest.approx(np.log(10), rel=1e-6)
 
 
-def compiled_linear():
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential(
-        [keras.Input((8, 8, 1), name="image"), keras.layers.Flatten(), keras.layers.Dense(10)]
-    )
-    model.compile(
-        keras.optimizers.SGD(0.05),
-        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
-    )
-    return model
-
-
 @pytest.mark.slow
 def test_lambda_callbacks_get_fits_arguments_and_csv_rows_fits_columns(tmp_path, input_fn):
     """Ported from Keras's LambdaCallback and CSVLogger tests: every begin event is given
@@ -218,18 +227,7 @@ def test_lambda_callbacks_get_fits_arguments_and_csv_rows_fits_columns(tmp_path,
     assert {e[1] == {} for e in ours if e[0] == "batch"} == {True}
 
     fits = []
-    model = compiled_linear()
-    images = np.zeros((64, 8, 8, 1), np.float32)
-    labels = np.arange(64) % 10
-    model.fit(
-        images,
-        labels,
-        batch_size=32,
-        epochs=2,
-        validation_data=(images, labels),
-        verbose=0,
-        callbacks=callbacks("fit", fits),
-    )
+    fit_blank(compiled_linear(), 2, callbacks("fit", fits))
     assert [e for e in fits if e[0] == "epoch"] == [("epoch", 0, {}), ("epoch", 1, {})]
     with open(tmp_path / "ours.csv") as f, open(tmp_path / "fit.csv") as g:
         assert f.readline() == g.readline() == "epoch,accuracy,loss,val_accuracy,val_loss\n"
@@ -241,20 +239,8 @@ def test_a_second_call_begins_its_callbacks_afresh_as_a_second_fit_does(tmp_path
     waits its patience again. So does a second train_and_evaluate (it stopped after one
     epoch); a new EarlyStopping with other settings does not take the old one's state."""
     model = compiled_linear()
-    images, labels = np.zeros((64, 8, 8, 1), np.float32), np.arange(64) % 10
     plateau = keras.callbacks.EarlyStopping(monitor="val_loss", patience=2, min_delta=10.0)
-    fits = []
-    for _ in range(2):
-        history = model.fit(
-            images,
-            labels,
-            batch_size=32,
-            epochs=100,
-            validation_data=(images, labels),
-            verbose=0,
-            callbacks=[plateau],
-        )
-        fits.append(len(history.epoch))
+    fits = [len(fit_blank(model, 100, [plateau]).epoch) for _ in range(2)]
     assert fits == [3, 3]
 
     est = estimator(tmp_path / "run")
@@ -293,18 +279,8 @@ def test_a_stop_mid_epoch_validates_and_ends_the_epoch_as_fit_does(tmp_path, inp
         def on_train_end(self, logs=None):
             self.seen.append(("train_end",))
 
-    model = compiled_linear()
-    images, labels = np.zeros((64, 8, 8, 1), np.float32), np.arange(64) % 10
     fit_stop = StopAt(0)
-    model.fit(
-        images,
-        labels,
-        batch_size=32,
-        epochs=3,
-        validation_data=(images, labels),
-        verbose=0,
-        callbacks=[fit_stop],
-    )
+    fit_blank(compiled_linear(), 3, [fit_stop])
     est = estimator(tmp_path / "run", compiled_linear())
     ours = StopAt(3)  # the block that ends at step 4, in the first 5-step epoch
     est.train_and_evaluate(
