@@ -12,6 +12,7 @@ import gin
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import trainer
 from datasets import digits
@@ -428,3 +429,66 @@ def worker_run(model_dir, data_dir):
         "rate": float(keras.ops.convert_to_numpy(est.optimizer.learning_rate)),
         "weights": [float(v.numpy().sum()) for v in est.model_fn.trainable_variables],
     }
+
+
+@pytest.mark.slow
+def test_terminate_on_nan_stops_as_in_fit_and_the_checkpoint_stays_whole(tmp_path):
+    """TerminateOnNaN owns a NaN loss it is given (the NaN guard raised before it could
+    see one): training stops gracefully after that batch, the epoch ends (a CSV row),
+    on_train_end runs; raise_error=True raises fit's RuntimeError before on_train_end.
+    Its NaN weights, as fit leaves them, are never saved."""
+    images = np.zeros((128, 8, 8, 1), np.float32)
+    images[70] = np.nan  # in the third batch of 32
+    labels = np.arange(128) % 10
+
+    def input_fn(mode, params):
+        data = tf.data.Dataset.from_tensor_slices((images, labels)).batch(params.batch_size)
+        return data.repeat() if mode == trainer.Mode.TRAIN else data
+
+    def run(raise_error, name):
+        ends = []
+        watch = keras.callbacks.LambdaCallback(on_train_end=lambda logs: ends.append(logs))
+        csv = keras.callbacks.CSVLogger(str(tmp_path / f"{name}.csv"))
+        return [keras.callbacks.TerminateOnNaN(raise_error=raise_error), csv, watch], ends
+
+    given, ended = run(False, "fit")
+    history = compiled_linear().fit(
+        images, labels, batch_size=32, epochs=3, verbose=0, callbacks=given
+    )
+    assert len(history.epoch) == 1 and len(ended) == 1  # stopped in epoch 0, gracefully
+    given, ended = run(False, "ours")
+    est = Estimator(
+        compiled_linear(),
+        str(tmp_path / "run"),
+        global_batch_size=32,
+        steps_per_loop=1,
+        log_every_steps=4,
+        checkpoints=Checkpoints(every_steps=4),
+        progress=False,
+    )
+    est.train_and_evaluate(input_fn, input_fn, 12, eval_every_steps=4, callbacks=given)
+    assert est.step == 2 and len(ended) == 1  # the NaN step, the third, is not counted
+    ours, fits = csv_rows(tmp_path / "ours.csv"), csv_rows(tmp_path / "fit.csv")
+    assert [r["epoch"] for r in ours] == [r["epoch"] for r in fits] == ["0"]
+    assert ours[0]["val_loss"] == "nan"  # the epoch ends on the weights the step left
+    assert checkpoint_steps(tmp_path / "run") == []  # whole weights or none: none yet
+
+    given, ended = run(True, "raised")
+    with pytest.raises(RuntimeError, match="NaN or Inf loss encountered"):
+        compiled_linear().fit(images, labels, batch_size=32, epochs=3, verbose=0, callbacks=given)
+    assert ended == []
+    given, ended = run(True, "raised")
+    with pytest.raises(RuntimeError, match="NaN or Inf loss encountered"):
+        est = Estimator(compiled_linear(), str(tmp_path / "raised"), global_batch_size=32,
+                        steps_per_loop=1, progress=False)  # fmt: skip
+        est.train(input_fn, 12, callbacks=given)
+    assert ended == []
+
+    refused = Estimator(
+        compiled_linear(),
+        str(tmp_path / "rollback"),
+        optimization=trainer.Optimization(nonfinite_loss="rollback"),
+        progress=False,
+    )
+    with pytest.raises(UserError, match="never sees a NaN loss under"):
+        refused.train(input_fn, 12, callbacks=[keras.callbacks.TerminateOnNaN()])

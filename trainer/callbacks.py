@@ -353,11 +353,22 @@ class Events:
         if self.epochs_at_logs:
             self.epoch_end(step, {})
 
-    def block_end(self, step: int) -> None:
-        """A block ended at ``step``, before the actions due there (log, save, evaluate)."""
+    @property
+    def terminate_on_nan(self) -> bool:
+        """Whether a ``TerminateOnNaN`` is given: it, not the NaN guard, ends the run."""
+        return any(isinstance(c, keras.callbacks.TerminateOnNaN) for c in self.callbacks)
+
+    def block_end(self, step: int, nan_loss: bool = False) -> None:
+        """A block ended at ``step``, before the actions due there (log, save, evaluate).
+
+        ``nan_loss``: the block ended at a step whose loss was NaN or Inf (not taken):
+        the logs say ``loss: nan``, as ``fit``'s do, for ``TerminateOnNaN``.
+        """
         if not self.callbacks or self.model is None:
             return
         logs = self.running()  # every worker reads (a collective under multi_worker)
+        if nan_loss:
+            logs = {**logs, "loss": float("nan")}
         if self.live:
             self._call("on_train_batch_end", self._batch_of(step), logs)
 

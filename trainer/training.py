@@ -121,6 +121,12 @@ class TrainingRun:
         """
         if events is not None:
             self.events = events
+        self.weights_bad = False  # a NaN loss TerminateOnNaN owns left them NaN: not saved
+        if self.events.terminate_on_nan and self.settings.optimization.nonfinite_loss != "stop":
+            raise UserError(
+                "keras.callbacks.TerminateOnNaN never sees a NaN loss under "
+                "Optimization.nonfinite_loss = 'rollback', which skips its batch: drop one"
+            )
         with self.placement.workers.watch(self.settings.devices.progress_timeout), self._held():
             self.stream = TrainingStream(
                 self.inputs, self.placement, input_fn, self.settings.checkpoints.input
@@ -150,7 +156,10 @@ class TrainingRun:
                     with contextlib.suppress(cadence.StopTraining):  # it has stopped
                         epoch_end(step)
                 self.events.end(step)
-                self.save(step)
+                if self.weights_bad:  # as fit leaves them; the checkpoints keep whole ones
+                    self.model.has_state = False
+                else:
+                    self.save(step)
                 self.checkpointer.wait()  # training returns with its checkpoints whole
             except workers.PEER_ERRORS as error:
                 if not self.placement.workers.several:
@@ -318,7 +327,7 @@ class TrainingRun:
                 self.events.block_begin(step)
                 with self._block(n):
                     self.steps.train_loop(self.stream.iterator, tf.constant(n, tf.int64))
-                resume_at = self._check_finite(nonfinite, step + 1, n)
+                resume_at, nan_loss = self._check_finite(nonfinite, step + 1, n)
                 if resume_at is not None:  # rolled back, or back to find the bad step
                     step = resume_at
                     self.steps.train_metrics.reset()
@@ -329,7 +338,9 @@ class TrainingRun:
                 progress.advance(step)
                 self.placement.workers.heartbeat("checkpointing or evaluating", step)
                 try:
-                    self.events.block_end(step)
+                    self.events.block_end(step, nan_loss is not None)
+                    if nan_loss is not None and not self.events.stopped():
+                        raise nan_loss  # TerminateOnNaN did not stop it: the guard's line
                     if cadence.run_due(actions, step):
                         break
                 except Exception:
@@ -395,7 +406,7 @@ class TrainingRun:
         checkpoint is kept. Under multi_worker saving takes every worker, and the others
         may not be failing: the run stops at the last checkpoint there.
         """
-        if self.placement.workers.several:
+        if self.placement.workers.several or self.weights_bad:
             return
         try:
             self.save(step)
@@ -403,14 +414,22 @@ class TrainingRun:
         except UserError:  # the failing action was a save, and it failed again
             return
 
-    def _check_finite(self, nonfinite: divergence.Divergence, first: int, n: int) -> int | None:
-        """``Divergence.check``, marking the weights in memory stale if training diverged.
+    def _check_finite(
+        self, nonfinite: divergence.Divergence, first: int, n: int
+    ) -> tuple[int | None, TrainingDiverged | None]:
+        """``(Divergence.check, nan_loss)``; the weights in memory marked stale if it diverged.
 
         The bad step is in them then: evaluate and export restore the checkpoint instead.
+        With ``TerminateOnNaN`` given, a NaN or Inf loss is the callback's to act on, as
+        in ``fit`` (the epoch ends on the weights the step left); ``nan_loss`` is the
+        guard's error, raised if no callback stops training. Nothing saves those weights.
         """
         try:
-            return nonfinite.check(self.steps, first, n)
-        except TrainingDiverged:
+            return nonfinite.check(self.steps, first, n), None
+        except TrainingDiverged as error:
+            if self.events.terminate_on_nan and bool(self.steps.nonfinite.numpy()):
+                self.weights_bad = True
+                return None, error
             self.model.has_state = False
             raise
 

@@ -292,6 +292,8 @@ def _run(params: list[str], model_dir: str | None, results: str | None):
     except UserError as error:
         return errors.first_line(error), error.exit_code, "error"
     except (TypeError, ValueError, RuntimeError) as error:  # raised through gin's calls
+        if str(error).startswith("NaN or Inf loss encountered"):  # TerminateOnNaN's own
+            return errors.first_line(error), TrainingDiverged.exit_code, "error"
         message = gin_errors.call_error(error)
         if message is None:
             raise
