@@ -155,6 +155,22 @@ def test_a_keras_models_best_weights_are_restored_into_the_last_checkpoint(tmp_p
     restored = estimator(tmp_path / "keras", model)
     assert restored.evaluate(input_fn, steps=2)["loss"] == pytest.approx(first_epoch, rel=1e-5)
 
+    # With a moving average, evaluations use it: the best epoch's average comes back with
+    # its weights (the checkpoint's evaluated at the last epoch's average).
+    best_at_first = keras.callbacks.EarlyStopping(
+        monitor="val_loss", mode="max", patience=1, restore_best_weights=True
+    )
+    averaged = trainer.Optimization(ema_decay=0.5)
+    est = estimator(tmp_path / "ema", optimization=averaged)
+    csv = keras.callbacks.CSVLogger(str(tmp_path / "ema.csv"))
+    est.train_and_evaluate(
+        input_fn, input_fn, 100, eval_every_steps=5, eval_steps=2, callbacks=[best_at_first, csv]
+    )
+    assert est.step == 10
+    first_epoch = float(csv_rows(tmp_path / "ema.csv")[0]["val_loss"])
+    restored = estimator(tmp_path / "ema", optimization=averaged)
+    assert restored.evaluate(input_fn, steps=2)["loss"] == pytest.approx(first_epoch, rel=1e-5)
+
 
 def test_trains_epochs_are_log_periods_and_callbacks_see_each_block(tmp_path, input_fn):
     """In train an epoch ends at each log step; a batch event ends each compiled block,

@@ -292,21 +292,27 @@ class Events:
         self.epoch = _EpochLogs()
         self.logged_at = -1  # the last log step
         self.last_epoch: dict = {}  # the last epoch's logs: on_train_end's
+        self.ema = None  # the weights' moving average (Optimization.ema_decay), or None
+        self.best_averages: dict[str, dict] = {}  # by EarlyStopping: its best epoch's
 
     @property
     def live(self) -> bool:
         """Whether callbacks run in this process (begun, and the chief)."""
         return bool(self.callbacks) and self.chief and self.model is not None
 
-    def begin(self, step: int, max_steps: int, model_fn, units: Sequence, running, flush) -> None:
+    def begin(
+        self, step: int, max_steps: int, model_fn, units: Sequence, running, flush, ema=None
+    ) -> None:
         """Training starts at ``step``: callbacks get the model, params and their saved state.
 
         ``units`` are the optimizers (``optimizer_groups.Unit``); ``running()`` gives the
         training metrics since the last log step; ``flush(step)`` runs the log action (an
-        epoch ends with a log step).
+        epoch ends with a log step). ``ema``: the weights' moving average, which
+        evaluations use: EarlyStopping's best weights put back bring their average back.
         """
         if not self.callbacks:
             return
+        self.ema = ema
         check_rates_settable(self.callbacks, units)
         self.model, self.units = callback_model(model_fn, units), units
         self.running, self.flush = running, flush
@@ -335,6 +341,7 @@ class Events:
                     setattr(callback, name, value)
         if "__epoch__" in saved:
             self.epoch = _EpochLogs(**saved["__epoch__"])
+        self.best_averages = dict(saved.get("__best_averages__", {}))
 
     def block_begin(self, step: int) -> None:
         """A block of steps starts after ``step``; an epoch may begin with it."""
@@ -412,6 +419,7 @@ class Events:
         self.epoch = _EpochLogs(at=step)
         self._call("on_epoch_end", self._epoch_of(step), logs)
         self.last_epoch = logs
+        self._note_best_averages()
         self._keep(step)
 
     def saved(self, step: int, path: str) -> None:
@@ -426,8 +434,38 @@ class Events:
         """Training is over at ``step``."""
         if self.live:
             self._call("on_train_end", dict(self.last_epoch))
+            self._put_back_best_averages()
             self._keep(step)
         self.model = None  # no event after this one
+
+    def _restorers(self):
+        """The EarlyStoppings that put their best weights back, by key, if there is an EMA."""
+        if self.ema is None:
+            return []
+        return [
+            (key, c)
+            for key, c in self._keyed()
+            if isinstance(c, keras.callbacks.EarlyStopping) and c.restore_best_weights
+        ]
+
+    def _note_best_averages(self) -> None:
+        """Keeps the moving average as of each EarlyStopping's best epoch (it was measured)."""
+        for key, callback in self._restorers():
+            known = self.best_averages.get(key, {}).get("epoch")
+            if callback.best_weights is not None and callback.best_epoch != known:
+                averages = [np.array(a) for a in self.ema.averages]
+                self.best_averages[key] = {"epoch": callback.best_epoch, "averages": averages}
+
+    def _put_back_best_averages(self) -> None:
+        """Puts the best epoch's average back after EarlyStopping put its weights back.
+
+        The average is what the last evaluation and the exports use.
+        """
+        for key, callback in self._restorers():
+            kept = self.best_averages.get(key)
+            if callback.best_weights is not None and kept:
+                for average, value in zip(self.ema.averages, kept["averages"], strict=True):
+                    average.assign(value)
 
     def _call(self, event: str, *args) -> None:
         for callback in self.callbacks:
@@ -451,6 +489,7 @@ class Events:
             for key, callback in self._keyed()
         }
         state["__epoch__"] = self.epoch.state()
+        state["__best_averages__"] = self.best_averages
         state["__config__"] = self.fresh  # whose state it is: a callback made alike takes it
         _write_state(self.model_dir, step, state)
 

@@ -148,6 +148,7 @@ class TrainingRun:
                 self.model.plan.units,
                 self.steps.train_metrics.result,
                 log,
+                self.model.ema,
             )
             try:
                 step = self._loop(start, actions, max_steps, log.progress)
