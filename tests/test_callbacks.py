@@ -372,12 +372,16 @@ def test_callbacks_named_in_gin_are_refused_as_from_python(binding, says):
 @pytest.mark.parametrize(
     "given, says",
     [
-        (
-            dict(optimizer=keras.optimizers.SGD(keras.optimizers.schedules.CosineDecay(0.1, 9))),
+        (  # made in the test: an optimizer made at import would run ops before worker_run
+            lambda: dict(
+                optimizer=keras.optimizers.SGD(keras.optimizers.schedules.CosineDecay(0.1, 9))
+            ),
             "but SGD's is a schedule (CosineDecay), which Keras cannot set (fit fails alike)",
         ),
         (
-            dict(optimization=trainer.Optimization(learning_rate_multipliers={"logits": 0.5})),
+            lambda: dict(
+                optimization=trainer.Optimization(learning_rate_multipliers={"logits": 0.5})
+            ),
             "which Optimization.learning_rate_multipliers makes a schedule per rule",
         ),
     ],
@@ -391,7 +395,7 @@ def test_a_callback_that_sets_a_scheduled_rate_is_refused_before_training(
         if setter == "ReduceLROnPlateau"
         else keras.callbacks.LearningRateScheduler(lambda epoch, rate: rate / 2)
     )
-    est = Estimator(MLP(hidden_units=[16]), str(tmp_path), progress=False, **given)
+    est = Estimator(MLP(hidden_units=[16]), str(tmp_path), progress=False, **given())
     with pytest.raises(UserError) as refused:
         est.train_and_evaluate(input_fn, input_fn, 10, eval_every_steps=5, callbacks=[callback])
     assert str(refused.value).startswith(f"keras.callbacks.{setter} sets the optimizer's")
