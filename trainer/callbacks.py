@@ -324,6 +324,7 @@ class Events:
         params = {"epochs": -(-max_steps // period), "steps": period, "verbose": 0}
         saved = _read_state(self.model_dir, step)
         configs = saved.get("__config__", {})
+        self.best_averages = dict(saved.get("__best_averages__", {}))
         for key, callback in self._keyed():
             callback.set_model(self.model)
             callback.set_params(params)
@@ -339,9 +340,10 @@ class Events:
             if resumed and _same(configs.get(key, self.fresh[key]), self.fresh[key]):
                 for name, value in saved[key].items():  # a run stopped part way goes on
                     setattr(callback, name, value)
+            else:
+                self.best_averages.pop(key, None)  # begun afresh
         if "__epoch__" in saved:
             self.epoch = _EpochLogs(**saved["__epoch__"])
-        self.best_averages = dict(saved.get("__best_averages__", {}))
 
     def block_begin(self, step: int) -> None:
         """A block of steps starts after ``step``; an epoch may begin with it."""
@@ -368,7 +370,7 @@ class Events:
     def block_end(self, step: int, nan_loss: bool = False) -> None:
         """A block ended at ``step``, before the actions due there (log, save, evaluate).
 
-        ``nan_loss``: the block ended at a step whose loss was NaN or Inf (not taken):
+        ``nan_loss``: the block ended at a step whose loss was NaN or Inf (not counted):
         the logs say ``loss: nan``, as ``fit``'s do, for ``TerminateOnNaN``.
         """
         if not self.callbacks or self.model is None:

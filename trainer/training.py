@@ -341,7 +341,8 @@ class TrainingRun:
                 try:
                     self.events.block_end(step, nan_loss is not None)
                     if nan_loss is not None and not self.events.stopped():
-                        raise nan_loss  # TerminateOnNaN did not stop it: the guard's line
+                        self.model.has_state = False  # TerminateOnNaN did not stop it
+                        raise nan_loss
                     if cadence.run_due(actions, step):
                         break
                 except Exception:
