@@ -112,7 +112,8 @@ def quiet_start(command_line: bool = False) -> None:
         finally:  # an ImportError too: the keeper has said what TensorFlow wrote
             os.dup2(saved, 2)  # the pipe's last writer gone: the keeper ends
             os.close(saved)
-            os.waitpid(keeper, 0)
+            with contextlib.suppress(ChildProcessError):  # reaped already (SIGCHLD ignored)
+                os.waitpid(keeper, 0)
             held.seek(0)
             STARTUP_LOG.extend(held.read().decode("utf-8", "replace").splitlines())
 
