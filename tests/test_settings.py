@@ -116,7 +116,10 @@ def test_every_field_of_a_group_is_checked_for_its_type_when_made(make, message)
 
 
 def test_a_field_of_the_right_type_is_taken_as_given():
+    import pathlib
+
     assert trainer.Optimization(ema_decay=1, clip_gradient_norm=2).ema_decay == 1
+    assert trainer.WarmStart(source=pathlib.Path("/runs/a")).source == "/runs/a"
     assert trainer.Summaries(profile_steps=[2, 4]).profile_steps == (2, 4)
     assert trainer.Devices(count=2, prefetch=None).count == 2
 

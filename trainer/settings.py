@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import os
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -65,8 +66,8 @@ def _accepts(hint, value) -> bool:
     if hint in (int, float):  # a whole number is a number; a bool is neither
         kinds = (int,) if hint is int else (int, float)
         return isinstance(value, kinds) and not isinstance(value, bool)
-    if hint is str:
-        return isinstance(value, str)
+    if hint is str:  # a path from pathlib is a path too (WarmStart.source)
+        return isinstance(value, str | os.PathLike)
     if origin is collections.abc.Mapping:
         return isinstance(value, Mapping) and all(
             _accepts(args[0], k) and _accepts(args[1], v) for k, v in value.items()
@@ -239,6 +240,8 @@ class WarmStart:
     def __post_init__(self):
         if self.map is None or isinstance(self.map, Mapping):  # else refused below
             object.__setattr__(self, "map", dict(self.map or {}))
+        if isinstance(self.source, os.PathLike):  # a pathlib path, as a string
+            object.__setattr__(self, "source", os.fspath(self.source))
         check_types(self)
 
 
