@@ -33,7 +33,7 @@ import tensorflow as tf
 from absl import logging
 
 from models import heads
-from trainer import Mode, ModelFn, UserError
+from trainer import Mode, ModelFn, UserError, errors
 
 # How keras.applications models expect their pixels (``preprocess_input``'s modes),
 # written for images in [0, 1]. 'tf': MobileNet, MobileNetV2, Xception, Inception;
@@ -77,7 +77,7 @@ def load_backbone(path: str) -> keras.Model:
         with keras.name_scope("body"):  # its variables' paths: body/Conv1/kernel, ...
             return keras.saving.load_model(path, compile=False)
     except (OSError, RuntimeError, ValueError, KeyError, zipfile.BadZipFile) as error:  # h5py's
-        said = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        said = errors.first_line(error) or type(error).__name__
         raise UserError(
             f"Pretrained.backbone = {path!r} cannot be loaded ({said}): save it again with "
             "model.save(...)"
