@@ -116,18 +116,44 @@ def served_as_stored(
 def example_parser(shape) -> Callable[[tf.Tensor], dict]:
     """Serialized records ``[batch]`` -> ``{'image': uint8 [batch, *shape]}``, for serving.
 
-    Reads the records ``write`` makes, in either format: PNG is told from raw bytes
-    by its signature, so a client may send either. Labels are not needed.
+    Reads the records ``write`` makes, in either format, and a client's JPEG: an
+    encoded image is told from raw bytes by its signature, so a client may send any.
+    Raw bytes of another count, or an image of another size, are said in one line.
+    Labels are not needed.
     """
     shape = list(shape)
+    pixels = int(np.prod(shape))
+
+    @tf.autograph.experimental.do_not_convert
+    def raw(data: tf.Tensor) -> tf.Tensor:
+        check = tf.debugging.assert_equal(
+            tf.strings.length(data),
+            pixels,
+            message=f"the image of an Example is neither PNG nor JPEG, nor {pixels} bytes of "
+            f"uint8 pixels {shape}; its byte count",
+        )
+        with tf.control_dependencies([check]):
+            return tf.reshape(tf.io.decode_raw(data, tf.uint8), shape)
+
+    @tf.autograph.experimental.do_not_convert
+    def encoded(data: tf.Tensor) -> tf.Tensor:
+        image = tf.io.decode_image(data, channels=shape[-1], expand_animations=False)
+        check = tf.debugging.assert_equal(
+            tf.shape(image),
+            shape,
+            message=f"the image of an Example is a PNG or JPEG of another size than {shape}: "
+            "resize it before sending; its shape",
+        )
+        with tf.control_dependencies([check]):
+            return tf.ensure_shape(tf.identity(image), shape)
 
     @tf.autograph.experimental.do_not_convert
     def decode(data: tf.Tensor) -> tf.Tensor:
-        return tf.cond(
-            tf.equal(tf.strings.substr(data, 0, 4), b"\x89PNG"),
-            lambda: tf.ensure_shape(tf.io.decode_png(data, channels=shape[-1]), shape),
-            lambda: tf.reshape(tf.io.decode_raw(data, tf.uint8), shape),
+        head = tf.strings.substr(data, 0, 4)
+        png_or_jpeg = tf.logical_or(
+            tf.equal(head, b"\x89PNG"), tf.equal(tf.strings.substr(head, 0, 3), b"\xff\xd8\xff")
         )
+        return tf.cond(png_or_jpeg, lambda: encoded(data), lambda: raw(data))
 
     @tf.autograph.experimental.do_not_convert
     def parse(records: tf.Tensor) -> dict:

@@ -11,6 +11,7 @@ from trainer import Spec, UserError
 from trainer.model_fn import check_class_ids
 
 
+@tf.autograph.experimental.do_not_convert
 def classification(
     logits: tf.Tensor,
     labels: dict | None,
@@ -64,6 +65,7 @@ def classification(
     return Spec(predictions, loss=tf.reduce_mean(cross_entropy), metrics=metrics)
 
 
+@tf.autograph.experimental.do_not_convert
 def is_distribution(target: tf.Tensor, classes: int) -> bool:
     """Whether a label tensor holds one distribution over ``classes`` per example."""
     return (
@@ -74,6 +76,7 @@ def is_distribution(target: tf.Tensor, classes: int) -> bool:
     )
 
 
+@tf.autograph.experimental.do_not_convert
 def check_distribution(target: tf.Tensor, what: str) -> tf.Tensor:
     """``target`` (float32), once each row is checked to be >= 0 and to sum to 1."""
     target = tf.cast(target, tf.float32)

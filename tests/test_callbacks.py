@@ -13,12 +13,13 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from sklearn.datasets import load_digits
 
 import trainer
 from datasets import digits
 from models.mlp import MLP
 from tests.helpers import checkpoint_steps, on_workers, scalar_series
-from trainer import Checkpoints, Devices, Estimator, errors
+from trainer import Checkpoints, Devices, Estimator, Mode, errors
 from trainer.errors import UserError
 
 
@@ -318,6 +319,44 @@ def test_a_stop_mid_epoch_validates_and_ends_the_epoch_as_fit_does(tmp_path, inp
         ]
     )
     assert [r["epoch"] for r in csv_rows(tmp_path / "rows.csv")] == ["0"]
+
+
+def test_streamed_metrics_are_in_the_training_epoch_logs_as_fit_has_them(tmp_path):
+    """AUC and F1 (no mean of per-example values) in each epoch's training logs: the
+    CSVLogger rows equal fit's on the same batches, training and validation columns alike
+    (training had none of them: evaluation's copies are apart, so its reset leaves them)."""
+    data = load_digits()
+    x = data.images[:448, :, :, None].astype("float32") / 16.0
+    y = (data.target[:448, None] % 2 == 0).astype("float32")
+
+    def model():
+        keras.utils.set_random_seed(0)
+        made = keras.Sequential(
+            [keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(1, "sigmoid")]
+        )
+        f1 = keras.metrics.F1Score(threshold=0.5, name="f1")
+        made.compile(keras.optimizers.SGD(0.1), "binary_crossentropy", metrics=["auc", f1])
+        return made
+
+    def input_fn(mode, params):
+        batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(params.batch_size)
+        return batches.repeat() if mode == Mode.TRAIN else batches
+
+    fit_csv = keras.callbacks.CSVLogger(str(tmp_path / "fit.csv"))
+    model().fit(x, y, 32, 2, verbose=0, shuffle=False, validation_data=(x, y), callbacks=[fit_csv])
+    ours = keras.callbacks.CSVLogger(str(tmp_path / "ours.csv"))
+    estimator(tmp_path / "run", model()).train_and_evaluate(
+        input_fn, input_fn, 28, eval_every_steps=14, callbacks=[ours]
+    )
+    fits, rows = csv_rows(tmp_path / "fit.csv"), csv_rows(tmp_path / "ours.csv")
+    assert list(rows[0]) == list(fits[0]) == [
+        "epoch", "auc", "f1", "loss", "val_auc", "val_f1", "val_loss"
+    ]  # fmt: skip
+    for row, fit_row in zip(rows, fits, strict=True):
+        for column, value in fit_row.items():  # fit writes F1's [1] result as "[0.698]"
+            expected = float(value.strip('"[]'))
+            assert float(row[column]) == pytest.approx(expected, abs=2e-5), column
+    assert float(rows[1]["auc"]) > float(rows[0]["auc"])  # epochs apart, not one running sum
 
 
 @pytest.mark.parametrize(

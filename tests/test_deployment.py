@@ -87,10 +87,39 @@ def test_tflite_and_onnx_files_serve_as_the_saved_model_does(model_dir, faulty_g
     ).SerializeToString()
     with pytest.raises(tf.errors.DataLossError, match="Failed skipping field"):  # not echoed
         signatures["serving_examples"](examples=tf.constant([whole[:40]]))
+    # A client's JPEG in the Example is decoded (as serving_default serves its pixels);
+    # other bytes of the wrong count are said ("Input to reshape ... 394 values" before).
+    jpeg = io.BytesIO()
+    Image.fromarray(images[0, :, :, 0]).save(jpeg, "JPEG", quality=95)
+    served = signatures["serving_examples"](examples=tf.constant([image_example(jpeg.getvalue())]))
+    decoded = tf.io.decode_jpeg(jpeg.getvalue(), channels=1)[None]
+    expected = signatures["serving_default"](image=decoded)["probabilities"]
+    np.testing.assert_allclose(served["probabilities"], expected, atol=1e-6)
+    with pytest.raises(tf.errors.InvalidArgumentError) as raised:
+        signatures["serving_examples"](examples=tf.constant([image_example(bytes(394))]))
+    assert (
+        "image of an Example is neither PNG nor JPEG, nor 64 bytes of uint8 pixels [8, 8, 1]"
+        in (raised.value.message)
+    )
+    # The TFLite file refuses a batch of another layout, as the SavedModel does (its
+    # runner resized the input and answered: 47 of 64 classes wrong channels first).
+    for wrong in (images.reshape(len(images), 64), images.transpose(0, 3, 1, 2)):
+        with pytest.raises(RuntimeError, match="BROADCAST_TO"):
+            tflite(image=wrong)
+        with pytest.raises((TypeError, tf.errors.InvalidArgumentError), match=r"8, 8, 1|8,8,1"):
+            signatures["serving_default"](image=tf.constant(wrong))
     int8 = interpreter(export_dir / "model_int8.tflite").get_signature_runner()
     classes = int8(image=pipeline.unit_range(images).numpy())["classes"]
     accuracy = np.mean(saved["classes"].numpy() == labels)
     assert np.mean(classes == labels) >= accuracy - 0.03
+
+
+def image_example(data: bytes) -> bytes:
+    """A serialized tf.train.Example whose 'image' holds ``data``."""
+    image = tf.train.Feature(bytes_list=tf.train.BytesList(value=[data]))
+    return tf.train.Example(
+        features=tf.train.Features(feature={"image": image})
+    ).SerializeToString()
 
 
 def png_input_fn(mode: Mode, params: InputParams) -> tf.data.Dataset:

@@ -100,6 +100,41 @@ def test_evaluate_and_predict_read_the_whole_dataset():
     assert steps.predict({"x": x})["y"].shape == (5,)
 
 
+class Branching(Linear):
+    """Linear whose call branches and loops on tensors, as AutoGraph lets a model do;
+    the framework's own code on the way is not converted (``model_fn.converted``)."""
+
+    def __call__(self, features, labels, mode):
+        x = features["x"]
+        if tf.reduce_mean(x) > 100.0:  # a tf.cond: never taken on these batches
+            x = -x
+        for _ in tf.range(2):  # a while loop
+            x = x * 1.0
+        return super().__call__({"x": x}, labels, mode)
+
+
+def test_a_model_that_branches_on_tensors_trains_evaluates_and_predicts_as_written():
+    keras.utils.set_random_seed(1)
+    plain, plain_steps = compiled()
+    keras.utils.set_random_seed(1)
+    model = ModelState(
+        Branching(),
+        keras.optimizers.SGD(0.05),
+        Placement("towers", 1, global_batch_size=8),
+        collections.Counter(),
+    )
+    steps = model.build(batches().element_spec, Mode.TRAIN)
+    for each in (plain_steps, steps):
+        each.train_loop(iter(batches()), tf.constant(3, tf.int64))
+    pairs = zip(plain.model_fn.trainable_variables, model.model_fn.trainable_variables, strict=True)
+    for theirs, mine in pairs:
+        np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
+    steps.eval_metrics.reset()
+    steps.evaluate(batches(count=2))
+    assert steps.eval_metrics.count.numpy() == 16
+    assert steps.predict({"x": tf.fill([2, 3], 1000.0)})["y"].shape == (2,)
+
+
 class Traced(Linear):
     """Linear, keeping the project's frames between ``Estimator.train`` and its TRAIN call."""
 

@@ -57,6 +57,7 @@ from absl import logging
 
 from trainer import checkpoints, whole_files
 from trainer.errors import UserError
+from trainer.metrics import EpochMetrics
 
 STATE_DIR = "callbacks"  # in model_dir: each callback's state, as of a step
 
@@ -294,6 +295,7 @@ class Events:
         self.last_epoch: dict = {}  # the last epoch's logs: on_train_end's
         self.ema = None  # the weights' moving average (Optimization.ema_decay), or None
         self.best_averages: dict[str, dict] = {}  # by EarlyStopping: its best epoch's
+        self.streamed = EpochMetrics()  # the epoch's streamed training metrics (AUC)
 
     @property
     def live(self) -> bool:
@@ -301,7 +303,15 @@ class Events:
         return bool(self.callbacks) and self.chief and self.model is not None
 
     def begin(
-        self, step: int, max_steps: int, model_fn, units: Sequence, running, flush, ema=None
+        self,
+        step: int,
+        max_steps: int,
+        model_fn,
+        units: Sequence,
+        running,
+        flush,
+        ema=None,
+        streamed: EpochMetrics | None = None,
     ) -> None:
         """Training starts at ``step``: callbacks get the model, params and their saved state.
 
@@ -309,10 +319,13 @@ class Events:
         training metrics since the last log step; ``flush(step)`` runs the log action (an
         epoch ends with a log step). ``ema``: the weights' moving average, which
         evaluations use: EarlyStopping's best weights put back bring their average back.
+        ``streamed``: the training step's streamed metrics (AUC), read and reset by epoch.
         """
         if not self.callbacks:
             return
         self.ema = ema
+        self.streamed = streamed or EpochMetrics()
+        self.streamed.reset()
         check_rates_settable(self.callbacks, units)
         self.model, self.units = callback_model(model_fn, units), units
         self.running, self.flush = running, flush
@@ -412,9 +425,11 @@ class Events:
             return
         if self.logged_at != step:  # every worker logs (reading metrics is a collective)
             self.flush(step)
+        streamed = self.streamed.result()  # every worker reads them too
+        self.streamed.reset()
         if not self.live:
             return
-        logs = self.epoch.result()
+        logs = self.epoch.result() | streamed
         for i, (name, metrics) in enumerate(results.items()):
             prefix = "val_" if i == 0 else f"val_{name}_"
             logs.update({prefix + k: float(v) for k, v in metrics.items()})

@@ -45,6 +45,7 @@ class Classifier:
     num_classes: int
 
 
+@tf.autograph.experimental.do_not_convert
 def classifier(predictions, labels) -> Classifier | None:
     """How to read the labels and scores of a classifier's batch; None if it is not one.
 
@@ -79,6 +80,7 @@ def classifier(predictions, labels) -> Classifier | None:
     return Classifier(key, one_hot, scores, int(num_classes))
 
 
+@tf.autograph.experimental.do_not_convert
 def _only(labels):
     """``(key, tensor)`` of labels that are one tensor, bare or alone in a dict."""
     if isinstance(labels, Mapping):

@@ -71,9 +71,28 @@ def _checked(tensors, signature):
     A signature alone lets a tensor of another rank through (into a reshape, silently,
     or into a convolution, which aborts the process).
     """
-    return tf.nest.map_structure(
-        lambda tensor, spec: tf.ensure_shape(tensor, spec.shape), tensors, signature
-    )
+    return tf.nest.map_structure(_shape_checked, tensors, signature)
+
+
+def _shape_checked(tensor: tf.Tensor, spec: tf.TensorSpec) -> tf.Tensor:
+    """``tensor``, checked to have ``spec``'s shape, in the SavedModel and in its TFLite file.
+
+    ``ensure_shape`` says it in the SavedModel. TFLite's converter drops that op, and
+    its runner resizes an input to whatever it is given: a ``[2, 64]`` batch of
+    ``[8, 8, 1]`` images, or channels first, ran and answered wrong. Broadcasting to the
+    expected shape refuses a dimension that differs (unless it is 1), and reshaping to
+    the tensor's own count of examples then refuses the 1s; either fails in TFLite's
+    runner naming the op, and costs one copy of the input.
+    """
+    tensor = tf.ensure_shape(tensor, spec.shape)
+    inner = spec.shape[1:]
+    if spec.shape.rank is None or spec.shape.rank == 0 or not inner.is_fully_defined():
+        return tensor
+    size = max(inner.num_elements(), 1)
+    dims = tf.constant(inner.as_list(), tf.int32)
+    broadcast = tf.broadcast_to(tensor, tf.concat([tf.shape(tensor)[:1], dims], 0))
+    examples = tf.size(tensor, out_type=tf.int32) // size
+    return tf.reshape(broadcast, tf.concat([[examples], dims], 0))
 
 
 def _protos(examples: tf.Tensor) -> tf.Tensor:

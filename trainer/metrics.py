@@ -5,7 +5,8 @@ A Spec's metrics (``Spec.metrics``) are of two kinds:
 * per-example values, a ``[batch]`` tensor or ``(values, weights)``: the framework
   streams their (weighted) mean in float64 sums, in training and evaluation alike;
 * streamed metrics, ``(keras.metrics.Metric, *update_state args)`` (AUC, precision),
-  which keep their own state and are evaluated only.
+  which keep their own state: summed over the eval set, and in training over each
+  epoch of the callbacks (``EpochMetrics``, as fit's epoch logs have them).
 
 Here: ``check_metric`` (part of ``model_fn.check_spec``), ``split_metrics`` into the
 two kinds, ``unfit_metric`` (a streamed metric's ``update_state`` traced before
@@ -24,6 +25,7 @@ from collections.abc import Mapping, Sequence
 import keras
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 from trainer import errors
 from trainer.errors import UserError
@@ -191,6 +193,72 @@ class MetricSums:
             v.assign(tf.zeros_like(v))
         for metric in self.streamed.values():
             metric.reset_state()
+
+
+class EpochMetrics:
+    """A training epoch's streamed metrics (AUC, F1), as ``fit``'s epoch logs have them.
+
+    Training updates copies of the Spec's metric objects (``training_copies``), so
+    that an evaluation, which resets and fills the originals, leaves the epoch's
+    state alone. The callbacks read them at each epoch's end and reset them then
+    (``trainer.callbacks``); a resumed epoch counts from its resumed step. Made in a
+    strategy's scope, their state is kept per replica and added up when read.
+    """
+
+    def __init__(self, metrics: Mapping[str, keras.metrics.Metric] | None = None):
+        self.metrics = dict(metrics or {})
+
+    @tf.autograph.experimental.do_not_convert
+    def stream(self, streamed: Mapping[str, tuple]) -> None:
+        """Updates each copy with what the Spec names its metric with."""
+        for name, (_, *args) in streamed.items():
+            if name in self.metrics:
+                self.metrics[name].update_state(*args)
+
+    def result(self) -> dict[str, float]:
+        """Each metric's value since the last reset (under workers, a collective)."""
+        return {n: _scalar(n, m) for n, m in self.metrics.items()}
+
+    def reset(self) -> None:
+        """Zeroes each metric's state: an epoch begins."""
+        for metric in self.metrics.values():
+            metric.reset_state()
+
+
+def specs_of(args) -> list:
+    """The ``tf.TensorSpec`` of each tensor in ``args`` (other values as they are)."""
+    return tf.nest.map_structure(
+        lambda a: tf.TensorSpec.from_tensor(a) if tf.is_tensor(a) else a, list(args)
+    )
+
+
+def training_copies(
+    metrics: Mapping[str, keras.metrics.Metric], specs: Mapping[str, list]
+) -> dict[str, keras.metrics.Metric]:
+    """A new metric of each one's config, for training, built before the step is traced.
+
+    Each is built by tracing (never running) its ``update_state`` with arguments of
+    ``specs`` (the Spec's, by name), as evaluation's were.
+
+    A metric that cannot be made again from its config (a user's subclass without
+    ``get_config``) is left out: it is evaluated only, and the log says so.
+    """
+    copies = {}
+    for name, metric in metrics.items():
+        try:
+            copy = type(metric).from_config(metric.get_config())
+            tf.function(copy.update_state).get_concrete_function(*specs[name])
+        except (TypeError, ValueError, NotImplementedError) as error:
+            logging.warning(
+                "metric %r (%s) is evaluated only, not in training's epoch logs: it cannot be "
+                "made again from its get_config() (%s)",
+                name,
+                type(metric).__name__,
+                errors.first_line(error),
+            )
+            continue
+        copies[name] = copy
+    return copies
 
 
 def _scalar(name: str, metric: keras.metrics.Metric) -> float:

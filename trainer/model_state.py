@@ -37,8 +37,8 @@ from trainer.distributed.placement import Placement
 from trainer.errors import UserError
 from trainer.keras_model import KerasModel
 from trainer.losses import loss_name
-from trainer.metrics import split_metrics, unfit_metric
-from trainer.model_fn import Mode, ModelFn, Weighted, check_spec
+from trainer.metrics import specs_of, split_metrics, training_copies, unfit_metric
+from trainer.model_fn import Mode, ModelFn, Weighted, check_spec, converted
 from trainer.optimization import WeightAverage, taken_ema
 from trainer.step import Steps, split_element
 
@@ -175,6 +175,7 @@ class ModelState:
                 self.global_step,
                 metrics,
                 streamed,
+                mode,
                 self.placement,
                 clip_gradient_norm=self.clip_gradient_norm,
                 ema=self.ema,
@@ -271,13 +272,9 @@ class ModelState:
             )
         found = {}
 
+        @tf.autograph.experimental.do_not_convert  # the model is, as the steps convert it
         def trace(features, labels=None):
-            if mode == Mode.TRAIN and self.keras_step:  # a Keras model's own train_step
-                spec = self._traced_step(features, labels, keras_step.run)
-            else:
-                spec = self.model_fn(features, labels, mode)
-            if mode == Mode.TRAIN and self.own_step:  # its Spec is what training reports
-                spec = self._traced_step(features, labels)
+            spec = self._spec_of(features, labels, mode)
             try:
                 check_spec(spec, mode, name, self.groups or ())
             except ValueError as error:
@@ -288,6 +285,9 @@ class ModelState:
             self.by_group = self.by_group or bool(losses)
             found["scalars"] = sorted([*spec.scalars, *map(loss_name, losses)])
             found["streamed"] = {name: value[0] for name, value in streamed.items()}
+            found["streamed_specs"] = {
+                name: specs_of(value[1:]) for name, value in streamed.items()
+            }
             found["unfit"] = unfit_metric(name, streamed)  # traced, never run
             if mode == Mode.EVAL and self.count_classes:
                 found["classifier"] = confusion.classifier(spec.predictions, labels)
@@ -302,19 +302,32 @@ class ModelState:
             keyed = not isinstance(self.model_fn, KerasModel)  # a Keras model takes bare x too
             raise UserError(_cannot_take(name, features_spec, labels_spec, error, keyed)) from None
         except KeyError as error:
-            key = _missing_key(error)
             given = {
                 what: sorted(spec)
                 for what, spec in (("features", features_spec), ("labels", labels_spec))
                 if isinstance(spec, dict)
             }
-            if not isinstance(key, str) or any(key in names for names in given.values()):
-                raise  # not a feature or label the input_fn lacks: a bug to trace back
-            raise UserError(self._missing_key_message(key, given)) from None
+            key = _missing_key(error)
+            if isinstance(key, str) and not any(key in names for names in given.values()):
+                raise UserError(self._missing_key_message(key, given)) from None
+            raise  # not a feature or label the input_fn lacks: a bug to trace back
         if found.get("unfit"):
             raise UserError(found["unfit"])
         metrics, streamed = found.get("metrics", []), found.get("streamed", {})
+        if mode == Mode.TRAIN:  # into copies that epochs reset (evaluation resets its own)
+            with self.placement.scope():
+                streamed = training_copies(streamed, found["streamed_specs"])
         return metrics, streamed, found.get("scalars", []), found.get("classifier")
+
+    def _spec_of(self, features, labels, mode: Mode):
+        """The Spec the model gives in ``mode``: in TRAIN, its own step's if it has one."""
+        if mode == Mode.TRAIN and self.keras_step:  # a Keras model's own train_step
+            spec = self._traced_step(features, labels, keras_step.run)
+        else:
+            spec = converted(self.model_fn)(features, labels, mode)
+        if mode == Mode.TRAIN and self.own_step:  # its Spec is what training reports
+            spec = self._traced_step(features, labels)
+        return spec
 
     def _traced_step(self, features, labels, keras_run=None):
         """The Spec of the model's own ``train_step``, traced as a replica runs it.
@@ -330,7 +343,7 @@ class ModelState:
                 specs.append(keras_run(self.model_fn.model, features, labels))
                 return tf.constant(True)
             optimizers = {name: custom_step.Tracing() for name in names}  # apply nothing
-            specs.append(self.model_fn.train_step(features, labels, optimizers))
+            specs.append(converted(self.model_fn.train_step)(features, labels, optimizers))
             return tf.constant(True)
 
         self.placement.run(step, (features, labels))

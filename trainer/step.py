@@ -23,12 +23,12 @@ and give tensors: ``losses`` (how a loss is weighted and reported), ``gradients`
 between one device, towers and a strategy's replicas is asked of
 ``placement.Placement``.
 
-AutoGraph converts the functions on the path from ``_steps`` to the model's code
-(the model may branch on tensors, and AutoGraph makes that a ``tf.cond``). The
-framework's own helpers, which branch on Python values only, are marked
-``tf.autograph.experimental.do_not_convert``, as Keras marks its whole step:
-converting each costs ~0.05-0.5 s of source parsing per process, and for the digits
-MLP the 131 conversions of the first block took ~6 s of its ~7 s trace (now 26).
+AutoGraph converts the loops (``_steps``, ``_evaluate``, ``_stacked_train_loop``)
+and the model, which is called through ``model_fn.converted`` (it may branch on
+tensors, and AutoGraph makes that a ``tf.cond``). Everything between, which branches
+on Python values only, is marked ``tf.autograph.experimental.do_not_convert``, as
+Keras marks its whole step: converting a function costs ~0.02-0.4 s of source parsing
+in each process, and a command trains the digits MLP after 4 conversions, not 19.
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ from trainer.losses import (
     total_loss,
     with_mean_weight,
 )
-from trainer.metrics import MetricSums, split_metrics
-from trainer.model_fn import Mode, ModelFn, Weighted
+from trainer.metrics import EpochMetrics, MetricSums, split_metrics
+from trainer.model_fn import Mode, ModelFn, Weighted, converted
 from trainer.optimization import WeightAverage
 from trainer.optimizer_groups import Plan, Unit
 
@@ -111,7 +111,9 @@ class Steps:
       plan: its units (built Keras optimizers over their variables) and phases.
       global_step: incremented once per applied training step.
       metric_names: the per-example metrics the model's Spec returns.
-      streamed_metrics: the Keras metrics it names with their inputs, evaluated only.
+      streamed_metrics: the Keras metrics it names with their inputs, in ``traced``.
+      traced: the mode the model was traced in (each other mode's metrics are found
+        when it is traced, ``found``).
       placement: where the steps run: towers over this process's devices, a
         strategy's replicas (evaluation is split over them; prediction runs on each
         worker's first device), and the device batches are prefetched to.
@@ -132,6 +134,7 @@ class Steps:
         global_step: tf.Variable,
         metric_names: Sequence[str],
         streamed_metrics: Mapping[str, keras.metrics.Metric],
+        traced: Mode,
         placement: Placement,
         clip_gradient_norm: float | None = None,
         ema: WeightAverage | None = None,
@@ -158,8 +161,9 @@ class Steps:
         self.batch_state = batch_statistics.parts_of(model_fn)  # over slices and replicas
         self.own_step = custom_step.has_own_step(model_fn)  # ModelFn.train_step
         self.count_classes(None)  # until the model is traced in EVAL
-        self.found(Mode.TRAIN, metric_names, {}, scalar_names, by_group)
-        self.found(Mode.EVAL, metric_names, streamed_metrics, scalar_names, by_group)
+        for mode in (Mode.TRAIN, Mode.EVAL):
+            streamed = streamed_metrics if mode == traced else {}
+            self.found(mode, metric_names, streamed, scalar_names, by_group)
         self.times_input = not _op_determinism()  # tf.timestamp is refused under it
         with tf.init_scope():
             # A step's loss was NaN or Inf: the block ended there, the step not counted.
@@ -201,7 +205,8 @@ class Steps:
     ) -> None:
         """What a trace of the model in ``mode`` found, for that mode's steps from now on.
 
-        ``names`` (and ``streamed``, in EVAL) are summed; ``scalars`` are the Spec's
+        ``names`` are summed, ``streamed`` metrics updated (in TRAIN, copies that the
+        callbacks' epochs read, ``EpochMetrics``); ``scalars`` are the Spec's
         per-batch scalars, averaged as the loss is; ``by_group``: a trace with labels
         showed that ``Spec.loss`` is a dict of one loss per group (a model first built
         to predict has no loss to show it). Called before that mode's step is first
@@ -220,6 +225,7 @@ class Steps:
         per_batch += ["regularization_loss"] if self.has_regularization else []
         if mode == Mode.TRAIN:
             self.train_metrics = MetricSums(names, per_batch, self.placement.per_replica)
+            self.epoch_metrics = EpochMetrics(streamed)
         else:
             self.eval_metrics = MetricSums(
                 names, per_batch, per_replica=self.placement.per_replica, streamed=streamed
@@ -227,6 +233,7 @@ class Steps:
 
     # ------------------------------------------------------------ the step
 
+    @tf.autograph.experimental.do_not_convert
     def _step(self, features, labels, last_of_block: tf.Tensor, phase: Sequence[int]):
         """One replica's training step: ``(finite, gradient norm)``.
 
@@ -251,6 +258,7 @@ class Steps:
         norm = self._apply(grads, phase, last_of_block)
         return self.placement.all_finite(finite), norm
 
+    @tf.autograph.experimental.do_not_convert
     def _keras_step(self, features, labels):
         """One replica's call of a Keras model's own ``train_step`` (``trainer.keras_step``).
 
@@ -263,6 +271,7 @@ class Steps:
         finite = tf.reduce_all([tf.math.is_finite(value) for value in scalars.values()])
         return self.placement.all_finite(finite), tf.constant(float("nan"))
 
+    @tf.autograph.experimental.do_not_convert
     def _gradients(self, features, labels, phase: Sequence[int]):
         """``(finite, gradients)`` of the batch's mean loss; its metrics go to ``train_metrics``.
 
@@ -300,6 +309,7 @@ class Steps:
             self.batch_state.finish(self.placement.total(sums), start)
         return result
 
+    @tf.autograph.experimental.do_not_convert
     def _declared_part(self, wanted, examples, phase, share, replicas) -> Callable:
         """``part(features, labels, fraction)``: the model's declared loss and its gradients.
 
@@ -314,7 +324,7 @@ class Steps:
             with tf.GradientTape(persistent=isinstance(wanted, dict)) as tape:
                 layers, variables = self.model_fn.layers, self.model_fn.trainable_variables
                 with layer_losses.during_call(layers, variables) as added:
-                    spec = self.model_fn(features, labels, Mode.TRAIN)
+                    spec = converted(self.model_fn)(features, labels, Mode.TRAIN)
                 loss = batch_loss(spec, batch_size_of(features), examples)
                 scalars = {"loss": total_loss(loss), **reported_scalars(spec, loss)}
                 # In float32, as Keras computes losses: a float16 loss meets float32 penalties.
@@ -328,7 +338,8 @@ class Steps:
                     objective = tf.nest.map_structure(lambda o: o + penalty, objective)
                 # Mixed float16: scaled up so that small gradients survive (else as it is).
                 objective = self._scale_loss(objective, phase)
-            per_example, _ = split_metrics(spec.metrics)  # streamed ones are evaluated only
+            per_example, streamed = split_metrics(spec.metrics)
+            self.epoch_metrics.stream(streamed)
             return (
                 objective,
                 scalars,
@@ -338,6 +349,7 @@ class Steps:
 
         return part
 
+    @tf.autograph.experimental.do_not_convert
     def _own_part(self, wanted, examples, phase, share, replicas) -> Callable:
         """``part(features, labels)``: the model's own ``train_step`` and the gradients it gave.
 
@@ -355,13 +367,14 @@ class Steps:
                 group: custom_step.GroupOptimizer(group, variables, share)
                 for group, variables in active.items()
             }
-            spec = self.model_fn.train_step(features, labels, optimizers)
+            spec = converted(self.model_fn.train_step)(features, labels, optimizers)
             custom_step.check(spec, name, self.plan.groups, optimizers)
             loss = batch_loss(spec, batch_size_of(features), examples)
             scalars = {"loss": total_loss(loss), **reported_scalars(spec, loss)}
             if self.has_regularization:
                 scalars["regularization_loss"] = tf.add_n(self.model_fn.regularization_losses)
-            per_example, _ = split_metrics(spec.metrics)
+            per_example, streamed = split_metrics(spec.metrics)
+            self.epoch_metrics.stream(streamed)
             grads = custom_step.arranged([optimizers], wanted)
             return total_loss(loss), scalars, per_example, grads
 
@@ -514,6 +527,7 @@ class Steps:
         if not self.jit_compile:  # under XLA, after the block (XLA reduces on one thread)
             self._check_weights()
 
+    @tf.autograph.experimental.do_not_convert
     def _fetching(self, source, num_steps: tf.Tensor):
         """``(fetch, carried)``: how step ``i`` gets its batch, ``fetch(i, carried)``.
 
@@ -527,6 +541,7 @@ class Steps:
             return self._prefetching(source, num_steps)
         return lambda i, carried: (self._next(source), carried), ()
 
+    @tf.autograph.experimental.do_not_convert
     def _prefetching(self, iterator, num_steps: tf.Tensor):
         """Each batch read onto the device while the step before it runs.
 
@@ -566,6 +581,7 @@ class Steps:
         done = self._timestamp(after=updated)
         self.input_seconds.assign_add(tf.maximum(carried[1] - done, 0.0))
 
+    @tf.autograph.experimental.do_not_convert
     def _read_ahead(self, iterator):
         """The next training element, copied to ``prefetch_device``, and when it got there."""
         element = next(iterator)
@@ -601,6 +617,7 @@ class Steps:
         finite = [tf.reduce_all(tf.math.is_finite(v)) for v in self.weights]
         self.nonfinite_weights.assign(tf.logical_not(tf.reduce_all(tf.stack(finite))))
 
+    @tf.autograph.experimental.do_not_convert
     def _next(self, iterator):
         """The next training element; the time spent waiting for it goes to ``input_seconds``.
 
@@ -626,6 +643,7 @@ class Steps:
 
     # ------------------------------------------------------------ eval and predict
 
+    @tf.autograph.experimental.do_not_convert
     def _eval_batch(self, features, labels):
         """``(loss, scalars, per-example metrics)`` of one eval batch, over towers if any."""
         examples = self._global_examples(batch_size_of(features))
@@ -634,7 +652,7 @@ class Steps:
         def forward(features, labels):  # of a batch, or of a tower's shard of it
             layers, variables = self.model_fn.layers, self.model_fn.trainable_variables
             with layer_losses.during_call(layers, variables) as added:
-                spec = self.model_fn(features, labels, Mode.EVAL)
+                spec = converted(self.model_fn)(features, labels, Mode.EVAL)
             per_example, streamed = split_metrics(spec.metrics)
             self.eval_metrics.stream(streamed)
             if self.class_counts is not None:
@@ -663,15 +681,17 @@ class Steps:
         for element in dataset:
             self.placement.run(self._eval_update, (element,))
 
+    @tf.autograph.experimental.do_not_convert
     def _eval_update(self, element) -> tf.Tensor:
         features, labels = split_element(element, Mode.EVAL)
         loss, scalars, metrics = self._eval_batch(features, labels)
         self.eval_metrics.update(metrics, {"loss": loss, **scalars}, batch_size_of(features))
         return tf.constant(True)
 
+    @tf.autograph.experimental.do_not_convert
     def _predict(self, features):
         def predictions(features):
-            return dict(self.model_fn(features, None, Mode.PREDICT).predictions)
+            return dict(converted(self.model_fn)(features, None, Mode.PREDICT).predictions)
 
         if self.towers is not None:
             return make_parallel(predictions, self.towers.devices, features=features)

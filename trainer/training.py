@@ -149,6 +149,7 @@ class TrainingRun:
                 self.steps.train_metrics.result,
                 log,
                 self.model.ema,
+                self.steps.epoch_metrics,
             )
             try:
                 step = self._loop(start, actions, max_steps, log.progress)

@@ -127,6 +127,7 @@ class Placement:
             return gradients
         return tf.distribute.get_replica_context().all_reduce("sum", gradients)
 
+    @tf.autograph.experimental.do_not_convert
     def run(self, step: Callable, args: tuple) -> tf.Tensor:
         """``step(*args)``, in every replica under a strategy; returns the first's result."""
         if self.strategy is None:
