@@ -138,8 +138,7 @@ def test_help_and_flag_mistakes_answer_before_tensorflow_loads(args, out):
 def test_flag_mistakes_exit_with_the_user_error_code():
     import inspect
 
-    from trainer import UserError
-    from trainer.cli import exit_codes
+    from trainer import UserError, exit_codes
 
     default = inspect.signature(exit_codes.fail).parameters["exit_code"].default
     assert default == exit_codes.USER_ERROR == UserError.exit_code == 2

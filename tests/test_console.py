@@ -199,9 +199,10 @@ def test_metrics_file_holds_each_step_once_after_a_resume(tmp_path, data_dir):
 @pytest.mark.slow
 def test_importing_the_framework_changes_nothing_and_a_quiet_start_is_asked_for():
     """``import trainer`` in a script or notebook imports nothing yet and, with its
-    modules, changes no file descriptor, import hook or environment variable beyond
-    what TensorFlow's own import changes; ``trainer.quiet_start()`` before TensorFlow
-    loads holds its start-up lines back, as the command line does."""
+    modules, changes no file descriptor, import hook, environment variable or filter of
+    TensorFlow's logger beyond what TensorFlow's own import changes;
+    ``trainer.quiet_start()`` before TensorFlow loads holds its start-up lines back, as
+    the command line does."""
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     unchanged = (
         "import os, sys\n"
@@ -210,11 +211,13 @@ def test_importing_the_framework_changes_nothing_and_a_quiet_start_is_asked_for(
         "import tensorflow, keras, tensorflow_datasets, gin, sklearn\n"  # their own changes
         "ours = lambda: [type(f).__module__ for f in sys.meta_path\n"
         "                if type(f).__module__.split('.')[0] in ('trainer', 'datasets')]\n"
-        "seen = lambda: (ours(), os.fstat(2).st_ino, dict(os.environ))\n"
+        "filters = lambda: list(tensorflow.get_logger().filters)\n"
+        "seen = lambda: (ours(), os.fstat(2).st_ino, dict(os.environ), filters())\n"
         "before = seen()\n"
         "import trainer.estimator, trainer.cli.experiment, datasets.pipeline, datasets.digits\n"
+        "import trainer.checkpoint_writer\n"
         "trainer.Estimator, trainer.ModelFn\n"
-        "print(seen() == before == ([], before[1], before[2]))\n"
+        "print(seen() == before == ([], before[1], before[2], before[3]))\n"
     )
     quiet = (
         "import trainer\n"

@@ -1,8 +1,10 @@
 """Exports for deployment (trainer/deployment.py): TFLite and ONNX files, run by their runtimes."""
 
+import ast
 import io
 import json
 import os
+import pathlib
 import warnings
 
 import numpy as np
@@ -13,8 +15,10 @@ from PIL import Image
 
 from datasets import digits, pipeline
 from tests.conftest import ENV, run_cli
-from trainer import Estimator, InputParams, Mode, serves
+from trainer import Estimator, InputParams, Mode, deployment, export_formats, serves
 from trainer.settings import Summaries
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def interpreter(path):
@@ -195,3 +199,22 @@ def test_onnx_without_its_extra_is_one_line_before_anything_runs(model_dir, faul
         "onnxruntime)\n"
     )
     assert not (model_dir / "export").exists()
+
+
+def test_the_formats_are_one_table_that_the_command_line_and_deployment_read():
+    """``--export_format``'s choices are the table's names; deployment.py keeps a writer
+    and a runner under each, and branches on no format's name (a new format is a row)."""
+    source = (REPO_ROOT / "trainer" / "deployment.py").read_text()
+    compared = [
+        node.value
+        for compare in ast.walk(ast.parse(source))
+        if isinstance(compare, ast.Compare)
+        for node in ast.walk(compare)
+        if isinstance(node, ast.Constant) and node.value in export_formats.FORMATS
+    ]
+    assert compared == []
+    assert set(deployment._WAYS) == set(export_formats.FORMATS)
+    from trainer.cli import flags  # defines the command's flags in this process
+
+    choices = flags.FLAGS["export_format"].parser.enum_values
+    assert choices == ["saved_model", *export_formats.FORMATS]

@@ -1,6 +1,8 @@
-"""The house rules a newcomer relies on: short functions, no import circle, and README's
-tour naming every module (read from the source, nothing imported). Modules are split by
-concept, not by a line count (the step is one module)."""
+"""The house rules a newcomer relies on: no import circle, the command line on top, and
+README's tour naming every module (read from the source, nothing imported). Modules are
+split by concept and functions kept short by review, not by a line count: a cap had
+functions fitted to it (``tests/test_step.py`` counts the frames from the Estimator to
+the model instead)."""
 
 import ast
 import pathlib
@@ -8,7 +10,6 @@ import re
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGES = ("trainer", "datasets", "models")
-BODY_LINES, ESTIMATOR_LINES = 60, 350
 
 
 def _files(*folders: str) -> list[pathlib.Path]:
@@ -18,30 +19,6 @@ def _files(*folders: str) -> list[pathlib.Path]:
 def _module(path: pathlib.Path) -> str:
     name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
     return name.removesuffix(".__init__")
-
-
-def _body_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
-    """Lines from the first statement after the docstring to the end."""
-    body = node.body
-    has_doc = isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-    first = body[1] if has_doc and len(body) > 1 else body[0]
-    return node.end_lineno - first.lineno + 1
-
-
-def test_functions_stay_short():
-    too_long = []
-    for path in _files(*PACKAGES, "benchmarks"):
-        text = path.read_text()
-        where = path.relative_to(ROOT)
-        for node in ast.walk(ast.parse(text)):
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                if _body_lines(node) > BODY_LINES:
-                    too_long.append(f"{where}:{node.lineno} {node.name}: {_body_lines(node)}")
-            if isinstance(node, ast.ClassDef) and node.name == "Estimator":
-                lines = node.end_lineno - node.lineno + 1
-                if lines > ESTIMATOR_LINES:
-                    too_long.append(f"{where}: class Estimator {lines} lines")
-    assert not too_long, f"over {BODY_LINES} lines a body: {too_long}"
 
 
 def _imports() -> dict[str, set[str]]:
@@ -86,8 +63,22 @@ def _circle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_no_module_imports_one_that_imports_it_back():
     graph = _imports()
     assert len(graph) > 60  # the modules were found
-    assert "trainer.cli.exit_codes" in graph["trainer.cli.flags"]
+    assert "trainer.exit_codes" in graph["trainer.cli.flags"]
     assert _circle(graph) is None, " -> ".join(_circle(graph))
+
+
+def test_the_command_line_is_the_top_layer():
+    """Nothing below the command line imports it: the library, the distributed runtime
+    and the datasets work without it (the ``python -m trainer`` entry point aside)."""
+    graph = _imports()
+    below = [
+        f"{name} imports {sorted(m for m in imported if m.startswith('trainer.cli'))}"
+        for name, imported in graph.items()
+        if not name.startswith("trainer.cli") and name != "trainer.__main__"
+        if any(m.startswith("trainer.cli") for m in imported)
+    ]
+    assert graph["trainer.__main__"] == {"trainer.cli.flags"}  # the modules were read
+    assert not below, below
 
 
 def test_a_circle_is_found():
@@ -111,3 +102,8 @@ def test_readmes_tour_names_every_module_of_the_framework():
     modules = {m for m in modules if not m.endswith(("__init__.py", "__main__.py"))}
     assert "distributed/placement.py" in modules and "step.py" in modules
     assert modules <= named, f"not in README's tour: {sorted(modules - named)}"
+    for package in ("models", "datasets"):  # one entry each, its modules listed in prose
+        entry = re.search(rf"^{package}/ +(.*?)\n(?=\S)", tour, re.M | re.S).group(1)
+        files = {p.name for p in _files(package)} - {"__init__.py"}
+        missing = sorted(f for f in files if not re.search(rf"\b{re.escape(f)}\b", entry))
+        assert len(files) > 8 and not missing, f"{package}/ in README's tour lacks {missing}"

@@ -79,6 +79,15 @@ def test_keras_mean_metric__fn_and__fn_kwargs():
     np.testing.assert_array_equal(hits, [0.0])
 
 
+def test_keras_metric__direction_and_monitor_callback__set_monitor_op():
+    assert internals.metric_direction(keras.metrics.get("auc")) == "up"
+    assert internals.metric_direction(keras.metrics.get("mae")) == "down"
+    stopping = keras.callbacks.EarlyStopping(monitor="val_auc", mode="max")
+    assert stopping.monitor_op is None  # until the first epoch's end
+    internals.set_monitor_op(stopping)
+    assert stopping.monitor_op(2.0, 1.0) and not stopping.monitor_op(1.0, 2.0)
+
+
 def test_keras_functional__inputs_struct():
     image, ink = keras.Input((2,), name="image"), keras.Input((1,), name="ink")
     joined = keras.layers.Concatenate()([image, ink])

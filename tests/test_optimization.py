@@ -12,7 +12,7 @@ import tensorflow as tf
 from tests.helpers import event_tags, scalar_series
 from trainer import Estimator, ModelFn, Spec
 from trainer.errors import UserError
-from trainer.optimization import WarmupDecay, fused_update, taken_ema
+from trainer.optimization import WarmupDecay, fused_update, take_ema
 from trainer.settings import Optimization
 
 
@@ -191,11 +191,11 @@ def test_keras_use_ema_becomes_the_weight_average_or_is_refused_in_one_line():
     """An optimizer compiled with use_ema gives the run its average, and is copied
     without it (not kept twice); what cannot be kept so is named in one line."""
     adam = keras.optimizers.Adam(use_ema=True, ema_momentum=0.9)
-    taken, decay = taken_ema({None: adam}, None)
+    taken, decay = take_ema({None: adam}, None)
     assert decay == 0.9 and not taken[None].use_ema and adam.use_ema  # the user's untouched
-    assert taken_ema({None: adam}, 0.9)[1] == 0.9
+    assert take_ema({None: adam}, 0.9)[1] == 0.9
     plain = keras.optimizers.Adam()
-    assert taken_ema({None: plain}, 0.99) == ({None: plain}, 0.99)
+    assert take_ema({None: plain}, 0.99) == ({None: plain}, 0.99)
     for optimizers, ema_decay, says in (
         ({None: adam}, 0.999, "Optimization.ema_decay is 0.999 but the optimizer has use_ema"),
         ({"body": adam, "head": plain}, None, "use_ema is set on group 'body' but not on"),
@@ -206,5 +206,5 @@ def test_keras_use_ema_becomes_the_weight_average_or_is_refused_in_one_line():
         ),
     ):
         with pytest.raises(UserError) as error:
-            taken_ema(optimizers, ema_decay)
+            take_ema(optimizers, ema_decay)
         assert str(error.value).startswith(says) and "\n" not in str(error.value)

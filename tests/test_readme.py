@@ -138,8 +138,8 @@ def test_own_arrays_snippet_reads_by_index_and_shares_out_the_examples():
 
 
 def test_the_exit_code_table_is_the_one_the_code_uses():
-    """README's table of exit codes, row for row, is ``trainer/cli/exit_codes.py``'s."""
-    from trainer.cli import exit_codes
+    """README's table of exit codes, row for row, is ``trainer/exit_codes.py``'s."""
+    from trainer import exit_codes
 
     with open(os.path.join(REPO, "README.md")) as f:
         readme = f.read()

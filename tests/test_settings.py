@@ -7,8 +7,8 @@ import pytest
 
 import trainer
 from tests.conftest import REPO
-from trainer import settings
-from trainer.cli import config_diff, gin_config
+from trainer import config_diff, settings
+from trainer.cli import gin_config
 from trainer.errors import UserError
 
 

@@ -127,10 +127,14 @@ def test_probabilities_in_bfloat16_are_taken_as_they_are_not_softmaxed_again():
         probabilities = tf.cast(tf.nn.softmax(logits), dtype)
         found = confusion.Classifier("label", False, "probabilities", 10)
         labels = {"label": tf.zeros([64], tf.int64)}
-        targets, scores = confusion.picked(found, {"probabilities": probabilities}, labels)
+        targets, scores = confusion.targets_and_scores(
+            found, {"probabilities": probabilities}, labels
+        )
         assert targets.shape == (64, 10)
         np.testing.assert_allclose(scores, tf.cast(probabilities, tf.float32), atol=1e-6)
-    _, scores = confusion.picked(found, {"probabilities": tf.cast(logits, tf.bfloat16)}, labels)
+    _, scores = confusion.targets_and_scores(
+        found, {"probabilities": tf.cast(logits, tf.bfloat16)}, labels
+    )
     np.testing.assert_allclose(tf.reduce_sum(scores, -1), 1.0, atol=1e-5)  # logits: softmaxed
 
 
@@ -145,7 +149,9 @@ def test_a_multi_label_model_counts_each_class_and_no_row_of_several_in_the_matr
         {"probabilities": tf.TensorSpec([None, 3], tf.float32)},
         {"label": tf.TensorSpec([None, 3], tf.float32)},
     )
-    targets, taken = confusion.picked(found, {"probabilities": scores}, {"label": labels})
+    targets, taken = confusion.targets_and_scores(
+        found, {"probabilities": scores}, {"label": labels}
+    )
     np.testing.assert_allclose(taken, scores)  # independent probabilities, as they are
     counts = confusion.ClassCounts(3)
     counts.update(targets, taken)

@@ -55,7 +55,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from trainer import checkpoints, whole_files
+from trainer import checkpoints, internals, whole_files
 from trainer.errors import UserError
 from trainer.metrics import EpochMetrics
 
@@ -249,7 +249,7 @@ def set_direction(callback: keras.callbacks.Callback) -> None:
     elif mode == "auto":
         try:  # compile() takes "acc" for accuracy too
             metric = keras.metrics.get("accuracy" if name == "acc" else name)
-            mode = {"up": "max", "down": "min"}[metric._direction]
+            mode = {"up": "max", "down": "min"}[internals.metric_direction(metric)]
         except (ValueError, KeyError, AttributeError, TypeError):
             raise UserError(
                 f"{type(callback).__name__}(monitor={callback.monitor!r}) cannot tell whether "
@@ -257,7 +257,7 @@ def set_direction(callback: keras.callbacks.Callback) -> None:
             ) from None
     callback.mode, given = mode, callback.mode
     try:
-        callback._set_monitor_op()
+        internals.set_monitor_op(callback)
     finally:
         callback.mode = given
 

@@ -209,6 +209,7 @@ class Checkpointer:
         background: bool = False,
         **trackables,
     ):
+        _hush_tensorflow()
         self.model_dir = model_dir
         self.scratch = save_dir if save_dir not in (None, model_dir) else None
         self.checkpoint = tf.train.Checkpoint(**trackables)
@@ -347,7 +348,17 @@ class _OneTracePerSave(pylogging.Filter):
         return not ("_copy_to_cpu" in message and "retracing" in message)
 
 
-tf.get_logger().addFilter(_OneTracePerSave())
+def _hush_tensorflow() -> None:
+    """Drops TensorFlow's noise about checkpoints from its logger, once.
+
+    The filters (``checkpoints.RestoreNoise``, ``_OneTracePerSave``) go in when
+    checkpoints are first made or read here, not when the module is imported: importing
+    the framework changes nothing of the process's logging.
+    """
+    logger = tf.get_logger()
+    for made in (checkpoints.RestoreNoise, _OneTracePerSave):
+        if not any(isinstance(f, made) for f in logger.filters):
+            logger.addFilter(made())
 
 
 def _mismatch(error: Exception, variables: list) -> str:

@@ -17,8 +17,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from trainer import errors, internals, whole_files
-from trainer.cli import config_diff
+from trainer import config_diff, errors, internals, whole_files
 from trainer.errors import UserError
 
 CHECKPOINT_NAME = "ckpt"
@@ -220,7 +219,7 @@ def read_error(error: Exception) -> str:
     return errors.first_line(error)
 
 
-class _RestoreNoise(pylogging.Filter):
+class RestoreNoise(pylogging.Filter):
     """Drops TensorFlow's warnings about values a restore left unread.
 
     Every restore here is checked (``assert_existing_objects_matched``, or
@@ -229,15 +228,13 @@ class _RestoreNoise(pylogging.Filter):
     """
 
     def filter(self, record: pylogging.LogRecord) -> bool:
+        """False for the two messages."""
         return not record.getMessage().startswith(
             (
                 "Detecting that an object or model or tf.train.Checkpoint is being deleted",
                 "Value in checkpoint could not be found in the restored object",
             )
         )
-
-
-tf.get_logger().addFilter(_RestoreNoise())
 
 
 def _listed(model_dir: str) -> list[str] | None:

@@ -91,7 +91,7 @@ def _only(labels):
 
 
 @tf.autograph.experimental.do_not_convert
-def picked(found: Classifier, predictions, labels) -> tuple[tf.Tensor, tf.Tensor]:
+def targets_and_scores(found: Classifier, predictions, labels) -> tuple[tf.Tensor, tf.Tensor]:
     """``(targets, probabilities)`` of one batch, both ``[batch, classes]``.
 
     The targets are the label rows: one-hot for class ids (all zero for an id out of

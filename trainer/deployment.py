@@ -22,12 +22,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import importlib
 import logging as pylogging
 import os
 import sys
 import tempfile
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import tensorflow as tf
@@ -35,35 +36,35 @@ from absl import logging
 
 from trainer import errors, whole_files
 from trainer.errors import UserError
+from trainer.export_formats import FORMATS, SAVED_MODEL
 
 RECORD = "deployment.json"
-FILES = {"tflite": "model.tflite", "tflite_int8": "model_int8.tflite", "onnx": "model.onnx"}
-FORMATS = tuple(FILES)
 DEFAULT, FEATURES = "serving_default", "serving_features"
 ONNX_OPSET = 17
 CALIBRATION_EXAMPLES = 512  # int8's representative data: TFLite asks for a few hundred
 CHECKED_EXAMPLES = 10_000  # of the eval set, each file is checked on at most these
-_ONNX_INSTALL = 'pip install -e ".[onnx]" (tf2onnx and onnxruntime)'
 
 
 def check_formats(formats: Iterable[str]) -> tuple[str, ...]:
     """``formats`` checked against ``FORMATS`` and their runtimes' packages; deduplicated."""
-    formats = tuple(dict.fromkeys(f for f in formats if f != "saved_model"))
+    formats = tuple(dict.fromkeys(f for f in formats if f != SAVED_MODEL))
     unknown = [f for f in formats if f not in FORMATS]
     if unknown:
         raise UserError(
-            f"export format {unknown[0]!r} is not one of saved_model, {', '.join(FORMATS)}"
+            f"export format {unknown[0]!r} is not one of {SAVED_MODEL}, {', '.join(FORMATS)}"
         )
-    if "onnx" in formats:
-        try:
-            import onnxruntime  # noqa: F401
-            import tf2onnx  # noqa: F401
-        except ImportError as missing:
-            raise UserError(f"--export_format onnx needs {missing.name}: {_ONNX_INSTALL}") from None
+    for name in formats:
+        for package in FORMATS[name].packages:
+            try:
+                importlib.import_module(package)
+            except ImportError:
+                raise UserError(
+                    f"--export_format {name} needs {package}: {FORMATS[name].install}"
+                ) from None
     return formats
 
 
-def adder(formats: tuple[str, ...], data, replaced: str | None = None):
+def extras_for(formats: tuple[str, ...], data, replaced: str | None = None):
     """What ``export.save`` calls to add the files of ``formats``; None for none.
 
     ``replaced``: an export of the same checkpoint that this one replaces; the files it
@@ -75,7 +76,7 @@ def adder(formats: tuple[str, ...], data, replaced: str | None = None):
     return functools.partial(write_checked, formats=formats, data=data, kept=(replaced, kept))
 
 
-def said(export_dir: str, formats: tuple[str, ...]) -> str:
+def log_exported(export_dir: str, formats: tuple[str, ...]) -> str:
     """Logs the line of each file ``write_checked`` recorded in ``export_dir``; the dir."""
     for record in recorded(export_dir).values() if formats else ():
         logging.info("Exported %s", record["line"])
@@ -96,7 +97,7 @@ def write_checked(saved_model: str, formats: Iterable[str], data, kept=(None, {}
             checks = check(saved_model, takes, data())
     replaced, records = kept
     for export_format in records:
-        name = FILES[export_format]
+        name = FORMATS[export_format].file
         tf.io.gfile.copy(os.path.join(replaced, name), os.path.join(saved_model, name))
     record = {**records}
     record.update({one.export_format: {"line": one.line(), **one.results()} for one in checks})
@@ -116,16 +117,35 @@ def write(saved_model: str, formats: Iterable[str], calibration) -> dict[str, di
     """
     loaded = tf.saved_model.load(saved_model)
     signatures = {n: f for n, f in loaded.signatures.items() if n in (DEFAULT, FEATURES)}
-    takes = {}
-    for export_format in formats:
-        path = os.path.join(saved_model, FILES[export_format])
-        if export_format == "onnx":
-            takes[export_format] = {"model": _write_onnx(saved_model, signatures, path)}
-        else:
-            int8 = export_format == "tflite_int8"
-            samples = _samples(calibration(), signatures[_features(signatures)]) if int8 else None
-            takes[export_format] = _write_tflite(loaded, signatures, path, samples)
-    return takes
+    exported = _Exported(saved_model, loaded, signatures, calibration)
+    return {
+        name: _WAYS[name].write(exported, os.path.join(saved_model, FORMATS[name].file))
+        for name in formats
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class _Exported:
+    """What a format's writer converts from: the SavedModel, loaded, and its signatures."""
+
+    directory: str
+    loaded: object
+    signatures: dict
+    calibration: Callable[[], tf.data.Dataset]  # the eval input_fn's dataset (int8)
+
+
+def _tflite_file(exported: _Exported, path: str) -> dict[str, str]:
+    return _write_tflite(exported.loaded, exported.signatures, path, None)
+
+
+def _tflite_int8_file(exported: _Exported, path: str) -> dict[str, str]:
+    features = exported.signatures[_features(exported.signatures)]
+    samples = _samples(exported.calibration(), features)
+    return _write_tflite(exported.loaded, exported.signatures, path, samples)
+
+
+def _onnx_file(exported: _Exported, path: str) -> dict[str, str]:
+    return {"model": _write_onnx(exported.directory, exported.signatures, path)}
 
 
 def _write_tflite(loaded, signatures: dict, path: str, samples: list | None) -> dict[str, str]:
@@ -319,7 +339,7 @@ def check(saved_model: str, takes: dict[str, dict], dataset: tf.data.Dataset) ->
     signatures = dict(tf.saved_model.load(saved_model).signatures)
     features = _features(signatures)
     checks = {f: Check(f, entries) for f, entries in takes.items()}
-    runs = {f: _runner(f, os.path.join(saved_model, FILES[f])) for f in takes}
+    runs = {f: _WAYS[f].run(os.path.join(saved_model, FORMATS[f].file)) for f in takes}
     entry = {f: {source: name for name, source in takes[f].items()} for f in takes}
     for element in dataset:
         if checks and next(iter(checks.values())).examples >= CHECKED_EXAMPLES:
@@ -339,17 +359,39 @@ def check(saved_model: str, takes: dict[str, dict], dataset: tf.data.Dataset) ->
     return list(checks.values())
 
 
-def _runner(export_format: str, path: str):
-    """``run(signature, inputs) -> outputs`` of the file, by its own runtime."""
-    if export_format == "onnx":
-        import onnxruntime
+def _onnx_runner(path: str):
+    """``run(signature, inputs) -> outputs`` of an ONNX file, by onnxruntime."""
+    import onnxruntime
 
-        session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
-        names = [output.name for output in session.get_outputs()]
-        return lambda signature, inputs: dict(zip(names, session.run(names, inputs), strict=True))
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    names = [output.name for output in session.get_outputs()]
+    return lambda signature, inputs: dict(zip(names, session.run(names, inputs), strict=True))
+
+
+def _tflite_runner(path: str):
+    """``run(signature, inputs) -> outputs`` of a TFLite file, by TFLite's interpreter."""
     with _quiet():
         interpreter = tf.lite.Interpreter(model_path=path)
     return lambda signature, inputs: interpreter.get_signature_runner(signature)(**inputs)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Way:
+    """How a format's file is written, and run by its runtime.
+
+    ``write(exported, path)`` gives what each of the file's signatures takes;
+    ``run(path)`` gives ``run(signature, inputs) -> outputs``.
+    """
+
+    write: Callable
+    run: Callable
+
+
+_WAYS = {  # by the names of export_formats.FORMATS
+    "tflite": _Way(_tflite_file, _tflite_runner),
+    "tflite_int8": _Way(_tflite_int8_file, _tflite_runner),
+    "onnx": _Way(_onnx_file, _onnx_runner),
+}
 
 
 def _numpy(outputs: dict) -> dict[str, np.ndarray]:
@@ -440,11 +482,13 @@ class Check:
             )
         if not self.examples:
             parts.append("not run on the eval set, whose features it does not take")
-        return f"{self.export_format} ({FILES[self.export_format]}: {made}): " + "; ".join(parts)
+        return f"{self.export_format} ({FORMATS[self.export_format].file}: {made}): " + "; ".join(
+            parts
+        )
 
     def results(self) -> dict:
         """For ``--results``: the figures of ``line``."""
-        found = {"file": FILES[self.export_format], "signatures": self.entries}
+        found = {"file": FORMATS[self.export_format].file, "signatures": self.entries}
         found["examples"] = self.examples
         found["max_difference"] = self.difference
         if self.stored_difference is not None:

@@ -10,7 +10,7 @@ import re
 
 import tensorflow as tf
 
-from trainer.cli import exit_codes
+from trainer import exit_codes
 
 
 class UserError(Exception):

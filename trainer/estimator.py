@@ -40,7 +40,7 @@ from trainer import checkpoints as checkpoint_files
 from trainer.distributed.placement import Placement
 from trainer.inputs import InputFn, Inputs
 from trainer.keras_model import KerasModel
-from trainer.model_fn import Mode, ModelFn
+from trainer.model_fn import Mode, ModelFn, split_element
 from trainer.model_state import ModelState
 from trainer.settings import (
     BestExport,
@@ -52,7 +52,6 @@ from trainer.settings import (
     Summaries,
     WarmStart,
 )
-from trainer.step import split_element
 from trainer.summaries import Writers
 from trainer.writer_lock import WriterLock
 
@@ -285,9 +284,9 @@ class Estimator:
         target = export_dir or os.path.join(self.model_dir, "export", str(self.step))
         evaluated = functools.partial(self.inputs.dataset, eval_input_fn or input_fn, Mode.EVAL)
         replaced = target if export_dir is None and tf.io.gfile.isdir(target) else None
-        extras = deployment.adder(formats, evaluated, replaced)  # same step: its other files
+        extras = deployment.extras_for(formats, evaluated, replaced)  # same step: its other files
         path = self._save_model(dataset, Mode.PREDICT, target, extras)
-        return deployment.said(path, formats)
+        return deployment.log_exported(path, formats)
 
     def _save_model(self, dataset: tf.data.Dataset, mode: Mode, export_dir: str, extras=None):
         """Exports for the features of ``dataset`` and the serving it declares."""

@@ -35,9 +35,8 @@ from trainer import (
     whole_files,
 )
 from trainer.errors import UserError
-from trainer.model_fn import Mode, num_examples
+from trainer.model_fn import Mode, num_examples, split_element
 from trainer.model_state import ModelState
-from trainer.step import split_element
 from trainer.summaries import Writers
 
 PROGRESS_FILE = "continuous_eval.json"  # the last step a side-car evaluator finished

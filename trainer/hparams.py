@@ -23,8 +23,7 @@ from tensorboard.plugins.hparams import api as hp
 from tensorboard.plugins.hparams import api_pb2
 from tensorboard.plugins.hparams import summary as hparams_summary
 
-from trainer import checkpoints
-from trainer.cli import config_diff
+from trainer import checkpoints, config_diff
 from trainer.errors import Preempted, TrainingDiverged
 
 

@@ -86,6 +86,23 @@ def mean_metric_function(metric: keras.metrics.MeanMetricWrapper) -> Callable:
     return lambda y, p: fn(y, p, **kwargs)
 
 
+def metric_direction(metric: keras.metrics.Metric) -> str:
+    """``'up'`` or ``'down'``: which way a Keras metric gets better.
+
+    Keras reads it (``Metric._direction``) to choose a monitor's ``mode='auto'``; it
+    has no public getter. AttributeError when the object does not say.
+    """
+    return metric._direction
+
+
+def set_monitor_op(callback: keras.callbacks.Callback) -> None:
+    """Makes EarlyStopping or ReduceLROnPlateau take its comparison from its mode now.
+
+    Keras does it at the first epoch's end (``MonitorCallback._set_monitor_op``).
+    """
+    callback._set_monitor_op()
+
+
 def takes_dict_inputs(model: keras.Model) -> bool:
     """Whether a functional model was built on a dict of inputs (called with a dict)."""
     return isinstance(getattr(model, "_inputs_struct", None), Mapping)

@@ -11,7 +11,7 @@ A Spec's metrics (``Spec.metrics``) are of two kinds:
 Here: ``check_metric`` (part of ``model_fn.check_spec``), ``split_metrics`` into the
 two kinds, ``unfit_metric`` (a streamed metric's ``update_state`` traced before
 training, so a mistake is said at once) and ``MetricSums``, the sums a mode's steps
-add to (``Steps.found`` makes them for each mode once the model was traced
+add to (``Steps.take_metrics`` makes them for each mode once the model was traced
 in it, ``ModelState.build``), read by ``result`` and zeroed by ``reset`` before each
 evaluation. Under a strategy the sums, and the Keras metrics' state
 (``Placement.adopt_metrics``), are kept per replica and added up when read.

@@ -126,6 +126,21 @@ class Weighted(NamedTuple):
     mean_weight: Any = None
 
 
+@tf.autograph.experimental.do_not_convert
+def split_element(element, mode: Mode):
+    """Splits a dataset element into ``(features, labels)``; labels are None in PREDICT.
+
+    An element ``(features, labels, sample_weight)`` gives ``Weighted`` labels.
+    """
+    if isinstance(element, tuple) and len(element) == 3:
+        features, labels = element[0], Weighted(*element[1:])
+    elif isinstance(element, tuple) and len(element) == 2:
+        features, labels = element
+    else:
+        features, labels = element, None
+    return features, (None if mode == Mode.PREDICT else labels)
+
+
 @dataclasses.dataclass
 class Spec:
     """What a ``ModelFn`` returns for one batch.

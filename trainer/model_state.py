@@ -38,9 +38,9 @@ from trainer.errors import UserError
 from trainer.keras_model import KerasModel
 from trainer.losses import loss_name
 from trainer.metrics import specs_of, split_metrics, training_copies, unfit_metric
-from trainer.model_fn import Mode, ModelFn, Weighted, check_spec, converted
-from trainer.optimization import WeightAverage, taken_ema
-from trainer.step import Steps, split_element
+from trainer.model_fn import Mode, ModelFn, Weighted, check_spec, converted, split_element
+from trainer.optimization import WeightAverage, take_ema
+from trainer.step import Steps
 
 
 class ModelState:
@@ -80,7 +80,7 @@ class ModelState:
         self.classes: dict[str, dict] = {}  # its per-class figures, by eval set (the last)
         self.groups = optimizer_groups.declared(model_fn)
         optimizers = optimizer_groups.optimizers_for(self.groups, optimizer)
-        optimizers, ema_decay = taken_ema(optimizers, ema_decay)  # Keras's use_ema
+        optimizers, ema_decay = take_ema(optimizers, ema_decay)  # Keras's use_ema
         for group, given in optimizers.items():
             microbatch.check_optimizer(given, "the optimizer" + (f" of {group!r}" if group else ""))
         self.optimizers = {  # by group; None keys a model's one optimizer
@@ -199,7 +199,7 @@ class ModelState:
         self.traced.add(mode)
         self.placement.adopt_metrics(streamed.values())
         with self.placement.scope():
-            self.steps.found(mode, metrics, streamed, scalars, self.loss_by_group)
+            self.steps.take_metrics(mode, metrics, streamed, scalars, self.loss_by_group)
             if mode == Mode.EVAL:
                 self.steps.count_classes(classifier)
         self.seconds["building"] += time.perf_counter() - started

@@ -24,8 +24,8 @@ import tensorflow as tf
 from absl import logging
 
 from trainer import cadence, checkpoints, console, internals
-from trainer.model_fn import Mode, ModelFn
-from trainer.step import Steps, split_element
+from trainer.model_fn import Mode, ModelFn, split_element
+from trainer.step import Steps
 from trainer.summaries import Writers
 
 

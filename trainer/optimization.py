@@ -138,7 +138,7 @@ class WeightAverage:
             average.assign(current)
 
 
-def taken_ema(optimizers: dict, ema_decay: float | None) -> tuple[dict, float | None]:
+def take_ema(optimizers: dict, ema_decay: float | None) -> tuple[dict, float | None]:
     """The optimizers without Keras's ``use_ema``, and the weight average's decay.
 
     An optimizer compiled with ``use_ema=True`` averages the weights the way

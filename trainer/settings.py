@@ -5,9 +5,9 @@ Python; in a gin file each group binds directly (``Checkpoints.every_steps = 500
 since ``python -m trainer`` hands the Estimator one of each, made with its bindings.
 A group's defaults are the Estimator's: a group left out changes nothing.
 
-``MOVED`` maps each Estimator argument of before the groups (its flat list of 45) to
-its place now; a gin file or a saved operative config with the old name is told, or
-translated (``trainer/cli/gin_errors.py``, ``trainer/cli/config_diff.py``).
+``MOVED`` maps each flat Estimator argument that a group now holds to its group; a
+gin file or a saved operative config with the flat name is told, or translated
+(``trainer/cli/gin_errors.py``, ``trainer/config_diff.py``).
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ from trainer.losses import (
     with_mean_weight,
 )
 from trainer.metrics import EpochMetrics, MetricSums, split_metrics
-from trainer.model_fn import Mode, ModelFn, Weighted, converted
+from trainer.model_fn import Mode, ModelFn, converted, split_element
 from trainer.optimization import WeightAverage
 from trainer.optimizer_groups import Plan, Unit
 
@@ -78,21 +78,6 @@ def stackable_steps(element_spec) -> int:
         )
     size = sum(s.shape.num_elements() * s.dtype.size for s in specs)
     return max(1, STACKED_BYTES // max(size, 1))
-
-
-@tf.autograph.experimental.do_not_convert
-def split_element(element, mode: Mode):
-    """Splits a dataset element into ``(features, labels)``; labels are None in PREDICT.
-
-    An element ``(features, labels, sample_weight)`` gives ``Weighted`` labels.
-    """
-    if isinstance(element, tuple) and len(element) == 3:
-        features, labels = element[0], Weighted(*element[1:])
-    elif isinstance(element, tuple) and len(element) == 2:
-        features, labels = element
-    else:
-        features, labels = element, None
-    return features, (None if mode == Mode.PREDICT else labels)
 
 
 class Steps:
@@ -113,7 +98,7 @@ class Steps:
       metric_names: the per-example metrics the model's Spec returns.
       streamed_metrics: the Keras metrics it names with their inputs, in ``traced``.
       traced: the mode the model was traced in (each other mode's metrics are found
-        when it is traced, ``found``).
+        when it is traced, ``take_metrics``).
       placement: where the steps run: towers over this process's devices, a
         strategy's replicas (evaluation is split over them; prediction runs on each
         worker's first device), and the device batches are prefetched to.
@@ -163,7 +148,7 @@ class Steps:
         self.count_classes(None)  # until the model is traced in EVAL
         for mode in (Mode.TRAIN, Mode.EVAL):
             streamed = streamed_metrics if mode == traced else {}
-            self.found(mode, metric_names, streamed, scalar_names, by_group)
+            self.take_metrics(mode, metric_names, streamed, scalar_names, by_group)
         self.times_input = not _op_determinism()  # tf.timestamp is refused under it
         with tf.init_scope():
             # A step's loss was NaN or Inf: the block ended there, the step not counted.
@@ -185,7 +170,7 @@ class Steps:
     def count_classes(self, classifier: confusion.Classifier | None) -> None:
         """Counts a classifier's confusion matrix in evaluation (``trainer.confusion``).
 
-        Called, as ``found``, once the model was traced in EVAL and before that mode's
+        Called, as ``take_metrics``, once the model was traced in EVAL and before that mode's
         step is: ``classifier`` says where its labels and scores are, None if it is not one.
         """
         self.classifier = classifier
@@ -195,7 +180,7 @@ class Steps:
                 classifier.num_classes, self.placement.per_replica
             )
 
-    def found(
+    def take_metrics(
         self,
         mode: Mode,
         names: Sequence[str],
@@ -657,7 +642,7 @@ class Steps:
             self.eval_metrics.stream(streamed)
             if self.class_counts is not None:
                 self.class_counts.update(
-                    *confusion.picked(self.classifier, spec.predictions, labels)
+                    *confusion.targets_and_scores(self.classifier, spec.predictions, labels)
                 )
             loss = batch_loss(spec, batch_size_of(features), examples)
             scalars = reported_scalars(spec, loss)

@@ -1,7 +1,7 @@
 """The command line: ``python -m trainer --gin_file experiments/digits_mlp.gin``.
 
-Its flags are defined and parsed in ``command`` before it is imported (it reads them
-from absl's ``FLAGS``). It parses the gin files (with ``gin_config``, which makes
+Its flags are defined and parsed in ``trainer.cli.flags`` before it is imported (it
+reads them from absl's ``FLAGS``). It parses the gin files (with ``gin_config``, which makes
 ``Estimator``, Keras optimizers and learning-rate schedules configurable), sets up
 the process and calls ``experiment``, which builds the objects and runs one
 schedule; ``report`` prints the summary and writes the results file. Bad input
@@ -28,13 +28,14 @@ from trainer import (
     deployment,
     errors,
     evaluation,
+    exit_codes,
     hparams,
     logs,
     summaries,
     tracking,
     writer_lock,
 )
-from trainer.cli import exit_codes, gin_config, gin_errors, report, sweep
+from trainer.cli import gin_config, gin_errors, report, sweep
 from trainer.distributed import cluster, preemption, strategies, workers
 from trainer.errors import Preempted, TrainingDiverged, UserError
 from trainer.precision import set_precision

@@ -18,8 +18,9 @@ from absl import app, flags
 
 from trainer import console
 from trainer.cli import gin_syntax
-from trainer.cli.exit_codes import fail
 from trainer.distributed import preemption
+from trainer.exit_codes import fail
+from trainer.export_formats import FORMATS, SAVED_MODEL
 
 SCHEDULES = ["train", "evaluate", "train_and_evaluate", "continuous_eval", "predict", "export"]
 
@@ -77,7 +78,7 @@ flags.DEFINE_string(
 flags.DEFINE_multi_enum(
     "export_format",
     ["saved_model"],
-    ["saved_model", "tflite", "tflite_int8", "onnx"],  # trainer.deployment's FORMATS
+    [SAVED_MODEL, *FORMATS],
     "With --schedule export: tflite, tflite_int8 or onnx files beside the SavedModel, each "
     "run by its runtime on the eval set; repeat for several. onnx needs the onnx extra.",
 )

@@ -18,9 +18,18 @@ import tokenize
 import gin
 import keras
 
-from trainer import callbacks, estimator, internals, keras_model, optimization, settings, tracking
+from trainer import (
+    callbacks,
+    config_diff,
+    estimator,
+    internals,
+    keras_model,
+    optimization,
+    settings,
+    tracking,
+)
 from trainer.checkpoints import OPERATIVE_CONFIG
-from trainer.cli import config_diff, gin_errors, gin_syntax
+from trainer.cli import gin_errors, gin_syntax
 from trainer.errors import UserError
 
 # The bindings that may change between runs of one model_dir: how long, how often,

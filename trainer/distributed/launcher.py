@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from trainer.cli import exit_codes
+from trainer import exit_codes
 
 # What the command passes on to every worker: SIGHUP (its terminal closed, an ssh
 # connection dropped) as SIGTERM, so that they save before they stop.

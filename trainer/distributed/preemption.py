@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 
-from trainer.cli import exit_codes
+from trainer import exit_codes
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 

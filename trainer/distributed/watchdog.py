@@ -21,8 +21,7 @@ import time
 import tensorflow as tf
 from absl import logging
 
-from trainer import internals
-from trainer.cli import exit_codes
+from trainer import exit_codes, internals
 
 MARKER = "progress watchdog: "  # begins the reason carried by the aborted collectives
 END = " |"  # ends it

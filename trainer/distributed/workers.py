@@ -39,8 +39,7 @@ from typing import NoReturn
 import tensorflow as tf
 from absl import logging
 
-from trainer import internals
-from trainer.cli import config_diff
+from trainer import config_diff, internals
 from trainer.distributed import cluster, watchdog
 from trainer.errors import PeerLost, UserError
 
