@@ -149,10 +149,8 @@ def example_parser(shape) -> Callable[[tf.Tensor], dict]:
 
     @tf.autograph.experimental.do_not_convert
     def decode(data: tf.Tensor) -> tf.Tensor:
-        head = tf.strings.substr(data, 0, 4)
-        png_or_jpeg = tf.logical_or(
-            tf.equal(head, b"\x89PNG"), tf.equal(tf.strings.substr(head, 0, 3), b"\xff\xd8\xff")
-        )
+        png = tf.equal(tf.strings.substr(data, 0, 4), b"\x89PNG")
+        png_or_jpeg = tf.logical_or(png, images.is_jpeg(data))
         return tf.cond(png_or_jpeg, lambda: encoded(data), lambda: raw(data))
 
     @tf.autograph.experimental.do_not_convert

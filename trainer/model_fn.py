@@ -27,7 +27,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from trainer import dataset_marks, layer_losses
+from trainer import dataset_marks, errors, layer_losses
 from trainer.metrics import check_metric
 
 
@@ -323,7 +323,7 @@ def _graph_function(function: Callable) -> Callable | None:
             "AutoGraph cannot convert %s (%s): it runs as written, so a Python if or for on "
             "a tensor in it fails; use tf.cond or tf.while_loop there",
             getattr(function, "__qualname__", function),
-            str(error).splitlines()[0] if str(error) else type(error).__name__,
+            errors.first_line(error) or type(error).__name__,
         )
         return None
 
