@@ -99,30 +99,31 @@ def test_no_weight_decay_leaves_the_matched_variables_undecayed(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "settings, message",
+    "optimization, message",
     [
         (
-            dict(optimization=Optimization(learning_rate_multipliers={"^encoder/": 0.1})),
+            dict(learning_rate_multipliers={"^encoder/": 0.1}),
             r"Optimization.learning_rate_multipliers pattern '\^encoder/' matches none of the "
             r"model's 4 trainable variables; their paths are like .*body/kernel",
         ),
-        (
-            dict(optimization=Optimization(frozen_until_step={"body": -1})),
+        (  # refused as the group is made
+            dict(frozen_until_step={"body": -1}),
             r"Optimization.frozen_until_step\['body'\] must be a step >= 0, got -1",
         ),
         (
-            dict(optimization=Optimization(learning_rate_multipliers={"(body": 0.1})),
+            dict(learning_rate_multipliers={"(body": 0.1}),
             r"pattern '\(body' is not a regular expression",
         ),
         (
-            dict(optimization=Optimization(no_weight_decay=["bias"])),
+            dict(no_weight_decay=["bias"]),
             r"the optimizer of 'model' \(SGD\) has no weight_decay: use AdamW",
         ),
     ],
 )
-def test_a_rule_that_cannot_apply_is_refused_in_one_line(tmp_path, settings, message):
+def test_a_rule_that_cannot_apply_is_refused_in_one_line(tmp_path, optimization, message):
     with pytest.raises(trainer.UserError, match=message):
-        estimator(BodyHead(), tmp_path, **settings).train(line_data, 1)
+        run = estimator(BodyHead(), tmp_path, optimization=Optimization(**optimization))
+        run.train(line_data, 1)
     assert not (tmp_path / "checkpoint").exists()
 
 

@@ -5,14 +5,14 @@ import logging
 import pytest
 import tensorflow as tf
 
-from trainer import InputParams, Mode, UserError
+from trainer import Devices, InputParams, Mode, UserError
 from trainer.checkpoint_writer import Checkpointer
 from trainer.distributed.placement import Placement
 from trainer.inputs import Inputs
 
 
 def inputs(seed=7):
-    return Inputs(Placement("towers", 1, global_batch_size=32), 32, 100, seed)
+    return Inputs(Placement(Devices("towers", 1), global_batch_size=32), 32, 100, seed)
 
 
 def recording(calls):

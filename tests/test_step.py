@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer import Mode, ModelFn, Spec
+from trainer import Devices, Mode, ModelFn, Spec
 from trainer.distributed.placement import Placement
 from trainer.model_state import ModelState
 
@@ -38,15 +38,14 @@ def batches(count=None, nan_at=None, batch=8):
     return dataset.take(count) if count else dataset.repeat()
 
 
-def compiled(**placement):
+def compiled(**devices):
     """Fresh Linear model, SGD, and its compiled steps on one CPU (reading ahead, by default)."""
     keras.utils.set_random_seed(1)
     model = ModelState(
         Linear(),
         keras.optimizers.SGD(0.05),
-        Placement("towers", 1, global_batch_size=8, **placement),
+        Placement(Devices("towers", 1, **devices), global_batch_size=8),
         collections.Counter(),
-        jit_compile=placement.get("jit_compile", False),
     )
     return model, model.build(batches().element_spec, Mode.TRAIN)
 
@@ -74,14 +73,14 @@ def test_a_nan_loss_ends_the_block_at_its_step_uncounted():
     assert steps.nonfinite_weights.numpy()  # its update was applied: NaN weights
 
 
-@pytest.mark.parametrize("way", [{"prefetch_to_device": True}, {"jit_compile": True}])
+@pytest.mark.parametrize("way", [{"prefetch": True}, {"jit_compile": True}])
 def test_every_way_of_fetching_trains_like_reading_on_demand(way):
-    plain, plain_steps = compiled(prefetch_to_device=False)
+    plain, plain_steps = compiled(prefetch=False)
     assert plain.placement.prefetch_device is None
     plain_steps.train_loop(iter(batches()), tf.constant(6, tf.int64))
     other, other_steps = compiled(**way)
     assert other.placement.prefetch_device == (
-        other.placement.devices[0] if "prefetch_to_device" in way else None
+        other.placement.devices[0] if "prefetch" in way else None
     )
     other_steps.train_loop(iter(batches()), tf.constant(6, tf.int64))
     assert other.step == plain.step == 6
@@ -120,7 +119,7 @@ def test_a_model_that_branches_on_tensors_trains_evaluates_and_predicts_as_writt
     model = ModelState(
         Branching(),
         keras.optimizers.SGD(0.05),
-        Placement("towers", 1, global_batch_size=8),
+        Placement(Devices("towers", 1), global_batch_size=8),
         collections.Counter(),
     )
     steps = model.build(batches().element_spec, Mode.TRAIN)

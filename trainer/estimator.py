@@ -34,7 +34,6 @@ from trainer import (
     settings,
     tracking,
     training,
-    variable_rules,
 )
 from trainer import checkpoints as checkpoint_files
 from trainer.distributed.placement import Placement
@@ -124,25 +123,9 @@ class Estimator:
         errors.check_instance("model_fn", model_fn, ModelFn, "a trainer.ModelFn or a keras.Model")
         groups = (checkpoints, devices, optimization, warm_start, best_export, early_stop)
         settings.check(*groups, summaries, config)
-        self.settings = training.Settings(
-            global_batch_size,
-            steps_per_loop,
-            log_every_steps,
-            progress,
-            checkpoints,
-            devices,
-            optimization,
-            warm_start,
-            summaries,
-        )
-        self.placement = Placement(
-            devices.distribution,
-            devices.count,
-            global_batch_size=global_batch_size,
-            jit_compile=devices.jit_compile,
-            prefetch_to_device=devices.prefetch,
-            startup_timeout=devices.startup_timeout,
-        )
+        self.loop = training.Loop(global_batch_size, steps_per_loop, log_every_steps, progress)
+        self.checkpoints, self.warm_start, self.summaries = checkpoints, warm_start, summaries
+        self.placement = Placement(devices, global_batch_size)
         self.model_fn, self.model_dir = model_fn, model_dir  # what every worker restores from
         self.speaks = progress and self.placement.worker is None  # as the command line does
         self.write_dir = self.placement.workers.write_dir(model_dir)  # elsewhere on others
@@ -151,10 +134,15 @@ class Estimator:
         self.config = checkpoint_files.ConfigRecord(  # every worker checks the chief's record
             model_dir, config.text_fn, config.guard, writes=self.placement.worker is None
         )
-        self.model = _model_state(
-            model_fn, optimizer, self.placement, self.seconds, devices, optimization, self.config
+        self.model = ModelState(
+            model_fn,
+            optimizer,
+            self.placement,
+            self.seconds,
+            optimization,
+            config=self.config,
+            count_classes=summaries.confusion_matrix,
         )
-        self.model.count_classes = summaries.confusion_matrix  # a classifier's, in evaluation
         self.global_step = self.model.global_step
         self.optimizer = self.model.optimizer  # with optimizer groups, a dict by group
         self.eval_batch_size = eval_batch_size or global_batch_size
@@ -195,7 +183,7 @@ class Estimator:
         Returns:
           The global step reached.
         """
-        events = self._events(callbacks, self.settings.log_every_steps, epochs_at_logs=True)
+        events = self._events(callbacks, self.loop.log_every_steps, epochs_at_logs=True)
         with tracking.tracked(self.tracker), WriterLock(self.write_dir):  # one trainer at a time
             return self._training_run().run(input_fn, max_steps, events=events)
 
@@ -324,7 +312,7 @@ class Estimator:
         eval_sets = self.inputs.eval_datasets(eval_input_fns)
         first = next(iter(eval_sets.values()))
         exported = functools.partial(  # a best export may keep its checkpoint
-            self.checkpoint_policy.exported, self.model_dir, self.settings.checkpoints.keep
+            self.checkpoint_policy.exported, self.model_dir, self.checkpoints.keep
         )
         evaluations = evaluation.Evaluations(
             events.evaluation(lambda name: self._evaluate(eval_sets[name], eval_steps, name)),
@@ -358,7 +346,7 @@ class Estimator:
 
     def _params(self, groups) -> dict:
         """The tracker's params from Python: the settings groups and the batch size."""
-        plain = dict(global_batch_size=self.settings.global_batch_size, seed=self.inputs.run_seed)
+        plain = dict(global_batch_size=self.loop.global_batch_size, seed=self.inputs.run_seed)
         return tracking.settings_params(groups, **plain)
 
     def _ready(self, first: tf.data.Dataset, evaluations: evaluation.Evaluations) -> None:
@@ -384,7 +372,7 @@ class Estimator:
     def _training_run(self) -> training.TrainingRun:
         """One call of train's run, over this Estimator's parts."""
         return training.TrainingRun(
-            self.settings,
+            self.loop,
             self.model,
             self.inputs,
             self.placement,
@@ -392,6 +380,9 @@ class Estimator:
             self.model_dir,
             self.config,
             self.checkpoint_policy,
+            checkpoints=self.checkpoints,
+            warm_start=self.warm_start,
+            summaries=self.summaries,
         )
 
     def _evaluate(self, dataset: tf.data.Dataset, steps: int | None, name: str) -> dict:
@@ -404,32 +395,3 @@ class Estimator:
 # help(), IDEs and inspect show __init__'s arguments, not __new__'s (*args, **kwargs).
 _INIT = inspect.signature(Estimator.__init__)
 Estimator.__signature__ = _INIT.replace(parameters=list(_INIT.parameters.values())[1:])
-
-
-def _model_state(
-    model_fn: ModelFn,
-    optimizer,
-    placement: Placement,
-    seconds: collections.Counter,
-    devices: Devices,
-    optimization: Optimization,
-    config: checkpoint_files.ConfigRecord,
-) -> ModelState:
-    """The model, its optimizer and compiled steps, as ``devices`` and ``optimization`` say."""
-    return ModelState(
-        model_fn,
-        optimizer,
-        placement,
-        seconds,
-        rules=variable_rules.Rules(
-            optimization.learning_rate_multipliers,
-            optimization.frozen_until_step,
-            optimization.no_weight_decay,
-        ),
-        mixed_precision=devices.mixed_precision,
-        clip_gradient_norm=optimization.clip_gradient_norm,
-        ema_decay=optimization.ema_decay,
-        jit_compile=devices.jit_compile,
-        microbatches=optimization.microbatches,
-        config=config,
-    )

@@ -181,7 +181,7 @@ def evaluate(
     if compiled.class_counts is not None:  # read on every worker: the read adds them up
         report = compiled.class_counts.report()
         confusion.write(writers.get(f"eval_{name}"), model.step, report)
-        model.classes[name] = report.per_class()
+        model.record_classes(name, report.per_class())
     logging.info(
         "Evaluation of %r at step %d (%.0f examples, %.1fs): %s",
         name,
@@ -238,7 +238,7 @@ def continuous(
         except (tf.errors.NotFoundError, ValueError):
             logging.warning("Checkpoint %s was deleted before evaluation: skipped", path)
             continue
-        model.has_state = True
+        model.weights_usable()
         results = {name: evaluate(dataset, name) for name, dataset in eval_sets.items()}
     return results
 

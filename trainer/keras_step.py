@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from trainer.errors import UserError
 from trainer.model_fn import Spec, Weighted
+from trainer.settings import Optimization
 
 
 def overrides(model: keras.Model) -> bool:
@@ -99,28 +100,26 @@ def check(
     model: keras.Model,
     *,
     distributed: bool = False,
-    microbatches: int = 1,
-    clip: float | None = None,
+    optimization: Optimization = Optimization(),  # noqa: B008 (frozen)
     groups=None,
     optimizer=None,
-    rules=None,
 ) -> None:
-    """Refuses the settings a step that applies its own updates cannot honour.
-
-    ``rules``: ``Optimization``'s per-variable rules (``variable_rules.Rules``).
-    """
+    """Refuses the settings a step that applies its own updates cannot honour."""
     set_rules = [
         f"Optimization.{name}"
         for name in ("learning_rate_multipliers", "frozen_until_step")
-        if rules is not None and getattr(rules, name)
+        if getattr(optimization, name)
     ]
     fixes = {
         "several devices or a tf.distribute strategy": (
             distributed,
             "train it on one device (--num_devices 1)",
         ),
-        "Optimization.microbatches": (microbatches > 1, "remove it"),
-        "Optimization.clip_gradient_norm": (clip, "clip in the step, or in its optimizers"),
+        "Optimization.microbatches": (optimization.microbatches > 1, "remove it"),
+        "Optimization.clip_gradient_norm": (
+            optimization.clip_gradient_norm,
+            "clip in the step, or in its optimizers",
+        ),
         " and ".join(set_rules): (
             bool(set_rules),
             "scale or hold back those variables' updates in the step",

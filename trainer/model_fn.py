@@ -141,6 +141,31 @@ def split_element(element, mode: Mode):
     return features, (None if mode == Mode.PREDICT else labels)
 
 
+def blank_element(features_spec, labels_spec=None):
+    """``(features, labels)`` of one example, of zeros, as the specs give them.
+
+    Enough to call a model once and make its variables. Float labels of rank 2 or more
+    are a distribution over their last axis (soft labels: MixUp, CutMix, smoothed),
+    which a model may check: they are filled evenly. Labels' ``None`` parts (Weighted
+    labels' mean weight, filled in by the step) stay None.
+    """
+
+    def blank(spec: tf.TensorSpec | None, label: bool = False) -> tf.Tensor | None:
+        if spec is None:
+            return None
+        shape = [1 if d is None else d for d in spec.shape]
+        if spec.dtype == tf.string:
+            return tf.fill(shape, "")
+        if label and spec.dtype.is_floating and len(shape) > 1:
+            return tf.fill(shape, tf.constant(1 / shape[-1], spec.dtype))
+        return tf.zeros(shape, spec.dtype)
+
+    features = tf.nest.map_structure(blank, features_spec)
+    if labels_spec is None:
+        return features, None
+    return features, tf.nest.map_structure(lambda s: blank(s, label=True), labels_spec)
+
+
 @dataclasses.dataclass
 class Spec:
     """What a ``ModelFn`` returns for one batch.

@@ -32,7 +32,6 @@ from trainer import (
     optimizer_groups,
     precision,
 )
-from trainer import variable_rules as rules_
 from trainer.distributed.placement import Placement
 from trainer.errors import UserError
 from trainer.keras_model import KerasModel
@@ -40,6 +39,7 @@ from trainer.losses import loss_name
 from trainer.metrics import specs_of, split_metrics, training_copies, unfit_metric
 from trainer.model_fn import Mode, ModelFn, Weighted, check_spec, converted, split_element
 from trainer.optimization import WeightAverage, take_ema
+from trainer.settings import Optimization
 from trainer.step import Steps
 
 
@@ -50,13 +50,15 @@ class ModelState:
       model_fn: the model.
       optimizer: the Estimator's: a Keras optimizer (None: Adam), or a dict of one per
         optimizer group of the model; each is made again in the placement's scope.
-      placement: where the variables live and the steps run.
+      placement: where the variables live and the steps run, and with what precision
+        and compilation (its ``settings``, the Estimator's ``Devices``).
       seconds: where the time went; tracing the model adds to ``'building'``.
-      clip_gradient_norm, ema_decay, jit_compile, microbatches: the step's options
-        (see Estimator).
-      rules: learning-rate multipliers, frozen and undecayed variables.
+      optimization: the Estimator's ``Optimization``: clipping, per-variable rules,
+        moving average, micro-batches.
       config: the model_dir's config record, to name another model when its
         checkpoints do not fit this one.
+      count_classes: a classifier's confusion matrix, in evaluation
+        (``Summaries.confusion_matrix``).
     """
 
     def __init__(
@@ -65,42 +67,34 @@ class ModelState:
         optimizer,
         placement: Placement,
         seconds: collections.Counter,
+        optimization: Optimization = Optimization(),  # noqa: B008 (frozen)
         *,
-        rules: rules_.Rules = rules_.Rules(),  # noqa: B008 (frozen)
-        mixed_precision: str | None = None,
-        clip_gradient_norm: float | None = None,
-        ema_decay: float | None = None,
-        jit_compile: bool = False,
-        microbatches: int = 1,
         config: checkpoints.ConfigRecord | None = None,
         count_classes: bool = True,
     ):
-        self.model_fn, self.placement = model_fn, placement
-        self.count_classes = count_classes  # a classifier's confusion matrix, in evaluation
+        self.model_fn, self.placement, self.optimization = model_fn, placement, optimization
+        self.count_classes = count_classes
         self.classes: dict[str, dict] = {}  # its per-class figures, by eval set (the last)
         self.groups = optimizer_groups.declared(model_fn)
         optimizers = optimizer_groups.optimizers_for(self.groups, optimizer)
-        optimizers, ema_decay = take_ema(optimizers, ema_decay)  # Keras's use_ema
+        optimizers, self.ema_decay = take_ema(optimizers, optimization.ema_decay)  # use_ema
         for group, given in optimizers.items():
             microbatch.check_optimizer(given, "the optimizer" + (f" of {group!r}" if group else ""))
+        mixed = placement.settings.mixed_precision
         self.optimizers = {  # by group; None keys a model's one optimizer
-            group: placement.adopt(precision.scaled(given, mixed_precision))
+            group: placement.adopt(precision.scaled(given, mixed))
             for group, given in optimizers.items()
         }
-        self.rules = rules
-        self.microbatches = microbatches
         self.own_step = custom_step.has_own_step(model_fn)
         self.keras_step = getattr(model_fn, "own_keras_step", False)  # trainer.keras_step
         if self.keras_step:
             keras_step.check(
                 model_fn.model,
                 distributed=placement.strategy is not None or len(placement.devices) > 1,
-                microbatches=microbatches,
-                clip=clip_gradient_norm,
+                optimization=optimization,
                 groups=self.groups,
-                rules=rules,
             )
-        if self.own_step and microbatches > 1:
+        if self.own_step and optimization.microbatches > 1:
             raise UserError(
                 f"{model_fn}.train_step computes its own gradients of the whole batch, which "
                 "Optimization.microbatches would slice: set it to 1 (and slice in train_step)"
@@ -115,15 +109,13 @@ class ModelState:
         self.plan: optimizer_groups.Plan | None = None  # the units, once the variables exist
         self.by_group = False  # whether Spec.loss is a dict, one loss per group
         self.config = config  # the model_dir's record of the config it was trained with
-        self.clip_gradient_norm, self.ema_decay = clip_gradient_norm, ema_decay
-        self.jit_compile = jit_compile
         with placement.scope():
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.ema: WeightAverage | None = None
         self.steps: Steps | None = None  # built on first use, from the data's shapes
         self.traced: set[Mode] = set()  # modes whose metrics the steps know
-        self.has_state = False  # True once the weights in memory are trained or restored
-        self.graph_written = False  # the compiled step's graph, to TensorBoard once
+        self._usable = False  # True once the weights in memory are trained or restored
+        self._graph_written = False  # the compiled step's graph, to TensorBoard once
         self.seconds = seconds
 
     @property
@@ -163,7 +155,7 @@ class ModelState:
         self._check_variables(variables)
         with self.placement.scope():
             self.plan = optimizer_groups.plan(
-                self.model_fn, self.groups, self.optimizers, self.rules, self.global_step
+                self.model_fn, self.groups, self.optimizers, self.optimization, self.global_step
             )
             for unit in self.plan.units:
                 unit.optimizer.build(unit.variables)
@@ -177,12 +169,10 @@ class ModelState:
                 streamed,
                 mode,
                 self.placement,
-                clip_gradient_norm=self.clip_gradient_norm,
+                self.optimization,
                 ema=self.ema,
-                jit_compile=self.jit_compile,
                 scalar_names=scalars,
                 by_group=self.loss_by_group,
-                microbatches=self.microbatches,
             )
             if mode == Mode.EVAL:
                 self.steps.count_classes(classifier)
@@ -229,7 +219,7 @@ class ModelState:
 
     def restore_for_inference(self, model_dir: str, step: int | None = None) -> None:
         """Restores the checkpoint of ``step``, else the newest unless memory is trained."""
-        if self.has_state and step is None:
+        if self._usable and step is None:
             return
         checkpointer = checkpoint_writer.Checkpointer(model_dir, **self.checkpoint_items(False))
         try:
@@ -249,7 +239,24 @@ class ModelState:
                 f"no checkpoint in {model_dir}: train first "
                 "(--schedule train) or point --model_dir at a trained run"
             )
-        self.has_state = True
+        self.weights_usable()
+
+    def weights_usable(self, usable: bool = True) -> None:
+        """Whether the weights in memory are worth using (trained or restored).
+
+        Not when a step left them NaN, or training failed: evaluation, prediction and
+        export then restore the newest checkpoint.
+        """
+        self._usable = usable
+
+    def graph_due(self) -> bool:
+        """True the first time it is asked: the compiled step's graph goes to TensorBoard once."""
+        due, self._graph_written = not self._graph_written, True
+        return due
+
+    def record_classes(self, eval_set: str, per_class: dict) -> None:
+        """Keeps an eval set's per-class figures (the last evaluation's) for the results."""
+        self.classes[eval_set] = per_class
 
     def averaged_weights(self):
         """Within the block the model holds its EMA weights, if an EMA is kept."""

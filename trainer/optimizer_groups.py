@@ -36,6 +36,7 @@ import tensorflow as tf
 from trainer import errors
 from trainer import variable_rules as rules_
 from trainer.errors import UserError
+from trainer.settings import Optimization
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,7 +224,7 @@ def plan(
     model_fn,
     groups: Mapping[str, Group] | None,
     optimizers: Mapping,
-    rules: rules_.Rules,
+    rules: Optimization,
     global_step: tf.Variable,
 ) -> Plan:
     """The units of ``model_fn``'s variables: one per group, split further by the rules.
@@ -255,7 +256,7 @@ def plan(
     return made
 
 
-def _units(group: str | None, held: list, optimizer, rules: rules_.Rules) -> list[Unit]:
+def _units(group: str | None, held: list, optimizer, rules: Optimization) -> list[Unit]:
     """The group's variables split by the rules they match; one optimizer per split."""
     by_rule: dict[tuple, list] = {}
     for v in held:

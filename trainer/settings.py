@@ -220,6 +220,15 @@ class Optimization:
                 f"got {self.nonfinite_loss!r}"
             )
         check_types(self)
+        for name, kind in (
+            ("learning_rate_multipliers", "a number"),
+            ("frozen_until_step", "a step"),
+        ):
+            for pattern, value in getattr(self, name).items():
+                if value < 0:
+                    raise UserError(
+                        f"Optimization.{name}[{pattern!r}] must be {kind} >= 0, got {value!r}"
+                    )
 
 
 @frozen

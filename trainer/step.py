@@ -64,6 +64,7 @@ from trainer.metrics import EpochMetrics, MetricSums, split_metrics
 from trainer.model_fn import Mode, ModelFn, converted, split_element
 from trainer.optimization import WeightAverage
 from trainer.optimizer_groups import Plan, Unit
+from trainer.settings import Optimization
 
 STACKED_BYTES = 256 * 2**20  # most memory one jit_compile block's stacked batches take
 
@@ -102,15 +103,15 @@ class Steps:
         when it is traced, ``take_metrics``).
       placement: where the steps run: towers over this process's devices, a
         strategy's replicas (evaluation is split over them; prediction runs on each
-        worker's first device), and the device batches are prefetched to.
-      clip_gradient_norm: clip each loss's gradients to this global norm (None: no
-        clipping).
+        worker's first device), and the device batches are prefetched to; under its
+        ``settings.jit_compile`` each block of steps is one XLA computation, fed by the
+        block's batches stacked (``_stacked_train_loop``).
+      optimization: the Estimator's ``Optimization``: each loss's gradients clipped to
+        ``clip_gradient_norm``, each batch taken in ``microbatches`` slices
+        (``microbatch.py``).
       ema: a WeightAverage to update after each step, or None.
-      jit_compile: compile each block of steps with XLA as one computation, fed by
-        the block's batches stacked (``_stacked_train_loop``).
       scalar_names: the per-batch scalars the model's Spec returns.
       by_group: whether the model gives one loss per group (``Spec.loss`` a dict).
-      microbatches: take each step's batch in this many slices (``microbatch.py``).
     """
 
     def __init__(
@@ -122,16 +123,15 @@ class Steps:
         streamed_metrics: Mapping[str, keras.metrics.Metric],
         traced: Mode,
         placement: Placement,
-        clip_gradient_norm: float | None = None,
+        optimization: Optimization = Optimization(),  # noqa: B008 (frozen)
         ema: WeightAverage | None = None,
-        jit_compile: bool = False,
         scalar_names: Sequence[str] = (),
         by_group: bool = False,
-        microbatches: int = 1,
     ):
         self.model_fn, self.plan, self.global_step = model_fn, plan, global_step
-        self.placement, self.ema, self.microbatches = placement, ema, microbatches
-        self.clip_gradient_norm, self.by_group = clip_gradient_norm, by_group
+        self.placement, self.ema, self.by_group = placement, ema, by_group
+        self.microbatches = optimization.microbatches
+        self.clip_gradient_norm = optimization.clip_gradient_norm
         self.weights = [
             v
             for v in model_fn.trainable_variables + model_fn.non_trainable_variables
@@ -140,12 +140,19 @@ class Steps:
         self.keras_step = getattr(model_fn, "own_keras_step", False)  # trainer.keras_step
         # A Keras model's own step adds its layers' losses itself, if it does.
         self.has_regularization = bool(model_fn.regularization_losses) and not self.keras_step
-        if microbatches > 1 or placement.num_replicas > 1:
+        if self.microbatches > 1 or placement.num_replicas > 1:
             layer_losses.say_how_cut_batches_take(layer_losses.own_adders(model_fn.layers))
         self.towers = placement.towers(model_fn)
-        batch_statistics.check_synchronized(model_fn.layers, microbatches, self.towers is not None)
+        batch_statistics.check_synchronized(
+            model_fn.layers, self.microbatches, self.towers is not None
+        )
         self.batch_state = batch_statistics.parts_of(model_fn)  # over slices and replicas
         self.own_step = custom_step.has_own_step(model_fn)  # ModelFn.train_step
+        # How a replica takes its step, chosen once: a Keras model's own train_step
+        # applies its own updates; else the framework applies the gradients of the
+        # model's declared loss, or those its own ModelFn.train_step gave.
+        self._replica_step = self._keras_step if self.keras_step else self._step
+        self._part = self._own_part if self.own_step else self._declared_part
         self.count_classes(None)  # until the model is traced in EVAL
         for mode in (Mode.TRAIN, Mode.EVAL):
             streamed = streamed_metrics if mode == traced else {}
@@ -162,9 +169,9 @@ class Steps:
                 0.0, dtype=tf.float64, trainable=False, name="input_wait"
             )
         self.apply_fns = [placement.update_fn(u.optimizer) for u in plan.units]
-        self.jit_compile = jit_compile
+        self.jit_compile = placement.settings.jit_compile
         self._compiled_block = _function(self._train_stacked, jit_compile=True)
-        self.train_loop = _function(self._stacked_train_loop if jit_compile else self._steps)
+        self.train_loop = _function(self._stacked_train_loop if self.jit_compile else self._steps)
         self.evaluate = _function(self._evaluate)
         self.predict = _function(self._predict)
 
@@ -234,8 +241,6 @@ class Steps:
         block (``_check_weights``). For the same reason the gradient norm is measured
         at the block's last step (at every step when clipping needs it; NaN otherwise).
         """
-        if self.keras_step:
-            return self._keras_step(features, labels)
         # Batch norm whose weights wait for frozen_until_step runs as Keras runs a
         # frozen layer: normalised by its moving statistics, which stay as they are.
         frozen = batch_statistics.frozen_norms(self.model_fn.layers, self.plan.frozen(phase))
@@ -245,12 +250,13 @@ class Steps:
         return self.placement.all_finite(finite), norm
 
     @tf.autograph.experimental.do_not_convert
-    def _keras_step(self, features, labels):
+    def _keras_step(self, features, labels, last_of_block: tf.Tensor, phase: Sequence[int]):
         """One replica's call of a Keras model's own ``train_step`` (``trainer.keras_step``).
 
         It applies its own updates; its logs go to ``train_metrics`` as per-batch values.
         No gradient norm is measured: the step keeps its gradients to itself.
         """
+        del last_of_block, phase  # one phase: a Keras model has no optimizer groups
         spec = keras_step.run(self.model_fn.model, features, labels)
         scalars = {"loss": spec.loss, **spec.scalars}
         self.train_metrics.update({}, scalars, batch_size_of(features))
@@ -270,8 +276,7 @@ class Steps:
         wanted = self._wanted(phase)
         share, replicas = self.placement.replica_share(batch)  # (1.0, 1) outside a strategy
         examples = self._global_examples(batch, share)
-        make_part = self._own_part if self.own_step else self._declared_part
-        part = make_part(wanted, examples, phase, share, replicas)
+        part = self._part(wanted, examples, phase, share, replicas)
         if self.towers is not None:
             part = functools.partial(self.towers.run, part)
         shared = self.placement.per_replica and self.batch_state.state
@@ -492,12 +497,13 @@ class Steps:
             features, labels = split_element(element, Mode.TRAIN)
             last = i == num_steps - 1
             if len(phases) == 1:
-                finite, norm = self.placement.run(self._step, (features, labels, last, phases[0]))
+                args = (features, labels, last, phases[0])
+                finite, norm = self.placement.run(self._replica_step, args)
             else:
 
                 def branch(phase, args=(features, labels, last)):
                     # Defined here, in the traced loop, so that AutoGraph converts the model.
-                    return lambda: self.placement.run(self._step, (*args, phase))
+                    return lambda: self.placement.run(self._replica_step, (*args, phase))
 
                 index = self.plan.phase_index(self.global_step)
                 finite, norm = tf.switch_case(index, [branch(phase) for phase in phases])

@@ -44,18 +44,13 @@ from trainer.training_stream import TrainingStream
 
 
 @dataclasses.dataclass(frozen=True)
-class Settings:
-    """How training runs and is watched: the Estimator's arguments of the same names."""
+class Loop:
+    """The loop's own settings: the Estimator's arguments of the same names."""
 
-    global_batch_size: int = 32
-    steps_per_loop: int = 100
-    log_every_steps: int = 100
-    progress: bool = True
-    checkpoints: settings.Checkpoints = settings.Checkpoints()
-    devices: settings.Devices = settings.Devices()
-    optimization: settings.Optimization = settings.Optimization()
-    warm_start: settings.WarmStart = settings.WarmStart()
-    summaries: settings.Summaries = settings.Summaries()
+    global_batch_size: int
+    steps_per_loop: int
+    log_every_steps: int
+    progress: bool
 
     def __post_init__(self):
         for name in ("global_batch_size", "steps_per_loop", "log_every_steps"):
@@ -66,19 +61,21 @@ class TrainingRun:
     """Trains one model_dir's model from its newest checkpoint to ``max_steps``.
 
     Args:
-      settings: cadence, checkpoints, NaN policy, warm start, TensorBoard actions.
-      model: the model, its optimizer and compiled steps.
+      loop: batch size, steps per compiled block, log period, progress display.
+      model: the model, its optimizer and compiled steps (and its ``Optimization``:
+        the NaN policy).
       inputs: builds the training input at its position.
-      placement: where training runs.
+      placement: where training runs (and its ``Devices``: XLA, the workers' timeout).
       writers: TensorBoard writers of the model_dir.
       model_dir: where checkpoints go.
       config: the operative config, checked before resuming and written on start.
       policy: which checkpoints are kept, and whether they are written in the background.
+      checkpoints, warm_start, summaries: the Estimator's groups of those names.
     """
 
     def __init__(
         self,
-        settings: Settings,
+        loop: Loop,
         model: ModelState,
         inputs: Inputs,
         placement: Placement,
@@ -86,10 +83,15 @@ class TrainingRun:
         model_dir: str,
         config: checkpoints.ConfigRecord,
         policy: checkpoint_writer.Policy,
+        *,
+        checkpoints: settings.Checkpoints,
+        warm_start: settings.WarmStart,
+        summaries: settings.Summaries,
     ):
-        self.settings, self.model, self.inputs = settings, model, inputs
+        self.loop, self.model, self.inputs = loop, model, inputs
         self.placement, self.writers, self.model_dir = placement, writers, model_dir
         self.config, self.policy = config, policy
+        self.checkpoints, self.warm_start, self.summaries = checkpoints, warm_start, summaries
         self.stream: TrainingStream | None = None  # the training input, made by _start
         self.config_written = False
         self.events = callbacks.Events(  # none, unless run is given some
@@ -122,14 +124,14 @@ class TrainingRun:
         if events is not None:
             self.events = events
         self.weights_bad = False  # a NaN loss TerminateOnNaN owns left them NaN: not saved
-        if self.events.terminate_on_nan and self.settings.optimization.nonfinite_loss != "stop":
+        if self.events.terminate_on_nan and self.model.optimization.nonfinite_loss != "stop":
             raise UserError(
                 "keras.callbacks.TerminateOnNaN never sees a NaN loss under "
                 "Optimization.nonfinite_loss = 'rollback', which skips its batch: drop one"
             )
-        with self.placement.workers.watch(self.settings.devices.progress_timeout), self._held():
+        with self.placement.workers.watch(self.placement.settings.progress_timeout), self._held():
             self.stream = TrainingStream(
-                self.inputs, self.placement, input_fn, self.settings.checkpoints.input
+                self.inputs, self.placement, input_fn, self.checkpoints.input
             )
             start, restored = self._start()
             if ready is not None:
@@ -159,7 +161,7 @@ class TrainingRun:
                         epoch_end(step)
                 self.events.end(step)
                 if self.weights_bad:  # as fit leaves them; the checkpoints keep whole ones
-                    self.model.has_state = False
+                    self.model.weights_usable(False)
                 else:
                     self.save(step)
                 self.checkpointer.wait()  # training returns with its checkpoints whole
@@ -184,26 +186,26 @@ class TrainingRun:
         holds what they changed (a learning rate a callback reduced, say).
         """
         display = None
-        if self.settings.progress and self.placement.worker is None:  # the chief shows it
+        if self.loop.progress and self.placement.worker is None:  # the chief shows it
             display = "bar" if sys.stdout.isatty() else "lines"
         log = monitoring.TrainLog(
             self.steps,
             self.writers,
             () if self.model.keras_step else self.model.plan.units,  # its own optimizers
-            monitoring.Progress(start, max_steps, self.settings.global_batch_size, display),
+            monitoring.Progress(start, max_steps, self.loop.global_batch_size, display),
             self.input_wait,
             self.events.log,
         )
         actions = [
-            cadence.Periodic(self.settings.log_every_steps, log),
+            cadence.Periodic(self.loop.log_every_steps, log),
             cadence.At((max_steps,), log),  # before an evaluation there
             # Evaluations before saves: a checkpoint holds what callbacks did at its step.
             *extra,
             cadence.Always(self._stop_if_asked),
-            cadence.Periodic(self.settings.checkpoints.every_steps, self.save),
+            cadence.Periodic(self.checkpoints.every_steps, self.save),
             cadence.Periodic(self.policy.keep_every, self.save),
             *monitoring.tensorboard_actions(
-                self.settings.summaries,
+                self.summaries,
                 os.path.join(self.placement.workers.write_dir(self.model_dir), "train"),
                 self.writers,
                 self.steps,
@@ -262,7 +264,7 @@ class TrainingRun:
         latest = self.placement.workers.check_same_start(find, self.model_dir, config)
         self.placement.workers.heartbeat("starting", checkpoints.step_of(latest) if latest else 0)
         dataset = self.stream.open(latest)
-        source = self.settings.warm_start.source
+        source = self.warm_start.source
         if latest is None and source:  # opened before building: a wrong path said at once
             source = warm_start.Source(source)
         self.placement.workers.heartbeat("building the model")
@@ -274,7 +276,7 @@ class TrainingRun:
         self.placement.workers.heartbeat("restoring")
         self.checkpointer = checkpoint_writer.Checkpointer(
             self.model_dir,
-            self.settings.checkpoints.keep,
+            self.checkpoints.keep,
             save_dir=self.placement.workers.write_dir(self.model_dir),
             keep_every=self.policy.keep_every,
             protected=self.policy.protected,
@@ -291,14 +293,14 @@ class TrainingRun:
             warm_start.warm_start(
                 self.model.model_fn,
                 source,
-                self.settings.warm_start.pattern,
-                self.settings.warm_start.map,
+                self.warm_start.pattern,
+                self.warm_start.map,
             )
-        self.model.has_state = True
+        self.model.weights_usable()
         self.writers.metrics.resume(self.model.step)
         # Under jit_compile a block's batches are stacked: as many as fit in memory.
-        self.block = self.settings.steps_per_loop
-        if self.settings.devices.jit_compile:
+        self.block = self.loop.steps_per_loop
+        if self.placement.settings.jit_compile:
             self.block = min(self.block, stackable_steps(dataset.element_spec))
         self.input_wait = monitoring.InputWait(self.steps, self.model.seconds)
         return self.model.step, restored
@@ -312,8 +314,8 @@ class TrainingRun:
     ) -> int:
         """Compiled blocks of steps, cut where actions are due; returns the step reached."""
         nonfinite = divergence.Divergence(
-            self.settings.optimization.nonfinite_loss,
-            self.settings.optimization.max_rollbacks,
+            self.model.optimization.nonfinite_loss,
+            self.model.optimization.max_rollbacks,
             self.checkpointer,
             self.model.global_step,
         )
@@ -342,7 +344,7 @@ class TrainingRun:
                 try:
                     self.events.block_end(step, nan_loss is not None)
                     if nan_loss is not None and not self.events.stopped():
-                        self.model.has_state = False  # TerminateOnNaN did not stop it
+                        self.model.weights_usable(False)  # TerminateOnNaN did not stop it
                         raise nan_loss
                     if cadence.run_due(actions, step):
                         break
@@ -433,7 +435,7 @@ class TrainingRun:
             if self.events.terminate_on_nan and bool(self.steps.nonfinite.numpy()):
                 self.weights_bad = True
                 return None, error
-            self.model.has_state = False
+            self.model.weights_usable(False)
             raise
 
     @contextlib.contextmanager
@@ -443,8 +445,7 @@ class TrainingRun:
         The first block of a process also writes the step's graph to TensorBoard.
         """
         graph = contextlib.nullcontext()
-        if self.settings.summaries.write_graph and not self.model.graph_written:
-            self.model.graph_written = True
+        if self.summaries.write_graph and self.model.graph_due():
             graph = monitoring.graph_written(self.writers, self.model.step)
         try:
             with self.input_wait.timing(n), graph:

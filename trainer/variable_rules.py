@@ -9,61 +9,19 @@ rules its variables match.
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import keras
 import tensorflow as tf
 from absl import logging
 
 from trainer.errors import UserError
+from trainer.settings import Optimization
 
 
-@dataclasses.dataclass(frozen=True)
-class Rules:
-    """Rules on variables chosen by regular expressions on their Keras paths.
-
-    Attributes:
-      learning_rate_multipliers: pattern -> factor on the learning rate of the
-        variables it matches (0.1 for a pretrained body).
-      frozen_until_step: pattern -> global step before which the variables it matches
-        are not updated (their optimizer state does not move either).
-      no_weight_decay: patterns of variables the optimizer's decoupled weight decay
-        (AdamW's ``weight_decay``) leaves alone: biases, normalisation scales.
-    """
-
-    learning_rate_multipliers: Mapping[str, float] = dataclasses.field(default_factory=dict)
-    frozen_until_step: Mapping[str, int] = dataclasses.field(default_factory=dict)
-    no_weight_decay: Sequence[str] = ()
-
-    def __post_init__(self):
-        for setting, kind in (
-            ("learning_rate_multipliers", "number >= 0"),
-            ("frozen_until_step", "step >= 0"),
-        ):
-            given = getattr(self, setting)
-            if not isinstance(given, Mapping):
-                raise UserError(
-                    f"Optimization.{setting} must be a dict of pattern -> {kind}, got "
-                    f"{type(given).__name__}"
-                )
-            for pattern, value in given.items():
-                whole = setting == "frozen_until_step"
-                good = isinstance(value, int) if whole else isinstance(value, int | float)
-                if isinstance(value, bool) or not good or value < 0:
-                    raise UserError(
-                        f"Optimization.{setting}[{pattern!r}] must be a {kind}, got {value!r}"
-                    )
-        if isinstance(self.no_weight_decay, str):
-            raise UserError(
-                f"Optimization.no_weight_decay must be a list of patterns, got the string "
-                f"{self.no_weight_decay!r}: write [{self.no_weight_decay!r}]"
-            )
-
-
-def rule_of(v, rules: Rules) -> tuple[float, int, tuple[str, ...]]:
+def rule_of(v, rules: Optimization) -> tuple[float, int, tuple[str, ...]]:
     """``(multiplier, frozen until, patterns)`` of the first matching rules."""
     multiplier, frozen, patterns = 1.0, 0, []
     for pattern, factor in rules.learning_rate_multipliers.items():
@@ -141,7 +99,7 @@ def exclude_from_decay(name: str, optimizer, variables: list, patterns: Sequence
         inner.exclude_from_weight_decay(var_list=excluded)
 
 
-def check_patterns(rules: Rules, variables: list) -> None:
+def check_patterns(rules: Optimization, variables: list) -> None:
     """Refuses a rule that matches no variable; logs how many each matched."""
     for setting, patterns in (
         ("learning_rate_multipliers", rules.learning_rate_multipliers),

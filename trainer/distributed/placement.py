@@ -37,42 +37,32 @@ from absl import logging
 from trainer import batch_statistics, errors, internals, optimization
 from trainer.distributed import devices, strategies, towers, workers
 from trainer.errors import UserError
-from trainer.model_fn import InputParams, Mode, ModelFn, is_positioned
+from trainer.model_fn import InputParams, Mode, ModelFn, blank_element, is_positioned
+from trainer.settings import Devices
 
 
 class Placement:
     """The devices of this worker, the strategy over them (None for towers), and checks.
 
     Args:
-      distribution: ``'auto'`` (see ``devices.choose``), ``'towers'``, ``'mirrored'`` or
-        ``'multi_worker'``.
-      num_devices: ``'auto'`` (every GPU, else one CPU) or how many devices to use.
+      settings: the Estimator's ``Devices``: distribution, device count, precision, XLA,
+        prefetching, timeouts. What only some placements can run is refused here,
+        before anything is built; the steps and the loop read the rest from here.
       global_batch_size: examples per step over all devices and workers.
-      jit_compile, prefetch_to_device: the Estimator's settings that only some
-        placements can run; refused here, before anything is built.
-      startup_timeout: seconds to wait for every worker under ``'multi_worker'``.
     """
 
-    def __init__(
-        self,
-        distribution: str,
-        num_devices: int | str,
-        *,
-        global_batch_size: int,
-        jit_compile: bool = False,
-        prefetch_to_device: bool | None = None,
-        startup_timeout: float = 300,
-    ):
+    def __init__(self, settings: Devices, global_batch_size: int):
+        self.settings = settings
         self.strategy, self.devices, distribution = devices.strategy_and_devices(
-            distribution, num_devices, global_batch_size, startup_timeout
+            settings.distribution, settings.count, global_batch_size, settings.startup_timeout
         )
         self.distribution = distribution
         self.num_replicas = (
             self.strategy.num_replicas_in_sync if self.strategy else len(self.devices)
         )
-        devices.check(distribution, self.num_replicas, global_batch_size, jit_compile)
+        devices.check(distribution, self.num_replicas, global_batch_size, settings.jit_compile)
         self.prefetch_device = devices.prefetch_device(
-            prefetch_to_device, self.devices, distribution, jit_compile
+            settings.prefetch, self.devices, distribution, settings.jit_compile
         )
         # The chief (or a single process) is None; other workers are 'worker_1', ...
         self.worker = strategies.worker_name(self.strategy)
@@ -188,26 +178,15 @@ class Placement:
         if self.strategy is None:
             return
 
-        def blank(spec: tf.TensorSpec | None, label: bool = False) -> tf.Tensor | None:
-            if spec is None:  # Weighted labels' mean_weight, filled in by the step
-                return None
-            shape = [1 if d is None else d for d in spec.shape]
-            if spec.dtype == tf.string:
-                return tf.fill(shape, "")
-            if label and spec.dtype.is_floating and len(shape) > 1:  # as a distribution
-                return tf.fill(shape, tf.constant(1 / shape[-1], spec.dtype))  # (mixed labels)
-            return tf.zeros(shape, spec.dtype)
-
         # A Keras model built before it reached the Estimator (a compiled Keras model)
         # holds plain variables: made again in the scope, values kept, so that the
         # user's model object holds the trained weights afterwards.
         self._adopt(model_fn.trainable_variables + model_fn.non_trainable_variables)
-        features = tf.nest.map_structure(blank, features_spec)
+        features, labels = blank_element(features_spec, labels_spec)
         with self.scope():
-            if labels_spec is None:
+            if labels is None:
                 model_fn(features, None, Mode.PREDICT)
             else:
-                labels = tf.nest.map_structure(lambda s: blank(s, label=True), labels_spec)
                 model_fn(features, labels, Mode.EVAL)
 
     def adopt_metrics(self, metrics) -> None:
