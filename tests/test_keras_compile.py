@@ -11,50 +11,17 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from sklearn.datasets import load_digits
 
 import trainer
-from tests.helpers import on_two_cpus
+from tests.support.compiled_keras import BATCH, STEPS, compiled, digits_arrays, weighted_input_fn
+from tests.support.helpers import on_two_cpus
 from trainer.errors import first_line
-
-BATCH, STEPS = 64, 30
-
-
-def digits_arrays():
-    """Digits as 'is it 5 or more', with a weight per example a user might give."""
-    digits = load_digits()
-    x = (digits.data / 16.0).astype("float32")
-    y = (digits.target >= 5).astype("float32")
-    w = (1.0 + (digits.target % 3)).astype("float32")  # some examples count thrice
-    return x, y, w
-
-
-def weighted_input_fn(mode, params):
-    """README's way, with a third item of sample weights as Keras's fit takes them."""
-    x, y, w = digits_arrays()
-    dataset = tf.data.Dataset.from_tensor_slices(({"image": x}, y, w))
-    if mode == trainer.Mode.TRAIN:
-        dataset = dataset.repeat()
-    return dataset.batch(params.batch_size)
 
 
 def keras_dataset(repeat):
     x, y, w = digits_arrays()
     dataset = tf.data.Dataset.from_tensor_slices((x, y, w))
     return (dataset.repeat() if repeat else dataset).batch(BATCH)
-
-
-def compiled(loss, **compile_args):
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential(
-        [
-            keras.Input((64,), name="image"),
-            keras.layers.Dense(16, activation="relu"),
-            keras.layers.Dense(1, activation="sigmoid"),
-        ]
-    )
-    model.compile(optimizer=keras.optimizers.SGD(0.002), loss=loss, **compile_args)
-    return model
 
 
 @pytest.mark.parametrize("reduction", ["sum", "sum_over_batch_size", "mean_with_sample_weight"])
@@ -92,34 +59,10 @@ def test_loss_reduction_and_weighted_metrics_end_as_keras_fit_ends(tmp_path, red
         assert result["loss"] > 10
 
 
-def sum_reduced_runs(model_dir):
-    """One device, two towers and two mirrored replicas, with reduction='sum' (run in a
-    subprocess that made two logical CPUs); each run's final weights and eval loss."""
-    runs = {}
-    for distribution in ("auto", "towers", "mirrored"):
-        model = compiled(keras.losses.BinaryCrossentropy(reduction="sum"))
-        estimator = trainer.Estimator(
-            model,
-            os.path.join(model_dir, distribution),
-            global_batch_size=BATCH,
-            steps_per_loop=10,
-            devices=trainer.Devices(
-                distribution=distribution, count=1 if distribution == "auto" else 2
-            ),
-            progress=False,
-        )
-        estimator.train(weighted_input_fn, max_steps=10)
-        runs[distribution] = {
-            "weights": [w.tolist() for w in model.get_weights()],
-            "loss": estimator.evaluate(weighted_input_fn)["loss"],
-        }
-    return runs
-
-
 @pytest.mark.slow
 def test_a_sum_reduced_loss_is_summed_over_the_whole_step_on_two_devices(tmp_path):
     """Towers and mirrored replicas train what one device trains with reduction='sum'."""
-    runs = on_two_cpus("tests.test_keras_compile", "sum_reduced_runs", str(tmp_path))
+    runs = on_two_cpus("tests.support.compiled_keras", "sum_reduced_runs", str(tmp_path))
     one = runs.pop("auto")
     assert one["loss"] > 10  # the sum over a batch of 64, not the mean
     for distribution, run in runs.items():
@@ -266,3 +209,27 @@ def test_the_log_says_which_optimizer_trains_and_what_of_compile_is_not_used(tmp
     with caplog.at_level(logging.INFO):
         plain = trainer.Estimator(compiled("binary_crossentropy"), str(tmp_path / "b"))
     assert isinstance(plain.optimizer, keras.optimizers.SGD) and "optimizer" not in caplog.text
+
+
+def test_a_metric_of_one_number_per_class_is_refused_before_training(tmp_path):
+    """F1Score() without an average gives one number per class, which fit logs as an
+    array; the framework logs and ranks numbers, so it says so before the first step
+    (it said it at the first evaluation, mid-training)."""
+    x, y, _ = digits_arrays()
+    labels = keras.ops.one_hot((y * 3).astype("int32"), 4)  # 4 classes, one-hot
+
+    def input_fn(mode, params):
+        return tf.data.Dataset.from_tensor_slices(({"image": x}, labels)).repeat().batch(8)
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((64,), name="image"), keras.layers.Dense(4, activation="softmax")]
+    )
+    model.compile("sgd", "categorical_crossentropy", metrics=[keras.metrics.F1Score()])
+    estimator = trainer.Estimator(model, str(tmp_path), global_batch_size=8, progress=False)
+    with pytest.raises(trainer.UserError) as refused:
+        estimator.train_and_evaluate(input_fn, input_fn, 20, eval_every_steps=10, eval_steps=2)
+    assert str(refused.value).startswith(
+        "metric 'f1_score' (F1Score) has a result of shape [4]: report one number"
+    ), refused.value
+    assert estimator.step == 0 and not (tmp_path / "checkpoint").exists()

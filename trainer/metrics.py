@@ -100,7 +100,19 @@ def unfit_metric(name: str, streamed: dict) -> str | None:
                 f"{count} given with it ({given}): {errors.first_line(error)}; name it as "
                 "(metric, *update_state arguments), e.g. (metric, labels, predictions)"
             )
+        many = metric.result().shape.num_elements()  # traced too: its static shape
+        if many is not None and many > 1:
+            return not_one_number(metric_name, metric, metric.result().shape)
     return None
+
+
+def not_one_number(name: str, metric: keras.metrics.Metric, shape) -> str:
+    """Why a streamed metric whose result has several numbers cannot be logged or ranked."""
+    return (
+        f"metric {name!r} ({type(metric).__name__}) has a result of shape "
+        f"{list(shape)}: report one number (e.g. F1Score(average='macro')), or "
+        "one metric per class"
+    )
 
 
 def replica_sums(per_replica: bool) -> dict:
@@ -267,9 +279,5 @@ def _scalar(name: str, metric: keras.metrics.Metric) -> float:
     if getattr(value, "shape", None) is not None and int(np.prod(value.shape)) == 1:
         return float(np.reshape(value, ()))  # F1Score() of a binary classifier: [1]
     if len(getattr(value, "shape", ())) > 0:
-        raise UserError(
-            f"metric {name!r} ({type(metric).__name__}) has a result of shape "
-            f"{list(value.shape)}: report one number (e.g. F1Score(average='macro')), or "
-            "one metric per class"
-        )
+        raise UserError(not_one_number(name, metric, value.shape))
     return float(value)
