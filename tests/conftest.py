@@ -5,8 +5,6 @@ import contextlib
 import fcntl
 import os
 import shutil
-import subprocess
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -14,9 +12,7 @@ import gin  # noqa: E402
 import pytest  # noqa: E402
 from absl import flags  # noqa: E402
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-USER_PROJECT = os.path.join(REPO, "tests", "user_project")  # a user's own models and inputs
-ENV = {"PYTHONPATH": USER_PROJECT}
+from tests.support.commands import ENV, REPO, run_cli  # noqa: E402
 
 # absl flags are unparsed under pytest; library code that reads them would raise.
 flags.FLAGS.mark_as_parsed()
@@ -52,37 +48,6 @@ def data_dir(tmp_path_factory):
     """A TFDS data_dir of this test session's (digits get built into it once, under
     ``datasets.digits``'s own lock)."""
     return str(shared(tmp_path_factory, "tensorflow_datasets"))
-
-
-def run_cli(*args, cwd=REPO, env=None, timeout=300, unset=()):
-    """Runs ``python -m trainer ARGS`` in a subprocess; returns the CompletedProcess.
-
-    ``env`` adds variables to this process's environment; ``unset`` removes some.
-    """
-    full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
-    for name in unset:
-        full_env.pop(name, None)
-    return subprocess.run(
-        [sys.executable, "-m", "trainer", *args],
-        cwd=cwd,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def digits_args(data_dir, model_dir, *extra):
-    """CLI arguments running the default digits experiment on this session's data."""
-    return [
-        "--gin_file",
-        "experiments/digits_mlp.gin",
-        "--model_dir",
-        str(model_dir),
-        "--gin_param",
-        f"digits.input_fn.data_dir = '{data_dir}'",
-        *extra,
-    ]
 
 
 @pytest.fixture(scope="session")

@@ -21,8 +21,8 @@ import time
 import pytest
 import yaml
 
-from tests.conftest import REPO
-from tests.helpers import checkpoint_steps, closed_form_eval_mse, event_tags
+from tests.support.commands import REPO
+from tests.support.helpers import checkpoint_steps, closed_form_eval_mse, event_tags
 from trainer.distributed.launcher import free_ports
 
 HEADER_COMMAND = re.compile(r"^#\s+((?:PYTHONPATH=\S+ )?python3? -m .*)$", re.M)
@@ -306,7 +306,7 @@ def test_tfrecord_experiment_prepares_trains_verifies_and_runs_from_another_dire
 @pytest.mark.slow
 def test_your_own_images_prepare_and_train_as_promised(clone):
     """README's folder of images: prepared, trained with the ImageNet recipe, rerun."""
-    from tests import image_folders
+    from tests.support import image_folders
 
     image_folders.make(str(clone / "photos"), 60, split_folders=())
     prepared = ok(sh(IMAGES, clone))
@@ -323,8 +323,8 @@ def test_a_pretrained_backbone_fine_tunes_in_two_phases_as_written(clone):
     import keras
     import numpy as np
 
-    from tests import image_folders
-    from tests.test_fine_tuning import make_backbone
+    from tests.support import image_folders
+    from tests.support.backbones import make_backbone
     from trainer.warm_start import Source
 
     commands = [c for c in shown_commands() if "images_pretrained" in c]

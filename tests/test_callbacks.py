@@ -18,40 +18,15 @@ from sklearn.datasets import load_digits
 import trainer
 from datasets import digits
 from models.mlp import MLP
-from tests.helpers import checkpoint_steps, on_workers, scalar_series
-from trainer import Checkpoints, Devices, Estimator, Mode, errors
+from tests.support.callback_runs import estimator, plateau_callbacks
+from tests.support.helpers import checkpoint_steps, on_workers, scalar_series
+from trainer import Checkpoints, Estimator, Mode, errors
 from trainer.errors import UserError
 
 
 @pytest.fixture
 def input_fn(data_dir):
     return functools.partial(digits.input_fn, data_dir=data_dir)
-
-
-def estimator(model_dir, model=None, **kwargs):
-    keras.utils.set_random_seed(0)
-    return Estimator(
-        model or MLP(hidden_units=[16], dropout_rate=0.0),
-        str(model_dir),
-        optimizer=None if model else keras.optimizers.SGD(0.1),
-        global_batch_size=32,
-        eval_batch_size=64,
-        steps_per_loop=4,
-        log_every_steps=5,
-        checkpoints=Checkpoints(every_steps=5),
-        seed=0,
-        progress=False,
-        **kwargs,
-    )
-
-
-def plateau_callbacks(csv_path):
-    """EarlyStopping and ReduceLROnPlateau that see no improvement after the first epoch."""
-    return [
-        keras.callbacks.EarlyStopping(monitor="val_accuracy", patience=2, min_delta=1.0),
-        keras.callbacks.ReduceLROnPlateau(monitor="val_loss", patience=1, min_delta=10.0),
-        keras.callbacks.CSVLogger(str(csv_path)),
-    ]
 
 
 def compiled_linear():
@@ -463,31 +438,13 @@ def test_on_two_workers_the_chiefs_callbacks_stop_and_slow_both(tmp_path, data_d
     worker, which stops at the same step and trains at the same rate (the weights of
     the two would part otherwise)."""
     digits.load("train", data_dir)  # built once, before the workers read it
-    runs = on_workers(2, "tests.test_callbacks", "worker_run", str(tmp_path / "run"), data_dir)
+    runs = on_workers(
+        2, "tests.support.callback_runs", "worker_run", str(tmp_path / "run"), data_dir
+    )
     assert [run["step"] for run in runs] == [15, 15]
     assert [run["rate"] for run in runs] == pytest.approx([0.001, 0.001])
     np.testing.assert_allclose(runs[1]["weights"], runs[0]["weights"], rtol=1e-6)
     assert [r["epoch"] for r in csv_rows(tmp_path / "run.csv")] == ["0", "1", "2"]
-
-
-def worker_run(model_dir, data_dir):
-    """One worker of test_on_two_workers_...: its step, learning rate and weights."""
-    trainer.make_strategy("multi_worker", [])  # before TensorFlow runs an op
-    input_fn = functools.partial(digits.input_fn, data_dir=data_dir)
-    est = estimator(model_dir, devices=Devices(distribution="multi_worker", count="auto"))
-    est.train_and_evaluate(
-        input_fn,
-        input_fn,
-        100,
-        eval_every_steps=5,
-        eval_steps=2,
-        callbacks=plateau_callbacks(f"{model_dir}.csv"),
-    )
-    return {
-        "step": est.step,
-        "rate": float(keras.ops.convert_to_numpy(est.optimizer.learning_rate)),
-        "weights": [float(v.numpy().sum()) for v in est.model_fn.trainable_variables],
-    }
 
 
 @pytest.mark.slow

@@ -7,8 +7,8 @@ import keras
 import pytest
 import tensorflow as tf
 
-from tests.conftest import digits_args, run_cli
-from tests.helpers import checkpoint_steps
+from tests.support.commands import digits_args, run_cli
+from tests.support.helpers import checkpoint_steps
 from trainer import ModelFn, Spec, UserError, checkpoint_writer, checkpoints, warm_start
 
 

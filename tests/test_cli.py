@@ -9,8 +9,8 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
 
-from tests.conftest import REPO, digits_args, run_cli
-from tests.helpers import checkpoint_steps
+from tests.support.commands import REPO, digits_args, run_cli
+from tests.support.helpers import checkpoint_steps
 
 DIGITS = "experiments/digits_mlp.gin"
 

@@ -19,7 +19,7 @@ import pytest
 
 from datasets import digits
 from models.mlp import MLP
-from tests.conftest import REPO, digits_args, run_cli
+from tests.support.commands import REPO, digits_args, run_cli
 from trainer import Estimator
 from trainer.settings import Checkpoints
 

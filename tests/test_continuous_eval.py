@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from datasets import digits
-from tests.conftest import REPO, digits_args, run_cli
-from tests.helpers import scalar_series
+from tests.support.commands import REPO, digits_args, run_cli
+from tests.support.helpers import scalar_series
 
 
 @pytest.mark.slow

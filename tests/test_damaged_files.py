@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from tests.conftest import ENV, run_cli
-from tests.helpers import checkpoint_steps, dir_hash
+from tests.support.commands import ENV, run_cli
+from tests.support.helpers import checkpoint_steps, dir_hash
 
 
 def run(model_dir, faulty_gin, *args, max_steps=150):

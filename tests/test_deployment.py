@@ -14,7 +14,7 @@ import tensorflow as tf
 from PIL import Image
 
 from datasets import digits, pipeline
-from tests.conftest import ENV, run_cli
+from tests.support.commands import ENV, run_cli
 from trainer import Estimator, InputParams, Mode, deployment, export_formats, serves
 from trainer.settings import Summaries
 

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from datasets import digits
 from models.mlp import MLP
-from tests.helpers import checkpoint_steps, event_tags, scalar_series
+from tests.support.helpers import checkpoint_steps, event_tags, scalar_series
 from trainer import Estimator, Mode, UserError
 from trainer.settings import Checkpoints, Devices, RunConfig
 

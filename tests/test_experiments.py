@@ -6,8 +6,8 @@ import gin
 import pytest
 import tensorflow_datasets as tfds
 
-from tests.conftest import REPO, run_cli
-from tests.helpers import checkpoint_steps
+from tests.support.commands import REPO, run_cli
+from tests.support.helpers import checkpoint_steps
 from trainer.cli import experiment
 
 TFDS_EXPERIMENTS = ["mnist_mlp", "fashion_mnist_mlp", "mnist_alexnet", "cifar10_alexnet"]

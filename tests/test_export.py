@@ -14,7 +14,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from datasets import digits, prepare, shards, tfrecord  # noqa: F401 (digits: bound in gin below)
-from tests.conftest import REPO, digits_args, run_cli
+from tests.support.commands import REPO, digits_args, run_cli
 from trainer.cli import experiment
 from trainer.settings import Summaries
 

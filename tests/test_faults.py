@@ -21,8 +21,8 @@ import pytest
 import tensorflow as tf
 
 from datasets import digits, shards
-from tests.conftest import ENV, REPO, digits_args, run_cli
-from tests.helpers import (
+from tests.support.commands import ENV, REPO, digits_args, run_cli
+from tests.support.helpers import (
     STATE_PREFIXES,
     checkpoint_steps,
     dir_hash,

@@ -12,10 +12,10 @@ import pytest
 import tensorflow as tf
 
 import trainer
-from tests.body_head import BodyHead, built, estimator, weights
-from tests.body_head import body_data as line_data
-from tests.conftest import REPO, run_cli
-from tests.helpers import (
+from tests.support.body_head import BodyHead, built, estimator, weights
+from tests.support.body_head import body_data as line_data
+from tests.support.commands import REPO, run_cli
+from tests.support.helpers import (
     checkpoint_steps,
     event_tags,
     on_two_cpus,
@@ -219,7 +219,9 @@ def test_groups_take_turns_alike_on_one_device_towers_and_mirrored(tmp_path, dat
     """Two discriminator steps, then one generator step: each optimizer counts its
     own updates; towers and mirrored replicas end where one device does. 'wgan' is
     WGAN-GP through its own train_step (gradients of gradients), 'gan' is clipped."""
-    run = on_two_cpus("tests.research_runs", "gan_on_devices", str(tmp_path), data_dir, kind)
+    run = on_two_cpus(
+        "tests.support.research_runs", "gan_on_devices", str(tmp_path), data_dir, kind
+    )
     one = run["one"]
     assert one["iterations"] == {"discriminator": 20, "generator": 10}
     for name in ("towers", "mirrored"):
@@ -368,12 +370,18 @@ def test_two_workers_train_the_gan_taking_turns_as_one_process_does(tmp_path, da
     """Two optimizers under multi_worker (worker processes on 127.0.0.1): each group's
     gradients all-reduced over the workers, the turns kept, the noise drawn where one
     process draws it; both workers end where one process ends."""
-    from tests.workers import ENV, free_ports, tf_config
+    from tests.support.workers import ENV, free_ports, tf_config
 
     ports = free_ports(2)
     workers = [
         subprocess.Popen(
-            [sys.executable, "tests/research_runs.py", str(tmp_path / "run"), data_dir, "gan"],
+            [
+                sys.executable,
+                "tests/support/research_runs.py",
+                str(tmp_path / "run"),
+                data_dir,
+                "gan",
+            ],
             cwd=REPO,
             env=dict(ENV, TF_CONFIG=tf_config(ports, i), PYTHONPATH=REPO),
             stdout=subprocess.PIPE,
@@ -408,8 +416,8 @@ def on_one_device(model_dir, data_dir):
 
 ONE_PROCESS = (
     "import json, sys\n"
-    "from tests import lean_start\n"  # TensorFlow loads as the command line loads it
-    "from tests.research_runs import train_gan\n"
+    "from tests.support import lean_start\n"  # TensorFlow loads as the command line loads it
+    "from tests.support.research_runs import train_gan\n"
     "print(json.dumps(train_gan(sys.argv[1], sys.argv[2], 'gan')))\n"
 )
 

@@ -81,6 +81,30 @@ def test_the_command_line_is_the_top_layer():
     assert not below, below
 
 
+def test_tests_share_code_through_the_support_package_only():
+    """A test imports ``tests.support`` (and gets fixtures from conftest), never another
+    test module or conftest, in its own process or the ones it starts."""
+    found = []
+    for path in _files("tests"):
+        text = path.read_text()
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                names = re.findall(r"\btests\.[\w.]+", node.value)  # a subprocess's module
+            else:
+                continue
+            found += [
+                f"{path.relative_to(ROOT)}: {name}"
+                for name in names
+                if re.match(r"tests\.(conftest|test_)", name)
+            ]
+    assert len(_files("tests/support")) > 10  # the package was read
+    assert not found, found
+
+
 def test_a_circle_is_found():
     assert _circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _circle({"a": {"b"}, "b": set()}) is None

@@ -14,8 +14,8 @@ import tensorflow as tf
 
 from datasets import folders, tfrecord
 from models.mlp import MLP
-from tests import image_folders
-from tests.conftest import REPO
+from tests.support import image_folders
+from tests.support.commands import REPO
 from trainer import Estimator, InputParams, Mode, UserError
 from trainer.settings import Checkpoints
 

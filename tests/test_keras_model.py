@@ -15,8 +15,8 @@ from sklearn.datasets import load_digits
 from sklearn.metrics import f1_score, precision_score, roc_auc_score
 
 from datasets import digits
-from tests.conftest import run_cli
-from tests.helpers import event_tags
+from tests.support.commands import run_cli
+from tests.support.helpers import event_tags
 from trainer import Estimator, InputParams, Mode, UserError, keras_step, set_precision
 from trainer.errors import TrainingDiverged
 from trainer.settings import BestExport, Checkpoints, Devices, Optimization, Summaries

@@ -11,8 +11,8 @@ import tensorflow as tf
 from datasets import digits
 from models.gan import WGANGP
 from models.mlp import MLP
-from tests.conftest import digits_args, run_cli
-from tests.helpers import scalar_series
+from tests.support.commands import digits_args, run_cli
+from tests.support.helpers import scalar_series
 from trainer import Estimator, UserError
 from trainer.gradients import global_norm
 from trainer.settings import Devices, Optimization

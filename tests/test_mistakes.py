@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ENV, REPO, run_cli
-from tests.helpers import dir_hash
+from tests.support.commands import ENV, REPO, run_cli
+from tests.support.helpers import dir_hash
 
 
 @dataclass

@@ -8,7 +8,7 @@ import tensorflow as tf
 from models.alexnet import AlexNet
 from models.layers import ConvStack, DenseStack
 from models.mlp import MLP
-from tests.conftest import REPO
+from tests.support.commands import REPO
 from trainer import Mode, UserError
 
 

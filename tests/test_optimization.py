@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.helpers import event_tags, scalar_series
+from tests.support.helpers import event_tags, scalar_series
 from trainer import Estimator, ModelFn, Spec
 from trainer.errors import UserError
 from trainer.optimization import WarmupDecay, fused_update, take_ema

@@ -12,7 +12,7 @@ import tensorflow as tf
 from datasets import pipeline, records, shards
 from datasets.order import MIX_BLOCK, Order, pipeline_positions
 from models.mlp import MLP
-from tests.helpers import finish, resume_run
+from tests.support.helpers import finish, resume_run
 from trainer import (
     Estimator,
     InputParams,

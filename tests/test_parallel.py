@@ -1,7 +1,7 @@
 """Several devices: make_parallel and towers, tf.distribute strategies, two workers.
 
 Logical CPU devices must be made before TensorFlow starts, so the device runs happen
-in subprocesses (tests/parallel_runs.py, and the CLI for multi-worker).
+in subprocesses (tests/support/parallel_runs.py, and the CLI for multi-worker).
 """
 
 import json
@@ -17,9 +17,9 @@ import tensorflow as tf
 
 import datasets.digits
 from models.mlp import MLP
-from tests.conftest import REPO, digits_args, run_cli
-from tests.helpers import on_two_cpus
-from tests.workers import free_ports, run_local_workers, tf_config
+from tests.support.commands import REPO, digits_args, run_cli
+from tests.support.helpers import on_two_cpus
+from tests.support.workers import free_ports, run_local_workers, tf_config
 from trainer import Estimator, UserError, batch_statistics
 from trainer.distributed import cluster, devices, strategies, towers
 from trainer.distributed.devices import check as check_devices
@@ -72,67 +72,12 @@ def test_towers_give_the_full_batch_loss_gradient_and_metrics():
         np.testing.assert_allclose(g.numpy(), e.numpy(), rtol=1e-5, atol=1e-7)
 
 
-def tower_placement(model_dir, kind="mlp"):
-    """Each op of the towers' training step: its tower (None outside them), device, type
-    and the towers of the ops it reads (run in a subprocess that made two logical CPUs).
-
-    ``kind`` 'gan': the GAN's step, two losses and two optimizers."""
-    import re
-
-    from models.gan import GAN
-    from trainer.model_fn import Mode
-
-    def data(mode, params):
-        x = tf.random.stateless_uniform([64, 8, 8, 1], [1, 2])
-        features = {"image": x, "noise": tf.random.stateless_normal([64, 4], [3, 4])}
-        labels = {"label": tf.zeros([64], tf.int64)}
-        return tf.data.Dataset.from_tensor_slices((features, labels)).repeat().batch(32)
-
-    model = MLP(num_classes=10, hidden_units=[16])
-    if kind == "gan":
-        model = GAN(generator_units=[16], discriminator_units=[16])
-    estimator = Estimator(
-        model,
-        model_dir,
-        global_batch_size=32,
-        devices=Devices(distribution="towers", count=2),
-        progress=False,
-    )
-    dataset = estimator.inputs.dataset(data, Mode.TRAIN)
-    steps = estimator.model.build(dataset.element_spec, Mode.TRAIN)
-    phase = steps.plan.phases[0]  # every optimizer: the step at global step 0
-    step = tf.function(lambda x, y: steps._step(x, y, tf.constant(True), phase))
-    graph = step.get_concrete_function(*dataset.element_spec).graph
-
-    def tower(op):  # forward ops are named tower_i/..., their gradients gradient_tape/tower_i/...
-        found = re.match(r"(gradient_tape/)?tower_(\d+)/", op.name)
-        return int(found.group(2)) if found else None
-
-    def handle(op):  # a variable's handle, or its read: the parameters every tower shares
-        return op.type in ("Placeholder", "ReadVariableOp") and op.outputs[0].dtype in (
-            tf.resource,
-            *[v.dtype for v in estimator.model_fn.trainable_variables],
-        )
-
-    return [
-        {
-            "name": op.name,
-            "tower": tower(op),
-            "device": op.device,
-            "type": op.type,
-            "shared": handle(op),
-            "reads": sorted({tower(i.op) for i in op.inputs if not handle(i.op)} - {None}),
-        }
-        for op in graph.get_operations()
-    ]
-
-
 @pytest.mark.slow
 def test_each_towers_forward_and_gradient_ops_run_on_its_device_and_only_the_sum_crosses(
     tmp_path,
 ):
     """make_parallel's colocated gradients, checked op by op in the traced step."""
-    ops = on_two_cpus("tests.test_parallel", "tower_placement", str(tmp_path))
+    ops = on_two_cpus("tests.support.towers", "tower_placement", str(tmp_path))
     for i in (0, 1):
         mine = [op for op in ops if op["tower"] == i and not op["shared"]]
         assert {op["device"] for op in mine} == {f"/device:CPU:{i}"}
@@ -151,7 +96,7 @@ def test_each_towers_forward_and_gradient_ops_run_on_its_device_and_only_the_sum
 def test_the_several_optimizer_steps_ops_run_on_their_towers_devices_too(tmp_path):
     """The GAN's step (two losses, two optimizers, one persistent tape per tower):
     every forward and gradient op of tower i on device i, for both groups."""
-    ops = on_two_cpus("tests.test_parallel", "tower_placement", str(tmp_path), "gan")
+    ops = on_two_cpus("tests.support.towers", "tower_placement", str(tmp_path), "gan")
     for i in (0, 1):
         mine = [op for op in ops if op["tower"] == i and not op["shared"]]
         assert {op["device"] for op in mine} == {f"/device:CPU:{i}"}
@@ -209,7 +154,7 @@ def device_runs(tmp_path, data_dir, *groups):
         subprocess.Popen(
             [
                 sys.executable,
-                os.path.join(REPO, "tests", "parallel_runs.py"),
+                os.path.join(REPO, "tests", "support", "parallel_runs.py"),
                 str(tmp_path / str(i)),
             ]
             + [data_dir, *runs],
@@ -457,10 +402,10 @@ def test_num_devices_on_a_machine_without_gpus_splits_its_cpu(tmp_path, data_dir
 
 
 def eval_run(model_dir, data_dir, setup, train_steps=0, env=None):
-    """Starts tests/eval_runs.py: evaluates (after training, with ``train_steps``)."""
+    """Starts tests/support/eval_runs.py: evaluates (after training, with ``train_steps``)."""
     args = [str(model_dir), data_dir, setup, *([str(train_steps)] if train_steps else [])]
     return subprocess.Popen(
-        [sys.executable, os.path.join(REPO, "tests", "eval_runs.py"), *args],
+        [sys.executable, os.path.join(REPO, "tests", "support", "eval_runs.py"), *args],
         cwd=REPO,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO, **(env or {})),
         stdout=subprocess.PIPE,

@@ -1,4 +1,4 @@
-"""The same numbers as Keras: the parity matrix of tests/parity.py, cell by cell.
+"""The same numbers as Keras: the parity matrix of tests/support/parity.py, cell by cell.
 
 Every row (a model feature) under every column (how the framework trains it) ends
 within the column's tolerance of Keras's own step on the same weights and batches,
@@ -11,8 +11,9 @@ import tempfile
 
 import pytest
 
-from tests import parity
-from tests.helpers import on_two_cpus, on_workers
+from tests.support import parity
+from tests.support.helpers import on_two_cpus, on_workers
+from tests.support.parity import check
 
 IN_PROCESS = [name for name, column in parity.COLUMNS.items() if column.devices == 1]
 TWO_DEVICES = [
@@ -26,31 +27,6 @@ DIFFER: dict[tuple[str, str], str] = {
     ("add_loss_sum", "towers"): "add_loss values are taken as means: said in the log",
     ("add_loss_sum", "mirrored"): "add_loss values are taken as means: said in the log",
 }
-
-
-# Cells refused in one line, and why: any other cell that refuses fails.
-SYNCHRONIZED = "synchronized batch norm needs the whole batch's statistics in each part"
-REFUSED: dict[tuple[str, str], str] = {
-    ("synchronized_batch_norm", "microbatches_2"): SYNCHRONIZED,
-    ("synchronized_batch_norm", "microbatches_4"): SYNCHRONIZED,
-    ("synchronized_batch_norm", "towers"): SYNCHRONIZED,
-    ("frozen_batch_norm", "mixed_float16"): "frozen_until_step cannot split a loss scale",
-}
-
-
-def check(name: str, result: dict) -> None:
-    """Asserts one cell: refused in one line where ``REFUSED`` says, else within its
-    tolerance."""
-    expected = tuple(name.split()) in REFUSED
-    assert ("refused" in result) == expected, f"{name}: {result}"
-    if expected:
-        assert "\n" not in result["refused"], result["refused"]
-        return
-    variable, difference = result["worst"]
-    assert difference <= result["tolerance"], (
-        f"{name}: {variable} is {difference:.3g} from Keras ({result['reference']}), "
-        f"tolerance {result['tolerance']}"
-    )
 
 
 def cells(columns):
@@ -77,7 +53,9 @@ def test_cell(row, column, tmp_path):
 def test_two_device_cells():
     """Every row under towers and mirrored, in one process that split its CPU in two
     (one test, so that the suite's two workers do not both start it)."""
-    found = on_two_cpus("tests.parity", "cells", ",".join(parity.ROWS), ",".join(TWO_DEVICES))
+    found = on_two_cpus(
+        "tests.support.parity", "cells", ",".join(parity.ROWS), ",".join(TWO_DEVICES)
+    )
     assert len(found) == len(parity.ROWS) * len(TWO_DEVICES)
     failures, differing = [], set()
     for name, result in found.items():
@@ -94,7 +72,7 @@ def test_two_device_cells():
 def test_multi_worker_cells(tmp_path):
     """The multi_worker column's rows, on two worker processes on 127.0.0.1 (one
     cluster for every cell: a process joins one); each worker finds them equal."""
-    found = on_workers(2, "tests.parity", "worker_cells", str(tmp_path))
+    found = on_workers(2, "tests.support.parity", "worker_cells", str(tmp_path))
     failures = []
     for worker, cells_found in enumerate(found):
         assert len(cells_found) == len(parity.MULTI_WORKER)
@@ -171,6 +149,6 @@ def test_keras_applications_mobilenet_fed_x_y_as_keras_users_feed_it():
 @pytest.mark.slow
 def test_a_summed_loss_of_a_models_own_step_is_reported_as_the_whole_batchs_sum():
     """Under a strategy it was the mean of the replicas' sums: half, on two."""
-    found = on_two_cpus("tests.parity", "reported_summed_losses", "towers:1,mirrored:2")
+    found = on_two_cpus("tests.support.parity", "reported_summed_losses", "towers:1,mirrored:2")
     assert found["mirrored:2"] == pytest.approx(found["towers:1"], rel=1e-5)
     assert found["towers:1"] > 10  # a sum over 16 examples, not their mean

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from datasets import digits
 from models.mlp import MLP
-from tests.helpers import scalar_series
+from tests.support.helpers import scalar_series
 from trainer import Estimator, Mode, UserError, set_precision
 from trainer.settings import Checkpoints, Devices, Summaries
 

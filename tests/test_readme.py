@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from tests.conftest import REPO
+from tests.support.commands import REPO
 
 
 def readme():

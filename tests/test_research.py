@@ -8,8 +8,8 @@ import pytest
 import tensorflow as tf
 
 import trainer
-from tests.body_head import line_data
-from tests.helpers import event_tags, scalar_series
+from tests.support.body_head import line_data
+from tests.support.helpers import event_tags, scalar_series
 
 
 class TwoPartLoss(trainer.ModelFn):

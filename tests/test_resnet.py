@@ -6,10 +6,10 @@ import tensorflow as tf
 
 from datasets import shards
 from models.resnet import ResNet
-from tests import image_folders, parity
-from tests.conftest import run_cli
-from tests.helpers import on_two_cpus, saved_state
-from tests.test_parity import check
+from tests.support import image_folders, parity
+from tests.support.commands import run_cli
+from tests.support.helpers import on_two_cpus, saved_state
+from tests.support.parity import check
 from trainer import Mode, UserError
 
 
@@ -62,7 +62,7 @@ def test_resnet20_trains_as_keras_fit_trains_its_own_layers(tmp_path):
 def test_resnet_on_two_devices_equals_one_device_or_keras_under_a_strategy():
     """Synchronized batch norm on two mirrored replicas trains what one device trains;
     towers (each tower by its own statistics) train what mirrored replicas train."""
-    found = on_two_cpus("tests.parity", "resnet_on_two_devices")
+    found = on_two_cpus("tests.support.parity", "resnet_on_two_devices")
     for comparison, (variable, difference) in found.items():
         assert difference <= parity.TOLERANCE[None], f"{comparison}: {variable} {difference}"
 

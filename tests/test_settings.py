@@ -6,7 +6,7 @@ import inspect
 import pytest
 
 import trainer
-from tests.conftest import REPO
+from tests.support.commands import REPO
 from trainer import config_diff, settings
 from trainer.cli import gin_config
 from trainer.errors import UserError

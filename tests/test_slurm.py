@@ -1,4 +1,4 @@
-"""README's SLURM recipes, run on a real one-node SLURM (tests/slurm.py).
+"""README's SLURM recipes, run on a real one-node SLURM (tests/support/slurm.py).
 
 Two jobs of two tasks share the node at once; ``scancel --signal=TERM`` saves; the
 time limit's warning (SIGUSR1) saves and the batch script requeues the job, which then
@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from tests.conftest import REPO
-from tests.helpers import checkpoint_steps
-from tests.slurm import LocalSlurm, unavailable
+from tests.support.commands import REPO
+from tests.support.helpers import checkpoint_steps
+from tests.support.slurm import LocalSlurm, unavailable
 
 
 @pytest.fixture(scope="module")

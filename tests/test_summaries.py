@@ -6,7 +6,7 @@ import numpy as np
 import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
 
-from tests.helpers import event_tags, scalar_series
+from tests.support.helpers import event_tags, scalar_series
 from trainer.summaries import Writers
 
 

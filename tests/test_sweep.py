@@ -11,8 +11,8 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
 
-from tests.conftest import ENV, REPO, digits_args, run_cli
-from tests.helpers import checkpoint_steps, dir_hash
+from tests.support.commands import ENV, REPO, digits_args, run_cli
+from tests.support.helpers import checkpoint_steps, dir_hash
 from trainer.cli import sweep
 from trainer.errors import UserError
 

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from datasets import digits, pipeline, records, shards, tfrecord
 from models.mlp import MLP
-from tests.conftest import REPO
+from tests.support.commands import REPO
 from trainer import Estimator, InputParams, Mode, UserError
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from datasets import digits
 from models.mlp import MLP
-from tests.conftest import REPO, run_cli
+from tests.support.commands import REPO, run_cli
 from trainer import Checkpoints, Estimator
 from trainer.distributed.launcher import free_ports
 from trainer.errors import UserError

@@ -10,8 +10,8 @@ import pytest
 
 from datasets import digits
 from models.mlp import MLP
-from tests.conftest import run_cli
-from tests.helpers import checkpoint_steps
+from tests.support.commands import run_cli
+from tests.support.helpers import checkpoint_steps
 from trainer import Estimator
 from trainer.settings import EarlyStop, WarmStart
 

@@ -6,8 +6,8 @@ import pytest
 import tensorflow as tf
 
 import trainer
-from tests.body_head import BodyHead, built, estimator, weights
-from tests.body_head import body_data as line_data
+from tests.support.body_head import BodyHead, built, estimator, weights
+from tests.support.body_head import body_data as line_data
 from trainer import warm_start
 from trainer.settings import Optimization, WarmStart
 

@@ -10,10 +10,10 @@ import time
 import numpy as np
 import pytest
 
-from tests.conftest import REPO
-from tests.helpers import checkpoint_steps, resume_run
-from tests.helpers import finish as table
-from tests.workers import (
+from tests.support.commands import REPO
+from tests.support.helpers import checkpoint_steps, resume_run
+from tests.support.helpers import finish as table
+from tests.support.workers import (
     ENV,
     finish,
     free_ports,
@@ -350,7 +350,7 @@ def weights(stop: dict) -> dict:
 def test_reruns_on_fewer_or_more_workers_read_what_one_uninterrupted_run_reads(tmp_path):
     """Stopped at step 6 on 2 workers, resumed on 3 to step 12 and on 1 to step 16: every
     step reads the examples one uninterrupted process reads, and the weights are bit-equal
-    (the id-table model of tests/resume_runs.py)."""
+    (the id-table model of tests/support/resume_runs.py)."""
     straight = resume_run(tmp_path / "straight", "towers:1", "6,12,16")
     model_dir, tables = tmp_path / "run", []
     for count, steps in ((2, 6), (3, 12), (1, 16)):

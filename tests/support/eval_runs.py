@@ -3,7 +3,7 @@
 Run by tests/test_parallel.py and tests/test_workers.py as a subprocess, because
 logical CPU devices must be set up before TensorFlow starts:
 
-    python tests/eval_runs.py MODEL_DIR DATA_DIR DISTRIBUTION:DEVICES [TRAIN_STEPS]
+    python tests/support/eval_runs.py MODEL_DIR DATA_DIR DISTRIBUTION:DEVICES [TRAIN_STEPS]
 
 With TRAIN_STEPS it first trains that many steps (on one device: the checkpoint the
 other set-ups evaluate). Under ``multi_worker:1`` each worker runs it with its

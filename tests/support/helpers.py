@@ -1,5 +1,5 @@
 """Reading back what a run wrote (event files with TensorBoard's own loader, files), and
-the id-table runs of tests/resume_runs.py."""
+the id-table runs of tests/support/resume_runs.py."""
 
 import json
 import os
@@ -10,7 +10,7 @@ import time
 
 from tensorboard.backend.event_processing import event_accumulator
 
-from tests.conftest import REPO
+from tests.support.commands import REPO
 
 
 def event_tags(log_dir):
@@ -50,11 +50,11 @@ def dir_hash(directory):
 
 
 def resume_run(model_dir, setup, max_steps, env=None, clip=None):
-    """Starts tests/resume_runs.py: the id-table model trained to ``max_steps``."""
+    """Starts tests/support/resume_runs.py: the id-table model trained to ``max_steps``."""
     return subprocess.Popen(
         [
             sys.executable,
-            os.path.join(REPO, "tests", "resume_runs.py"),
+            os.path.join(REPO, "tests", "support", "resume_runs.py"),
             str(model_dir),
             setup,
             str(max_steps),
@@ -81,7 +81,7 @@ def _calling(module: str, function: str, before: str = "") -> str:
     as the command line loads it, after ``before`` (code run before the module loads)."""
     return (
         "import json, sys\n"
-        "from tests import lean_start\n"
+        "from tests.support import lean_start\n"
         f"{before}"
         f"from {module} import {function}\n"
         f"print(json.dumps({function}(*sys.argv[1:])))\n"

@@ -3,7 +3,7 @@
 Run by tests/test_parallel.py as a subprocess, because logical CPU devices must be
 configured before TensorFlow starts:
 
-    python tests/parallel_runs.py OUT_DIR DATA_DIR RUN [RUN ...]
+    python tests/support/parallel_runs.py OUT_DIR DATA_DIR RUN [RUN ...]
 
 RUN is ``DISTRIBUTION:DEVICES@GLOBAL_BATCH``, e.g. ``towers:4@30``; ``towers:1`` is the
 single-device reference. A ``/keras`` suffix trains with Keras's own Adam update

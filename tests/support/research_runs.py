@@ -1,6 +1,6 @@
 """Research models trained under several device set-ups in one process (tests/test_groups.py).
 
-Run through ``tests.helpers.on_two_cpus``: the CPU is split into two logical devices
+Run through ``tests.support.helpers.on_two_cpus``: the CPU is split into two logical devices
 before TensorFlow starts.
 """
 
@@ -74,5 +74,6 @@ def train_gan(model_dir, data_dir, kind="gan", distribution="towers", devices=1)
     }
 
 
-if __name__ == "__main__":  # one of several workers: python tests/research_runs.py DIR DATA KIND
+# One of several workers: python tests/support/research_runs.py DIR DATA KIND
+if __name__ == "__main__":
     print(json.dumps(train_gan(*sys.argv[1:4], distribution="multi_worker", devices="auto")))

@@ -3,7 +3,7 @@
 Run by tests/test_order.py as a subprocess, because logical CPU devices must be set up
 before TensorFlow starts (and strategies of different sizes cannot share a process):
 
-    python tests/resume_runs.py MODEL_DIR DISTRIBUTION:DEVICES MAX_STEPS[,MAX_STEPS...] [CLIP]
+    python tests/support/resume_runs.py MODEL_DIR DISTRIBUTION:DEVICES MAX_STEPS[,...] [CLIP]
 
 (several MAX_STEPS: train to each in turn, printing a table at each; CLIP: clip the
 gradient's global norm to it; RESUME_RUNS_INPUT=own in the environment: the input_fn a

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from tests.conftest import REPO, digits_args
-from tests.helpers import checkpoint_steps
+from tests.support.commands import REPO, digits_args
+from tests.support.helpers import checkpoint_steps
 from trainer.distributed.launcher import free_ports, tf_config
 
 BINDINGS = (
