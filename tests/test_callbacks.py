@@ -299,7 +299,8 @@ def test_a_stop_mid_epoch_validates_and_ends_the_epoch_as_fit_does(tmp_path, inp
 def test_streamed_metrics_are_in_the_training_epoch_logs_as_fit_has_them(tmp_path):
     """AUC and F1 (no mean of per-example values) in each epoch's training logs: the
     CSVLogger rows equal fit's on the same batches, training and validation columns alike
-    (training had none of them: evaluation's copies are apart, so its reset leaves them)."""
+    (training had none of them: evaluation's copies are apart, so its reset leaves them);
+    and in TensorBoard's training curves."""
     data = load_digits()
     x = data.images[:448, :, :, None].astype("float32") / 16.0
     y = (data.target[:448, None] % 2 == 0).astype("float32")
@@ -332,6 +333,13 @@ def test_streamed_metrics_are_in_the_training_epoch_logs_as_fit_has_them(tmp_pat
             expected = float(value.strip('"[]'))
             assert float(row[column]) == pytest.approx(expected, abs=2e-5), column
     assert float(rows[1]["auc"]) > float(rows[0]["auc"])  # epochs apart, not one running sum
+    # TensorBoard's training curves have them too, as they stand in the epoch at each
+    # log step (as Keras's batch logs do): at an epoch's last step, the epoch's value.
+    for name in ("auc", "f1"):
+        curve = dict(scalar_series(str(tmp_path / "run" / "train"), name))
+        assert sorted(curve) == [5, 10, 14, 15, 20, 25, 28], name
+        for row, end in zip(rows, (14, 28), strict=True):
+            assert curve[end] == pytest.approx(float(row[name]), abs=1e-6), (name, end)
 
 
 @pytest.mark.parametrize(

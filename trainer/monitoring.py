@@ -105,6 +105,10 @@ class InputWait:
 class TrainLog:
     """The log action: train scalars to TensorBoard, a progress line, then the callbacks.
 
+    The scalars are the log period's means, and each streamed metric's value in the
+    epoch so far (``metrics.EpochMetrics``: the period's own when epochs are log
+    periods, as under ``train``).
+
     Args:
       steps: the compiled steps, whose train metrics are read and reset.
       writers: TensorBoard writers.
@@ -136,6 +140,9 @@ class TrainLog:
         self.last_step = step
         logs = self.steps.train_metrics.result()
         self.steps.train_metrics.reset()
+        # Streamed metrics (AUC, F1) as they stand in the epoch, as Keras's batch logs
+        # and TensorBoard have them; the epoch's end reads and resets them.
+        logs.update(self.steps.epoch_metrics.result())
         if not self.steps.keras_step:  # a Keras model's own step keeps its gradients
             logs["gradient_norm"] = float(self.steps.gradient_norm.numpy())
         logs.update(self.progress.rates(step))
