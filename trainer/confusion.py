@@ -172,6 +172,35 @@ class ClassCounts:
         )
 
 
+class ConfusionMatrix:
+    """A classifier's counts as an observer of evaluation (``Steps.observe_evaluation``).
+
+    The step calls ``update`` with each batch's predictions and labels; evaluation
+    calls ``reset`` before and ``written`` after.
+    """
+
+    def __init__(self, found: Classifier, per_replica: bool = False):
+        self.found, self.counts = found, ClassCounts(found.num_classes, per_replica)
+
+    @tf.autograph.experimental.do_not_convert
+    def update(self, predictions, labels) -> None:
+        """Adds one eval batch (of a tower's shard, or a replica's part)."""
+        self.counts.update(*targets_and_scores(self.found, predictions, labels))
+
+    def reset(self) -> None:
+        """Zeroes the counts, before an evaluation."""
+        self.counts.reset()
+
+    def written(self, writer: tf.summary.SummaryWriter, step: int) -> dict[str, list]:
+        """Writes the counts to TensorBoard at ``step``; returns the per-class figures.
+
+        Reading adds the counts up over replicas and workers: every worker calls it.
+        """
+        report = self.counts.report()
+        write(writer, step, report)
+        return report.per_class()
+
+
 @dataclasses.dataclass
 class Report:
     """An evaluation's class counts: ``matrix[true, predicted]`` and score histograms."""

@@ -27,7 +27,6 @@ from trainer import (
     cadence,
     checkpoint_writer,
     checkpoints,
-    confusion,
     console,
     errors,
     export,
@@ -149,8 +148,9 @@ def evaluate(
 ) -> Metrics:
     """Evaluates eval set ``name`` (its first ``steps`` batches if given); logs the metrics.
 
-    A classifier's confusion matrix and PR curves go to TensorBoard too, and its
-    per-class precision, recall and matrix to ``model.classes[name]`` (``trainer.confusion``).
+    The steps' observers of evaluation write what they counted too: a classifier's
+    confusion matrix and PR curves to TensorBoard, its per-class precision, recall and
+    matrix to ``model.classes[name]`` (``trainer.confusion``).
 
     Uses the weights in memory when they are trained, else the newest checkpoint in
     ``model_dir``; writes the metrics to ``model_dir/eval_<name>``. With ``bar``, a
@@ -168,8 +168,8 @@ def evaluate(
     if steps is not None:
         dataset = dataset.take(steps)
     compiled.eval_metrics.reset()
-    if compiled.class_counts is not None:
-        compiled.class_counts.reset()
+    for observer in compiled.observers:
+        observer.reset()
     start = time.perf_counter()
     with errors.runtime_errors(f"eval set {name!r}"), model.averaged_weights(), watched:
         compiled.evaluate(placement.eval_input(dataset))
@@ -178,10 +178,8 @@ def evaluate(
     if not metrics:
         raise UserError(f"eval set {name!r} is empty: its input_fn yielded no batches")
     writers.scalars(f"eval_{name}", model.step, metrics)
-    if compiled.class_counts is not None:  # read on every worker: the read adds them up
-        report = compiled.class_counts.report()
-        confusion.write(writers.get(f"eval_{name}"), model.step, report)
-        model.record_classes(name, report.per_class())
+    for observer in compiled.observers:  # read on every worker: the read adds them up
+        model.record_classes(name, observer.written(writers.get(f"eval_{name}"), model.step))
     logging.info(
         "Evaluation of %r at step %d (%.0f examples, %.1fs): %s",
         name,

@@ -175,7 +175,7 @@ class ModelState:
                 by_group=self.loss_by_group,
             )
             if mode == Mode.EVAL:
-                self.steps.count_classes(classifier)
+                self.steps.observe_evaluation(self._observers(classifier))
         return self.steps
 
     def _find_metrics(self, element_spec, mode: Mode) -> None:
@@ -191,8 +191,14 @@ class ModelState:
         with self.placement.scope():
             self.steps.take_metrics(mode, metrics, streamed, scalars, self.loss_by_group)
             if mode == Mode.EVAL:
-                self.steps.count_classes(classifier)
+                self.steps.observe_evaluation(self._observers(classifier))
         self.seconds["building"] += time.perf_counter() - started
+
+    def _observers(self, classifier: confusion.Classifier | None) -> list:
+        """What evaluation feeds besides the metrics: a classifier's confusion matrix."""
+        if classifier is None:
+            return []
+        return [confusion.ConfusionMatrix(classifier, self.placement.per_replica)]
 
     def checkpoint_items(self, optimizer: bool) -> dict:
         """What a checkpoint holds: weights, step, RNG and BN state, EMA, optimizer."""

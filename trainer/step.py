@@ -42,7 +42,6 @@ import tensorflow as tf
 
 from trainer import (
     batch_statistics,
-    confusion,
     custom_step,
     gradients,
     internals,
@@ -153,7 +152,7 @@ class Steps:
         # model's declared loss, or those its own ModelFn.train_step gave.
         self._replica_step = self._keras_step if self.keras_step else self._step
         self._part = self._own_part if self.own_step else self._declared_part
-        self.count_classes(None)  # until the model is traced in EVAL
+        self.observers: list = []  # of evaluation, once the model is traced in EVAL
         for mode in (Mode.TRAIN, Mode.EVAL):
             streamed = streamed_metrics if mode == traced else {}
             self.take_metrics(mode, metric_names, streamed, scalar_names, by_group)
@@ -175,18 +174,14 @@ class Steps:
         self.evaluate = _function(self._evaluate)
         self.predict = _function(self._predict)
 
-    def count_classes(self, classifier: confusion.Classifier | None) -> None:
-        """Counts a classifier's confusion matrix in evaluation (``trainer.confusion``).
+    def observe_evaluation(self, observers: Sequence) -> None:
+        """What else each eval batch goes to (a classifier's ``confusion.ConfusionMatrix``).
 
-        Called, as ``take_metrics``, once the model was traced in EVAL and before that mode's
-        step is: ``classifier`` says where its labels and scores are, None if it is not one.
+        Each has ``update(predictions, labels)`` and ``reset()``. Called, as
+        ``take_metrics``, once the model was traced in EVAL and before that mode's step
+        is; evaluation resets and reads them (``evaluation.evaluate``).
         """
-        self.classifier = classifier
-        self.class_counts = None
-        if classifier is not None:
-            self.class_counts = confusion.ClassCounts(
-                classifier.num_classes, self.placement.per_replica
-            )
+        self.observers = list(observers)
 
     def take_metrics(
         self,
@@ -647,10 +642,8 @@ class Steps:
                 spec = converted(self.model_fn)(features, labels, Mode.EVAL)
             per_example, streamed = split_metrics(spec.metrics)
             self.eval_metrics.stream(streamed)
-            if self.class_counts is not None:
-                self.class_counts.update(
-                    *confusion.targets_and_scores(self.classifier, spec.predictions, labels)
-                )
+            for observer in self.observers:
+                observer.update(spec.predictions, labels)
             loss = batch_loss(spec, batch_size_of(features), examples)
             scalars = reported_scalars(spec, loss)
             if self.has_regularization:  # the loss reported is the one trained, as Keras's
