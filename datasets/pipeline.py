@@ -46,6 +46,7 @@ from datasets.sources import (  # noqa: F401 - users name them pipeline.ArraySou
     RandomAccess,
     RecordExamples,
     concat,
+    fixed_shapes,
     in_memory,
     memory_limit,
 )
@@ -137,14 +138,14 @@ def build(
     if params.num_input_pipelines > 1:
         rows = rows.shard(params.num_input_pipelines, params.input_pipeline_id)
     if examples is not None:
-        dataset = rows.batch(params.batch_size).map(examples.gather)
+        dataset = rows.batch(params.batch_size).map(lambda r: padded(examples.gather(r)))
     else:
         if isinstance(data, RecordExamples):
             single = data.examples(rows)
         else:
             single = rows.map(data.gather, num_parallel_calls=tf.data.AUTOTUNE)
         dataset = single.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
-        dataset = dataset.batch(params.batch_size)
+        dataset = _batch(dataset, params.batch_size)
     return counted(_finish(dataset, knobs), int(rows.cardinality()))
 
 
@@ -193,7 +194,7 @@ def _by_index(
         return (features, labels, position) if mixed else (features, labels)
 
     dataset = stream.map(augmented, num_parallel_calls=tf.data.AUTOTUNE)
-    dataset = dataset.batch(params.batch_size, drop_remainder=True)
+    dataset = _batch(dataset, params.batch_size, drop_remainder=True)
     if mixed:
         dataset = dataset.map(mixed, num_parallel_calls=tf.data.AUTOTUNE)
     return positioned(_finish(dataset, knobs, symbolic=True))
@@ -212,10 +213,33 @@ def _batches_by_index(
 
     def batch_at(batch_of_elements):
         positions = pipeline_positions(batch_of_elements, params)
-        return mixed(*batch(positions), positions) if mixed else batch(positions)
+        features, labels = padded(batch(positions))
+        return mixed(features, labels, positions) if mixed else (features, labels)
 
     dataset = dataset.map(batch_at, num_parallel_calls=tf.data.AUTOTUNE)
     return positioned(_finish(dataset, knobs, symbolic=True))
+
+
+@tf.autograph.experimental.do_not_convert
+def padded(batch):
+    """The batch with its ragged parts (examples that vary in length) padded with zeros.
+
+    Each is padded to the batch's longest example.
+    """
+    return tf.nest.map_structure(
+        lambda t: t.to_tensor() if isinstance(t, tf.RaggedTensor) else t, batch
+    )
+
+
+def _batch(dataset: tf.data.Dataset, size: int, drop_remainder: bool = False):
+    """Single examples batched; those that vary in length ragged, then ``padded``."""
+    if fixed_shapes(dataset.element_spec):
+        return dataset.batch(size, drop_remainder=drop_remainder)
+    ragged = dataset.ragged_batch(size, drop_remainder=drop_remainder)
+    return ragged.map(  # a tuple element comes as its parts
+        lambda *element: padded(element if len(element) > 1 else element[0]),
+        num_parallel_calls=tf.data.AUTOTUNE,
+    )
 
 
 def _mixed(params: InputParams, seed: int | None) -> Callable | None:

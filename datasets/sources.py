@@ -1,6 +1,7 @@
 """What a pipeline reads: sources of single examples, read by index where they allow.
 
-* ``ArraySource``: examples in memory, a (nested) dict of arrays;
+* ``ArraySource``: examples in memory, a (nested) dict of arrays, or of
+  ``tf.RaggedTensor`` for examples that vary in length (tokens: values and row splits);
 * ``RandomAccess``: serialized records readable by index (TFRecord shards with their
   index, TFDS's ArrayRecord), and ``RecordExamples``, the examples parsed from them;
 * ``in_memory``: a source as the pipeline will read it: in memory when it fits
@@ -29,16 +30,22 @@ Preprocess = Callable[[dict], tuple[dict, dict]]
 class ArraySource:
     """Examples in memory: a (nested) dict of arrays sharing their first dimension.
 
+    Examples that vary in length are a ``tf.RaggedTensor`` (its values and row splits,
+    e.g. ``tf.ragged.constant(token_lists)``): read by index as the arrays are, and
+    batched padded with zeros to the batch's longest.
+
     Args:
-      arrays: e.g. ``{'image': uint8 [n, 32, 32, 3], 'label': int64 [n]}``.
+      arrays: e.g. ``{'image': uint8 [n, 32, 32, 3], 'label': int64 [n]}``, or
+        ``{'tokens': tf.RaggedTensor [n, None], 'label': int64 [n]}``.
       name: names the source in messages.
     """
 
     def __init__(self, arrays: Mapping | tuple, name: str = "source"):
         self.name = name
-        self.arrays = tf.nest.map_structure(np.asarray, arrays)
+        self.arrays = tf.nest.map_structure(_held, arrays)
         self._preprocessed: dict = {}
-        sizes = {a.shape[0] if a.ndim else None for a in tf.nest.flatten(self.arrays)}
+        leaves = tf.nest.flatten(self.arrays)
+        sizes = {_rows(a) for a in leaves}
         if len(sizes) != 1 or None in sizes:
             shapes = tf.nest.map_structure(lambda a: list(a.shape), self.arrays)
             raise UserError(
@@ -59,7 +66,7 @@ class ArraySource:
         """The arrays as tensors, made once (a dataset captures them, never copies)."""
         if self._tensors is None:
             with tf.init_scope():  # eager even when first asked from inside a map function
-                self._tensors = tf.nest.map_structure(tf.constant, self.arrays)
+                self._tensors = tf.nest.map_structure(_constant, self.arrays)
         return self._tensors
 
     @tf.autograph.experimental.do_not_convert  # plain TF ops: no AutoGraph pass
@@ -98,9 +105,7 @@ class ArraySource:
         """The sources laid end to end, as one."""
         if len(sources) == 1:
             return sources[0]
-        arrays = tf.nest.map_structure(
-            lambda *parts: np.concatenate(parts), *[s.arrays for s in sources]
-        )
+        arrays = tf.nest.map_structure(_concatenated, *[s.arrays for s in sources])
         return ArraySource(arrays, "+".join(s.name for s in sources))
 
 
@@ -192,7 +197,7 @@ def in_memory(source, name: str, knobs: dict) -> ArraySource | RecordExamples | 
     cache = knobs["cache"]
     if cache is False or (isinstance(cache, str) and cache != "auto"):
         return f"pipeline.cache is {cache!r}"
-    if not _fixed_shapes(source.element_spec):
+    if not fixed_shapes(source.element_spec):
         if cache is True:
             raise UserError(
                 f"{name}: pipeline.cache = True holds examples in memory as arrays, but its "
@@ -230,7 +235,7 @@ def concat(held: list, name: str) -> ArraySource | RecordExamples:
     )
 
 
-def _fixed_shapes(element_spec) -> bool:
+def fixed_shapes(element_spec) -> bool:
     """Whether every example has the same shapes (so examples stack into arrays)."""
     specs = tf.nest.flatten(element_spec)
     return all(isinstance(s, tf.TensorSpec) and s.shape.is_fully_defined() for s in specs)
@@ -240,7 +245,7 @@ def _decoded_bytes(dataset: tf.data.Dataset) -> int | None:
     """Bytes its examples take decoded; None when its length, shapes or strings vary."""
     specs = tf.nest.flatten(dataset.element_spec)
     count = int(dataset.cardinality())
-    if count < 0 or not _fixed_shapes(dataset.element_spec):
+    if count < 0 or not fixed_shapes(dataset.element_spec):
         return None
     if any(s.dtype == tf.string for s in specs):
         return None
@@ -284,8 +289,32 @@ def _function_key(fn) -> tuple:
     return (fn,)
 
 
-def _nbytes(array: np.ndarray) -> int:
+def _held(leaf) -> np.ndarray | tf.RaggedTensor:
+    """A source's leaf as it is kept: an array, or a ragged tensor as it was given."""
+    return leaf if isinstance(leaf, tf.RaggedTensor) else np.asarray(leaf)
+
+
+def _rows(leaf) -> int | None:
+    """How many examples a leaf holds (None for a scalar)."""
+    if isinstance(leaf, tf.RaggedTensor):
+        return int(leaf.nrows())
+    return leaf.shape[0] if leaf.ndim else None
+
+
+def _constant(leaf) -> tf.Tensor | tf.RaggedTensor:
+    return leaf if isinstance(leaf, tf.RaggedTensor) else tf.constant(leaf)
+
+
+def _concatenated(*parts):
+    if isinstance(parts[0], tf.RaggedTensor):
+        return tf.concat(parts, axis=0)
+    return np.concatenate(parts)
+
+
+def _nbytes(array: np.ndarray | tf.RaggedTensor) -> int:
     """Memory an array takes, the bytes of its strings included."""
+    if isinstance(array, tf.RaggedTensor):
+        return sum(_nbytes(t.numpy()) for t in (array.flat_values, *array.nested_row_splits))
     if array.dtype == object:
         return array.nbytes + sum(len(x) for x in array.ravel())
     return array.nbytes
