@@ -213,8 +213,8 @@ def _batches_by_index(
 
     def batch_at(batch_of_elements):
         positions = pipeline_positions(batch_of_elements, params)
-        features, labels = padded(batch(positions))
-        return mixed(features, labels, positions) if mixed else (features, labels)
+        element = padded(batch(positions))
+        return mixed(*element, positions) if mixed else element
 
     dataset = dataset.map(batch_at, num_parallel_calls=tf.data.AUTOTUNE)
     return positioned(_finish(dataset, knobs, symbolic=True))
