@@ -100,9 +100,9 @@ def unfit_metric(name: str, streamed: dict) -> str | None:
                 f"{count} given with it ({given}): {errors.first_line(error)}; name it as "
                 "(metric, *update_state arguments), e.g. (metric, labels, predictions)"
             )
-        many = metric.result().shape.num_elements()  # traced too: its static shape
-        if many is not None and many > 1:
-            return not_one_number(metric_name, metric, metric.result().shape)
+        shape = metric.result().shape  # traced too: its static shape
+        if shape.num_elements() is not None and shape.num_elements() > 1:
+            return not_one_number(metric_name, metric, shape)
     return None
 
 
