@@ -82,7 +82,7 @@ def describe(name: str, model_fn, image_shape: tuple[int, ...]) -> Network:
 
 
 def networks() -> list[Network]:
-    """README's: the ImageNet AlexNet (experiments/alexnet_imagenet.gin), ResNet-50
+    """The guide's: the ImageNet AlexNet (experiments/alexnet_imagenet.gin), ResNet-50
     (experiments/imagenet_resnet50.gin) and the MLP."""
     from models.alexnet import AlexNet
     from models.mlp import MLP
@@ -130,7 +130,7 @@ def step(network: Network, per_machine: int, machines: int, link: float, gpu: fl
 
 
 def table(networks: list[Network]) -> list[str]:
-    """README's table: per layout and link, bytes and time of towers and all-reduce.
+    """The guide's table: per layout and link, bytes and time of towers and all-reduce.
 
     Within one machine the link is NVLink or PCIe; across machines the network card.
     """

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import gin
 import keras
@@ -112,7 +113,7 @@ class WGANGP(GAN):
       **kwargs: GAN's.
     """
 
-    def __init__(self, penalty: float = 10.0, mix_key: str = "mix", **kwargs):
+    def __init__(self, penalty: float = 10.0, mix_key: str = "mix", **kwargs: Any):
         super().__init__(**kwargs)
         self.penalty, self.mix_key = penalty, mix_key
 

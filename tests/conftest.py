@@ -12,6 +12,7 @@ import gin  # noqa: E402
 import pytest  # noqa: E402
 from absl import flags  # noqa: E402
 
+from tests.support.as_typed import copy_clone  # noqa: E402
 from tests.support.commands import ENV, REPO, run_cli  # noqa: E402
 
 # absl flags are unparsed under pytest; library code that reads them would raise.
@@ -41,6 +42,12 @@ def locked(directory):
     with open(directory / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
+
+
+@pytest.fixture
+def clone(tmp_path):
+    """A copy of the repository's files as a fresh clone has them, to run commands in."""
+    return copy_clone(tmp_path / "tf-trainer")
 
 
 @pytest.fixture(scope="session")

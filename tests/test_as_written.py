@@ -1,9 +1,9 @@
-"""Every command README.md and the experiment headers show, run exactly as written.
+"""Every command README.md, the guides and the experiment headers show, run as written.
 
-The rest of the suite passes absolute temporary paths. A user types README's
+The rest of the suite passes absolute temporary paths. A user types the guides'
 commands from the root of a clone, with relative paths and the default model_dir,
 and runs them twice: a relative model_dir joined onto itself hid behind absolute
-paths for a whole turn. Here each command is read out of README.md and
+paths for a whole turn. Here each command is read out of README.md, docs/guide/ and
 experiments/*.gin and given to bash as text, in a copy of the repository, with
 the user's environment; ``test_every_command_shown_is_run_here`` fails when a
 command appears that no test here runs or excuses.
@@ -12,15 +12,15 @@ command appears that no test here runs or excuses.
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 import yaml
 
+from tests.support import guides
+from tests.support.as_typed import ok, sh, user_env
 from tests.support.commands import REPO
 from tests.support.helpers import checkpoint_steps, closed_form_eval_mse, event_tags
 from trainer.distributed.launcher import free_ports
@@ -35,6 +35,7 @@ NOT_RUN = {
     "python3 -m pip install -e .": "CI's own install (.ci/run runs README's commands)",
     'python3 -m pip install -e ".[test]"': "CI's own install",
     "python3 -m pytest -q -n 2": "this suite",
+    'python3 -m pip install -e ".[docs]"': "CI's own install (the test extra has the docs')",
     "python3 -m mlflow server --host 127.0.0.1 --port 5000 --backend-store-uri "
     "sqlite:///mlflow.db": "a server that runs until stopped: tests/test_tracking.py starts "
     "one the same way, on a free port",
@@ -63,8 +64,7 @@ NEEDS_DOWNLOAD += ["cifar10_resnet56"]
 
 def shown_commands() -> set[str]:
     """The commands README.md and the experiment headers show, one string each."""
-    with open(os.path.join(REPO, "README.md")) as f:
-        readme = f.read()
+    readme = guides.text()
     commands = set()
     for lang, block in re.findall(r"```(\w*)\n(.*?)```", readme, re.S):
         if lang in ("", "sh"):
@@ -84,52 +84,6 @@ def shown_commands() -> set[str]:
         with open(os.path.join(REPO, "tests", "user_project", name)) as f:
             commands.update(HEADER_COMMAND.findall(f.read()))
     return commands
-
-
-@pytest.fixture
-def clone(tmp_path):
-    """A copy of the repository's files as a fresh clone has them (no output/, no data/)."""
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
-    root = tmp_path / "tf-trainer"
-    for name in listed.stdout.splitlines():
-        source = os.path.join(REPO, name)
-        if os.path.isfile(source):
-            os.makedirs(root / os.path.dirname(name), exist_ok=True)
-            shutil.copy2(source, root / name)
-    return root
-
-
-def user_env():
-    """The user's environment: python3 is this interpreter, nothing downloads."""
-    env = dict(os.environ)
-    env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # as a user has it: unset
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    # A download (a TFDS experiment without its data) fails at once, online or not.
-    env.update(HTTP_PROXY="http://127.0.0.1:9", HTTPS_PROXY="http://127.0.0.1:9")
-    env.update(http_proxy="http://127.0.0.1:9", https_proxy="http://127.0.0.1:9")
-    return env
-
-
-def sh(command, cwd, timeout=600):
-    """Runs ``command`` as a user types it, in ``cwd``; returns the CompletedProcess."""
-    return subprocess.run(
-        ["bash", "-c", command],
-        cwd=cwd,
-        env=user_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def ok(proc):
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return proc
 
 
 def final_metrics(stdout):
@@ -156,8 +110,7 @@ def check_promise(name, stdout):
     value = final_metrics(stdout)[metric]
     assert value >= bound if sense == ">=" else value <= bound, (name, metric, value)
     assert abs(value - about) <= 0.02 * max(abs(about), 1.0), (name, metric, value, about)
-    with open(os.path.join(REPO, "README.md")) as f:
-        row = next(line for line in f if line.startswith(f"| `{name}.gin`"))
+    row = next(line for line in guides.lines() if line.startswith(f"| `{name}.gin`"))
     assert f"{metric} ~{about:g} ({sense} {bound:g})" in row, row
     return value
 
@@ -209,8 +162,7 @@ def test_readmes_first_command_resumes_after_ctrl_c_reruns_and_serves_every_sche
     assert "exported     output/digits_mlp/export/2000" in exported.stdout
     export_dir = clone / "output/digits_mlp/export/2000"
     assert (export_dir / "saved_model.pb").is_file()
-    with open(os.path.join(REPO, "README.md")) as f:
-        shown = {figures_out(line) for line in f if line.startswith("Exported ")}
+    shown = {figures_out(line) for line in guides.lines() if line.startswith("Exported ")}
     lines = [line for line in exported.stdout.splitlines() if line.startswith("Exported ")]
     assert {figures_out(line) for line in lines[1:]} == shown  # README's, but for figures
     for name in ("model.tflite", "model_int8.tflite", "model.onnx"):
@@ -229,8 +181,7 @@ def test_readmes_console_is_the_first_commands_line_for_line_and_its_model_fine_
     proc = ok(sh(DIGITS, clone))
     assert proc.stderr == ""  # no warning either: the digits in memory are not input-bound
     shape = lambda text: [re.sub(r"\d+(\.\d+)?", "N", line) for line in text.splitlines()]  # noqa: E731
-    with open(os.path.join(REPO, "README.md")) as f:
-        shown = re.search(r"```console\n(.*?)```", f.read(), re.S).group(1)
+    shown = re.search(r"```console\n(.*?)```", guides.text(), re.S).group(1)
     assert shape(shown) == shape(proc.stdout)
     noise = ("E0000", "W0000", "I0000", "WARNING: All log messages", "Sharding callback")
     assert not [line for line in proc.stdout.splitlines() if line.startswith(noise)]
@@ -418,8 +369,7 @@ def test_readmes_local_workers_train_one_model_as_promised(clone):
 @pytest.mark.slow
 def test_kubernetes_recipe_describes_its_cluster_and_runs_as_each_pod(clone, tmp_path):
     """README's manifest: its TF_CONFIG names the Job's pods; its script trains as written."""
-    with open(os.path.join(REPO, "README.md")) as f:
-        documents = re.search(r"```yaml\n(.*?)```", f.read(), re.S)[1]
+    documents = re.search(r"```yaml\n(.*?)```", guides.text(), re.S)[1]
     service, job, policy = yaml.safe_load_all(documents)
     spec, pod = job["spec"], job["spec"]["template"]["spec"]
     (container,) = pod["containers"]
@@ -452,9 +402,9 @@ def test_kubernetes_recipe_describes_its_cluster_and_runs_as_each_pod(clone, tmp
         if "onExitCodes" in rule and rule["onExitCodes"]["containerName"] == container["name"]
         for code in rule["onExitCodes"]["values"]
     }
-    assert actions == {2: "FailJob", 3: "FailJob", 75: "Ignore"}  # README's exit codes
+    assert actions == {2: "FailJob", 3: "FailJob", 75: "Ignore"}  # the guide's exit codes
 
-    # The workers' port is open to the Job's own pods only (README, "Who can reach").
+    # The workers' port is open to the Job's own pods only (the guide's "Who can reach").
     ports = {int(a.rsplit(":", 1)[1]) for a in pods_tf_config(0)["cluster"]["worker"]}
     pods_of_the_job = {"matchLabels": {"job-name": name}}  # the Job controller's label
     assert policy["kind"] == "NetworkPolicy" and policy["spec"]["policyTypes"] == ["Ingress"]
@@ -545,6 +495,9 @@ def test_every_command_shown_is_run_here():
         f"{DIGITS} --gin_file experiments/smoke.gin",
         f"{DIGITS} --workers 2",
         "python3 -m trainer --help",
+        f"{DIGITS} --schedule evaluate",
+        f"{DIGITS} --schedule predict --results predictions.jsonl",
+        guides.BUILD,  # tests/test_docs.py
         SWEEP,
         "python3 -m datasets.prepare --dataset digits --out data/digits --shards 4",
         "python3 -m datasets.prepare --verify data/digits",

@@ -1,8 +1,8 @@
 """The house rules a newcomer relies on: no import circle, the command line on top, and
-README's tour naming every module (read from the source, nothing imported). Modules are
-split by concept and functions kept short by review, not by a line count: a cap had
-functions fitted to it (``tests/test_step.py`` counts the frames from the Estimator to
-the model instead)."""
+the guides' tour (docs/guide/layout.md) naming every module, read from the source with
+nothing imported. Modules are split by concept and functions kept short by review, not
+by a line count: a cap had functions fitted to it (``tests/test_step.py`` counts the
+frames from the Estimator to the model instead)."""
 
 import ast
 import pathlib
@@ -110,10 +110,8 @@ def test_a_circle_is_found():
     assert _circle({"a": {"b"}, "b": set()}) is None
 
 
-def test_readmes_tour_names_every_module_of_the_framework():
-    readme = (ROOT / "README.md").read_text()
-    tour = readme[readme.index("## Where things live") :]
-    tour = tour[: tour.index("\n## ", 1)]
+def test_the_guides_tour_names_every_module_of_the_framework():
+    tour = (ROOT / "docs" / "guide" / "layout.md").read_text()
     named, package = set(), ""
     for line in tour.splitlines():  # " group" or " package/" headings, "  module.py" under them
         heading = re.match(r"^ (\S+)", line)
@@ -125,9 +123,9 @@ def test_readmes_tour_names_every_module_of_the_framework():
     modules = {p.relative_to(trainer).as_posix() for p in _files("trainer")}
     modules = {m for m in modules if not m.endswith(("__init__.py", "__main__.py"))}
     assert "distributed/placement.py" in modules and "step.py" in modules
-    assert modules <= named, f"not in README's tour: {sorted(modules - named)}"
+    assert modules <= named, f"not in the tour (docs/guide/layout.md): {sorted(modules - named)}"
     for package in ("models", "datasets"):  # one entry each, its modules listed in prose
         entry = re.search(rf"^{package}/ +(.*?)\n(?=\S)", tour, re.M | re.S).group(1)
         files = {p.name for p in _files(package)} - {"__init__.py"}
         missing = sorted(f for f in files if not re.search(rf"\b{re.escape(f)}\b", entry))
-        assert len(files) > 8 and not missing, f"{package}/ in README's tour lacks {missing}"
+        assert len(files) > 8 and not missing, f"{package}/ in the tour lacks {missing}"

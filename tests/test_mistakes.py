@@ -1,9 +1,9 @@
-"""README's mistake table, one ``python -m trainer`` run per row.
+"""The mistake table (docs/guide/troubleshooting.md), one ``python -m trainer`` run per row.
 
 Each row makes one mistake against a copy of a trained model_dir (checkpoints at
 steps 50 and 100) and checks what the user is promised: exit code 2, exactly one
 line on stderr that says what to fix, no traceback, and every file of the model_dir
-byte for byte as it was. ``test_readme_table_and_the_tests_agree`` keeps README's
+byte for byte as it was. ``test_readme_table_and_the_tests_agree`` keeps the guide's
 table and these rows (and the fault tests it names) the same.
 """
 
@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import guides
 from tests.support.commands import ENV, REPO, run_cli
 from tests.support.helpers import dir_hash
 
@@ -470,15 +471,13 @@ def test_a_mistake_is_one_line_and_changes_nothing(row, model_dir, faulty_gin, d
     assert dir_hash(model_dir) == before
 
 
-# README rows whose mistake needs more than one run, a signal or a resource limit:
+# The table's rows whose mistake needs more than one run, a signal or a resource limit:
 # their tests live beside the other faults.
 FAULT_TESTS = ("tests/test_faults.py", "tests/test_damaged_files.py", "tests/test_tfrecord.py")
 
 
 def test_readme_table_and_the_tests_agree():
-    with open(os.path.join(REPO, "README.md")) as f:
-        readme = f.read()
-    table = re.split(r"\n##+ ", readme.split("\n### Every mistake, one line\n", 1)[1])[0]
+    table = re.split(r"\n#+ ", guides.text().split("\n## Every mistake, one line\n", 1)[1])[0]
     named = re.findall(r"^\|.*\| `([\w:.]+)` \|$", table, re.M)
     rows = [name for name in named if "::" not in name]
     assert sorted(rows) == sorted(ROWS)

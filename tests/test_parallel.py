@@ -17,6 +17,7 @@ import tensorflow as tf
 
 import datasets.digits
 from models.mlp import MLP
+from tests.support import guides
 from tests.support.commands import REPO, digits_args, run_cli
 from tests.support.helpers import on_two_cpus
 from tests.support.workers import free_ports, run_local_workers, tf_config
@@ -481,8 +482,8 @@ def test_the_cluster_is_found_in_a_slurm_job_step_or_its_absence_named(monkeypat
     assert str(error.value) == (
         "distribution 'multi_worker' needs its cluster: TF_CONFIG is not set and this is not "
         "a task of a SLURM job step (SLURM_PROCID and SLURM_STEP_NODELIST are not set); set "
-        "TF_CONFIG on each worker (see README, 'Several machines'), or start the workers "
-        "with srun"
+        "TF_CONFIG on each worker (see docs/guide/parallel.md, 'Several machines'), or start "
+        "the workers with srun"
     )
     in_slurm_step(monkeypatch, PROCID="1", STEP_NUM_TASKS="2", STEP_TASKS_PER_NODE="1(x2)")
     assert cluster.find().where == ("worker 1 of 2", "gpu-node08:8888")
@@ -550,7 +551,7 @@ def test_slurm_tasks_sharing_a_node_get_their_gpus_and_their_jobs_ports(monkeypa
 
 @pytest.mark.slow
 def test_cost_model_counts_what_towers_and_the_ring_move():
-    """benchmarks/costs.py: README's table of what a step costs on many GPUs."""
+    """benchmarks/costs.py: the guide's table of what a step costs on many GPUs."""
     from benchmarks import costs
 
     mlp = costs.describe("MLP", MLP(num_classes=10, hidden_units=[512, 512]), (28, 28, 1))
@@ -566,9 +567,7 @@ def test_cost_model_counts_what_towers_and_the_ring_move():
     assert two.towers_bytes == two.ring_bytes == g  # alike at 2 devices
     rows = costs.table([mlp])
     assert len(rows) == 2 + 5 and rows[4].startswith("| MLP | 8 | NVLink 4 | 18.8 MB / 4.7 MB")
-    with open(os.path.join(REPO, "README.md")) as f:
-        readme = f.read()
     shown = costs.table(costs.networks())  # what benchmarks/devices.py prints
-    assert "\n".join(shown) in readme
+    assert "\n".join(shown) in guides.text()
     alexnet = costs.networks()[0]
     assert alexnet.parameters == 62_378_344  # experiments/alexnet_imagenet.gin's count

@@ -20,7 +20,7 @@ TWO_DEVICES = [
     name for name, column in parity.COLUMNS.items() if column.devices == 2 and not column.workers
 ]
 
-# Cells that still compute something else than one device; see README's matrix.
+# Cells that still compute something else than one device; see the matrix in docs/guide/keras.md.
 DIFFER: dict[tuple[str, str], str] = {
     ("add_loss_sum", "microbatches_2"): "add_loss values are taken as means: said in the log",
     ("add_loss_sum", "microbatches_4"): "add_loss values are taken as means: said in the log",

@@ -1,24 +1,16 @@
-"""README examples are run, not imagined: quoted files match, snippets execute."""
+"""README's and the guides' examples are run, not imagined: quoted files match, snippets
+execute, tables are the code's."""
 
 import os
-import re
 
 import pytest
 
+from tests.support import guides
 from tests.support.commands import REPO
 
 
-def readme():
-    with open(os.path.join(REPO, "README.md")) as f:
-        return f.read()
-
-
-def code_blocks(lang):
-    return re.findall(rf"```{lang}\n(.*?)```", readme(), flags=re.S)
-
-
 def test_setup_commands_come_first_and_ci_runs_the_test_command():
-    first = code_blocks("sh")[0].splitlines()
+    first = guides.code_blocks("sh")[0].splitlines()
     assert first == [
         "python3 -m pip install -e . && python3 -m trainer --gin_file experiments/digits_mlp.gin",
         'python3 -m pip install -e ".[test]" && python3 -m pytest -q -n 2',
@@ -31,11 +23,12 @@ def test_user_module_and_experiment_are_quoted_verbatim():
     quoted = [("polyfit.py", "python"), ("polyfit.gin", "gin")]
     for name, lang in [*quoted, ("parity.py", "python"), ("parity.gin", "gin")]:
         with open(os.path.join(REPO, "tests", "user_project", name)) as f:
-            assert f.read() in code_blocks(lang), f"README's copy of {name} is stale"
+            assert f.read() in guides.code_blocks(lang), f"the guides' copy of {name} is stale"
 
 
 def test_python_api_snippet_runs(tmp_path, monkeypatch):
-    snippet = next(b for b in code_blocks("python") if "trainer.Estimator(\n    PolynomialFit" in b)
+    python = guides.code_blocks("python")
+    snippet = next(b for b in python if "trainer.Estimator(\n    PolynomialFit" in b)
     monkeypatch.syspath_prepend(os.path.join(REPO, "tests", "user_project"))
     import keras
     import polyfit
@@ -53,7 +46,7 @@ def test_python_api_snippet_runs(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_keras_snippet_trains_the_model_it_compiled(tmp_path, monkeypatch):
     """README's 'Your Keras model', run as written from a working directory."""
-    snippet = next(b for b in code_blocks("python") if "keras.Sequential(" in b)
+    snippet = next(b for b in guides.code_blocks("python") if "keras.Sequential(" in b)
     monkeypatch.chdir(tmp_path)
     namespace = {}
     exec(snippet, namespace)
@@ -85,7 +78,7 @@ def test_data_table_says_what_the_offline_input_fns_yield(data_dir):
     from datasets import diabetes, digits
     from trainer import InputParams, Mode
 
-    rows = {r.split("|")[1].strip(" `"): r for r in readme().splitlines() if r.startswith("| `")}
+    rows = {r.split("|")[1].strip(" `"): r for r in guides.lines() if r.startswith("| `")}
     params = InputParams(batch_size=512, global_batch_size=512, seed=0)
     cases = [
         (lambda m, p: digits.input_fn(m, p, data_dir=data_dir), "digits", ("image", "label")),
@@ -122,7 +115,7 @@ def test_own_arrays_snippet_reads_by_index_and_shares_out_the_examples():
     import trainer
     from trainer.model_fn import is_positioned
 
-    snippet = next(b for b in code_blocks("python") if "pipeline.ArraySource(" in b)
+    snippet = next(b for b in guides.code_blocks("python") if "pipeline.ArraySource(" in b)
     namespace = {}
     exec(snippet, namespace)
     params = trainer.InputParams(batch_size=16, global_batch_size=32, seed=0)
@@ -141,8 +134,6 @@ def test_the_exit_code_table_is_the_one_the_code_uses():
     """README's table of exit codes, row for row, is ``trainer/exit_codes.py``'s."""
     from trainer import exit_codes
 
-    with open(os.path.join(REPO, "README.md")) as f:
-        readme = f.read()
-    table = readme.split("| exit | meaning | what to do |\n| --- | --- | --- |\n", 1)[1]
+    table = guides.text().split("| exit | meaning | what to do |\n| --- | --- | --- |\n", 1)[1]
     rows = [line.strip("|").split(" | ") for line in table.split("\n\n", 1)[0].splitlines()]
     assert [tuple(cell.strip() for cell in row) for row in rows] == list(exit_codes.TABLE)

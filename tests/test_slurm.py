@@ -1,4 +1,4 @@
-"""README's SLURM recipes, run on a real one-node SLURM (tests/support/slurm.py).
+"""The SLURM recipes of docs/guide/parallel.md, run on a real one-node SLURM.
 
 Two jobs of two tasks share the node at once; ``scancel --signal=TERM`` saves; the
 time limit's warning (SIGUSR1) saves and the batch script requeues the job, which then
@@ -6,13 +6,13 @@ resumes from the checkpoint and finishes. What one node cannot show (several nod
 GPUs per task) is tested with SLURM's variables faked, in test_parallel.py.
 """
 
-import os
 import re
 import subprocess
 import time
 
 import pytest
 
+from tests.support import guides
 from tests.support.commands import REPO
 from tests.support.helpers import checkpoint_steps
 from tests.support.slurm import LocalSlurm, unavailable
@@ -32,8 +32,7 @@ def slurm(tmp_path_factory):
 
 def readme_batch_script(model_dir, *bindings) -> str:
     """README's sbatch script, on the digits and ``model_dir``, with ``bindings`` added."""
-    with open(os.path.join(REPO, "README.md")) as f:
-        script = re.search(r"```bash\n(#!/bin/bash\n.*?)```", f.read(), re.S)[1]
+    script = re.search(r"```bash\n(#!/bin/bash\n.*?)```", guides.text(), re.S)[1]
     script = script.replace("experiments/cifar10_alexnet.gin", "experiments/digits_mlp.gin")
     script = script.replace("/shared/runs/c10", str(model_dir))
     added = "".join(f' --gin_param "{b}"' for b in bindings)

@@ -1,8 +1,8 @@
 """The command's exit codes, in one table: what each means and what a scheduler should do.
 
 The errors (``errors.py``), the command line (``flags.py``, ``experiment.py``), the signal
-handling (``preemption.py``), the workers and the launcher read them here, and
-README's table of exit codes is checked against ``TABLE``
+handling (``preemption.py``), the workers and the launcher read them here, and the
+command-line guide's table (docs/guide/command-line.md) is checked against ``TABLE``
 (``tests/test_readme.py``). Nothing here imports TensorFlow: the launcher and the
 flag parsing run before it loads.
 """
@@ -29,7 +29,7 @@ def of_signal(signum: int) -> int:
     return 128 + signum
 
 
-# Code(s), what it means, what to do: README's table, row for row.
+# Code(s), what it means, what to do: the guide's table, row for row.
 TABLE = (
     (str(DONE), "done", "nothing"),
     (

@@ -22,7 +22,6 @@ from collections.abc import Callable, Mapping, Sequence
 from trainer import errors
 from trainer.errors import UserError
 
-frozen = dataclasses.dataclass(frozen=True)
 NONFINITE_POLICIES = ("stop", "rollback")  # what a NaN or infinite loss does
 
 
@@ -116,7 +115,7 @@ def _unquoted(text: str) -> str | None:
     return text.strip()
 
 
-@frozen
+@dataclasses.dataclass(frozen=True)
 class Checkpoints:
     """When checkpoints are written and which are kept.
 
@@ -145,7 +144,7 @@ class Checkpoints:
         check_types(self)
 
 
-@frozen
+@dataclasses.dataclass(frozen=True)
 class Devices:
     """Where training runs: devices, workers, precision and compilation.
 
@@ -179,7 +178,7 @@ class Devices:
         check_types(self)
 
 
-@frozen
+@dataclasses.dataclass(frozen=True)
 class Optimization:
     """How each update is made from the gradients, and what a bad loss does.
 
@@ -231,7 +230,7 @@ class Optimization:
                     )
 
 
-@frozen
+@dataclasses.dataclass(frozen=True)
 class WarmStart:
     """Initial weights for a model_dir without a checkpoint (``trainer/warm_start.py``).
 
@@ -254,7 +253,7 @@ class WarmStart:
         check_types(self)
 
 
-@frozen
+@dataclasses.dataclass(frozen=True)
 class BestExport:
     """Best exports: train_and_evaluate keeps the ``keep`` best in ``model_dir/export/best/``.
 
@@ -273,7 +272,7 @@ class BestExport:
         check_types(self)
 
 
-@frozen
+@dataclasses.dataclass(frozen=True)
 class EarlyStop:
     """Early stopping: train_and_evaluate stops once a metric stops improving.
 
@@ -292,7 +291,7 @@ class EarlyStop:
         check_types(self)
 
 
-@frozen
+@dataclasses.dataclass(frozen=True)
 class Summaries:
     """What is written to TensorBoard besides the scalars of each log step.
 
@@ -325,7 +324,7 @@ class Summaries:
             )
 
 
-@frozen
+@dataclasses.dataclass(frozen=True)
 class RunConfig:
     """The run's configuration as text, and the check before a model_dir resumes.
 

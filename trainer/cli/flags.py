@@ -313,7 +313,7 @@ def usage() -> str:
     lines += [
         "",
         f"schedules: {', '.join(SCHEDULES)} (default train_and_evaluate)",
-        "experiments: experiments/*.gin; every gin setting: README.md; absl's flags too: "
-        "--helpfull",
+        "experiments: experiments/*.gin; every gin setting: docs/guide/configuration.md; "
+        "absl's flags too: --helpfull",
     ]
     return "\n".join(lines)

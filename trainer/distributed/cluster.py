@@ -73,8 +73,8 @@ def find() -> Cluster:
             raise UserError(
                 "distribution 'multi_worker' needs its cluster: TF_CONFIG is not set and "
                 f"this is not a task of a SLURM job step ({' and '.join(SLURM_VARIABLES)} "
-                "are not set); set TF_CONFIG on each worker (see README, 'Several "
-                "machines'), or start the workers with srun"
+                "are not set); set TF_CONFIG on each worker (see docs/guide/"
+                "parallel.md, 'Several machines'), or start the workers with srun"
             )
         os.environ["TF_CONFIG"] = slurm_tf_config()
         logging.info("TF_CONFIG from SLURM's job step: %s", os.environ["TF_CONFIG"])

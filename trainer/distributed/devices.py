@@ -47,8 +47,8 @@ def choose(distribution: str, devices: Sequence[str], global_batch_size: int) ->
 
     Over n GPUs towers bring every gradient to the first one and the variables back:
     its link carries (n - 1) x the gradient each way per step, against 2 (n - 1) / n
-    for MirroredStrategy's all-reduce (4x less at 8 GPUs; see README, "What a step
-    costs on many GPUs"). Towers stay for one device, for logical CPU devices (which
+    for MirroredStrategy's all-reduce (4x less at 8 GPUs; see docs/guide/parallel.md,
+    "What a step costs on many GPUs"). Towers stay for one device, for logical CPU devices (which
     share one memory, and where towers cost less: benchmarks/devices.py), and for a
     global batch that does not divide over the GPUs (towers split it unevenly).
     """

@@ -50,7 +50,7 @@ class Interrupted(BaseException):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
         # As a shell reports a process ended by the signal; but the end of a time
-        # limit is near: 75, for the job to be requeued (README's exit codes).
+        # limit is near: 75, for the job to be requeued (docs/guide/command-line.md's exit codes).
         self.exit_code = (
             exit_codes.PREEMPTED if signum == signal.SIGUSR1 else exit_codes.of_signal(signum)
         )
