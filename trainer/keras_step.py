@@ -105,25 +105,12 @@ def check(
     optimizer=None,
 ) -> None:
     """Refuses the settings a step that applies its own updates cannot honour."""
-    set_rules = [
-        f"Optimization.{name}"
-        for name in ("learning_rate_multipliers", "frozen_until_step")
-        if getattr(optimization, name)
-    ]
     fixes = {
         "several devices or a tf.distribute strategy": (
             distributed,
             "train it on one device (--num_devices 1)",
         ),
-        "Optimization.microbatches": (optimization.microbatches > 1, "remove it"),
-        "Optimization.clip_gradient_norm": (
-            optimization.clip_gradient_norm,
-            "clip in the step, or in its optimizers",
-        ),
-        " and ".join(set_rules): (
-            bool(set_rules),
-            "scale or hold back those variables' updates in the step",
-        ),
+        **{name: (True, fix) for name, fix in optimization.only_the_step().items()},
         "optimizer groups": (groups is not None, "apply each optimizer in the step"),
         "an optimizer given to the Estimator": (
             optimizer is not None,

@@ -178,6 +178,14 @@ class Devices:
         check_types(self)
 
 
+def _in_the_step(default, own_step: str):
+    """An option that the framework's step carries out and a model's own step cannot.
+
+    Set, it is refused to a model with its own ``train_step``, ``own_step`` the fix.
+    """
+    return dataclasses.field(default=default, metadata={"own_step": own_step})
+
+
 @dataclasses.dataclass(frozen=True)
 class Optimization:
     """How each update is made from the gradients, and what a bad loss does.
@@ -197,12 +205,16 @@ class Optimization:
       max_rollbacks: rollbacks allowed in one run before giving up.
     """
 
-    clip_gradient_norm: float | None = None
-    learning_rate_multipliers: Mapping[str, float] | None = None  # None: {} (as gin says)
-    frozen_until_step: Mapping[str, int] | None = None
+    clip_gradient_norm: float | None = _in_the_step(None, "clip in the step, or in its optimizers")
+    learning_rate_multipliers: Mapping[str, float] | None = _in_the_step(  # None: {}, as gin says
+        None, "scale or hold back those variables' updates in the step"
+    )
+    frozen_until_step: Mapping[str, int] | None = _in_the_step(
+        None, "scale or hold back those variables' updates in the step"
+    )
     no_weight_decay: Sequence[str] = ()
     ema_decay: float | None = None
-    microbatches: int = 1
+    microbatches: int = _in_the_step(1, "remove it")
     nonfinite_loss: str = "stop"
     max_rollbacks: int = 3
 
@@ -228,6 +240,20 @@ class Optimization:
                     raise UserError(
                         f"Optimization.{name}[{pattern!r}] must be {kind} >= 0, got {value!r}"
                     )
+
+    def only_the_step(self) -> dict[str, str]:
+        """The options set that only the framework's step carries out, with their fixes.
+
+        Each fix says how a model's own ``train_step`` would do it instead
+        (``keras_step.check`` refuses them).
+        """
+        return {
+            f"Optimization.{field.name}": field.metadata["own_step"]
+            for field in dataclasses.fields(self)
+            if "own_step" in field.metadata
+            and getattr(self, field.name)
+            and getattr(self, field.name) != field.default
+        }
 
 
 @dataclasses.dataclass(frozen=True)
