@@ -38,7 +38,8 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from datasets import mixing
+from datasets import lengths, mixing
+from datasets.lengths import padded
 from datasets.order import Order, pipeline_positions
 from datasets.sources import (  # noqa: F401 - users name them pipeline.ArraySource, ...
     ArraySource,
@@ -113,7 +114,7 @@ def build(
       by_index_fix: how this source could be read by index, for the warning when it
         must be read in sequence.
     """
-    knobs = options()
+    knobs, shapes = options(), lengths.knobs()
     _check_batch(params)
     sources = list(source) if isinstance(source, list | tuple) else [source]
     training = mode == Mode.TRAIN
@@ -122,6 +123,7 @@ def build(
     held = [in_memory(s, f"{name}-{i}", knobs) for i, s in enumerate(sources)]
     reasons = [h for h in held if isinstance(h, str)]
     if reasons:
+        lengths.check(shapes, None, name, len(sources))
         if training:
             _log_sequential(name, reasons[0], by_index_fix)
         return _sequential(sources, mode, params, preprocess, augment, weights, name, knobs)
@@ -132,55 +134,75 @@ def build(
     examples = None  # preprocessed examples in memory, when they fit
     if isinstance(data, ArraySource) and knobs["cache"] and len(data):
         examples = data.preprocessed(preprocess, memory_limit(knobs))
+    as_batched = examples if examples is not None else data
+    lengths.check(
+        shapes,
+        as_batched if isinstance(as_batched, ArraySource) else None,
+        name,
+        len(sources),
+        preprocessed=examples is not None,
+    )
     if training:
-        return _by_index(order, params, data, examples, preprocess, augment, knobs)
+        if shapes.group_batches:
+            window = shapes.group_batches * params.global_batch_size
+            order = lengths.Grouped(order, lengths.example_lengths(as_batched), window, name)
+        return _by_index(order, params, data, examples, preprocess, augment, knobs, shapes)
     rows = tf.data.Dataset.range(len(data))
     if params.num_input_pipelines > 1:
         rows = rows.shard(params.num_input_pipelines, params.input_pipeline_id)
     if examples is not None:
-        dataset = rows.batch(params.batch_size).map(lambda r: padded(examples.gather(r)))
+        dataset = rows.batch(params.batch_size).map(
+            lambda r: padded(examples.gather(r), shapes.buckets)
+        )
     else:
         if isinstance(data, RecordExamples):
             single = data.examples(rows)
         else:
             single = rows.map(data.gather, num_parallel_calls=tf.data.AUTOTUNE)
         dataset = single.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
-        dataset = _batch(dataset, params.batch_size)
+        dataset = _batch(dataset, params.batch_size, buckets=shapes.buckets)
     return counted(_finish(dataset, knobs), int(rows.cardinality()))
 
 
 def _by_index(
-    order: Order,
+    order: Order | lengths.Grouped,
     params: InputParams,
     data: ArraySource | RecordExamples,
     examples: ArraySource | None,
     preprocess: Preprocess,
     augment: Augment | None,
     knobs: dict,
+    shapes: lengths.Lengths,
 ) -> tf.data.Dataset:
     """The endless training stream of this pipeline, from ``params.start_example`` on."""
     if examples is not None and augment is None:  # a whole batch in one gather
         return _batches_by_index(
-            lambda positions: examples.gather(order.rows(positions)), params, knobs, order.seed
+            lambda positions: examples.gather(order.rows(positions)),
+            params,
+            knobs,
+            order.seed,
+            shapes.buckets,
         )
+
+    def rows(batch_of_elements):  # a batch's rows at once: a grouped order sorts per batch
+        positions = pipeline_positions(batch_of_elements, params)
+        return positions, order.rows(positions)
+
     elements = tf.data.Dataset.range(np.iinfo(np.int64).max)
+    stream = elements.batch(params.batch_size, drop_remainder=True)
+    stream = stream.map(rows, num_parallel_calls=tf.data.AUTOTUNE)
     if isinstance(data, RecordExamples):  # a batch of records per read, parsed one by one
-
-        def records(batch_of_elements):
-            positions = pipeline_positions(batch_of_elements, params)
-            return positions, data.records.read(order.rows(positions))
-
-        stream = elements.batch(params.batch_size, drop_remainder=True)
-        stream = stream.map(records, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
+        stream = stream.map(
+            lambda positions, rows: (positions, data.records.read(rows)),
+            num_parallel_calls=tf.data.AUTOTUNE,
+        )
 
         def example(position, record):
             return position, preprocess(data.parse(record))
 
     else:
-        stream = elements.map(lambda element: pipeline_positions(element, params))
 
-        def example(position):
-            row = order.rows(position)
+        def example(position, row):
             if examples is not None:
                 return position, examples.gather(row)
             return position, preprocess(data.gather(row))
@@ -193,8 +215,8 @@ def _by_index(
             features, labels = augment(features, labels, _stateless_seed(order.seed, position))
         return (features, labels, position) if mixed else (features, labels)
 
-    dataset = stream.map(augmented, num_parallel_calls=tf.data.AUTOTUNE)
-    dataset = _batch(dataset, params.batch_size, drop_remainder=True)
+    dataset = stream.unbatch().map(augmented, num_parallel_calls=tf.data.AUTOTUNE)
+    dataset = _batch(dataset, params.batch_size, drop_remainder=True, buckets=shapes.buckets)
     if mixed:
         dataset = dataset.map(mixed, num_parallel_calls=tf.data.AUTOTUNE)
     return positioned(_finish(dataset, knobs, symbolic=True))
@@ -205,6 +227,7 @@ def _batches_by_index(
     params: InputParams,
     knobs: dict,
     seed: int | None,
+    buckets: Sequence[int] = (),
 ) -> tf.data.Dataset:
     """This pipeline's endless batches: ``batch(stream positions of its examples)``."""
     elements = tf.data.Dataset.range(np.iinfo(np.int64).max)
@@ -213,31 +236,22 @@ def _batches_by_index(
 
     def batch_at(batch_of_elements):
         positions = pipeline_positions(batch_of_elements, params)
-        element = padded(batch(positions))
+        element = padded(batch(positions), buckets)
         return mixed(*element, positions) if mixed else element
 
     dataset = dataset.map(batch_at, num_parallel_calls=tf.data.AUTOTUNE)
     return positioned(_finish(dataset, knobs, symbolic=True))
 
 
-@tf.autograph.experimental.do_not_convert
-def padded(batch):
-    """The batch with its ragged parts (examples that vary in length) padded with zeros.
-
-    Each is padded to the batch's longest example.
-    """
-    return tf.nest.map_structure(
-        lambda t: t.to_tensor() if isinstance(t, tf.RaggedTensor) else t, batch
-    )
-
-
-def _batch(dataset: tf.data.Dataset, size: int, drop_remainder: bool = False):
+def _batch(
+    dataset: tf.data.Dataset, size: int, drop_remainder: bool = False, buckets: Sequence[int] = ()
+):
     """Single examples batched; those that vary in length ragged, then ``padded``."""
     if fixed_shapes(dataset.element_spec):
         return dataset.batch(size, drop_remainder=drop_remainder)
     ragged = dataset.ragged_batch(size, drop_remainder=drop_remainder)
     return ragged.map(  # a tuple element comes as its parts
-        lambda *element: padded(element if len(element) > 1 else element[0]),
+        lambda *element: padded(element if len(element) > 1 else element[0], buckets),
         num_parallel_calls=tf.data.AUTOTUNE,
     )
 

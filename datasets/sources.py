@@ -84,21 +84,36 @@ class ArraySource:
         if key not in self._preprocessed:
             if limit <= 0:
                 return None
-            one = tf.data.Dataset.from_tensor_slices(self.arrays).map(preprocess)
-            size = _decoded_bytes(one)
-            if size is None or size > limit:
-                self._preprocessed[key] = None
-            else:
-                done = one.batch(4096, num_parallel_calls=tf.data.AUTOTUNE)
-                arrays = _read_all(done.prefetch(2), self.name, batched=True)
-                self._preprocessed[key] = ArraySource(arrays, f"{self.name}, preprocessed")
-                logging.info(
-                    "Holding %s preprocessed in memory (%d examples, %.1f MB)",
-                    self.name,
-                    len(self),
-                    size / 2**20,
-                )
+            self._preprocessed[key] = self._read_preprocessed(preprocess, limit)
         return self._preprocessed[key]
+
+    def _read_preprocessed(self, preprocess: Preprocess, limit: float) -> ArraySource | None:
+        """Every example preprocessed, read into memory; None past ``limit`` or of strings.
+
+        Examples that vary in length are read ragged, up to ``limit`` bytes.
+        """
+        one = tf.data.Dataset.from_tensor_slices(self.arrays).map(preprocess)
+        specs = tf.nest.flatten(one.element_spec)
+        if any(not isinstance(s, tf.TensorSpec) or s.dtype == tf.string for s in specs):
+            return None
+        size = _decoded_bytes(one)
+        if size is not None and size > limit:
+            return None
+        if size is not None:
+            done = one.batch(4096, num_parallel_calls=tf.data.AUTOTUNE).prefetch(2)
+        else:
+            done = one.ragged_batch(4096).prefetch(2)
+        arrays = _read_all(done, self.name, batched=True, limit=limit)
+        if arrays is None:
+            return None
+        held = ArraySource(arrays, f"{self.name}, preprocessed")
+        logging.info(
+            "Holding %s preprocessed in memory (%d examples, %.1f MB)",
+            self.name,
+            len(self),
+            held.nbytes / 2**20,
+        )
+        return held
 
     @staticmethod
     def concat(sources: Sequence[ArraySource]) -> ArraySource:
@@ -273,13 +288,13 @@ def _read_all(
     batches = dataset if batched else dataset.batch(4096).prefetch(2)
     parts, size = [], 0
     for batch in errors.guarded(batches, f"reading {name}"):
-        parts.append(tf.nest.map_structure(lambda t: t.numpy(), batch))
+        parts.append(tf.nest.map_structure(_held, batch))
         size += sum(_nbytes(a) for a in tf.nest.flatten(parts[-1]))
         if size > limit:
             return None
     if not parts:
         raise UserError(f"{name} is empty: it has no examples to read")
-    return tf.nest.map_structure(lambda *p: np.concatenate(p), *parts)
+    return tf.nest.map_structure(_concatenated, *parts)
 
 
 def _function_key(fn) -> tuple:
@@ -290,7 +305,7 @@ def _function_key(fn) -> tuple:
 
 
 def _held(leaf) -> np.ndarray | tf.RaggedTensor:
-    """A source's leaf as it is kept: an array, or a ragged tensor as it was given."""
+    """A source's leaf as it is kept: an array, or a ragged tensor as it is."""
     return leaf if isinstance(leaf, tf.RaggedTensor) else np.asarray(leaf)
 
 

@@ -1,0 +1,197 @@
+"""Examples that vary in length, batched by length: an order that groups them, and buckets.
+
+A batch of sequences is padded to its longest example, so a batch drawn at random
+from lengths 4 to 320 is mostly padding. Two knobs, bound in gin under ``lengths``,
+cut it; both act on in-memory sources (``ArraySource``) whose examples have a
+``tf.RaggedTensor`` part, and an example's length is its longest ragged part:
+
+* ``lengths.group_batches = 50``: the training order groups examples of similar
+  length. The stream (``datasets/order.py``) is cut into windows of 50 global
+  batches, and each window is sorted by length, longest first, so a batch holds
+  neighbours in length. A window that spans the end of an epoch sorts each epoch's
+  part apart, so every example is still read once an epoch. A window is sorted again
+  from ``(seed, position)`` whenever a batch of it is read: the order keeps no state,
+  and a resumed run starts at its exact next batch in constant time.
+* ``lengths.buckets = [32, 64, 128, 256, 320]``: each batch is padded to the
+  smallest bucket that holds its longest example instead of to that example: a few
+  shapes, so a compiled step compiles once per bucket. An example longer than the
+  last bucket is refused before training, counted: never cut silently.
+
+Cost: reading a batch sorts its window, ``O(W log W)`` for a window of ``W``
+examples (50 batches of 64: 3,200), on the input threads; it grows with the window,
+not with the data's size or the step a run resumes at.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import gin
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from datasets.order import Order
+from datasets.sources import ArraySource
+from trainer import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class Lengths:
+    """How examples that vary in length are ordered and padded (``lengths.options``)."""
+
+    group_batches: int = 0
+    buckets: tuple[int, ...] = ()
+
+    @property
+    def active(self) -> bool:
+        """Whether either knob is bound."""
+        return bool(self.group_batches or self.buckets)
+
+
+@gin.configurable("lengths")
+def options(group_batches: int = 0, buckets: Sequence[int] = ()) -> Lengths:
+    """The knobs, as bound in gin (``lengths.buckets = [64, 128, 256]``).
+
+    Args:
+      group_batches: windows of this many global batches of the training order are
+        sorted by length, longest first; 0 keeps the order random.
+      buckets: increasing lengths; a batch is padded to the smallest that holds its
+        longest example. Empty: to that example.
+    """
+    return Lengths(group_batches, tuple(buckets))
+
+
+def knobs() -> Lengths:
+    """The bound knobs, checked here, outside gin's call, so a refusal is its one line."""
+    group_batches, buckets = dataclasses.astuple(options())
+    if isinstance(group_batches, bool) or not isinstance(group_batches, int) or group_batches < 0:
+        raise UserError(
+            f"lengths.group_batches must be a whole number of batches >= 0, got {group_batches!r}"
+        )
+    whole = all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in buckets)
+    if not whole or list(buckets) != sorted(set(buckets)):
+        raise UserError(
+            f"lengths.buckets must be increasing lengths > 0, got {list(buckets)}: list each "
+            "length once, shortest first"
+        )
+    return Lengths(group_batches, buckets)
+
+
+def example_lengths(source: ArraySource) -> np.ndarray | None:
+    """Each example's length (its longest ragged part), or None if none is ragged."""
+    ragged = [a for a in tf.nest.flatten(source.arrays) if isinstance(a, tf.RaggedTensor)]
+    if not ragged:
+        return None
+    return np.max([a.row_lengths().numpy() for a in ragged], axis=0).astype(np.int64)
+
+
+def check(
+    lengths: Lengths, source: ArraySource | None, name: str, sources: int, preprocessed=False
+) -> None:
+    """Refuses knobs the source cannot take, and examples no bucket holds, in one line.
+
+    ``source`` is the examples in memory, or None when they are not; ``preprocessed``
+    says whether they are as batched (else a bucket is checked as each batch is padded).
+    """
+    if not lengths.active:
+        return
+    if source is None:
+        raise UserError(
+            f"lengths.group_batches and lengths.buckets need {name}'s examples in memory, "
+            "as a datasets.pipeline.ArraySource; unbind them, or raise pipeline.memory_limit_mb"
+        )
+    found = example_lengths(source)
+    if found is None:
+        raise UserError(
+            f"lengths.group_batches and lengths.buckets order and pad examples that vary in "
+            f"length, but {name}'s are all of one shape: unbind them"
+        )
+    if lengths.group_batches and sources > 1:
+        raise UserError(
+            f"lengths.group_batches groups one source by length; {name} mixes {sources}: "
+            "concatenate them into one ArraySource, or unbind it"
+        )
+    if preprocessed and lengths.buckets and found.max() > lengths.buckets[-1]:
+        over = int((found > lengths.buckets[-1]).sum())
+        raise UserError(
+            f"{over:,} examples of {name} are longer than the last of lengths.buckets "
+            f"({lengths.buckets[-1]}; the longest has {found.max()}): add a bucket of at "
+            "least that length, or cut them in preprocess"
+        )
+
+
+class Grouped:
+    """An ``Order`` whose windows of ``window`` stream positions are sorted by length.
+
+    Within a window, examples go longest first; the part of a window in the next
+    epoch is sorted after the part in this one. Positions are still a pure function of
+    ``(seed, position)``.
+
+    Args:
+      order: the random order of one source.
+      lengths: each example's length.
+      window: positions per window, a multiple of the global batch.
+    """
+
+    def __init__(self, order: Order, lengths: np.ndarray, window: int, name: str = "data"):
+        (self.size,) = order.sizes
+        self.order, self.window, self.seed = order, int(window), order.seed
+        self.longest = int(lengths.max())
+        with tf.init_scope():  # made once, eagerly: datasets capture it
+            self._lengths = tf.constant(lengths, tf.int64)
+        logging.info(
+            "Grouping %s by length: windows of %s examples of the training order, each "
+            "sorted longest first (lengths %d to %d)",
+            name,
+            f"{self.window:,}",
+            lengths.min(),
+            self.longest,
+        )
+
+    @tf.autograph.experimental.do_not_convert
+    def rows(self, positions: tf.Tensor) -> tf.Tensor:
+        """The row of each stream position (a batch of them: one window, or two)."""
+        positions = tf.cast(positions, tf.int64)
+        starts = positions // self.window * self.window
+        windows, which = tf.unique(starts)
+        sorted_rows = tf.map_fn(self._sorted, windows)  # [windows, window]
+        return tf.gather_nd(
+            sorted_rows, tf.stack([tf.cast(which, tf.int64), positions - starts], axis=-1)
+        )
+
+    def _sorted(self, start: tf.Tensor) -> tf.Tensor:
+        """The rows of the window starting at ``start``: by epoch, then longest first."""
+        positions = start + tf.range(self.window, dtype=tf.int64)
+        rows = self.order.rows(positions)
+        epoch = positions // self.size - start // self.size  # 0, or 1 past the epoch's end
+        key = epoch * (self.longest + 1) + self.longest - tf.gather(self._lengths, rows)
+        return tf.gather(rows, tf.argsort(key, stable=True))
+
+
+@tf.autograph.experimental.do_not_convert
+def padded(batch, buckets: Sequence[int] = ()):
+    """The batch with its ragged parts (examples that vary in length) padded with zeros.
+
+    Each is padded to its longest example, or with ``buckets`` to the smallest bucket
+    that holds it.
+    """
+    return tf.nest.map_structure(
+        lambda t: _dense(t, buckets) if isinstance(t, tf.RaggedTensor) else t, batch
+    )
+
+
+def _dense(ragged: tf.RaggedTensor, buckets: Sequence[int]) -> tf.Tensor:
+    if not buckets:
+        return ragged.to_tensor()
+    shape = ragged.bounding_shape()
+    bounds = tf.constant(buckets, tf.int64)
+    fits = tf.debugging.assert_less_equal(
+        shape[1],
+        bounds[-1],
+        message=f"an example is longer than the last of lengths.buckets ({buckets[-1]})",
+    )
+    with tf.control_dependencies([fits]):
+        length = tf.gather(bounds, tf.searchsorted(bounds, shape[1:2])[0])
+    return ragged.to_tensor(shape=tf.tensor_scatter_nd_update(shape, [[1]], [length]))
