@@ -63,6 +63,23 @@ def options(group_batches: int = 0, buckets: Sequence[int] = ()) -> Lengths:
     return Lengths(group_batches, tuple(buckets))
 
 
+@gin.configurable("lengths.geometric")
+def geometric(shortest: int = 8, longest: int = 512, ratio: float = 1.15, multiple: int = 4):
+    """Bucket lengths from ``shortest`` to ``longest``, each ``ratio`` times the last.
+
+    A batch padded to one then wastes at most about ``ratio - 1`` of it on padding
+    (0.15: 25 buckets from 8 to 320). Each length is rounded up to a ``multiple``,
+    and ``longest`` is the last. In gin: ``lengths.buckets = @lengths.geometric()``.
+    """
+    found, length = [], float(shortest)
+    while length < longest:
+        rounded = int(-(-length // multiple) * multiple)
+        if not found or rounded > found[-1]:
+            found.append(rounded)
+        length *= ratio
+    return [b for b in found if b < longest] + [int(longest)]
+
+
 def knobs() -> Lengths:
     """The bound knobs, checked here, outside gin's call, so a refusal is its one line."""
     group_batches, buckets = dataclasses.astuple(options())

@@ -1,0 +1,229 @@
+"""Tokens/s of a small Transformer encoder on text-like lengths: grouped and bucketed,
+against every batch padded to the longest example there is.
+
+    python benchmarks/sequences.py [--seconds 15] [--repeats 2] [--examples 20000]
+
+One process, one run. The source: 20,000 examples of lengths 4 to 320 (log-normal,
+median 30, mean 44: a long tail), token ids in memory as a ``tf.RaggedTensor``, read
+by index. The model: a 2-block Transformer encoder (width 64, 4 heads, the padding
+masked from attention and from the pooling), compiled as Keras users compile it and
+given to the Estimator as it is; global batch 32, Adam. Two rows take turns
+(``--repeats``), each one ``Estimator.train`` timed between its log steps:
+
+* padded: every batch padded to 320 (``lengths.buckets = [320]``);
+* bucketed: ``lengths.group_batches = 50`` and ``lengths.buckets =
+  @lengths.geometric()`` (8 to 320, each 1.15x the last: 25 buckets).
+
+Tokens/s counts the real (non-pad) tokens of the batches trained between the first
+and last log step, read again from the same stream; the padding share is the pad
+tokens' share of one epoch of each order's batches. Then, for the bucketed row, the
+bytes of input state in a 3-step run's checkpoint, and the seconds to the first batch
+when a run resumes at step 0 and at step 20,000 (its window sorted anew). The last
+line:
+
+    bucketed/padded tokens/s: R.RRx (padding share B% vs P%)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import trainer  # noqa: E402, I001
+
+trainer.quiet_start()
+import gin  # noqa: E402
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from absl import logging  # noqa: E402
+
+from datasets import lengths, pipeline  # noqa: E402
+from trainer import Estimator, InputParams, Mode  # noqa: E402
+from trainer.settings import Checkpoints, Summaries  # noqa: E402
+
+BATCH, LONGEST, VOCAB, WIDTH = 32, 320, 1000, 64
+ROWS = {
+    "padded": {"lengths.buckets": [LONGEST]},
+    "bucketed": {"lengths.group_batches": 50, "lengths.buckets": lengths.geometric(8, LONGEST)},
+}
+
+
+def text_lengths(count: int, seed: int = 0) -> np.ndarray:
+    """Log-normal lengths, 4 to 320: median 30, mean 44, a few hundred past 200."""
+    rng = np.random.default_rng(seed)
+    return np.clip(np.round(np.exp(rng.normal(3.4, 0.9, count))), 4, LONGEST).astype(np.int64)
+
+
+def text_source(count: int) -> pipeline.ArraySource:
+    """Token ids 1..VOCAB-1 (0 pads), and a label that depends on them."""
+    sizes = text_lengths(count)
+    values = np.random.default_rng(1).integers(1, VOCAB, sizes.sum())
+    tokens = tf.RaggedTensor.from_row_lengths(values, sizes)
+    labels = np.add.reduceat(values, np.concatenate([[0], np.cumsum(sizes)[:-1]])) % 2
+    return pipeline.ArraySource({"tokens": tokens, "label": labels}, "text")
+
+
+class Positions(keras.layers.Layer):
+    """Learned position embeddings added to the tokens', the mask passed on."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.embedding = keras.layers.Embedding(LONGEST, WIDTH)
+        self.supports_masking = True
+
+    def call(self, x):
+        return x + self.embedding(keras.ops.arange(keras.ops.shape(x)[1]))
+
+
+def transformer() -> keras.Model:
+    tokens = keras.Input((None,), dtype="int64", name="tokens")
+    x = Positions()(keras.layers.Embedding(VOCAB, WIDTH, mask_zero=True)(tokens))
+    for _ in range(2):
+        attended = keras.layers.MultiHeadAttention(4, WIDTH // 4)(x, x)
+        x = keras.layers.LayerNormalization()(x + attended)
+        hidden = keras.layers.Dense(2 * WIDTH, activation="relu")(x)
+        x = keras.layers.LayerNormalization()(x + keras.layers.Dense(WIDTH)(hidden))
+    logits = keras.layers.Dense(2)(keras.layers.GlobalAveragePooling1D()(x))
+    model = keras.Model(tokens, logits)
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-3),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    return model
+
+
+def tokens_and_label(example: dict):
+    """The preprocess: one function, so its results are held once and reused."""
+    return example["tokens"], example["label"]
+
+
+def input_fn_of(source: pipeline.ArraySource):
+    def input_fn(mode, params):
+        return pipeline.build(source, mode, params, tokens_and_label, name="text")
+
+    return input_fn
+
+
+def bound(row: str):
+    """The row's gin bindings, in force until the block ends."""
+    gin.clear_config()
+    for name, value in ROWS[row].items():
+        gin.bind_parameter(name, value)
+
+
+def stream(input_fn, start_step: int, steps: int) -> list[np.ndarray]:
+    """The token batches of training steps ``[start_step, start_step + steps)``."""
+    params = InputParams(BATCH, BATCH, seed=0, start_example=start_step * BATCH)
+    dataset = input_fn(Mode.TRAIN, params).take(steps)
+    return [tokens for tokens, _ in dataset.as_numpy_iterator()]
+
+
+def tokens_per_second(row: str, source, seconds: float, chunk: int = 20) -> float:
+    """Real tokens/s of one Estimator.train, between its first and last log step."""
+    bound(row)
+    input_fn, marks = input_fn_of(source), []
+
+    class Timer(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):  # train's epochs are its log periods
+            marks.append((estimator.step, time.perf_counter()))
+            if marks[-1][1] - marks[0][1] >= seconds:
+                self.model.stop_training = True
+
+    with tempfile.TemporaryDirectory() as model_dir:
+        estimator = Estimator(
+            transformer(),
+            model_dir,
+            global_batch_size=BATCH,
+            seed=0,
+            progress=False,
+            steps_per_loop=chunk,
+            log_every_steps=chunk,
+            checkpoints=Checkpoints(every_steps=None, input=False),
+            summaries=Summaries(write_graph=False),
+        )
+        estimator.train(input_fn, 10**9, callbacks=[Timer()])
+    (s0, t0), (s1, t1) = marks[0], marks[-1]
+    real = sum(int(np.count_nonzero(b)) for b in stream(input_fn, s0, s1 - s0))
+    return real / (t1 - t0)
+
+
+def padding_share(row: str, source) -> float:
+    """Pad tokens' share of all tokens in one epoch of the row's training batches."""
+    bound(row)
+    batches = stream(input_fn_of(source), 0, len(source) // BATCH)
+    return sum(int((b == 0).sum()) for b in batches) / sum(b.size for b in batches)
+
+
+def input_state_and_resume(source) -> dict[str, float]:
+    """The bucketed row's input state in a checkpoint, and its first batch on resuming."""
+    bound("bucketed")
+    input_fn, found = input_fn_of(source), {}
+    with tempfile.TemporaryDirectory() as model_dir:
+        estimator = Estimator(
+            transformer(), model_dir, global_batch_size=BATCH, seed=0, progress=False
+        )
+        estimator.train(input_fn, 3)
+        path = tf.train.latest_checkpoint(model_dir)
+        model = ("model/", "optimizer/", "rng/", "step/", "save_counter/", "_CHECKPOINTABLE")
+        found["input state bytes"] = sum(
+            np.asarray(tf.train.load_checkpoint(path).get_tensor(key)).nbytes
+            for key, _ in tf.train.list_variables(path)
+            if not key.startswith(model)
+        )
+        for step in (0, 20_000):
+            first_batch_seconds(estimator, input_fn, step)  # warm-up
+            found[f"first batch at step {step:,} (s)"] = min(
+                first_batch_seconds(estimator, input_fn, step) for _ in range(3)
+            )
+    return found
+
+
+def first_batch_seconds(estimator: Estimator, input_fn, step: int) -> float:
+    """Seconds from building the training input at ``step`` to its first batch."""
+    estimator.inputs.position.assign(step * BATCH)
+    start = time.perf_counter()
+    next(estimator.inputs.train_iterator(input_fn, step))
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--examples", type=int, default=20_000)
+    args = parser.parse_args()
+    logging.set_verbosity(logging.WARNING)
+    source = text_source(args.examples)
+    sizes = text_lengths(args.examples)
+    print(
+        f"{args.examples:,} examples, lengths {sizes.min()} to {sizes.max()} (median "
+        f"{np.median(sizes):.0f}, mean {sizes.mean():.1f}); global batch {BATCH}"
+    )
+    rates = {row: [] for row in ROWS}
+    for _ in range(args.repeats):  # rows take turns
+        for row in ROWS:
+            rates[row].append(tokens_per_second(row, source, args.seconds))
+    shares = {row: padding_share(row, source) for row in ROWS}
+    resumed = input_state_and_resume(source)
+    print(f"{'row':<10} {'tokens/s':>10} {'padding share':>14}")
+    for row in ROWS:
+        print(f"{row:<10} {statistics.median(rates[row]):>10.0f} {shares[row]:>13.1%}")
+    for name, value in resumed.items():
+        print(f"bucketed: {name:<30} {value:.3g}")
+    ratio = statistics.median(rates["bucketed"]) / statistics.median(rates["padded"])
+    print(
+        f"bucketed/padded tokens/s: {ratio:.2f}x (padding share {shares['bucketed']:.0%} "
+        f"vs {shares['padded']:.0%})"
+    )
+
+
+if __name__ == "__main__":
+    main()
