@@ -181,3 +181,13 @@ def test_an_example_longer_than_every_bucket_fails_its_batch_where_lengths_chang
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"longer than the last of"):
         lengths.padded({"tokens": ragged}, (4,))
     assert lengths.padded({"tokens": ragged}, (2, 8))["tokens"].shape == (2, 8)
+
+
+def test_geometric_buckets_waste_at_most_their_ratio_and_bind_in_gin():
+    buckets = lengths.geometric(8, 320)
+    assert buckets[0] == 8 and buckets[-1] == 320 and len(buckets) == 25
+    assert all(b % 4 == 0 for b in buckets) and buckets == sorted(set(buckets))
+    # Rounded up to a multiple of 4: each at most 1.15x its neighbour, plus the rounding.
+    assert all(b <= a * 1.15 + 4 for a, b in zip(buckets, buckets[1:], strict=False))
+    gin.parse_config("lengths.buckets = @lengths.geometric()\nlengths.geometric.longest = 320")
+    assert lengths.knobs().buckets == tuple(buckets)
