@@ -136,7 +136,8 @@ def test_the_padded_batch_of_a_source_read_one_example_at_a_time_is_bucketed_too
         (
             {"lengths.buckets": [16, 32]},
             f"{(long_tailed() > 32).sum()} examples of text are longer than the last of "
-            "lengths.buckets (32; the longest has 60): add a bucket of at least that length, or cut them in preprocess",
+            "lengths.buckets (32; the longest has 60): add a bucket of at least that length, "
+            "or cut them in preprocess",
         ),
         (
             {"lengths.group_batches": -1},

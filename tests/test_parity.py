@@ -21,7 +21,10 @@ TWO_DEVICES = [
 ]
 
 # Cells that still compute something else than one device; see the matrix in docs/guide/keras.md.
+PART_MEANS = "the negative control: each part's token mean, averaged as if parts held alike"
 DIFFER: dict[tuple[str, str], str] = {
+    **{("part_token_means", c): PART_MEANS for c in ("microbatches_2", "microbatches_4")},
+    **{("part_token_means", c): PART_MEANS for c in ("towers", "mirrored")},
     ("add_loss_sum", "microbatches_2"): "add_loss values are taken as means: said in the log",
     ("add_loss_sum", "microbatches_4"): "add_loss values are taken as means: said in the log",
     ("add_loss_sum", "towers"): "add_loss values are taken as means: said in the log",

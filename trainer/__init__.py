@@ -30,6 +30,8 @@ _HOMES = {
     "UserError": "trainer.errors",
     "set_precision": "trainer.precision",
     "quiet_start": "trainer.console",
+    "TokenMean": "trainer.tokens",
+    "token_mean": "trainer.tokens",
     "split_cpu": "trainer.distributed.strategies",
     "make_strategy": "trainer.distributed.strategies",
     **{  # the Estimator's groups of settings

@@ -29,6 +29,7 @@ from absl import logging
 
 from trainer import dataset_marks, errors, layer_losses
 from trainer.metrics import check_metric
+from trainer.tokens import TokenMean
 
 
 class Mode(str, enum.Enum):
@@ -173,10 +174,12 @@ class Spec:
     Attributes:
       predictions: dict of tensors whose first dimension is the batch.
       loss: scalar, the mean loss over the batch (its sum, with ``loss_reduction``
-        ``'sum'``). Required in TRAIN and EVAL. A model with ``optimizer_groups`` may
-        give a dict of one loss per group (a GAN's generator and discriminator
-        losses): each group's optimizer minimises its own, and each is reported as
-        ``<group>_loss`` beside ``loss``, their sum.
+        ``'sum'``). Required in TRAIN and EVAL. A sequence model's loss per token is
+        ``trainer.token_mean(per_token_losses, weights)``: the mean over the real
+        tokens of each step's whole batch, however it is cut (``trainer/tokens.py``).
+        A model with ``optimizer_groups`` may give a dict of one loss per group (a
+        GAN's generator and discriminator losses): each group's optimizer minimises
+        its own, and each is reported as ``<group>_loss`` beside ``loss``, their sum.
       metrics: dict of per-example values, each of shape ``[batch]``. The framework
         streams their mean over the whole eval set (and over all devices), so
         accuracy is ``tf.cast(tf.equal(predicted, label), tf.float32)``. A pair
@@ -430,6 +433,13 @@ def _check_loss(where: str, loss, groups: collections.abc.Collection) -> None:
                 f"{where}: Spec.loss names {', '.join(map(repr, sorted(loss)))} but the "
                 f"optimizer groups are {', '.join(map(repr, groups))}: give one loss per group"
             )
+    if isinstance(loss, TokenMean):
+        if loss.sums.shape.rank != 1 or loss.tokens.shape.rank != 1:
+            raise ValueError(
+                f"{where}: Spec.loss is a TokenMean of one sum and one count per example; "
+                "make it with trainer.token_mean(per_token_losses, weights)"
+            )
+        return
     for name, value in loss.items() if isinstance(loss, Mapping) else [("", loss)]:
         if not tf.is_tensor(value) or value.shape.rank != 0:
             shape = getattr(value, "shape", type(value).__name__)

@@ -31,6 +31,7 @@ from trainer import (
     microbatch,
     optimizer_groups,
     precision,
+    tokens,
 )
 from trainer.distributed.placement import Placement
 from trainer.errors import UserError
@@ -108,6 +109,7 @@ class ModelState:
             )
         self.plan: optimizer_groups.Plan | None = None  # the units, once the variables exist
         self.by_group = False  # whether Spec.loss is a dict, one loss per group
+        self.token_loss = False  # whether Spec.loss is a mean over tokens (trainer.tokens)
         self.config = config  # the model_dir's record of the config it was trained with
         with placement.scope():
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
@@ -173,6 +175,7 @@ class ModelState:
                 ema=self.ema,
                 scalar_names=scalars,
                 by_group=self.loss_by_group,
+                token_loss=self.token_loss,
             )
             if mode == Mode.EVAL:
                 self.steps.observe_evaluation(self._observers(classifier))
@@ -189,7 +192,9 @@ class ModelState:
         self.traced.add(mode)
         self.placement.adopt_metrics(streamed.values())
         with self.placement.scope():
-            self.steps.take_metrics(mode, metrics, streamed, scalars, self.loss_by_group)
+            self.steps.take_metrics(
+                mode, metrics, streamed, scalars, self.loss_by_group, self.token_loss
+            )
             if mode == Mode.EVAL:
                 self.steps.observe_evaluation(self._observers(classifier))
         self.seconds["building"] += time.perf_counter() - started
@@ -296,6 +301,7 @@ class ModelState:
             found["metrics"] = sorted(per_example)
             losses = spec.loss if isinstance(spec.loss, Mapping) else {}
             self.by_group = self.by_group or bool(losses)
+            self.token_loss = self.token_loss or tokens.is_token_mean(spec.loss)
             found["scalars"] = sorted([*spec.scalars, *map(loss_name, losses)])
             found["streamed"] = {name: value[0] for name, value in streamed.items()}
             found["streamed_specs"] = {

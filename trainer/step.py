@@ -48,6 +48,7 @@ from trainer import (
     keras_step,
     layer_losses,
     microbatch,
+    tokens,
 )
 from trainer.distributed.placement import Placement
 from trainer.distributed.towers import make_parallel
@@ -111,6 +112,8 @@ class Steps:
       ema: a WeightAverage to update after each step, or None.
       scalar_names: the per-batch scalars the model's Spec returns.
       by_group: whether the model gives one loss per group (``Spec.loss`` a dict).
+      token_loss: whether its loss is a mean over tokens (``trainer.tokens``): each
+        part's gradients are then divided by the step's whole batch's tokens.
     """
 
     def __init__(
@@ -126,6 +129,7 @@ class Steps:
         ema: WeightAverage | None = None,
         scalar_names: Sequence[str] = (),
         by_group: bool = False,
+        token_loss: bool = False,
     ):
         self.model_fn, self.plan, self.global_step = model_fn, plan, global_step
         self.placement, self.ema, self.by_group = placement, ema, by_group
@@ -155,7 +159,7 @@ class Steps:
         self.observers: list = []  # of evaluation, once the model is traced in EVAL
         for mode in (Mode.TRAIN, Mode.EVAL):
             streamed = streamed_metrics if mode == traced else {}
-            self.take_metrics(mode, metric_names, streamed, scalar_names, by_group)
+            self.take_metrics(mode, metric_names, streamed, scalar_names, by_group, token_loss)
         self.times_input = not _op_determinism()  # tf.timestamp is refused under it
         with tf.init_scope():
             # A step's loss was NaN or Inf: the block ended there, the step not counted.
@@ -190,6 +194,7 @@ class Steps:
         streamed: Mapping[str, keras.metrics.Metric],
         scalars: Sequence[str] = (),
         by_group: bool = False,
+        token_loss: bool = False,
     ) -> None:
         """What a trace of the model in ``mode`` found, for that mode's steps from now on.
 
@@ -197,10 +202,12 @@ class Steps:
         callbacks' epochs read, ``EpochMetrics``); ``scalars`` are the Spec's
         per-batch scalars, averaged as the loss is; ``by_group``: a trace with labels
         showed that ``Spec.loss`` is a dict of one loss per group (a model first built
-        to predict has no loss to show it). Called before that mode's step is first
-        traced: a traced step keeps what it was traced with.
+        to predict has no loss to show it); ``token_loss``: that it is a token mean,
+        reported as a metric weighted by tokens. Called before that mode's step is
+        first traced: a traced step keeps what it was traced with.
         """
         self.by_group = self.by_group or by_group
+        self.token_loss = getattr(self, "token_loss", False) or token_loss
         self.one_scale = gradients.one_scale_per_loss(self.plan, self.by_group)
         if self.one_scale and self.placement.strategy is not None:
             names_ = ", ".join(u.name for units in self.one_scale.values() for u in units)
@@ -209,8 +216,9 @@ class Steps:
                 "scale for them in one process only: under a tf.distribute strategy use "
                 "mixed_bfloat16 (no loss scale), or one optimizer without per-variable rules"
             )
-        per_batch = ["loss", *scalars]
+        per_batch = [*scalars] if self.token_loss else ["loss", *scalars]
         per_batch += ["regularization_loss"] if self.has_regularization else []
+        names = [*names, "loss"] if self.token_loss else names
         if mode == Mode.TRAIN:
             self.train_metrics = MetricSums(names, per_batch, self.placement.per_replica)
             self.epoch_metrics = EpochMetrics(streamed)
@@ -279,21 +287,25 @@ class Steps:
         if self.microbatches == 1:
             objective, scalars, metrics, grads = part(features, labels)
             self.train_metrics.update(metrics, scalars, batch)
-            result = gradients.finite(objective), grads
+            finite, counted = gradients.finite(objective), scalars.get(_TOKENS)
         else:
 
             def slice_(features, labels, fraction):
                 objective, scalars, metrics, grads = part(features, labels, fraction)
                 self.train_metrics.update(metrics, scalars, batch_size_of(features))
-                return gradients.finite(objective), grads
+                return gradients.finite(objective), (grads, scalars.get(_TOKENS, 0.0) * fraction)
 
-            result = microbatch.accumulate(
-                slice_, features, labels, self.microbatches, wanted, self.batch_state
+            counting = (wanted, tf.TensorSpec([], tf.float32))  # the tokens summed as gradients are
+            finite, (grads, counted) = microbatch.accumulate(
+                slice_, features, labels, self.microbatches, counting, self.batch_state
             )
         if shared:  # each replica's statistics moved by its share: made the global batch's
             sums = self.batch_state.add(self.batch_state.zeros(), start, share)
             self.batch_state.finish(self.placement.total(sums), start)
-        return result
+        if self.token_loss:  # the step's whole batch's tokens per example, over replicas too
+            (counted,) = self.placement.total([tf.cast(counted, tf.float32) * share])
+            grads = tf.nest.map_structure(lambda g: _divided(g, counted), grads)
+        return finite, grads
 
     @tf.autograph.experimental.do_not_convert
     def _declared_part(self, wanted, examples, phase, share, replicas) -> Callable:
@@ -311,20 +323,28 @@ class Steps:
                 layers, variables = self.model_fn.layers, self.model_fn.trainable_variables
                 with layer_losses.during_call(layers, variables) as added:
                     spec = converted(self.model_fn)(features, labels, Mode.TRAIN)
-                loss = batch_loss(spec, batch_size_of(features), examples)
+                given = batch_loss(spec, batch_size_of(features), examples)
+                loss, counted = tokens.split(given)  # counted: tokens per example, or None
                 scalars = {"loss": total_loss(loss), **reported_scalars(spec, loss)}
                 # In float32, as Keras computes losses: a float16 loss meets float32 penalties.
                 objective = tf.nest.map_structure(
                     lambda v: tf.cast(v, tf.float32) * share * fraction, loss
                 )
+                added_loss = 0.0
                 if self.has_regularization:  # in the loss reported, as Keras reports it
-                    scalars["regularization_loss"] = layer_losses.total(added)
-                    scalars["loss"] += scalars["regularization_loss"]
-                    penalty = scalars["regularization_loss"] / replicas * fraction
-                    objective = tf.nest.map_structure(lambda o: o + penalty, objective)
+                    added_loss = scalars["regularization_loss"] = layer_losses.total(added)
+                    scalars["loss"] += added_loss
+                    # Once over the step: the tokens' division (below) undoes their weight.
+                    penalty = added_loss * (
+                        counted * share if counted is not None else 1.0 / replicas
+                    )
+                    objective = tf.nest.map_structure(lambda o: o + penalty * fraction, objective)
                 # Mixed float16: scaled up so that small gradients survive (else as it is).
                 objective = self._scale_loss(objective, phase)
             per_example, streamed = split_metrics(spec.metrics)
+            if counted is not None:  # reported exactly: each example weighted by its tokens
+                scalars[_TOKENS] = tf.cast(counted, tf.float32)
+                per_example["loss"] = tokens.reported(given, added_loss)
             self.epoch_metrics.stream(streamed)
             return (
                 objective,
@@ -644,11 +664,16 @@ class Steps:
             self.eval_metrics.stream(streamed)
             for observer in self.observers:
                 observer.update(spec.predictions, labels)
-            loss = batch_loss(spec, batch_size_of(features), examples)
+            given = batch_loss(spec, batch_size_of(features), examples)
+            loss, counted = tokens.split(given)
             scalars = reported_scalars(spec, loss)
             if self.has_regularization:  # the loss reported is the one trained, as Keras's
                 scalars["regularization_loss"] = layer_losses.total(added)
                 loss = total_loss(loss) + scalars["regularization_loss"]
+            if counted is not None:  # each example's token mean, weighted by its tokens
+                per_example["loss"] = tokens.reported(
+                    given, scalars.get("regularization_loss", 0.0)
+                )
             return total_loss(loss), scalars, per_example, None
 
         if self.towers is not None:
@@ -681,6 +706,24 @@ class Steps:
         if self.towers is not None:
             return make_parallel(predictions, self.towers.devices, features=features)
         return predictions(features)
+
+
+_TOKENS = "tokens per example"  # a token loss's count, carried beside a part's scalars
+
+
+@tf.autograph.experimental.do_not_convert
+def _divided(gradient, tokens: tf.Tensor):
+    """A token loss's summed gradient divided by the step's tokens per example.
+
+    An embedding's sparse gradient stays sparse: Keras's optimizers update those rows
+    alone (Adam squares each row's parts apart), as under ``fit``.
+    """
+    if gradient is None:
+        return None
+    if isinstance(gradient, tf.IndexedSlices):
+        values = tf.math.divide_no_nan(gradient.values, tf.cast(tokens, gradient.dtype))
+        return tf.IndexedSlices(values, gradient.indices, gradient.dense_shape)
+    return tf.math.divide_no_nan(gradient, tf.cast(tokens, gradient.dtype))
 
 
 def _op_determinism() -> bool:

@@ -60,6 +60,7 @@ class Row:
         ``trainable = False`` (its fine-tuning guide), the framework with
         ``frozen_until_step`` on them.
       image: the data are images of this shape (their labels from their mean).
+      tokens: the data are token sequences of skewed lengths (``token_arrays``).
     """
 
     make: Callable[[], keras.Model]
@@ -69,6 +70,7 @@ class Row:
     batch_statistics: bool = False
     frozen: str | None = None
     image: tuple[int, int, int] | None = None
+    tokens: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,19 +97,22 @@ COMPILED = (  # plain, batch statistics, an update, weights, outputs, a layer tw
     "constraint",
     "layer_called_twice",
     "ema",
+    "token_mean",
 )
 GROUPED = ("plain", "batch_norm", "frozen_batch_norm", "constraint", "regularizers")
-GROUPED += ("weights_weighted_mean", "layer_held_twice", "ema")
+GROUPED += ("weights_weighted_mean", "layer_held_twice", "ema", "token_mean")
 # What crosses processes: the global batch's weights and loss terms, synchronised
 # statistics, averages. Per-replica batch statistics and per-output losses add nothing
 # to what the mirrored column (the same two replicas, in one process) shows.
 MULTI_WORKER = ("plain", "synchronized_batch_norm", "weights_weighted_mean", "regularizers")
-MULTI_WORKER += ("ema",)
+MULTI_WORKER += ("ema", "token_mean")
 # What a cut batch could change in evaluation (weighted means, sums, layer losses,
 # outputs, averages): the rows the multi-device columns evaluate (one device: all).
 EVALUATED_APART = ("plain", "weights_weighted_mean", "weights_sum", "regularizers")
 EVALUATED_APART += ("add_loss_mean", "two_outputs", "ema", "synchronized_batch_norm")
+EVALUATED_APART += ("token_mean",)
 RESTARTED = ("plain", "batch_norm", "frozen_batch_norm", "regularizers", "ema", "two_outputs")
+RESTARTED += ("token_mean",)
 COLUMNS = {
     "one_device": Column({}, evaluates=True),
     "microbatches_2": Column({"microbatches": 2}, cuts_batch=True),
@@ -118,7 +123,9 @@ COLUMNS = {
     "groups": Column({"learning_rate_multipliers": {"kernel": 1.0}}, rows=GROUPED),
     "mixed_float16": Column({"mixed_precision": "mixed_float16"}, precision="mixed_float16"),
     "mixed_bfloat16": Column(
-        {"mixed_precision": "mixed_bfloat16"}, precision="mixed_bfloat16", rows=COMPILED[:5]
+        {"mixed_precision": "mixed_bfloat16"},
+        precision="mixed_bfloat16",
+        rows=(*COMPILED[:5], "token_mean"),
     ),
     # A run stopped after 2 steps and resumed by a new Estimator (a new process's
     # view): the checkpoint holds every slot, moving statistic, average and the input.
@@ -158,8 +165,29 @@ def arrays(seed: int = 0, examples: int = BATCH * STEPS, image=None):
     return x, y, w
 
 
+TOKEN_LENGTHS = [12] * 4 + [4] * 4 + [2] * 4 + [1] * 4  # of each batch: its parts' tokens
+VOCABULARY = 8  # 0 pads
+
+
+def token_arrays(examples: int = BATCH * STEPS):
+    """Token sequences ``[n, 12]`` padded with 0, and each token's successor as its label.
+
+    Every batch of 16 has the lengths ``TOKEN_LENGTHS``: its halves hold 64 and 12
+    tokens, its quarters 48, 16, 8 and 4, so a part's token mean is not the batch's;
+    every batch holds 76, so Keras's evaluate (a mean of batch means) is the token mean.
+    """
+    rng = np.random.default_rng(0)
+    lengths = np.tile(TOKEN_LENGTHS, examples // BATCH)
+    x = rng.integers(1, VOCABULARY, size=(examples, 12))
+    x[np.arange(12) >= lengths[:, None]] = 0
+    y = np.where(x > 0, x % (VOCABULARY - 1) + 1, 0)
+    return x.astype("int64"), y.astype("int64")
+
+
 def elements(row: Row):
     """The row's data as Keras users give it: ``(x, y)`` or ``(x, y, w)`` arrays."""
+    if row.tokens:
+        return token_arrays()
     x, y, w = arrays(image=row.image)
     if row.outputs:
         y = {name: y if i == 0 else (y + 1) % 3 for i, name in enumerate(row.outputs)}
@@ -632,6 +660,60 @@ class CalledTwice(trainer.ModelFn):
         return _spec(logits, labels)
 
 
+def tokens() -> keras.Model:
+    """A per-token classifier whose padding is masked (``mask_zero``): Keras's compiled
+    loss is then the mean over the batch's real tokens.
+
+    SGD with momentum, whose update is linear in the gradient: an embedding's sparse
+    gradient, summed over slices or towers, gives the update Keras gives (Adam squares
+    a sparse gradient's rows apart, so a summed one differs; left out of this row).
+    """
+    return _seeded(
+        lambda: keras.Sequential(
+            [
+                keras.Input((12,), dtype="int64"),
+                keras.layers.Embedding(VOCABULARY, 6, mask_zero=True),
+                keras.layers.Dense(8, activation="relu"),
+                keras.layers.Dense(VOCABULARY),
+            ]
+        ),
+        optimizer=keras.optimizers.SGD(0.5, momentum=0.9),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=[],
+    )
+
+
+class TokenMeanOf(trainer.ModelFn):
+    """The tokens model as a ModelFn whose loss is ``trainer.token_mean``: the mean over
+    the real tokens of each step's whole batch, as Keras's on one device."""
+
+    def __init__(self, model: keras.Model):
+        super().__init__()
+        self.model = model
+
+    def __call__(self, features, labels, mode):
+        logits = self.model(features, training=mode == trainer.Mode.TRAIN)
+        if labels is None:
+            return trainer.Spec({"logits": logits})
+        return trainer.Spec({"logits": logits}, loss=self.loss(logits, features, labels))
+
+    @staticmethod
+    def loss(logits, features, labels):
+        losses = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+        return trainer.token_mean(losses, features != 0)
+
+
+class PartTokenMeansOf(TokenMeanOf):
+    """The negative control: each part's own token mean as a plain loss, so that parts
+    of unequal tokens are averaged as equals (the gradient-accumulation bug)."""
+
+    @staticmethod
+    def loss(logits, features, labels):
+        losses = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+        mask = tf.cast(features != 0, losses.dtype)
+        return tf.reduce_sum(losses * mask) / tf.reduce_sum(mask)
+
+
 _RESNETS: dict = {}  # id of a resnet() model -> the ResNet whose layers it holds
 
 
@@ -688,6 +770,8 @@ ROWS = {
     "shared_layer": Row(shared_layer),
     "layer_held_twice": Row(regularizers, model_fn=HeldTwice),
     "layer_called_twice": Row(shared_layer, model_fn=CalledTwice),
+    "token_mean": Row(tokens, model_fn=TokenMeanOf, tokens=True),
+    "part_token_means": Row(tokens, model_fn=PartTokenMeansOf, tokens=True),
 }
 # Models of the zoo, ModelFns against fit of their own layers: the columns they are
 # tested in are their own (tests/test_resnet.py), not the whole grid.

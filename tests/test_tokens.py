@@ -1,0 +1,66 @@
+"""``trainer.token_mean``: a loss averaged over the real tokens of the whole batch, and
+reported so. The gradients' exactness over slices, towers, replicas and workers is the
+parity harness's ``token_mean`` row (with its negative control, ``part_token_means``)."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import trainer
+from tests.support import parity
+from trainer.settings import Checkpoints, Optimization
+
+
+def token_mean_of(model, x, y) -> float:
+    """The mean loss over the real tokens of ``x``, computed here in numpy."""
+    logits = model(x)
+    losses = keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True).numpy()
+    mask = x != 0
+    return float((losses * mask).sum() / mask.sum())
+
+
+def test_the_reported_loss_is_the_token_mean_of_the_whole_eval_set_and_of_training(tmp_path):
+    """Eval batches of 76 and 4 tokens: the loss is over the 80 tokens, not the mean of
+    the two batches' means (Keras's evaluate); training's, in 4 slices, likewise."""
+    x, y = parity.token_arrays(32)
+    x[16:, 1:] = 0  # the second batch: one token per example
+    y[16:, 1:] = 0
+    model = parity.tokens()
+    estimator = trainer.Estimator(
+        parity.TokenMeanOf(model),
+        str(tmp_path),
+        optimizer=keras.optimizers.SGD(0.0),  # the weights stay: the loss is known
+        global_batch_size=16,
+        steps_per_loop=2,
+        log_every_steps=2,
+        optimization=Optimization(microbatches=4),
+        checkpoints=Checkpoints(every_steps=None),
+        progress=False,
+    )
+
+    def input_fn(mode, params):
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+        return dataset.repeat() if mode == trainer.Mode.TRAIN else dataset
+
+    logged = []
+
+    class Logs(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            logged.append(logs["loss"])
+
+    estimator.train(input_fn, 2, callbacks=[Logs()])
+    whole = token_mean_of(model, x, y)
+    means = [token_mean_of(model, x[i : i + 16], y[i : i + 16]) for i in (0, 16)]
+    assert abs(np.mean(means) - whole) > 1e-3  # the batches' mean is not the token mean
+    assert estimator.evaluate(input_fn)["loss"] == pytest.approx(whole, abs=1e-6)
+    assert logged == [pytest.approx(whole, abs=1e-6)]
+
+
+def test_a_token_mean_takes_a_loss_per_token():
+    losses, weights = tf.ones([2, 3]), tf.constant([[1, 1, 0], [1, 0, 0]])
+    mean = trainer.token_mean(losses * [[1.0], [4.0]], weights)
+    np.testing.assert_allclose(mean.sums, [2.0, 4.0])
+    np.testing.assert_allclose(mean.tokens, [2.0, 1.0])
+    with pytest.raises(ValueError, match=r"token_mean takes a loss per token, \[batch, length\]"):
+        trainer.token_mean(tf.ones([4]))

@@ -1,0 +1,85 @@
+"""A loss averaged over the real tokens of a step's whole batch, however it is cut.
+
+A sequence model's loss is a mean over tokens, not over examples: padding is not a
+token, and a batch of long sequences holds more of them. Cut into parts (micro-batch
+slices, towers, replicas, workers), the mean of each part's token mean is not the
+whole batch's token mean when the parts hold different numbers of tokens; that is
+the gradient-accumulation bug of 2024's trainers (transformers#35203).
+
+A ``Spec`` says its loss is a token mean with ``loss=trainer.token_mean(losses,
+weights)``: each example's weighted sum of token losses and its tokens. Each part
+gives the mean over its examples of both, weighted by its share of the examples as
+every loss is; the steps add both up over the parts and replicas and divide the
+gradients by the tokens' total, once, before they are applied. The division is by a
+count that does not depend on the weights, so it is exact:
+
+    d/dw [sum of losses / tokens] = (sum over parts of d/dw losses) / tokens.
+
+What is reported (``loss`` in training and evaluation) is the token mean too: each
+example's mean weighted by its tokens, streamed as any weighted metric is.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import tensorflow as tf
+
+
+class TokenMean(NamedTuple):
+    """A loss that is a mean over tokens: made by ``token_mean``.
+
+    Attributes:
+      sums: ``[batch]``: each example's token losses, weighted and summed.
+      tokens: ``[batch]``: each example's token weights summed (its real tokens).
+    """
+
+    sums: tf.Tensor
+    tokens: tf.Tensor
+
+
+@tf.autograph.experimental.do_not_convert
+def token_mean(losses: tf.Tensor, weights: tf.Tensor | None = None) -> TokenMean:
+    """The loss of per-token ``losses`` (``[batch, length, ...]``) as a token mean.
+
+    ``weights`` (the same shape, or one that broadcasts to it): 1 for a real token, 0
+    for padding, or any weight per token; None counts every token.
+    """
+    losses = tf.convert_to_tensor(losses)
+    if losses.shape.rank is not None and losses.shape.rank < 2:
+        raise ValueError(
+            f"token_mean takes a loss per token, [batch, length], got shape {losses.shape}"
+        )
+    if weights is None:
+        weights = tf.ones_like(losses)
+    weights = tf.broadcast_to(tf.cast(weights, losses.dtype), tf.shape(losses))
+    axes = tf.range(1, tf.rank(losses))
+    return TokenMean(tf.reduce_sum(losses * weights, axes), tf.reduce_sum(weights, axes))
+
+
+@tf.autograph.experimental.do_not_convert
+def split(loss):
+    """``(loss, tokens)``: a part's loss and its tokens, each a mean over its examples.
+
+    A token mean gives its example means of sums and of tokens; any other loss is
+    given as it is, with None.
+    """
+    if not isinstance(loss, TokenMean):
+        return loss, None
+    return tf.reduce_mean(loss.sums), tf.reduce_mean(tf.cast(loss.tokens, loss.sums.dtype))
+
+
+@tf.autograph.experimental.do_not_convert
+def reported(loss: TokenMean, added: tf.Tensor | float = 0.0) -> tuple[tf.Tensor, tf.Tensor]:
+    """The loss as a weighted per-example metric, each example weighted by its tokens.
+
+    Each example's value is its token mean, plus ``added`` (the regularization).
+    """
+    tokens = tf.cast(loss.tokens, tf.float32)
+    means = tf.math.divide_no_nan(tf.cast(loss.sums, tf.float32), tokens)
+    return means + tf.cast(added, tf.float32), tokens
+
+
+def is_token_mean(loss) -> bool:
+    """Whether a Spec's loss is a token mean."""
+    return isinstance(loss, TokenMean)
