@@ -234,3 +234,10 @@ print(held, len(sklearn.datasets.load_digits().target))
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["[]", "1797"]
+
+
+def test_keras_backend_get_keras_mask():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Embedding(4, 2, mask_zero=True)])
+    outputs = model(np.array([[1, 2, 0]]))
+    np.testing.assert_array_equal(internals.keras_mask(outputs), [[True, True, False]])
+    assert internals.keras_mask(tf.constant([1.0])) is None

@@ -38,6 +38,17 @@ def skip_gradient_summing(optimizer: keras.optimizers.Optimizer) -> None:
     inner._all_reduce_sum_gradients = lambda grads_and_vars: list(grads_and_vars)
 
 
+def keras_mask(tensor) -> tf.Tensor | None:
+    """The mask a Keras layer set on its output (``Embedding(mask_zero=True)``), or None.
+
+    Keras 3 keeps it on the tensor and reads it with a private function; its losses and
+    metrics weight each position by it (``fit``'s token mean).
+    """
+    from keras.src import backend
+
+    return backend.get_keras_mask(tensor)
+
+
 def sublayers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
     """``layer`` and every layer inside it, at any depth, each once."""
     return layer._flatten_layers(include_self=True, recursive=True)

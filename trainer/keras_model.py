@@ -41,6 +41,7 @@ import tensorflow as tf
 from trainer import internals, keras_compile, keras_step
 from trainer.errors import UserError
 from trainer.model_fn import Mode, ModelFn, Spec, Weighted
+from trainer.tokens import TokenMean
 
 # Keras losses of class distributions: given class ids, they take them one-hot.
 DISTRIBUTION_LOSSES = ("categorical_crossentropy", "categorical_focal_crossentropy")
@@ -104,6 +105,9 @@ class KerasModel(ModelFn):
             labels = {"label": labels}
         targets = self._targets(labels, list(predictions))
         resolved = self._resolve(targets, predictions)
+        sequence = self._sequence_output(resolved, predictions, weights)
+        if sequence is not None:
+            return self._token_spec(sequence, targets, predictions, weights, mode)
         loss, metrics = 0.0, {}
         for output in resolved:
             y, p = _same_rank(targets[output.name], predictions[output.name])
@@ -127,6 +131,52 @@ class KerasModel(ModelFn):
             metrics=metrics,
         )
 
+    def _sequence_output(self, resolved, predictions, weights):
+        """The one output whose loss is a mean over tokens, or None.
+
+        So is an output that carries a Keras mask (``Embedding(mask_zero=True)``), or
+        whose sample weights are one per token (``[batch, length]``), as under ``fit``.
+        """
+        found = [
+            o
+            for o in resolved
+            if internals.keras_mask(predictions[o.name]) is not None
+            or _per_token(_of_output(weights, o.name))
+        ]
+        if found and len(resolved) > 1:
+            raise UserError(
+                f"Keras model {self.model.name!r}: output {found[0].name!r} takes a loss per "
+                "token (masked, or weighted per token), which is taken for a model of one "
+                "output only: give the sequence output a model of its own"
+            )
+        return found[0] if found else None
+
+    def _token_spec(self, output, targets, predictions, weights, mode: Mode) -> Spec:
+        """The Spec of a sequence output: a token mean (or sum) and per-token metrics.
+
+        Each position weighs its mask times its sample weight, as Keras's losses and
+        metrics weigh it; the mean is over the mask (``'mean_with_sample_weight'``: over
+        the weights), over the step's whole batch (``trainer.tokens``).
+        """
+        mask = internals.keras_mask(predictions[output.name])
+        y, p = _same_rank(targets[output.name], predictions[output.name])
+        as_scored = y if mode == Mode.TRAIN else _distributions_for(output.loss, y, p)
+        values = self._loss_of(output.name, output.loss, as_scored, p, per_token=True)
+        shown = tf.ones_like(values) if mask is None else tf.cast(mask, tf.float32)
+        given = _of_output(weights, output.name)
+        weighted = shown if given is None else shown * _per_position(given, values)
+        sums = tf.reduce_sum(values * weighted, axis=1)
+        if output.reduction == "sum":
+            loss, reduction = tf.reduce_sum(sums) * output.weight, "sum"
+        else:
+            counted = weighted if output.reduction == "weighted mean" else shown
+            loss, reduction = TokenMean(sums * output.weight, tf.reduce_sum(counted, 1)), "mean"
+        metrics = {
+            name: _token_metric(fn, y, p, weighted if is_weighted else shown)
+            for name, fn, is_weighted in output.metrics
+        }
+        return Spec(predictions=predictions, loss=loss, loss_reduction=reduction, metrics=metrics)
+
     def _weights(self, weights, output: str, p: tf.Tensor) -> tf.Tensor | None:
         """The sample weights of ``output`` (one for all, or a dict by output) as ``[batch]``."""
         weights = _of_output(weights, output)
@@ -140,8 +190,8 @@ class KerasModel(ModelFn):
             )
         return tf.reshape(tf.cast(weights, tf.float32), [tf.shape(p)[0]])
 
-    def _loss_of(self, name: str, loss_fn, y: tf.Tensor, p: tf.Tensor) -> tf.Tensor:
-        """The loss of each example of output ``name``.
+    def _loss_of(self, name: str, loss_fn, y, p, per_token: bool = False) -> tf.Tensor:
+        """The loss of each example of output ``name`` (``per_token``: of each position).
 
         A ``keras.losses.Loss`` gives its values before its reduction: Keras's own
         divides by the replicas of a strategy in scope, and the framework weights
@@ -153,6 +203,8 @@ class KerasModel(ModelFn):
         y, p = tf.cast(y, dtype), tf.cast(p, dtype)
         try:
             values = loss_fn.call(y, p) if isinstance(loss_fn, keras.losses.Loss) else loss_fn(y, p)
+            if per_token:
+                return tf.reshape(tf.cast(values, tf.float32), [tf.shape(p)[0], -1])
             return _per_example(values, p)
         except (ValueError, TypeError, tf.errors.InvalidArgumentError):
             takes = (
@@ -293,6 +345,32 @@ def _metric_value(fn, y: tf.Tensor, p: tf.Tensor, weights: tf.Tensor | None):
         return (fn, y, p) if weights is None else (fn, y, p, weights)
     values = _per_example(fn(y, p), p)
     return values if weights is None else (values, weights)
+
+
+def _per_token(weights) -> bool:
+    """Whether sample weights are one per position (``[batch, length]``), not per example."""
+    return weights is not None and weights.shape.rank == 2 and weights.shape[-1] != 1
+
+
+def _per_position(weights: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+    """Sample weights as ``values``' ``[batch, positions]``: per token, or per example."""
+    weights = tf.cast(weights, tf.float32)
+    if _per_token(weights):
+        return tf.reshape(weights, tf.shape(values))
+    return tf.reshape(weights, [-1, 1])
+
+
+def _token_metric(fn, y: tf.Tensor, p: tf.Tensor, weights: tf.Tensor):
+    """A metric of a sequence output, each position weighted as its loss is.
+
+    A Keras metric object is streamed with the weights per position; a function's
+    values are each example's weighted mean, weighted by its weights' sum.
+    """
+    if isinstance(fn, keras.metrics.Metric):
+        return fn, y, p, tf.reshape(weights, tf.shape(y))
+    values = tf.reshape(tf.cast(fn(y, p), tf.float32), tf.shape(weights))
+    total = tf.reduce_sum(weights, axis=1)
+    return tf.math.divide_no_nan(tf.reduce_sum(values * weights, axis=1), total), total
 
 
 def _per_example(values: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:

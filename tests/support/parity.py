@@ -98,6 +98,7 @@ COMPILED = (  # plain, batch statistics, an update, weights, outputs, a layer tw
     "layer_called_twice",
     "ema",
     "token_mean",
+    "keras_token_mean",
 )
 GROUPED = ("plain", "batch_norm", "frozen_batch_norm", "constraint", "regularizers")
 GROUPED += ("weights_weighted_mean", "layer_held_twice", "ema", "token_mean")
@@ -660,9 +661,9 @@ class CalledTwice(trainer.ModelFn):
         return _spec(logits, labels)
 
 
-def tokens() -> keras.Model:
+def tokens(metrics=()) -> keras.Model:
     """A per-token classifier whose padding is masked (``mask_zero``): Keras's compiled
-    loss is then the mean over the batch's real tokens.
+    loss (and ``metrics``) is then the mean over the batch's real tokens.
 
     SGD with momentum, whose update is linear in the gradient: an embedding's sparse
     gradient, summed over slices or towers, gives the update Keras gives (Adam squares
@@ -679,7 +680,7 @@ def tokens() -> keras.Model:
         ),
         optimizer=keras.optimizers.SGD(0.5, momentum=0.9),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=[],
+        metrics=list(metrics),
     )
 
 
@@ -771,6 +772,8 @@ ROWS = {
     "layer_held_twice": Row(regularizers, model_fn=HeldTwice),
     "layer_called_twice": Row(shared_layer, model_fn=CalledTwice),
     "token_mean": Row(tokens, model_fn=TokenMeanOf, tokens=True),
+    # The compiled Keras model as it is: its mask makes its loss and accuracy per token.
+    "keras_token_mean": Row(functools.partial(tokens, ["accuracy"]), tokens=True),
     "part_token_means": Row(tokens, model_fn=PartTokenMeansOf, tokens=True),
 }
 # Models of the zoo, ModelFns against fit of their own layers: the columns they are
