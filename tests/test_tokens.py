@@ -53,8 +53,19 @@ def test_the_reported_loss_is_the_token_mean_of_the_whole_eval_set_and_of_traini
     whole = token_mean_of(model, x, y)
     means = [token_mean_of(model, x[i : i + 16], y[i : i + 16]) for i in (0, 16)]
     assert abs(np.mean(means) - whole) > 1e-3  # the batches' mean is not the token mean
-    assert estimator.evaluate(input_fn)["loss"] == pytest.approx(whole, abs=1e-6)
+    evaluated = estimator.evaluate(input_fn)
+    assert evaluated["loss"] == pytest.approx(whole, abs=1e-6)
     assert logged == [pytest.approx(whole, abs=1e-6)]
+    # A cross-entropy's perplexity and bits, of the exact token mean.
+    assert evaluated["perplexity"] == pytest.approx(np.exp(whole), rel=1e-6)
+    assert evaluated["bits_per_token"] == pytest.approx(whole / np.log(2), rel=1e-6)
+
+
+def test_a_token_metric_is_each_examples_mean_weighted_by_its_tokens():
+    hits = tf.constant([[1.0, 0.0, 1.0], [0.0, 1.0, 1.0]])
+    values, weights = trainer.token_metric(hits, tf.constant([[1, 1, 0], [1, 0, 0]]))
+    np.testing.assert_allclose(values, [0.5, 0.0])
+    np.testing.assert_allclose(weights, [2.0, 1.0])  # over all: 1 hit of 3 tokens
 
 
 def test_a_token_mean_takes_a_loss_per_token():

@@ -32,6 +32,7 @@ _HOMES = {
     "quiet_start": "trainer.console",
     "TokenMean": "trainer.tokens",
     "token_mean": "trainer.tokens",
+    "token_metric": "trainer.tokens",
     "split_cpu": "trainer.distributed.strategies",
     "make_strategy": "trainer.distributed.strategies",
     **{  # the Estimator's groups of settings

@@ -170,7 +170,9 @@ class KerasModel(ModelFn):
             loss, reduction = tf.reduce_sum(sums) * output.weight, "sum"
         else:
             counted = weighted if output.reduction == "weighted mean" else shown
-            loss, reduction = TokenMean(sums * output.weight, tf.reduce_sum(counted, 1)), "mean"
+            entropy = "crossentropy" in _name_of(output.loss).replace("_", "")
+            loss = TokenMean(sums * output.weight, tf.reduce_sum(counted, 1), entropy)
+            reduction = "mean"
         metrics = {
             name: _token_metric(fn, y, p, weighted if is_weighted else shown)
             for name, fn, is_weighted in output.metrics

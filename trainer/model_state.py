@@ -109,7 +109,7 @@ class ModelState:
             )
         self.plan: optimizer_groups.Plan | None = None  # the units, once the variables exist
         self.by_group = False  # whether Spec.loss is a dict, one loss per group
-        self.token_loss = False  # whether Spec.loss is a mean over tokens (trainer.tokens)
+        self.token_loss = None  # a token mean's kind (trainer.tokens.kind), or None
         self.config = config  # the model_dir's record of the config it was trained with
         with placement.scope():
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
@@ -301,7 +301,7 @@ class ModelState:
             found["metrics"] = sorted(per_example)
             losses = spec.loss if isinstance(spec.loss, Mapping) else {}
             self.by_group = self.by_group or bool(losses)
-            self.token_loss = self.token_loss or tokens.is_token_mean(spec.loss)
+            self.token_loss = self.token_loss or tokens.kind(spec.loss)
             found["scalars"] = sorted([*spec.scalars, *map(loss_name, losses)])
             found["streamed"] = {name: value[0] for name, value in streamed.items()}
             found["streamed_specs"] = {

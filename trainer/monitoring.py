@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 import tensorflow as tf
 from absl import logging
 
-from trainer import cadence, checkpoints, console, internals
+from trainer import cadence, checkpoints, console, internals, tokens
 from trainer.model_fn import Mode, ModelFn, split_element
 from trainer.step import Steps
 from trainer.summaries import Writers
@@ -138,7 +138,7 @@ class TrainLog:
         if step == self.last_step:  # an epoch's end logged it already
             return
         self.last_step = step
-        logs = self.steps.train_metrics.result()
+        logs = tokens.derived(self.steps.train_metrics.result(), self.steps.token_loss)
         self.steps.train_metrics.reset()
         # Streamed metrics (AUC, F1) as they stand in the epoch, as Keras's batch logs
         # and TensorBoard have them; the epoch's end reads and resets them.

@@ -112,8 +112,8 @@ class Steps:
       ema: a WeightAverage to update after each step, or None.
       scalar_names: the per-batch scalars the model's Spec returns.
       by_group: whether the model gives one loss per group (``Spec.loss`` a dict).
-      token_loss: whether its loss is a mean over tokens (``trainer.tokens``): each
-        part's gradients are then divided by the step's whole batch's tokens.
+      token_loss: its loss's kind of token mean (``trainer.tokens.kind``), or None:
+        each part's gradients are then divided by the step's whole batch's tokens.
     """
 
     def __init__(
@@ -129,7 +129,7 @@ class Steps:
         ema: WeightAverage | None = None,
         scalar_names: Sequence[str] = (),
         by_group: bool = False,
-        token_loss: bool = False,
+        token_loss: str | None = None,
     ):
         self.model_fn, self.plan, self.global_step = model_fn, plan, global_step
         self.placement, self.ema, self.by_group = placement, ema, by_group
@@ -194,7 +194,7 @@ class Steps:
         streamed: Mapping[str, keras.metrics.Metric],
         scalars: Sequence[str] = (),
         by_group: bool = False,
-        token_loss: bool = False,
+        token_loss: str | None = None,
     ) -> None:
         """What a trace of the model in ``mode`` found, for that mode's steps from now on.
 
@@ -207,7 +207,7 @@ class Steps:
         first traced: a traced step keeps what it was traced with.
         """
         self.by_group = self.by_group or by_group
-        self.token_loss = getattr(self, "token_loss", False) or token_loss
+        self.token_loss = getattr(self, "token_loss", None) or token_loss
         self.one_scale = gradients.one_scale_per_loss(self.plan, self.by_group)
         if self.one_scale and self.placement.strategy is not None:
             names_ = ", ".join(u.name for units in self.one_scale.values() for u in units)

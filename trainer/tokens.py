@@ -16,11 +16,15 @@ count that does not depend on the weights, so it is exact:
     d/dw [sum of losses / tokens] = (sum over parts of d/dw losses) / tokens.
 
 What is reported (``loss`` in training and evaluation) is the token mean too: each
-example's mean weighted by its tokens, streamed as any weighted metric is.
+example's mean weighted by its tokens, streamed as any weighted metric is. A token
+mean of cross-entropies (``cross_entropy=True``; a compiled Keras model's
+cross-entropy says so itself) also reports ``perplexity``, its exponential, and
+``bits_per_token``, the mean in bits: a byte-level model's bits per byte.
 """
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import tensorflow as tf
@@ -32,18 +36,24 @@ class TokenMean(NamedTuple):
     Attributes:
       sums: ``[batch]``: each example's token losses, weighted and summed.
       tokens: ``[batch]``: each example's token weights summed (its real tokens).
+      cross_entropy: the losses are cross-entropies (in nats): ``perplexity`` and
+        ``bits_per_token`` are reported beside the loss.
     """
 
     sums: tf.Tensor
     tokens: tf.Tensor
+    cross_entropy: bool = False
 
 
 @tf.autograph.experimental.do_not_convert
-def token_mean(losses: tf.Tensor, weights: tf.Tensor | None = None) -> TokenMean:
+def token_mean(
+    losses: tf.Tensor, weights: tf.Tensor | None = None, cross_entropy: bool = False
+) -> TokenMean:
     """The loss of per-token ``losses`` (``[batch, length, ...]``) as a token mean.
 
     ``weights`` (the same shape, or one that broadcasts to it): 1 for a real token, 0
-    for padding, or any weight per token; None counts every token.
+    for padding, or any weight per token; None counts every token. ``cross_entropy``:
+    the losses are cross-entropies in nats, so perplexity and bits are reported too.
     """
     losses = tf.convert_to_tensor(losses)
     if losses.shape.rank is not None and losses.shape.rank < 2:
@@ -54,7 +64,22 @@ def token_mean(losses: tf.Tensor, weights: tf.Tensor | None = None) -> TokenMean
         weights = tf.ones_like(losses)
     weights = tf.broadcast_to(tf.cast(weights, losses.dtype), tf.shape(losses))
     axes = tf.range(1, tf.rank(losses))
-    return TokenMean(tf.reduce_sum(losses * weights, axes), tf.reduce_sum(weights, axes))
+    sums, counted = tf.reduce_sum(losses * weights, axes), tf.reduce_sum(weights, axes)
+    return TokenMean(sums, counted, cross_entropy)
+
+
+@tf.autograph.experimental.do_not_convert
+def token_metric(values: tf.Tensor, weights: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """A metric per token (``[batch, length]``: a hit, say) as a Spec metric.
+
+    That is ``(each example's weighted mean, its weights' sum)``, a weighted mean the
+    framework streams over the whole eval set: token accuracy over all its tokens.
+    """
+    values = tf.cast(values, tf.float32)
+    weights = tf.broadcast_to(tf.cast(weights, tf.float32), tf.shape(values))
+    axes = tf.range(1, tf.rank(values))
+    total = tf.reduce_sum(weights, axes)
+    return tf.math.divide_no_nan(tf.reduce_sum(values * weights, axes), total), total
 
 
 @tf.autograph.experimental.do_not_convert
@@ -80,6 +105,20 @@ def reported(loss: TokenMean, added: tf.Tensor | float = 0.0) -> tuple[tf.Tensor
     return means + tf.cast(added, tf.float32), tokens
 
 
-def is_token_mean(loss) -> bool:
-    """Whether a Spec's loss is a token mean."""
-    return isinstance(loss, TokenMean)
+def kind(loss) -> str | None:
+    """``'cross_entropy'`` or ``'mean'`` for a Spec's loss that is a token mean, else None."""
+    if not isinstance(loss, TokenMean):
+        return None
+    return "cross_entropy" if loss.cross_entropy else "mean"
+
+
+def derived(metrics: dict[str, float], loss_kind: str | None) -> dict[str, float]:
+    """``metrics`` with a cross-entropy's perplexity and bits per token added.
+
+    Both are of the loss without the regularization the loss reported includes.
+    """
+    if loss_kind != "cross_entropy" or "loss" not in metrics:
+        return metrics
+    nats = metrics["loss"] - metrics.get("regularization_loss", 0.0)
+    perplexity = math.exp(nats) if nats < 700 else float("inf")
+    return metrics | {"perplexity": perplexity, "bits_per_token": nats / math.log(2)}

@@ -701,7 +701,7 @@ class TokenMeanOf(trainer.ModelFn):
     @staticmethod
     def loss(logits, features, labels):
         losses = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
-        return trainer.token_mean(losses, features != 0)
+        return trainer.token_mean(losses, features != 0, cross_entropy=True)
 
 
 class PartTokenMeansOf(TokenMeanOf):
