@@ -2,6 +2,8 @@
 reported so. The gradients' exactness over slices, towers, replicas and workers is the
 parity harness's ``token_mean`` row (with its negative control, ``part_token_means``)."""
 
+import json
+
 import keras
 import numpy as np
 import pytest
@@ -21,8 +23,9 @@ def token_mean_of(model, x, y) -> float:
 
 
 def test_the_reported_loss_is_the_token_mean_of_the_whole_eval_set_and_of_training(tmp_path):
-    """Eval batches of 76 and 4 tokens: the loss is over the 80 tokens, not the mean of
-    the two batches' means (Keras's evaluate); training's, in 4 slices, likewise."""
+    """Eval batches of 76 and 16 tokens: the loss is over the 92 tokens, not the mean of
+    the two batches' means (Keras's evaluate); training's, in 4 slices, likewise, with
+    its padding share and tokens/s."""
     x, y = parity.token_arrays(32)
     x[16:, 1:] = 0  # the second batch: one token per example
     y[16:, 1:] = 0
@@ -47,7 +50,7 @@ def test_the_reported_loss_is_the_token_mean_of_the_whole_eval_set_and_of_traini
 
     class Logs(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
-            logged.append(logs["loss"])
+            logged.append(logs)
 
     estimator.train(input_fn, 2, callbacks=[Logs()])
     whole = token_mean_of(model, x, y)
@@ -55,7 +58,13 @@ def test_the_reported_loss_is_the_token_mean_of_the_whole_eval_set_and_of_traini
     assert abs(np.mean(means) - whole) > 1e-3  # the batches' mean is not the token mean
     evaluated = estimator.evaluate(input_fn)
     assert evaluated["loss"] == pytest.approx(whole, abs=1e-6)
-    assert logged == [pytest.approx(whole, abs=1e-6)]
+    assert [logs["loss"] for logs in logged] == [pytest.approx(whole, abs=1e-6)]
+    # 76 + 16 real tokens of 2 x 16 x 12 positions, whatever the slices held.
+    assert logged[0]["padding_share"] == pytest.approx(1 - 92 / 384, abs=1e-6)
+    assert logged[0]["tokens_per_sec"] > 0 and "tokens_per_example" not in logged[0]
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    trained = [line for line in lines if line["writer"] == "train"]
+    assert trained[0]["padding_share"] == pytest.approx(1 - 92 / 384, abs=1e-6)
     # A cross-entropy's perplexity and bits, of the exact token mean.
     assert evaluated["perplexity"] == pytest.approx(np.exp(whole), rel=1e-6)
     assert evaluated["bits_per_token"] == pytest.approx(whole / np.log(2), rel=1e-6)

@@ -38,7 +38,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from trainer import internals, keras_compile, keras_step
+from trainer import internals, keras_compile, keras_step, tokens
 from trainer.errors import UserError
 from trainer.model_fn import Mode, ModelFn, Spec, Weighted
 from trainer.tokens import TokenMean
@@ -171,7 +171,8 @@ class KerasModel(ModelFn):
         else:
             counted = weighted if output.reduction == "weighted mean" else shown
             entropy = "crossentropy" in _name_of(output.loss).replace("_", "")
-            loss = TokenMean(sums * output.weight, tf.reduce_sum(counted, 1), entropy)
+            positions = tokens.positions_of(values)
+            loss = TokenMean(sums * output.weight, tf.reduce_sum(counted, 1), entropy, positions)
             reduction = "mean"
         metrics = {
             name: _token_metric(fn, y, p, weighted if is_weighted else shown)

@@ -146,6 +146,7 @@ class TrainLog:
         if not self.steps.keras_step:  # a Keras model's own step keeps its gradients
             logs["gradient_norm"] = float(self.steps.gradient_norm.numpy())
         logs.update(self.progress.rates(step))
+        logs = tokens.rates(logs)  # a token loss's padding share and tokens/s
         logs.update(self.input_wait.since_last_log())
         for unit in self.units:  # learning_rate, or learning_rate/generator, ...
             name = "learning_rate" if unit.name == "model" else f"learning_rate/{unit.name}"

@@ -217,6 +217,7 @@ class Steps:
                 "mixed_bfloat16 (no loss scale), or one optimizer without per-variable rules"
             )
         per_batch = [*scalars] if self.token_loss else ["loss", *scalars]
+        per_batch += list(tokens.COUNTS) if self.token_loss and mode == Mode.TRAIN else []
         per_batch += ["regularization_loss"] if self.has_regularization else []
         names = [*names, "loss"] if self.token_loss else names
         if mode == Mode.TRAIN:
@@ -344,6 +345,7 @@ class Steps:
             per_example, streamed = split_metrics(spec.metrics)
             if counted is not None:  # reported exactly: each example weighted by its tokens
                 scalars[_TOKENS] = tf.cast(counted, tf.float32)
+                scalars.update(tokens.counts(given))
                 per_example["loss"] = tokens.reported(given, added_loss)
             self.epoch_metrics.stream(streamed)
             return (

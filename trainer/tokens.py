@@ -38,11 +38,14 @@ class TokenMean(NamedTuple):
       tokens: ``[batch]``: each example's token weights summed (its real tokens).
       cross_entropy: the losses are cross-entropies (in nats): ``perplexity`` and
         ``bits_per_token`` are reported beside the loss.
+      positions: ``[batch]``: each example's positions, padding included (its
+        padded length), for the padding share training reports; None: unknown.
     """
 
     sums: tf.Tensor
     tokens: tf.Tensor
     cross_entropy: bool = False
+    positions: tf.Tensor | None = None
 
 
 @tf.autograph.experimental.do_not_convert
@@ -65,7 +68,14 @@ def token_mean(
     weights = tf.broadcast_to(tf.cast(weights, losses.dtype), tf.shape(losses))
     axes = tf.range(1, tf.rank(losses))
     sums, counted = tf.reduce_sum(losses * weights, axes), tf.reduce_sum(weights, axes)
-    return TokenMean(sums, counted, cross_entropy)
+    return TokenMean(sums, counted, cross_entropy, positions_of(losses))
+
+
+@tf.autograph.experimental.do_not_convert
+def positions_of(losses: tf.Tensor) -> tf.Tensor:
+    """Each example's positions (``[batch]``): its padded length, of per-token ``losses``."""
+    shape = tf.shape(losses)
+    return tf.fill(shape[:1], tf.cast(tf.reduce_prod(shape[1:]), losses.dtype))
 
 
 @tf.autograph.experimental.do_not_convert
@@ -110,6 +120,32 @@ def kind(loss) -> str | None:
     if not isinstance(loss, TokenMean):
         return None
     return "cross_entropy" if loss.cross_entropy else "mean"
+
+
+# A training batch's real tokens and positions per example, averaged as the loss is:
+# what its padding share and tokens/s are made of.
+COUNTS = ("tokens_per_example", "positions_per_example")
+
+
+@tf.autograph.experimental.do_not_convert
+def counts(loss: TokenMean) -> dict[str, tf.Tensor]:
+    """``COUNTS`` of one part of a batch: means over its examples."""
+    found = {"tokens_per_example": tf.reduce_mean(tf.cast(loss.tokens, tf.float32))}
+    if loss.positions is not None:
+        found["positions_per_example"] = tf.reduce_mean(tf.cast(loss.positions, tf.float32))
+    else:  # unknown: counted as all real
+        found["positions_per_example"] = found["tokens_per_example"]
+    return found
+
+
+def rates(logs: dict[str, float]) -> dict[str, float]:
+    """Training logs with ``COUNTS`` turned into ``padding_share`` and ``tokens_per_sec``."""
+    if "tokens_per_example" not in logs:
+        return logs
+    real, positions = logs.pop("tokens_per_example"), logs.pop("positions_per_example")
+    logs["padding_share"] = 1.0 - real / positions if positions else 0.0
+    logs["tokens_per_sec"] = real * logs.get("examples_per_sec", 0.0)
+    return logs
 
 
 def derived(metrics: dict[str, float], loss_kind: str | None) -> dict[str, float]:
