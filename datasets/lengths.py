@@ -211,4 +211,6 @@ def _dense(ragged: tf.RaggedTensor, buckets: Sequence[int]) -> tf.Tensor:
     )
     with tf.control_dependencies([fits]):
         length = tf.gather(bounds, tf.searchsorted(bounds, shape[1:2])[0])
-    return ragged.to_tensor(shape=tf.tensor_scatter_nd_update(shape, [[1]], [length]))
+    dense = ragged.to_tensor(shape=tf.tensor_scatter_nd_update(shape, [[1]], [length]))
+    dense.set_shape(ragged.shape[:1].concatenate([None]).concatenate(ragged.shape[2:]))
+    return dense  # its batch size kept static, as jit_compile needs

@@ -236,7 +236,7 @@ def _batches_by_index(
 
     def batch_at(batch_of_elements):
         positions = pipeline_positions(batch_of_elements, params)
-        element = padded(batch(positions), buckets)
+        element = _sized(padded(batch(positions), buckets), params.batch_size)
         return mixed(*element, positions) if mixed else element
 
     dataset = dataset.map(batch_at, num_parallel_calls=tf.data.AUTOTUNE)
@@ -250,10 +250,23 @@ def _batch(
     if fixed_shapes(dataset.element_spec):
         return dataset.batch(size, drop_remainder=drop_remainder)
     ragged = dataset.ragged_batch(size, drop_remainder=drop_remainder)
-    return ragged.map(  # a tuple element comes as its parts
-        lambda *element: padded(element if len(element) > 1 else element[0], buckets),
-        num_parallel_calls=tf.data.AUTOTUNE,
-    )
+
+    def padded_batch(*element):  # a tuple element comes as its parts
+        element = padded(element if len(element) > 1 else element[0], buckets)
+        return _sized(element, size) if drop_remainder else element
+
+    return ragged.map(padded_batch, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+@tf.autograph.experimental.do_not_convert
+def _sized(batch, size: int):
+    """The batch with its static batch size set (padding computes it): one shape for XLA."""
+
+    def sized(t):
+        t.set_shape(tf.TensorShape([size]).concatenate(t.shape[1:]))
+        return t
+
+    return tf.nest.map_structure(sized, batch)
 
 
 def _mixed(params: InputParams, seed: int | None) -> Callable | None:

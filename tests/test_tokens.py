@@ -84,3 +84,48 @@ def test_a_token_mean_takes_a_loss_per_token():
     np.testing.assert_allclose(mean.tokens, [2.0, 1.0])
     with pytest.raises(ValueError, match=r"token_mean takes a loss per token, \[batch, length\]"):
         trainer.token_mean(tf.ones([4]))
+
+
+def test_under_jit_compile_bucketed_batches_compile_once_per_bucket(tmp_path):
+    """30 steps over batches of 4 lengths (buckets): XLA compiles the step at most once
+    per bucket, batches are fed one at a time, and it trains as without XLA."""
+    import gin
+
+    from datasets import pipeline
+    from trainer.settings import Devices
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 30, 400)
+    tokens = tf.ragged.constant([rng.integers(1, 8, n).tolist() for n in lengths], tf.int64)
+    source = pipeline.ArraySource({"tokens": tokens}, "text")
+    buckets = [4, 8, 16, 32]
+
+    def input_fn(mode, params):
+        def preprocess(example):  # each token's successor as its label
+            return example["tokens"], example["tokens"] % 7 + 1
+
+        return pipeline.build(source, mode, params, preprocess, name="text")
+
+    runs = {}
+    for jit in (False, True):
+        gin.clear_config()
+        gin.bind_parameter("lengths.buckets", buckets)
+        gin.bind_parameter("lengths.group_batches", 5)
+        model = parity.tokens()
+        estimator = trainer.Estimator(
+            parity.TokenMeanOf(model),
+            str(tmp_path / f"jit={jit}"),
+            optimizer=keras.optimizers.SGD(0.1),
+            global_batch_size=8,
+            seed=0,
+            steps_per_loop=10,
+            devices=Devices(jit_compile=jit),
+            checkpoints=Checkpoints(every_steps=None),
+            progress=False,
+        )
+        estimator.train(input_fn, 30)
+        runs[jit] = [v.numpy() for v in model.weights]
+        if jit:
+            assert 2 <= estimator.model.steps.compiled_shapes <= len(buckets)
+    for a, b in zip(runs[False], runs[True], strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)

@@ -62,13 +62,13 @@ class InputWait:
     @contextlib.contextmanager
     def timing(self, num_steps: int):
         """Times one block of ``num_steps`` steps run inside the context."""
-        traces = self.steps.train_loop.experimental_get_tracing_count()
+        traces = self.steps.train_traces()
         started = time.perf_counter()
         yield
         seconds = time.perf_counter() - started
         wait = float(self.steps.input_seconds.numpy())
         self.steps.input_seconds.assign(0.0)
-        if self.steps.train_loop.experimental_get_tracing_count() == traces:
+        if self.steps.train_traces() == traces:
             self.wait, self.time = self.wait + wait, self.time + seconds
             self.steps_timed += num_steps
             self.seconds["training"] += seconds

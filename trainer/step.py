@@ -35,6 +35,7 @@ in each process, and a command trains and evaluates the digits MLP after 6 conve
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Mapping, Sequence
 
 import keras
@@ -70,14 +71,20 @@ STACKED_BYTES = 256 * 2**20  # most memory one jit_compile block's stacked batch
 
 
 def stackable_steps(element_spec) -> int:
-    """How many training batches of this shape fit in ``STACKED_BYTES`` (at least one)."""
+    """How many training batches of this shape fit in ``STACKED_BYTES`` (at least one).
+
+    0 for batches whose lengths vary (padded to buckets, ``datasets/lengths.py``):
+    they are not stacked, and each step is compiled once per shape.
+    """
     specs = tf.nest.flatten(element_spec)
-    if not all(s.shape.is_fully_defined() for s in specs):
+    if not all(s.shape.rank and s.shape[:1].is_fully_defined() for s in specs):
         shapes = [s.shape.as_list() for s in specs]
         raise UserError(
-            f"Devices.jit_compile needs training batches of one fixed shape, got {shapes}: "
+            f"Devices.jit_compile needs training batches of one fixed size, got {shapes}: "
             "batch with drop_remainder=True (the pipelines in datasets/ do)"
         )
+    if not all(s.shape.is_fully_defined() for s in specs):
+        return 0
     size = sum(s.shape.num_elements() * s.dtype.size for s in specs)
     return max(1, STACKED_BYTES // max(size, 1))
 
@@ -616,6 +623,39 @@ class Steps:
         self._compiled_block(tf.nest.map_structure(lambda array: array.stack(), arrays))
         self._check_weights()  # here rather than in XLA, which reduces on one thread
 
+    def compile_per_shape(self) -> None:
+        """Under jit_compile, for batches whose lengths vary: fed one at a time.
+
+        Each batch goes to the XLA-compiled block as a block of one, so XLA compiles
+        the step once per shape (a few, with ``lengths.buckets``) rather than a block
+        of batches stacked, which one shape needs. ``compiled_shapes`` counts them;
+        TensorFlow's warning of "excessive retracing" is dropped, as each is expected.
+        """
+        self.train_loop = self._train_shape_by_shape
+        logger = tf.get_logger()
+        if not any(isinstance(f, _OneTracePerShape) for f in logger.filters):
+            logger.addFilter(_OneTracePerShape())
+
+    def train_traces(self) -> int:
+        """How many times the training loop was traced (compiled): one block's first run."""
+        if self.train_loop == self._train_shape_by_shape:
+            return self.compiled_shapes
+        return self.train_loop.experimental_get_tracing_count()
+
+    @property
+    def compiled_shapes(self) -> int:
+        """How many batch shapes the XLA-compiled block was compiled for."""
+        return self._compiled_block.experimental_get_tracing_count()
+
+    def _train_shape_by_shape(self, iterator, num_steps: tf.Tensor) -> None:
+        """Up to ``num_steps`` steps, each its batch as a compiled block of one."""
+        for _ in range(int(num_steps)):
+            element = self._next(iterator)
+            self._compiled_block(tf.nest.map_structure(lambda t: t[None], element))
+            if self.nonfinite.numpy():
+                break
+        self._check_weights()
+
     def _train_stacked(self, stacked) -> None:
         """Trains on each ``[batch, ...]`` slice of stacked batches in turn (XLA-compiled)."""
         self._steps(stacked, tf.shape(tf.nest.flatten(stacked)[0])[0])
@@ -708,6 +748,14 @@ class Steps:
         if self.towers is not None:
             return make_parallel(predictions, self.towers.devices, features=features)
         return predictions(features)
+
+
+class _OneTracePerShape(logging.Filter):
+    """Drops the "excessive retracing" warning of a step compiled once per batch shape."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not ("_train_stacked" in message and "retracing" in message)
 
 
 _TOKENS = "tokens per example"  # a token loss's count, carried beside a part's scalars

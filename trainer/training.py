@@ -301,7 +301,14 @@ class TrainingRun:
         # Under jit_compile a block's batches are stacked: as many as fit in memory.
         self.block = self.loop.steps_per_loop
         if self.placement.settings.jit_compile:
-            self.block = min(self.block, stackable_steps(dataset.element_spec))
+            stackable = stackable_steps(dataset.element_spec)
+            self.block = min(self.block, stackable) if stackable else self.block
+            if not stackable:  # lengths that vary: one compile per shape
+                self.steps.compile_per_shape()
+                logging.info(
+                    "jit_compile: the training batches vary in length, so XLA compiles the "
+                    "step once per shape (bound them with lengths.buckets)"
+                )
         self.input_wait = monitoring.InputWait(self.steps, self.model.seconds)
         return self.model.step, restored
 
