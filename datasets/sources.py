@@ -212,7 +212,7 @@ def in_memory(source, name: str, knobs: dict) -> ArraySource | RecordExamples | 
     cache = knobs["cache"]
     if cache is False or (isinstance(cache, str) and cache != "auto"):
         return f"pipeline.cache is {cache!r}"
-    if not fixed_shapes(source.element_spec):
+    if not fixed_shapes(source.element_spec) and not sequences(source.element_spec):
         if cache is True:
             raise UserError(
                 f"{name}: pipeline.cache = True holds examples in memory as arrays, but its "
@@ -225,7 +225,9 @@ def in_memory(source, name: str, knobs: dict) -> ArraySource | RecordExamples | 
     size = _decoded_bytes(source)  # None (length or string sizes unknown): read to see
     if size is not None and size > limit:
         return over
-    arrays = _read_all(source, name, limit=limit)  # of unknown length: while it fits
+    if not fixed_shapes(source.element_spec):  # sequences: held ragged, while they fit
+        source = source.ragged_batch(4096).prefetch(2)
+    arrays = _read_all(source, name, batched=not fixed_shapes(source.element_spec), limit=limit)
     if arrays is None:
         return over
     held = ArraySource(arrays, name)
@@ -254,6 +256,20 @@ def fixed_shapes(element_spec) -> bool:
     """Whether every example has the same shapes (so examples stack into arrays)."""
     specs = tf.nest.flatten(element_spec)
     return all(isinstance(s, tf.TensorSpec) and s.shape.is_fully_defined() for s in specs)
+
+
+def sequences(element_spec) -> bool:
+    """Whether examples vary only in length: numbers, each part ``[length, fixed...]``.
+
+    Such examples (token ids) are held in memory ragged; images of varying sizes are not.
+    """
+    specs = tf.nest.flatten(element_spec)
+    return all(
+        (isinstance(s, tf.TensorSpec) or getattr(s, "ragged_rank", None) == 0)  # one slice's
+        and s.dtype != tf.string
+        and (s.shape.is_fully_defined() or (s.shape.rank and s.shape[1:].is_fully_defined()))
+        for s in specs
+    )
 
 
 def _decoded_bytes(dataset: tf.data.Dataset) -> int | None:

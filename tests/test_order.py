@@ -287,7 +287,8 @@ def test_rollback_on_a_positioned_input_skips_one_batch_and_keeps_its_place(tmp_
 def test_sources_that_cannot_be_held_or_indexed_are_one_line(tmp_path):
     import gin
 
-    ragged = tf.data.Dataset.range(1, 4).map(lambda n: {"x": tf.zeros([n])})
+    # Images of varying sizes (sequences of varying length are held ragged).
+    ragged = tf.data.Dataset.range(1, 4).map(lambda n: {"x": tf.zeros([n, n])})
     gin.parse_config(["pipeline.cache = True"])
     with pytest.raises(
         UserError,

@@ -128,3 +128,18 @@ def test_training_on_varying_lengths_stopped_and_resumed_ends_bitwise_as_one_run
     ):
         np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
     assert straight.evaluate(input_fn)["loss"] == resumed.evaluate(input_fn)["loss"]
+
+
+def test_a_tf_data_source_of_sequences_is_held_in_memory_ragged_and_read_by_index(caplog):
+    """Examples that vary in length only, from a tf.data source: held, not read in
+    sequence with a buffer (images of varying sizes still are)."""
+    import logging
+
+    caplog.set_level(logging.INFO)
+    dataset = tf.data.Dataset.from_tensor_slices(tf.ragged.constant(sequences(), tf.int64))
+    params = InputParams(BATCH, BATCH, seed=3)
+    built = pipeline.build(dataset, Mode.TRAIN, params, lambda t: ({"tokens": t}, {}), name="d")
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "Holding d-0 in memory (40 examples" in said and "in sequence" not in said
+    tokens = [f["tokens"] for f, _ in built.take(COUNT // BATCH).as_numpy_iterator()]
+    assert sorted(e for t in tokens for e in examples_of(t)) == list(range(COUNT))
