@@ -6,6 +6,7 @@
     python3 -m datasets.prepare --dataset digits --out data/digits --shards 4
     python3 -m datasets.prepare --dataset mnist --data_dir ~/tensorflow_datasets
         --out data/mnist --shards 16 --format raw --compression GZIP   (one line)
+    python3 -m datasets.prepare --text reviews.jsonl --out data/reviews
     python3 -m datasets.prepare --verify data/digits
 
 ``--tfrecords`` indexes shards other tools wrote, where they lie
@@ -14,7 +15,9 @@
 (built offline from scikit-learn) or any TFDS image dataset already present in
 ``--data_dir`` (nothing downloads here); one whose images vary in size (imagenet2012)
 is written encoded, as image folders are. Train with
-``tfrecord.input_fn.data_dir = 'data/digits'``.
+``tfrecord.input_fn.data_dir = 'data/digits'``. ``--text`` is a file of documents
+(JSON lines, CSV, or one per line), tokenized once (``datasets/text.py``); train with
+``text.input_fn.data_dir = 'data/reviews'``.
 """
 
 from __future__ import annotations
@@ -39,6 +42,13 @@ flags.DEFINE_string("image_key", "image/encoded", "--tfrecords: the encoded imag
 flags.DEFINE_string("label_key", "image/class/label", "--tfrecords: the class id's feature.")
 flags.DEFINE_integer("label_offset", 0, "--tfrecords: added to each label (-1: from 1).")
 flags.DEFINE_string("dataset", None, "'digits', or a TFDS image dataset present in --data_dir.")
+flags.DEFINE_string("text", None, "A file of documents: JSON lines, CSV, or one per line.")
+flags.DEFINE_string(
+    "text_field", "text", "--text: the field of JSON lines or CSV holding the text."
+)
+flags.DEFINE_string("label_field", "label", "--text: the field holding a label, if rows have one.")
+flags.DEFINE_enum("tokenizer", "bytes", ["bytes", "words"], "--text: bytes, or words learned.")
+flags.DEFINE_integer("vocab_size", 8000, "--tokenizer words: the vocabulary's size.")
 flags.DEFINE_string("out", None, "Directory to write the shards and dataset.json to.")
 flags.DEFINE_integer("shards", None, "Shards per split (default 4; --images: 1 per 1,000 files).")
 flags.DEFINE_float("eval_fraction", 0.1, "--images without train/: held out per class.")
@@ -74,12 +84,25 @@ def main(argv: list[str]) -> None:
     try:
         if FLAGS.verify:
             sys.exit(verify(FLAGS.verify))
-        sources = [f for f in (FLAGS.images, FLAGS.dataset, FLAGS.tfrecords) if f]
+        sources = [f for f in (FLAGS.images, FLAGS.dataset, FLAGS.tfrecords, FLAGS.text) if f]
         if not FLAGS.out or len(sources) != 1:
             raise UserError(
-                "give --out and one of --images, --dataset or --tfrecords (or --verify DIR)"
+                "give --out and one of --images, --dataset, --tfrecords or --text (or --verify DIR)"
             )
-        if FLAGS.tfrecords:
+        if FLAGS.text:
+            from datasets import text
+
+            metadata = text.prepare(
+                FLAGS.text,
+                FLAGS.out,
+                FLAGS.tokenizer,
+                FLAGS.vocab_size,
+                FLAGS.text_field,
+                FLAGS.label_field,
+                FLAGS.eval_fraction,
+                FLAGS.shards or 4,
+            )
+        elif FLAGS.tfrecords:
             from datasets import foreign
 
             metadata = foreign.index(

@@ -1,0 +1,296 @@
+"""Text prepared once as token ids in TFRecord shards, then read by index.
+
+    python3 -m datasets.prepare --text reviews.jsonl --out data/reviews
+    python3 -m datasets.prepare --text corpus.txt --tokenizer words --vocab_size 8000
+        --out data/corpus                                              (one line)
+
+The file is JSON lines (``--text_field``, ``--label_field``), CSV with a header row
+(the same fields), or plain text, one document per line. Labels, when the rows have
+them, are class names (or numbers), made class ids in sorted order. Tokenizers:
+
+* ``bytes``: each UTF-8 byte is a token, ids 1 to 256 (0 pads): no vocabulary to
+  learn, nothing unknown, and a loss per token is a loss per byte;
+* ``words``: a vocabulary learned from the file: its ``vocab_size - 2`` most frequent
+  words (lower-cased runs of letters and digits, or single other characters), id 1
+  for any other word, 0 for padding; saved as ``vocab.txt`` beside the shards.
+
+A tenth of the documents (``--eval_fraction``; every k-th, so the split is the same
+on every run) is held out as ``test``. Each document is one record, its token ids a
+variable-length ``tokens`` feature (and ``label``), in uncompressed shards with their
+offsets indexed; ``dataset.json`` says how they were made. ``input_fn`` reads them:
+held in memory as a ``tf.RaggedTensor`` when they fit (``pipeline.memory_limit_mb``),
+else by offset from the files, and batched by length as ``datasets/lengths.py`` says.
+
+Nothing is written until the whole file has been read and checked: an empty
+document, a row without the text field, or a label missing from some rows is one
+line naming the file and row, and exit 2.
+"""
+
+from __future__ import annotations
+
+import collections
+import csv
+import json
+import os
+import re
+import shutil
+
+import gin
+import numpy as np
+import tensorflow as tf
+
+from datasets import pipeline, records, shards
+from trainer import InputParams, Mode, UserError, whole_files
+
+TOKENIZERS = ("bytes", "words")
+PAD, UNKNOWN = 0, 1
+WORD = re.compile(r"\w+|[^\w\s]")
+
+
+def read_documents(
+    path: str, text_field: str = "text", label_field: str = "label"
+) -> tuple[list[str], list[str] | None]:
+    """The documents of ``path`` and their labels (None when no row has one).
+
+    Raises:
+      UserError: naming the file and row of an empty document, a row without the
+        text field, or a label that some rows have and this one lacks.
+    """
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            rows = list(_rows(f, path, text_field, label_field))
+    except FileNotFoundError:
+        raise UserError(f"--text {path}: no such file") from None
+    except UnicodeDecodeError as error:
+        raise UserError(
+            f"--text {path}: not UTF-8 text ({error.reason} at byte {error.start})"
+        ) from None
+    if not rows:
+        raise UserError(f"--text {path}: the file holds no documents")
+    labelled = [label is not None for _, _, label in rows]
+    if any(labelled) and not all(labelled):
+        where = next(number for number, _, label in rows if label is None)
+        raise UserError(
+            f"{path}:{where}: no {label_field!r} where other rows have one: give every row "
+            "a label, or none"
+        )
+    for number, text, _ in rows:
+        if not text.strip():
+            raise UserError(
+                f"{path}:{number}: the document is empty: remove the row, or give it text"
+            )
+    texts = [text for _, text, _ in rows]
+    return texts, [label for _, _, label in rows] if all(labelled) else None
+
+
+def _rows(lines, path: str, text_field: str, label_field: str):
+    """``(line number, text, label or None)`` of each row, by the file's kind."""
+    if path.endswith((".jsonl", ".json")):
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise UserError(f"{path}:{number}: not a JSON object ({error.msg})") from None
+            yield number, _field(row, text_field, path, number), _label(row.get(label_field))
+    elif path.endswith(".csv"):
+        reader = csv.DictReader(lines)
+        for number, row in enumerate(reader, 2):  # the header is line 1
+            yield number, _field(row, text_field, path, number), _label(row.get(label_field))
+    else:
+        for number, line in enumerate(lines, 1):
+            yield number, line.rstrip("\n"), None
+
+
+def _field(row, field: str, path: str, number: int) -> str:
+    if not isinstance(row, dict) or not isinstance(row.get(field), str):
+        raise UserError(
+            f"{path}:{number}: no text field {field!r} (a string): name it with --text_field"
+        )
+    return row[field]
+
+
+def _label(value) -> str | None:
+    return None if value is None or value == "" else str(value)
+
+
+class Tokenizer:
+    """Text to token ids (0 pads): ``bytes``, or ``words`` of a learned vocabulary."""
+
+    def __init__(self, kind: str, vocabulary: list[str] | None = None):
+        if kind not in TOKENIZERS:
+            raise UserError(f"--tokenizer must be one of {', '.join(TOKENIZERS)}, got {kind!r}")
+        self.kind, self.vocabulary = kind, vocabulary
+        self._ids = {word: i for i, word in enumerate(vocabulary or [])}
+
+    @classmethod
+    def learned(cls, kind: str, texts: list[str], vocab_size: int) -> Tokenizer:
+        """A tokenizer of ``kind``; ``words`` learns the most frequent ones of ``texts``."""
+        if kind != "words":
+            return cls(kind)
+        if vocab_size < 3:
+            raise UserError(
+                f"--vocab_size must be at least 3 (padding, unknown, a word), got {vocab_size}"
+            )
+        counts = collections.Counter(w for text in texts for w in WORD.findall(text.lower()))
+        frequent = sorted(counts, key=lambda w: (-counts[w], w))[: vocab_size - 2]
+        return cls(kind, ["[PAD]", "[UNK]", *frequent])
+
+    @property
+    def vocab_size(self) -> int:
+        """Ids the tokenizer gives, padding included."""
+        return 257 if self.kind == "bytes" else len(self.vocabulary)
+
+    def ids(self, text: str) -> list[int]:
+        """The token ids of ``text``."""
+        if self.kind == "bytes":
+            return [b + 1 for b in text.encode("utf-8")]
+        return [self._ids.get(w, UNKNOWN) for w in WORD.findall(text.lower())]
+
+
+def prepare(
+    path: str,
+    out_dir: str,
+    tokenizer: str = "bytes",
+    vocab_size: int = 8000,
+    text_field: str = "text",
+    label_field: str = "label",
+    eval_fraction: float = 0.1,
+    num_shards: int = 4,
+) -> dict:
+    """Tokenizes the file's documents and writes them as shards; returns ``dataset.json``.
+
+    Written into a temporary directory beside ``out_dir`` and renamed when whole: a
+    failure leaves ``out_dir`` as it was.
+    """
+    texts, labels = read_documents(path, text_field, label_field)
+    tokens = Tokenizer.learned(tokenizer, texts, vocab_size)
+    classes = sorted(set(labels), key=_class_order) if labels else []
+    ids = [tokens.ids(text) for text in texts]
+    empty = next((i for i, doc in enumerate(ids) if not doc), None)
+    if empty is not None:
+        raise UserError(f"{path}: document {empty + 1} has no tokens: give it text")
+    every = max(int(round(1 / eval_fraction)), 2) if eval_fraction > 0 else 0
+    held_out = [every and i % every == every - 1 for i in range(len(ids))]
+    staging = f"{out_dir.rstrip('/')}.tmp-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    os.makedirs(staging)
+    splits = {}
+    for split, chosen in (("train", False), ("test", True)):
+        rows = [i for i in range(len(ids)) if held_out[i] == chosen]
+        if rows:
+            splits[split] = _write_split(staging, split, rows, ids, labels, classes, num_shards)
+    metadata = {
+        "kind": "text",
+        "tokenizer": tokens.kind,
+        "vocab_size": tokens.vocab_size,
+        "num_classes": len(classes),
+        "classes": classes,
+        "source": os.path.basename(path),
+        "compression": None,
+        "eval_split": "test" if "test" in splits else "train",
+        "splits": splits,
+    }
+    if tokens.vocabulary:
+        with open(os.path.join(staging, "vocab.txt"), "w", encoding="utf-8") as f:
+            f.write("\n".join(tokens.vocabulary) + "\n")
+    whole_files.write_json(os.path.join(staging, shards.METADATA), metadata)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.replace(staging, out_dir)
+    return metadata
+
+
+def _class_order(name: str):
+    """Class names in order: numbers by value, then the rest by name."""
+    return (0, float(name), "") if re.fullmatch(r"-?\d+(\.\d+)?", name) else (1, 0.0, name)
+
+
+def _write_split(out_dir, split, rows, ids, labels, classes, num_shards) -> dict:
+    """One split's shards with their offsets indexed; its ``dataset.json`` entry."""
+    written, lengths = [], []
+    for index, block in enumerate(np.array_split(rows, min(num_shards, len(rows)))):
+        name = shards.shard_name(split, index, min(num_shards, len(rows)), None)
+        path = os.path.join(out_dir, name)
+        offsets, offset = [], 0
+        with tf.io.TFRecordWriter(path) as writer:
+            for row in block.tolist():
+                feature = {"tokens": _int64s(ids[row])}
+                if labels:
+                    feature["label"] = _int64s([classes.index(labels[row])])
+                record = tf.train.Example(
+                    features=tf.train.Features(feature=feature)
+                ).SerializeToString()
+                writer.write(record)
+                offsets.append(offset)
+                offset += len(record) + records.HEADER + 4
+                lengths.append(len(ids[row]))
+        records.write_index(path, np.asarray(offsets, np.int64))
+        written.append({"file": name, "count": len(block), "bytes": os.path.getsize(path)})
+    return {
+        "count": len(rows),
+        "shards": written,
+        "tokens": int(np.sum(lengths)),
+        "longest": int(np.max(lengths)),
+    }
+
+
+def _int64s(values) -> tf.train.Feature:
+    return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
+
+
+def parse(record: tf.Tensor) -> dict:
+    """One record's ``{'tokens': int64 [length], 'label': int64}`` (label -1 if none)."""
+    parsed = tf.io.parse_single_example(
+        record,
+        {
+            "tokens": tf.io.VarLenFeature(tf.int64),
+            "label": tf.io.FixedLenFeature([], tf.int64, default_value=-1),
+        },
+    )
+    return {"tokens": tf.sparse.to_dense(parsed["tokens"]), "label": parsed["label"]}
+
+
+def features_and_label(example: dict):
+    """A record's model inputs: ``({'tokens': ...}, {'label': ...})``."""
+    return {"tokens": example["tokens"]}, {"label": example["label"]}
+
+
+@gin.configurable("text.input_fn")
+def input_fn(
+    mode: Mode,
+    params: InputParams,
+    data_dir: str = gin.REQUIRED,
+    train_split: str = "train",
+    eval_split: str | None = None,
+) -> tf.data.Dataset:
+    """Batches of ``({'tokens': int64 [batch, length]}, {'label': int64 [batch]})``.
+
+    Padded with 0 to each batch's longest document (or to ``lengths.buckets``); TRAIN
+    reads ``train_split`` by index forever, EVAL and PREDICT ``eval_split`` once.
+    """
+    wanted = train_split if mode == Mode.TRAIN else eval_split
+    metadata, paths = shards.check_shards(data_dir, wanted)
+    if metadata.get("kind") != "text":
+        raise UserError(
+            f"{data_dir} holds images, not text: read it with tfrecord.input_fn, or prepare "
+            "text with `python3 -m datasets.prepare --text FILE`"
+        )
+    split = train_split if mode == Mode.TRAIN else eval_split or metadata["eval_split"]
+    counts = [entry["count"] for entry in metadata["splits"][split]["shards"]]
+    offsets = [records.record_offsets(p, n) for p, n in zip(paths, counts, strict=True)]
+    source = pipeline.RecordExamples(
+        records.RecordSource(paths, offsets), parse, f"{os.path.basename(data_dir)}-{split}"
+    )
+    return pipeline.build(source, mode, params, features_and_label, name=f"text-{split}")
+
+
+@gin.configurable("text.vocab_size")
+def vocab_size(data_dir: str | None = None) -> int:
+    """The ids of the prepared text's tokenizer, padding included (an embedding's rows).
+
+    ``Embedding.input_dim = @text.vocab_size()`` in gin; ``data_dir`` defaults to
+    ``text.input_fn.data_dir``'s binding.
+    """
+    data_dir = data_dir or gin.query_parameter("text.input_fn.data_dir")
+    return int(shards.read_metadata(data_dir)["vocab_size"])

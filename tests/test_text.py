@@ -1,0 +1,125 @@
+"""``python -m datasets.prepare --text``: a file of documents as token ids in shards,
+read back by index (``datasets/text.py``). The documents are real text no one here
+wrote: functions of the Python standard library's own sources, labelled by package."""
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+
+import numpy as np
+import pytest
+
+from datasets import text
+from trainer import InputParams, Mode, UserError
+
+PACKAGES = ("json", "email", "http", "unittest")
+
+
+def functions(count_per_package: int = 12) -> list[dict]:
+    """``{'text': a function's first 300 characters, 'label': its package}`` rows."""
+    stdlib = sysconfig.get_paths()["stdlib"]
+    rows = []
+    for package in PACKAGES:
+        folder = os.path.join(stdlib, package)
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(".py") and len(rows) < count_per_package * (
+                1 + PACKAGES.index(package)
+            ):
+                with open(os.path.join(folder, name), encoding="utf-8") as f:
+                    for block in f.read().split("\ndef ")[1:3]:
+                        rows.append({"text": "def " + block[:300], "label": package})
+    return rows
+
+
+def write_jsonl(path, rows) -> str:
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows)
+    return str(path)
+
+
+@pytest.mark.slow
+def test_prepare_text_as_a_user_types_it_then_read_by_index(tmp_path):
+    rows = functions()
+    write_jsonl(tmp_path / "functions.jsonl", rows)
+    command = [sys.executable, "-m", "datasets.prepare", "--text", "functions.jsonl"]
+    proc = subprocess.run(
+        [*command, "--out", "data/functions"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    held_out = len(rows) // 10
+    assert f"test: {held_out} examples in 4 shards" in proc.stdout
+    data_dir = str(tmp_path / "data" / "functions")
+    metadata = json.loads(open(os.path.join(data_dir, "dataset.json")).read())
+    assert metadata["classes"] == sorted(PACKAGES) and metadata["vocab_size"] == 257
+    # Evaluation reads the held-out tenth once, in order: bytes + 1, padded with 0.
+    params = InputParams(4, 4, seed=0)
+    evaluated = list(text.input_fn(Mode.EVAL, params, data_dir=data_dir).as_numpy_iterator())
+    read = [row for features, _ in evaluated for row in features["tokens"]]
+    expected = [row for i, row in enumerate(rows) if i % 10 == 9]
+    assert len(read) == len(expected) == held_out
+    for ids, row in zip(read, expected, strict=True):
+        assert bytes(int(i) - 1 for i in ids if i).decode() == row["text"]
+    labels = np.concatenate([labels["label"] for _, labels in evaluated])
+    assert labels.tolist() == [sorted(PACKAGES).index(row["label"]) for row in expected]
+    # Training: each training document once an epoch, by index, and a resume is exact.
+    trained = text.input_fn(Mode.TRAIN, params, data_dir=data_dir)
+    epoch = [f["tokens"] for f, _ in trained.take((len(rows) - held_out) // 4).as_numpy_iterator()]
+    firsts = {tuple(row[:40]) for batch in epoch for row in batch}
+    assert len(firsts) >= (len(rows) - held_out) - 4  # a few functions may begin alike
+    resumed = text.input_fn(
+        Mode.TRAIN, InputParams(4, 4, seed=0, start_example=8), data_dir=data_dir
+    )
+    np.testing.assert_array_equal(next(resumed.as_numpy_iterator())[0]["tokens"], epoch[2])
+    proc = subprocess.run(
+        [*command, "--out", "data/bad", "--text_field", "body"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2 and proc.stderr == (
+        "error: functions.jsonl:1: no text field 'body' (a string): name it with --text_field\n"
+    )
+    assert not os.path.exists(tmp_path / "data" / "bad")
+
+
+def test_a_vocabulary_of_words_is_learned_from_the_file(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text("the cat sat\nthe dog sat on the mat\nthe cat ran\n")
+    metadata = text.prepare(str(path), str(tmp_path / "out"), "words", vocab_size=6)
+    vocabulary = (tmp_path / "out" / "vocab.txt").read_text().split()
+    assert vocabulary == ["[PAD]", "[UNK]", "the", "cat", "sat", "dog"]
+    assert metadata["vocab_size"] == 6 and metadata["num_classes"] == 0
+    tokenizer = text.Tokenizer("words", vocabulary)
+    assert tokenizer.ids("The cat ran!") == [2, 3, 1, 1]
+    with pytest.raises(UserError, match=r"--tokenizer must be one of bytes, words, got 'bpe'"):
+        text.Tokenizer("bpe")
+
+
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        ("a.jsonl", '{"text": "one"}\n{"text": " "}\n', "{path}:2: the document is empty"),
+        (
+            "b.jsonl",
+            '{"text": "one", "label": "x"}\n{"text": "two"}\n',
+            "{path}:2: no 'label' where other rows have one: give every row a label, or none",
+        ),
+        ("c.jsonl", '{"text": "one"}\nnot json\n', "{path}:2: not a JSON object"),
+        ("d.csv", "text,label\none,x\n,y\n", "{path}:3: the document is empty"),
+        ("e.txt", "", "--text {path}: the file holds no documents"),
+    ],
+    ids=["empty_document", "label_missing", "not_json", "empty_csv_cell", "empty_file"],
+)
+def test_a_bad_file_is_one_line_naming_the_row_and_nothing_is_written(
+    tmp_path, name, content, message
+):
+    path = tmp_path / name
+    path.write_text(content)
+    out = tmp_path / "out"
+    with pytest.raises(UserError) as raised:
+        text.prepare(str(path), str(out))
+    assert str(raised.value).startswith(message.format(path=path))
+    assert "\n" not in str(raised.value) and not out.exists()
+    assert os.listdir(tmp_path) == [name]  # no staging directory left either
