@@ -38,9 +38,10 @@ import shutil
 import gin
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 from datasets import pipeline, records, shards
-from trainer import InputParams, Mode, UserError, whole_files
+from trainer import InputParams, Mode, UserError, errors, whole_files
 
 TOKENIZERS = ("bytes", "words")
 PAD, UNKNOWN = 0, 1
@@ -283,6 +284,73 @@ def input_fn(
         records.RecordSource(paths, offsets), parse, f"{os.path.basename(data_dir)}-{split}"
     )
     return pipeline.build(source, mode, params, features_and_label, name=f"text-{split}")
+
+
+def documents(data_dir: str, split: str) -> list[np.ndarray]:
+    """Every document of a prepared split, in order, as int64 token ids."""
+    _, paths = shards.check_shards(data_dir, split)
+    dataset = tf.data.TFRecordDataset(paths).map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+    read = errors.guarded(dataset, f"reading {data_dir}")
+    return [example["tokens"].numpy() for example in read]
+
+
+def windows(tokens: list[np.ndarray], length: int, name: str = "text") -> pipeline.ArraySource:
+    """A causal language model's examples: the documents end to end, cut into windows.
+
+    Window ``i`` is ``tokens[i * length : (i + 1) * length]`` of the concatenation, its
+    targets the same shifted by one; the tail too short for a window is left out (the
+    log says how many tokens). An ``ArraySource``: read by index, resumed exactly.
+    """
+    stream = np.concatenate(tokens) if tokens else np.zeros([0], np.int64)
+    count = (len(stream) - 1) // length
+    if count < 1:
+        raise UserError(
+            f"{name}: {len(stream)} tokens make no window of {length} (and its next token): "
+            "give a shorter window, or more text"
+        )
+    used = stream[: count * length + 1]
+    logging.info(
+        "%s: %d tokens in %d windows of %d (the last %d tokens left out)",
+        name,
+        len(stream),
+        count,
+        length,
+        len(stream) - count * length - 1,
+    )
+    inputs = used[:-1].reshape(count, length)
+    return pipeline.ArraySource(
+        {"tokens": inputs, "targets": used[1:].reshape(count, length)}, name
+    )
+
+
+def next_tokens(example: dict):
+    """A window's model inputs and labels: ``({'tokens'}, {'targets'})``."""
+    return {"tokens": example["tokens"]}, {"targets": example["targets"]}
+
+
+@gin.configurable("text.windows_input_fn")
+def windows_input_fn(
+    mode: Mode,
+    params: InputParams,
+    data_dir: str = gin.REQUIRED,
+    length: int = 256,
+    train_split: str = "train",
+    eval_split: str | None = None,
+) -> tf.data.Dataset:
+    """A language model's batches: ``({'tokens': [b, length]}, {'targets': [b, length]})``.
+
+    The prepared split's documents end to end, cut into windows (``windows``): TRAIN
+    reads ``train_split``'s by index forever, EVAL and PREDICT ``eval_split``'s once.
+    """
+    metadata = shards.read_metadata(data_dir)
+    split = train_split if mode == Mode.TRAIN else eval_split or metadata["eval_split"]
+    key = (os.path.abspath(data_dir), split, length)
+    if key not in _WINDOWS:  # read once a process: every later input_fn call reuses it
+        _WINDOWS[key] = windows(documents(data_dir, split), length, f"text-{split}")
+    return pipeline.build(_WINDOWS[key], mode, params, next_tokens, name=f"windows-{split}")
+
+
+_WINDOWS: dict = {}
 
 
 @gin.configurable("text.vocab_size")

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -123,3 +124,31 @@ def test_a_bad_file_is_one_line_naming_the_row_and_nothing_is_written(
     assert str(raised.value).startswith(message.format(path=path))
     assert "\n" not in str(raised.value) and not out.exists()
     assert os.listdir(tmp_path) == [name]  # no staging directory left either
+
+
+def test_a_language_models_windows_cut_the_documents_end_to_end(tmp_path):
+    """Windows of 16 bytes over the training documents, each target its input's next
+    byte; every window once an epoch, read by index, resumed exactly."""
+    rows = functions(3)
+    text.prepare(write_jsonl(tmp_path / "f.jsonl", rows), str(tmp_path / "data"))
+    training = "".join(row["text"] for i, row in enumerate(rows) if i % 10 != 9).encode()
+    data_dir, params = str(tmp_path / "data"), InputParams(4, 4, seed=1)
+    dataset = text.windows_input_fn(Mode.TRAIN, params, data_dir=data_dir, length=16)
+    count = (len(training) - 1) // 16
+    batches = list(dataset.take(count // 4).as_numpy_iterator())
+    expected = [training[k * 16 : k * 16 + 17] for k in range(count)]  # inputs + next
+    seen = []
+    for features, labels in batches:
+        for tokens, targets in zip(features["tokens"], labels["targets"], strict=True):
+            window = bytes(int(i) - 1 for i in tokens) + bytes([int(targets[-1]) - 1])
+            assert bytes(int(i) - 1 for i in targets) == window[1:]
+            seen.append(window)
+    assert len(seen) == count // 4 * 4 and not Counter(seen) - Counter(expected)  # each once
+    resumed = text.windows_input_fn(
+        Mode.TRAIN, InputParams(4, 4, seed=1, start_example=12), data_dir=data_dir, length=16
+    )
+    np.testing.assert_array_equal(
+        next(resumed.as_numpy_iterator())[0]["tokens"], batches[3][0]["tokens"]
+    )
+    with pytest.raises(UserError, match=r"tokens make no window of 100000 \(and its next token\)"):
+        text.windows(text.documents(data_dir, "test"), 100_000)
