@@ -7,13 +7,13 @@ import http.server
 import os
 import re
 import shutil
-import threading
 import urllib.parse
 
 import pytest
 
 from tests.support import guides
 from tests.support.as_typed import copy_clone, ok, sh
+from tests.support.helpers import http_served
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # As root and offline: no sandbox, and none of Chromium's own calls home.
@@ -41,13 +41,8 @@ def built(tmp_path_factory):
 def served(built):
     """The site over HTTP on 127.0.0.1 (search runs in a web worker, which a file://
     page may not start); yields its address."""
-    handler = functools.partial(QuietHandler, directory=str(built[1]))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/"
-    server.shutdown()
-    server.server_close()
+    with http_served(functools.partial(QuietHandler, directory=str(built[1]))) as address:
+        yield address + "/"
 
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):

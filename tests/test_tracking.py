@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 
@@ -21,6 +20,7 @@ import pytest
 from datasets import digits
 from models.mlp import MLP
 from tests.support.commands import REPO, run_cli
+from tests.support.helpers import http_served
 from trainer import Checkpoints, Estimator
 from trainer.distributed.launcher import free_ports
 from trainer.errors import UserError
@@ -190,12 +190,8 @@ class _NotMLflow(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def not_mlflow():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotMLflow)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with http_served(_NotMLflow) as address:
+        yield address
 
 
 @pytest.mark.parametrize("store", ["file", "scheme", "foreign"])

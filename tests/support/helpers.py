@@ -1,11 +1,14 @@
 """Reading back what a run wrote (event files with TensorBoard's own loader, files), and
 the id-table runs of tests/support/resume_runs.py."""
 
+import contextlib
+import http.server
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from tensorboard.backend.event_processing import event_accumulator
@@ -188,3 +191,17 @@ def closed_form_eval_mse():
     theta = np.linalg.solve(design.T @ design, design.T @ y)  # (X^T X)^-1 X^T y
     x_test, y_test = diabetes.arrays("test")
     return float(np.mean((np.c_[x_test, np.ones(len(x_test))] @ theta - y_test) ** 2))
+
+
+@contextlib.contextmanager
+def http_served(handler):
+    """``handler`` (a request handler class, or a partial of one) serving on a free
+    port of 127.0.0.1 in a thread; yields the address, ``http://127.0.0.1:PORT``."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
