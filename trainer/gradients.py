@@ -39,14 +39,15 @@ def poisoned_unless_finite(grads: list) -> list:
     present = [g for g in grads if g is not None]
     finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(_values(g))) for g in present])
     poison = tf.where(finite, 1.0, float("nan"))
-    return [None if g is None else _scaled(g, poison) for g in grads]
+    return [None if g is None else scaled(g, poison) for g in grads]
 
 
 def _values(gradient):
     return gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
 
 
-def _scaled(gradient, factor):
+def scaled(gradient, factor):
+    """``gradient * factor``; an embedding's sparse gradient stays sparse, its rows scaled."""
     if isinstance(gradient, tf.IndexedSlices):
         values = gradient.values * tf.cast(factor, gradient.values.dtype)
         return tf.IndexedSlices(values, gradient.indices, gradient.dense_shape)

@@ -312,7 +312,10 @@ class Steps:
             self.batch_state.finish(self.placement.total(sums), start)
         if self.token_loss:  # the step's whole batch's tokens per example, over replicas too
             (counted,) = self.placement.total([tf.cast(counted, tf.float32) * share])
-            grads = tf.nest.map_structure(lambda g: _divided(g, counted), grads)
+            per_token = tf.math.divide_no_nan(1.0, counted)  # sparse gradients stay sparse
+            grads = tf.nest.map_structure(
+                lambda g: None if g is None else gradients.scaled(g, per_token), grads
+            )
         return finite, grads
 
     @tf.autograph.experimental.do_not_convert
@@ -759,21 +762,6 @@ class _OneTracePerShape(logging.Filter):
 
 
 _TOKENS = "tokens per example"  # a token loss's count, carried beside a part's scalars
-
-
-@tf.autograph.experimental.do_not_convert
-def _divided(gradient, tokens: tf.Tensor):
-    """A token loss's summed gradient divided by the step's tokens per example.
-
-    An embedding's sparse gradient stays sparse: Keras's optimizers update those rows
-    alone (Adam squares each row's parts apart), as under ``fit``.
-    """
-    if gradient is None:
-        return None
-    if isinstance(gradient, tf.IndexedSlices):
-        values = tf.math.divide_no_nan(gradient.values, tf.cast(tokens, gradient.dtype))
-        return tf.IndexedSlices(values, gradient.indices, gradient.dense_shape)
-    return tf.math.divide_no_nan(gradient, tf.cast(tokens, gradient.dtype))
 
 
 def _op_determinism() -> bool:
