@@ -47,7 +47,10 @@ flags.DEFINE_string(
     "text_field", "text", "--text: the field of JSON lines or CSV holding the text."
 )
 flags.DEFINE_string("label_field", "label", "--text: the field holding a label, if rows have one.")
-flags.DEFINE_enum("tokenizer", "bytes", ["bytes", "words"], "--text: bytes, or words learned.")
+flags.DEFINE_enum(
+    "tokenizer", "bytes", ["bytes", "words", "wordpiece"], "--text: bytes, words, or WordPiece."
+)
+flags.DEFINE_string("vocab", None, "--tokenizer wordpiece: the vocabulary file, [PAD] first.")
 flags.DEFINE_integer("vocab_size", 8000, "--tokenizer words: the vocabulary's size.")
 flags.DEFINE_string("out", None, "Directory to write the shards and dataset.json to.")
 flags.DEFINE_integer("shards", None, "Shards per split (default 4; --images: 1 per 1,000 files).")
@@ -101,6 +104,7 @@ def main(argv: list[str]) -> None:
                 FLAGS.label_field,
                 FLAGS.eval_fraction,
                 FLAGS.shards or 4,
+                FLAGS.vocab,
             )
         elif FLAGS.tfrecords:
             from datasets import foreign

@@ -12,7 +12,10 @@ them, are class names (or numbers), made class ids in sorted order. Tokenizers:
   learn, nothing unknown, and a loss per token is a loss per byte;
 * ``words``: a vocabulary learned from the file: its ``vocab_size - 2`` most frequent
   words (lower-cased runs of letters and digits, or single other characters), id 1
-  for any other word, 0 for padding; saved as ``vocab.txt`` beside the shards.
+  for any other word, 0 for padding; saved as ``vocab.txt`` beside the shards;
+* ``wordpiece``: a WordPiece vocabulary you give (``--vocab``, one token per line,
+  ``[PAD]`` first and an ``[UNK]``, as BERT's), through tensorflow-text's
+  ``BertTokenizer`` (lower-cased), which the ``text`` extra installs.
 
 A tenth of the documents (``--eval_fraction``; every k-th, so the split is the same
 on every run) is held out as ``test``. Each document is one record, its token ids a
@@ -43,7 +46,7 @@ from absl import logging
 from datasets import pipeline, records, shards
 from trainer import InputParams, Mode, UserError, errors, whole_files
 
-TOKENIZERS = ("bytes", "words")
+TOKENIZERS = ("bytes", "words", "wordpiece")
 PAD, UNKNOWN = 0, 1
 WORD = re.compile(r"\w+|[^\w\s]")
 
@@ -117,17 +120,29 @@ def _label(value) -> str | None:
 
 
 class Tokenizer:
-    """Text to token ids (0 pads): ``bytes``, or ``words`` of a learned vocabulary."""
+    """Text to token ids (0 pads).
+
+    ``bytes``; ``words`` of a vocabulary learned from the file; ``wordpiece`` of one given.
+    """
 
     def __init__(self, kind: str, vocabulary: list[str] | None = None):
         if kind not in TOKENIZERS:
             raise UserError(f"--tokenizer must be one of {', '.join(TOKENIZERS)}, got {kind!r}")
         self.kind, self.vocabulary = kind, vocabulary
         self._ids = {word: i for i, word in enumerate(vocabulary or [])}
+        self._wordpiece = _wordpiece(vocabulary) if kind == "wordpiece" else None
 
     @classmethod
-    def learned(cls, kind: str, texts: list[str], vocab_size: int) -> Tokenizer:
-        """A tokenizer of ``kind``; ``words`` learns the most frequent ones of ``texts``."""
+    def learned(
+        cls, kind: str, texts: list[str], vocab_size: int, vocab: str | None = None
+    ) -> Tokenizer:
+        """A tokenizer of ``kind``, its vocabulary learned or read.
+
+        ``words`` learns the most frequent ones of ``texts``; ``wordpiece`` reads the
+        vocabulary file ``vocab``.
+        """
+        if kind == "wordpiece":
+            return cls(kind, read_vocabulary(vocab))
         if kind != "words":
             return cls(kind)
         if vocab_size < 3:
@@ -145,9 +160,69 @@ class Tokenizer:
 
     def ids(self, text: str) -> list[int]:
         """The token ids of ``text``."""
+        return self.all_ids([text])[0]
+
+    def all_ids(self, texts: list[str]) -> list[list[int]]:
+        """The token ids of each of ``texts`` (WordPiece: a thousand at a time)."""
         if self.kind == "bytes":
-            return [b + 1 for b in text.encode("utf-8")]
-        return [self._ids.get(w, UNKNOWN) for w in WORD.findall(text.lower())]
+            return [[b + 1 for b in text.encode("utf-8")] for text in texts]
+        if self.kind == "words":
+            return [[self._ids.get(w, UNKNOWN) for w in WORD.findall(t.lower())] for t in texts]
+        found = []
+        for start in range(0, len(texts), 1000):
+            pieces = self._wordpiece.tokenize(tf.constant(texts[start : start + 1000]))
+            found += pieces.merge_dims(1, -1).to_list()
+        return found
+
+
+def read_vocabulary(path: str | None) -> list[str]:
+    """A WordPiece vocabulary file's tokens, one per line, ``[PAD]`` first.
+
+    Raises:
+      UserError: in one line, for a file that is missing, empty, not UTF-8, or not a
+        vocabulary (an empty or repeated line, no ``[PAD]`` first or no ``[UNK]``).
+    """
+    if not path:
+        raise UserError(
+            "--tokenizer wordpiece needs --vocab FILE: its vocabulary, one token a line"
+        )
+    try:
+        with open(path, encoding="utf-8") as f:
+            tokens = f.read().splitlines()
+    except FileNotFoundError:
+        raise UserError(f"--vocab {path}: no such file") from None
+    except UnicodeDecodeError:
+        raise UserError(f"--vocab {path}: not UTF-8 text, so not a vocabulary") from None
+    seen: dict[str, int] = {}
+    for number, token in enumerate(tokens, 1):
+        if not token.strip() or token != token.strip():
+            raise UserError(f"--vocab {path}:{number}: an empty or spaced token; one per line")
+        if token in seen:
+            raise UserError(f"--vocab {path}:{number}: {token!r} again (line {seen[token]})")
+        seen[token] = number
+    if not tokens or tokens[0] != "[PAD]" or "[UNK]" not in seen:
+        raise UserError(
+            f"--vocab {path}: a WordPiece vocabulary has [PAD] on its first line (id 0 pads) "
+            "and an [UNK]"
+        )
+    return tokens
+
+
+def _wordpiece(vocabulary: list[str]):
+    """tensorflow-text's BertTokenizer over ``vocabulary`` (lower-cased), ids as int64."""
+    try:
+        import tensorflow_text
+    except ImportError:
+        raise UserError(
+            "--tokenizer wordpiece needs tensorflow-text: pip install -e '.[text]'"
+        ) from None
+    table = tf.lookup.StaticVocabularyTable(
+        tf.lookup.KeyValueTensorInitializer(vocabulary, tf.range(len(vocabulary), dtype=tf.int64)),
+        num_oov_buckets=1,
+    )
+    return tensorflow_text.BertTokenizer(
+        table, lower_case=True, token_out_type=tf.int64, unknown_token="[UNK]"
+    )
 
 
 def prepare(
@@ -159,6 +234,7 @@ def prepare(
     label_field: str = "label",
     eval_fraction: float = 0.1,
     num_shards: int = 4,
+    vocab: str | None = None,
 ) -> dict:
     """Tokenizes the file's documents and writes them as shards; returns ``dataset.json``.
 
@@ -166,9 +242,9 @@ def prepare(
     failure leaves ``out_dir`` as it was.
     """
     texts, labels = read_documents(path, text_field, label_field)
-    tokens = Tokenizer.learned(tokenizer, texts, vocab_size)
+    tokens = Tokenizer.learned(tokenizer, texts, vocab_size, vocab)
     classes = sorted(set(labels), key=_class_order) if labels else []
-    ids = [tokens.ids(text) for text in texts]
+    ids = tokens.all_ids(texts)
     empty = next((i for i, doc in enumerate(ids) if not doc), None)
     if empty is not None:
         raise UserError(f"{path}: document {empty + 1} has no tokens: give it text")

@@ -94,7 +94,9 @@ def test_a_vocabulary_of_words_is_learned_from_the_file(tmp_path):
     assert metadata["vocab_size"] == 6 and metadata["num_classes"] == 0
     tokenizer = text.Tokenizer("words", vocabulary)
     assert tokenizer.ids("The cat ran!") == [2, 3, 1, 1]
-    with pytest.raises(UserError, match=r"--tokenizer must be one of bytes, words, got 'bpe'"):
+    with pytest.raises(
+        UserError, match=r"--tokenizer must be one of bytes, words, wordpiece, got 'bpe'"
+    ):
         text.Tokenizer("bpe")
 
 
@@ -152,3 +154,27 @@ def test_a_language_models_windows_cut_the_documents_end_to_end(tmp_path):
     )
     with pytest.raises(UserError, match=r"tokens make no window of 100000 \(and its next token\)"):
         text.windows(text.documents(data_dir, "test"), 100_000)
+
+
+def test_a_wordpiece_vocabulary_given_tokenizes_through_tensorflow_text(tmp_path):
+    pytest.importorskip("tensorflow_text")
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\nthe\ncat\n##s\nsat\n")
+    path = tmp_path / "corpus.txt"
+    path.write_text("The cats sat\nthe dog\n")
+    metadata = text.prepare(str(path), str(tmp_path / "out"), "wordpiece", vocab=str(vocab))
+    assert metadata["tokenizer"] == "wordpiece" and metadata["vocab_size"] == 8
+    tokenizer = text.Tokenizer("wordpiece", text.read_vocabulary(str(vocab)))
+    assert tokenizer.all_ids(["The cats sat", "the dog"]) == [[4, 5, 6, 7], [4, 1]]
+    for content, message in [
+        ("the\n[PAD]\n[UNK]\n", "a WordPiece vocabulary has [PAD] on its first line"),
+        ("[PAD]\n[UNK]\nthe\nthe\n", ":4: 'the' again (line 3)"),
+        ("[PAD]\n\n[UNK]\n", ":2: an empty or spaced token; one per line"),
+    ]:
+        vocab.write_text(content)
+        with pytest.raises(UserError) as raised:
+            text.prepare(str(path), str(tmp_path / "bad"), "wordpiece", vocab=str(vocab))
+        assert message in str(raised.value) and not (tmp_path / "bad").exists()
+    vocab.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(UserError, match=r"not UTF-8 text, so not a vocabulary"):
+        text.read_vocabulary(str(vocab))
