@@ -140,6 +140,7 @@ class Steps:
     ):
         self.model_fn, self.plan, self.global_step = model_fn, plan, global_step
         self.placement, self.ema, self.by_group = placement, ema, by_group
+        self.token_loss = token_loss
         self.microbatches = optimization.microbatches
         self.clip_gradient_norm = optimization.clip_gradient_norm
         self.weights = [
@@ -214,7 +215,7 @@ class Steps:
         first traced: a traced step keeps what it was traced with.
         """
         self.by_group = self.by_group or by_group
-        self.token_loss = getattr(self, "token_loss", None) or token_loss
+        self.token_loss = self.token_loss or token_loss
         self.one_scale = gradients.one_scale_per_loss(self.plan, self.by_group)
         if self.one_scale and self.placement.strategy is not None:
             names_ = ", ".join(u.name for units in self.one_scale.values() for u in units)
