@@ -99,11 +99,7 @@ class ArraySource:
         size = _decoded_bytes(one)
         if size is not None and size > limit:
             return None
-        if size is not None:
-            done = one.batch(4096, num_parallel_calls=tf.data.AUTOTUNE).prefetch(2)
-        else:
-            done = one.ragged_batch(4096).prefetch(2)
-        arrays = _read_all(done, self.name, batched=True, limit=limit)
+        arrays = _read_all(one, self.name, limit=limit)
         if arrays is None:
             return None
         held = ArraySource(arrays, f"{self.name}, preprocessed")
@@ -225,9 +221,7 @@ def in_memory(source, name: str, knobs: dict) -> ArraySource | RecordExamples | 
     size = _decoded_bytes(source)  # None (length or string sizes unknown): read to see
     if size is not None and size > limit:
         return over
-    if not fixed_shapes(source.element_spec):  # sequences: held ragged, while they fit
-        source = source.ragged_batch(4096).prefetch(2)
-    arrays = _read_all(source, name, batched=not fixed_shapes(source.element_spec), limit=limit)
+    arrays = _read_all(source, name, limit=limit)  # sequences held ragged, while they fit
     if arrays is None:
         return over
     held = ArraySource(arrays, name)
@@ -294,16 +288,18 @@ def memory_limit(knobs: dict) -> float:
     return min(ram / 4, 16 * 2**30)
 
 
-def _read_all(
-    dataset: tf.data.Dataset, name: str, batched: bool = False, limit: float = float("inf")
-):
+def _read_all(dataset: tf.data.Dataset, name: str, limit: float = float("inf")):
     """Every example of ``dataset`` as numpy arrays, read once in large batches.
 
-    None if they take more than ``limit`` bytes (reading stops there).
+    Examples that vary in length are read as ``tf.RaggedTensor`` parts. None if they
+    take more than ``limit`` bytes (reading stops there).
     """
-    batches = dataset if batched else dataset.batch(4096).prefetch(2)
+    if fixed_shapes(dataset.element_spec):
+        batches = dataset.batch(4096, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    else:
+        batches = dataset.ragged_batch(4096)
     parts, size = [], 0
-    for batch in errors.guarded(batches, f"reading {name}"):
+    for batch in errors.guarded(batches.prefetch(2), f"reading {name}"):
         parts.append(tf.nest.map_structure(_held, batch))
         size += sum(_nbytes(a) for a in tf.nest.flatten(parts[-1]))
         if size > limit:
