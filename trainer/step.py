@@ -296,13 +296,14 @@ class Steps:
         if self.microbatches == 1:
             objective, scalars, metrics, grads = part(features, labels)
             self.train_metrics.update(metrics, scalars, batch)
-            finite, counted = gradients.finite(objective), scalars.get(_TOKENS)
+            finite, counted = gradients.finite(objective), scalars.get(tokens.TOKENS)
         else:
 
             def slice_(features, labels, fraction):
                 objective, scalars, metrics, grads = part(features, labels, fraction)
                 self.train_metrics.update(metrics, scalars, batch_size_of(features))
-                return gradients.finite(objective), (grads, scalars.get(_TOKENS, 0.0) * fraction)
+                counted = scalars.get(tokens.TOKENS, 0.0) * fraction
+                return gradients.finite(objective), (grads, counted)
 
             counting = (wanted, tf.TensorSpec([], tf.float32))  # the tokens summed as gradients are
             finite, (grads, counted) = microbatch.accumulate(
@@ -355,8 +356,7 @@ class Steps:
                 objective = self._scale_loss(objective, phase)
             per_example, streamed = split_metrics(spec.metrics)
             if counted is not None:  # reported exactly: each example weighted by its tokens
-                scalars[_TOKENS] = tf.cast(counted, tf.float32)
-                scalars.update(tokens.counts(given))
+                scalars.update(tokens.counts(given))  # the steps divide by its TOKENS
                 per_example["loss"] = tokens.reported(given, added_loss)
             self.epoch_metrics.stream(streamed)
             return (
@@ -760,9 +760,6 @@ class _OneTracePerShape(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         return not ("_train_stacked" in message and "retracing" in message)
-
-
-_TOKENS = "tokens per example"  # a token loss's count, carried beside a part's scalars
 
 
 def _op_determinism() -> bool:

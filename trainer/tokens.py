@@ -124,25 +124,26 @@ def kind(loss) -> str | None:
 
 # A training batch's real tokens and positions per example, averaged as the loss is:
 # what its padding share and tokens/s are made of.
-COUNTS = ("tokens_per_example", "positions_per_example")
+TOKENS = "tokens_per_example"  # what the steps divide the summed gradients by
+COUNTS = (TOKENS, "positions_per_example")
 
 
 @tf.autograph.experimental.do_not_convert
 def counts(loss: TokenMean) -> dict[str, tf.Tensor]:
     """``COUNTS`` of one part of a batch: means over its examples."""
-    found = {"tokens_per_example": tf.reduce_mean(tf.cast(loss.tokens, tf.float32))}
+    found = {TOKENS: tf.reduce_mean(tf.cast(loss.tokens, tf.float32))}
     if loss.positions is not None:
         found["positions_per_example"] = tf.reduce_mean(tf.cast(loss.positions, tf.float32))
     else:  # unknown: counted as all real
-        found["positions_per_example"] = found["tokens_per_example"]
+        found["positions_per_example"] = found[TOKENS]
     return found
 
 
 def rates(logs: dict[str, float]) -> dict[str, float]:
     """Training logs with ``COUNTS`` turned into ``padding_share`` and ``tokens_per_sec``."""
-    if "tokens_per_example" not in logs:
+    if TOKENS not in logs:
         return logs
-    real, positions = logs.pop("tokens_per_example"), logs.pop("positions_per_example")
+    real, positions = logs.pop(TOKENS), logs.pop("positions_per_example")
     logs["padding_share"] = 1.0 - real / positions if positions else 0.0
     logs["tokens_per_sec"] = real * logs.get("examples_per_sec", 0.0)
     return logs
