@@ -353,7 +353,7 @@ def input_fn(
             f"{data_dir} holds images, not text: read it with tfrecord.input_fn, or prepare "
             "text with `python3 -m datasets.prepare --text FILE`"
         )
-    split = train_split if mode == Mode.TRAIN else eval_split or metadata["eval_split"]
+    split = wanted or shards.eval_split(metadata)
     counts = [entry["count"] for entry in metadata["splits"][split]["shards"]]
     offsets = [records.record_offsets(p, n) for p, n in zip(paths, counts, strict=True)]
     source = pipeline.RecordExamples(
@@ -418,8 +418,8 @@ def windows_input_fn(
     The prepared split's documents end to end, cut into windows (``windows``): TRAIN
     reads ``train_split``'s by index forever, EVAL and PREDICT ``eval_split``'s once.
     """
-    metadata = shards.read_metadata(data_dir)
-    split = train_split if mode == Mode.TRAIN else eval_split or metadata["eval_split"]
+    wanted = train_split if mode == Mode.TRAIN else eval_split
+    split = wanted or shards.eval_split(shards.read_metadata(data_dir))
     key = (os.path.abspath(data_dir), split, length)
     if key not in _WINDOWS:  # read once a process: every later input_fn call reuses it
         _WINDOWS[key] = windows(documents(data_dir, split), length, f"text-{split}")
