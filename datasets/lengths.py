@@ -213,4 +213,4 @@ def _dense(ragged: tf.RaggedTensor, buckets: Sequence[int]) -> tf.Tensor:
         length = tf.gather(bounds, tf.searchsorted(bounds, shape[1:2])[0])
     dense = ragged.to_tensor(shape=tf.tensor_scatter_nd_update(shape, [[1]], [length]))
     dense.set_shape(ragged.shape[:1].concatenate([None]).concatenate(ragged.shape[2:]))
-    return dense  # its batch size kept static, as jit_compile needs
+    return dense  # its static dimensions kept (the pipeline sets the batch size)
