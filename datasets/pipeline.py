@@ -38,7 +38,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from datasets import lengths, mixing
+from datasets import lengths, mixing, packing
 from datasets.lengths import padded
 from datasets.order import Order, pipeline_positions
 from datasets.sources import (  # noqa: F401 - users name them pipeline.ArraySource, ...
@@ -114,7 +114,7 @@ def build(
       by_index_fix: how this source could be read by index, for the warning when it
         must be read in sequence.
     """
-    knobs, shapes = options(), lengths.knobs()
+    knobs, shapes, packs = options(), lengths.knobs(), packing.knobs()
     _check_batch(params)
     sources = list(source) if isinstance(source, list | tuple) else [source]
     training = mode == Mode.TRAIN
@@ -124,6 +124,8 @@ def build(
     reasons = [h for h in held if isinstance(h, str)]
     if reasons:
         lengths.check(shapes, None, name, len(sources))
+        if packs.active:
+            packing.check(packs, None, name, {})
         if training:
             _log_sequential(name, reasons[0], by_index_fix)
         return _sequential(sources, mode, params, preprocess, augment, weights, name, knobs)
@@ -142,18 +144,30 @@ def build(
         len(sources),
         preprocessed=examples is not None,
     )
+    packer = None
+    if packs.active:
+        refused = {
+            "lengths.group_batches": shapes.group_batches,
+            "lengths.buckets": shapes.buckets,
+            "an augment function": augment is not None and training,
+            "mixing": mixing.options().active,
+        }
+        found = packing.check(packs, examples, name, refused)
+        packer = packing.Packer(packs, found, order if training else None, params)
     if training:
         if shapes.group_batches:
             window = shapes.group_batches * params.global_batch_size
             order = lengths.Grouped(order, lengths.example_lengths(as_batched), window, name)
-        return _by_index(order, params, data, examples, preprocess, augment, knobs, shapes)
+        return _by_index(order, params, data, examples, preprocess, augment, knobs, shapes, packer)
     rows = tf.data.Dataset.range(len(data))
     if params.num_input_pipelines > 1:
         rows = rows.shard(params.num_input_pipelines, params.input_pipeline_id)
     if examples is not None:
-        dataset = rows.batch(params.batch_size).map(
-            lambda r: padded(examples.gather(r), shapes.buckets)
-        )
+        if packer is None:
+            laid_out = lambda batch: padded(batch, shapes.buckets)  # noqa: E731
+        else:
+            laid_out = packer.prediction if mode == Mode.PREDICT else packer.evaluation
+        dataset = rows.batch(params.batch_size).map(lambda r: laid_out(examples.gather(r)))
     else:
         if isinstance(data, RecordExamples):
             single = data.examples(rows)
@@ -173,6 +187,7 @@ def _by_index(
     augment: Augment | None,
     knobs: dict,
     shapes: lengths.Lengths,
+    packer: packing.Packer | None = None,
 ) -> tf.data.Dataset:
     """The endless training stream of this pipeline, from ``params.start_example`` on."""
     if examples is not None and augment is None:  # a whole batch in one gather
@@ -181,7 +196,7 @@ def _by_index(
             params,
             knobs,
             order.seed,
-            shapes.buckets,
+            packer.training if packer else _padding(shapes.buckets, params.batch_size),
         )
 
     def rows(batch_of_elements):  # a batch's rows at once: a grouped order sorts per batch
@@ -227,16 +242,20 @@ def _batches_by_index(
     params: InputParams,
     knobs: dict,
     seed: int | None,
-    buckets: Sequence[int] = (),
+    layout: Callable | None = None,
 ) -> tf.data.Dataset:
-    """This pipeline's endless batches: ``batch(stream positions of its examples)``."""
+    """This pipeline's endless batches: ``batch(stream positions of its examples)``.
+
+    ``layout(batch, elements)`` pads (or packs) the batch; default: as it is, sized.
+    """
     elements = tf.data.Dataset.range(np.iinfo(np.int64).max)
     dataset = elements.batch(params.batch_size, drop_remainder=True)
     mixed = _mixed(params, seed)
+    layout = layout or _padding((), params.batch_size)
 
     def batch_at(batch_of_elements):
         positions = pipeline_positions(batch_of_elements, params)
-        element = _sized(padded(batch(positions), buckets), params.batch_size)
+        element = layout(batch(positions), batch_of_elements)
         return mixed(*element, positions) if mixed else element
 
     dataset = dataset.map(batch_at, num_parallel_calls=tf.data.AUTOTUNE)
@@ -256,6 +275,11 @@ def _batch(
         return _sized(element, size) if drop_remainder else element
 
     return ragged.map(padded_batch, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def _padding(buckets: Sequence[int], size: int) -> Callable:
+    """``layout(batch, elements)``: its ragged parts padded (to ``buckets``), of batch ``size``."""
+    return lambda batch, elements: _sized(padded(batch, buckets), size)
 
 
 @tf.autograph.experimental.do_not_convert

@@ -356,7 +356,7 @@ class Steps:
                 objective = self._scale_loss(objective, phase)
             per_example, streamed = split_metrics(spec.metrics)
             if counted is not None:  # reported exactly: each example weighted by its tokens
-                scalars.update(tokens.counts(given))  # the steps divide by its TOKENS
+                scalars.update(tokens.counts(given, features))  # the steps divide by its TOKENS
                 per_example["loss"] = tokens.reported(given, added_loss)
             self.epoch_metrics.stream(streamed)
             return (

@@ -122,20 +122,28 @@ def kind(loss) -> str | None:
     return "cross_entropy" if loss.cross_entropy else "mean"
 
 
-# A training batch's real tokens and positions per example, averaged as the loss is:
-# what its padding share and tokens/s are made of.
+# A training batch's real tokens, positions and examples per row (an example, unless
+# packed), averaged as the loss is: what its padding share and tokens/s are made of.
 TOKENS = "tokens_per_example"  # what the steps divide the summed gradients by
-COUNTS = (TOKENS, "positions_per_example")
+COUNTS = (TOKENS, "positions_per_example", "examples_per_row")
+SEGMENTS = "segment_ids"  # a packed batch's feature: which example of its row a token is
 
 
 @tf.autograph.experimental.do_not_convert
-def counts(loss: TokenMean) -> dict[str, tf.Tensor]:
-    """``COUNTS`` of one part of a batch: means over its examples."""
+def counts(loss: TokenMean, features=None) -> dict[str, tf.Tensor]:
+    """``COUNTS`` of one part of a batch: means over its rows.
+
+    ``features``: the part's; a packed batch's ``segment_ids`` say how many examples
+    each row holds (else one).
+    """
     found = {TOKENS: tf.reduce_mean(tf.cast(loss.tokens, tf.float32))}
     if loss.positions is not None:
         found["positions_per_example"] = tf.reduce_mean(tf.cast(loss.positions, tf.float32))
     else:  # unknown: counted as all real
         found["positions_per_example"] = found[TOKENS]
+    segments = features.get(SEGMENTS) if isinstance(features, dict) else None
+    held = 1.0 if segments is None else tf.reduce_max(segments, axis=-1)  # [rows, length]
+    found["examples_per_row"] = tf.reduce_mean(tf.cast(held, tf.float32))
     return found
 
 
@@ -144,8 +152,9 @@ def rates(logs: dict[str, float]) -> dict[str, float]:
     if TOKENS not in logs:
         return logs
     real, positions = logs.pop(TOKENS), logs.pop("positions_per_example")
+    per_row = logs.pop("examples_per_row", 1.0) or 1.0
     logs["padding_share"] = 1.0 - real / positions if positions else 0.0
-    logs["tokens_per_sec"] = real * logs.get("examples_per_sec", 0.0)
+    logs["tokens_per_sec"] = real / per_row * logs.get("examples_per_sec", 0.0)
     return logs
 
 
