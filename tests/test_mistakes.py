@@ -473,7 +473,12 @@ def test_a_mistake_is_one_line_and_changes_nothing(row, model_dir, faulty_gin, d
 
 # The table's rows whose mistake needs more than one run, a signal or a resource limit:
 # their tests live beside the other faults.
-FAULT_TESTS = ("tests/test_faults.py", "tests/test_damaged_files.py", "tests/test_tfrecord.py")
+FAULT_TESTS = (
+    "tests/test_faults.py",
+    "tests/test_damaged_files.py",
+    "tests/test_tfrecord.py",
+    "tests/test_text.py",
+)
 
 
 def test_readme_table_and_the_tests_agree():

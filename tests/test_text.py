@@ -4,6 +4,7 @@ wrote: functions of the Python standard library's own sources, labelled by packa
 
 import json
 import os
+import re
 import subprocess
 import sys
 import sysconfig
@@ -178,3 +179,35 @@ def test_a_wordpiece_vocabulary_given_tokenizes_through_tensorflow_text(tmp_path
     vocab.write_bytes(b"\xff\xfe\x00")
     with pytest.raises(UserError, match=r"not UTF-8 text, so not a vocabulary"):
         text.read_vocabulary(str(vocab))
+
+
+def test_a_token_id_past_the_vocabulary_is_one_line_and_nothing_is_written(tmp_path):
+    """Ids up to 299 for an Embedding of 257 rows (the bytes tokenizer's): on a CPU
+    TensorFlow fails the lookup deep in the step; the run says which id, which layer, and
+    the fix, in one line, and leaves no model_dir behind."""
+    import keras
+    import tensorflow as tf
+
+    import trainer
+
+    x = np.random.default_rng(0).integers(1, 300, (64, 10))
+    model = keras.Sequential(
+        [keras.Input((10,), dtype="int64"), keras.layers.Embedding(257, 8), keras.layers.Dense(5)]
+    )
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+    def input_fn(mode, params):
+        return tf.data.Dataset.from_tensor_slices((x, x % 5)).repeat().batch(params.batch_size)
+
+    model_dir = tmp_path / "run"
+    estimator = trainer.Estimator(model, str(model_dir), global_batch_size=16, progress=False)
+    with pytest.raises(UserError) as refused:
+        estimator.train(input_fn, 3)
+    assert re.fullmatch(
+        r"training step 1 failed: id (2[5-9]\d) \(at \[\d+,\d+\] of the batch\) is not one of "
+        r"the 257 rows \(0 to 256\) that layer embedding\w* looks up: size it to the data "
+        r"\(an Embedding's input_dim to the tokenizer's vocab_size: @text.vocab_size\(\) in "
+        r"gin\), or fix the ids",
+        str(refused.value),
+    )
+    assert not model_dir.exists() or not any(model_dir.glob("ckpt-*"))

@@ -112,7 +112,7 @@ def runtime_errors(what: str):
     except tf.errors.NotFoundError as error:
         raise UserError(f"{what}: input data is missing ({op_error_text(error)})") from None
     except tf.errors.InvalidArgumentError as error:
-        text = op_error_text(error)
+        text = outside_a_table(error) or op_error_text(error)
         corrupt = re.match(r"input data is corrupt \(got (.*)\)$", text)
         if corrupt:  # a check of the input pipeline's own (datasets.tfrecord.RecordSource)
             raise UserError(
@@ -120,6 +120,27 @@ def runtime_errors(what: str):
                 "the data files"
             ) from None
         raise UserError(f"{what} failed: {text}") from None
+
+
+def outside_a_table(error: tf.errors.OpError) -> str | None:
+    """What a lookup past the end of a table (a token id past an embedding's rows) says.
+
+    TensorFlow's "indices[1,4] = 300 is not in [0, 257)", with the layer named from
+    the failing node; None for any other error. (On a GPU such a lookup gives zeros
+    instead: nothing to catch.)
+    """
+    found = re.search(r"indices\[([\d,]*)\] = (-?\d+) is not in \[0, (\d+)\)", error.message)
+    if not found:
+        return None
+    where, value, size = found.groups()
+    node = re.search(r"\{\{node ([^}]*)\}\}", error.message)
+    parts = node.group(1).split("/") if node else []
+    layer = f"layer {parts[-2]}" if len(parts) > 1 else "a lookup"
+    return (
+        f"id {value} (at [{where}] of the batch) is not one of the {size} rows (0 to "
+        f"{int(size) - 1}) that {layer} looks up: size it to the data (an Embedding's "
+        "input_dim to the tokenizer's vocab_size: @text.vocab_size() in gin), or fix the ids"
+    )
 
 
 def guarded(dataset: tf.data.Dataset, what: str):
