@@ -14,12 +14,13 @@ stream's positions ``[t G, (t + 1) G)`` (``datasets/order.py``), so the training
 position stays two integers and a resumed run starts at its exact next batch. Packing
 only lays each replica's share of a step out in rows: first fit, longest first.
 
-* Every share of a step has as many rows as the share that needs most, rounded up to
-  ``packing.rows_multiple`` (8: micro-batches of 2, 4 or 8 cut it evenly, and a
-  compiled step sees a few row counts). A row that holds no example is padding. Rows
-  hold different numbers of examples, so a loss per example would weigh them unevenly:
-  packing is for a loss per token (``trainer.token_mean``), which is exact however
-  the rows fall.
+* Every share of a step has as many rows as the share that needs most (replicas
+  then weigh alike), rounded up to ``packing.rows_multiple``: 1 by default; under
+  ``jit_compile``, which compiles once per row count, 8 compiles fewer shapes for a
+  little padding. A row that holds no example is padding. Rows hold different
+  numbers of examples, so a loss per example would weigh them unevenly: packing is
+  for a loss per token (``trainer.token_mean``, or a Keras mask), which is exact
+  however the rows fall, and micro-batches cut rows as they cut examples.
 * An example longer than a row is refused before training, counted: never cut.
 * EVAL packs each batch alone; PREDICT does not pack: each example has a row of its
   own (``segment_ids`` 1), so predictions stay one per example.
@@ -51,7 +52,7 @@ class Packing:
     """Rows of ``length`` positions, their count a multiple of ``rows_multiple``."""
 
     length: int = 0
-    rows_multiple: int = 8
+    rows_multiple: int = 1
 
     @property
     def active(self) -> bool:
@@ -60,7 +61,7 @@ class Packing:
 
 
 @gin.configurable("packing")
-def options(length: int = 0, rows_multiple: int = 8) -> Packing:
+def options(length: int = 0, rows_multiple: int = 1) -> Packing:
     """The knobs, as bound in gin (``packing.length = 512``).
 
     Args:

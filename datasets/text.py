@@ -43,12 +43,11 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from datasets import pipeline, records, shards
-from trainer import InputParams, Mode, UserError, errors, whole_files
+from datasets import packing, pipeline, records, shards
+from trainer import InputParams, Mode, UserError, errors, serving, whole_files
 
 TOKENIZERS = ("bytes", "words", "wordpiece")
 PAD, UNKNOWN = 0, 1
-WORD = re.compile(r"\w+|[^\w\s]")
 
 
 def read_documents(
@@ -119,18 +118,28 @@ def _label(value) -> str | None:
     return None if value is None or value == "" else str(value)
 
 
-class Tokenizer:
-    """Text to token ids (0 pads).
+class Tokenizer(tf.Module):
+    """Text to token ids (0 pads), in TensorFlow ops.
 
-    ``bytes``; ``words`` of a vocabulary learned from the file; ``wordpiece`` of one given.
+    ``bytes``; ``words`` of a vocabulary learned from the file; ``wordpiece`` of one
+    given. What ``prepare`` tokenizes the file with, and what an export takes strings
+    through (``features_of``): one function, so serving cannot drift from training.
     """
 
     def __init__(self, kind: str, vocabulary: list[str] | None = None):
         if kind not in TOKENIZERS:
             raise UserError(f"--tokenizer must be one of {', '.join(TOKENIZERS)}, got {kind!r}")
+        super().__init__(name=f"{kind}_tokenizer")
         self.kind, self.vocabulary = kind, vocabulary
-        self._ids = {word: i for i, word in enumerate(vocabulary or [])}
-        self._wordpiece = _wordpiece(vocabulary) if kind == "wordpiece" else None
+        with tf.init_scope():  # made once, eagerly: datasets and exports capture it
+            if kind == "wordpiece":
+                self._wordpiece = _wordpiece(vocabulary)
+            else:
+                keys = [bytes([b]) for b in range(256)] if kind == "bytes" else vocabulary
+                ids = tf.range(1 if kind == "bytes" else 0, len(keys) + 1, dtype=tf.int64)
+                self._table = tf.lookup.StaticHashTable(
+                    tf.lookup.KeyValueTensorInitializer(keys, ids[: len(keys)]), UNKNOWN
+                )
 
     @classmethod
     def learned(
@@ -149,7 +158,10 @@ class Tokenizer:
             raise UserError(
                 f"--vocab_size must be at least 3 (padding, unknown, a word), got {vocab_size}"
             )
-        counts = collections.Counter(w for text in texts for w in WORD.findall(text.lower()))
+        counts = collections.Counter()
+        for start in range(0, len(texts), 1000):
+            found = split_words(tf.constant(texts[start : start + 1000])).flat_values.numpy()
+            counts.update(word.decode() for word in found)
         frequent = sorted(counts, key=lambda w: (-counts[w], w))[: vocab_size - 2]
         return cls(kind, ["[PAD]", "[UNK]", *frequent])
 
@@ -158,21 +170,36 @@ class Tokenizer:
         """Ids the tokenizer gives, padding included."""
         return 257 if self.kind == "bytes" else len(self.vocabulary)
 
+    @tf.autograph.experimental.do_not_convert
+    def tokenize(self, texts: tf.Tensor) -> tf.RaggedTensor:
+        """The token ids (int64) of a batch of strings, ``[batch, (length)]``."""
+        if self.kind == "wordpiece":
+            return self._wordpiece.tokenize(texts).merge_dims(1, -1)
+        pieces = tf.strings.bytes_split(texts) if self.kind == "bytes" else split_words(texts)
+        return tf.ragged.map_flat_values(self._table.lookup, pieces)
+
     def ids(self, text: str) -> list[int]:
         """The token ids of ``text``."""
         return self.all_ids([text])[0]
 
     def all_ids(self, texts: list[str]) -> list[list[int]]:
-        """The token ids of each of ``texts`` (WordPiece: a thousand at a time)."""
-        if self.kind == "bytes":
-            return [[b + 1 for b in text.encode("utf-8")] for text in texts]
-        if self.kind == "words":
-            return [[self._ids.get(w, UNKNOWN) for w in WORD.findall(t.lower())] for t in texts]
+        """The token ids of each of ``texts``, a thousand at a time."""
         found = []
         for start in range(0, len(texts), 1000):
-            pieces = self._wordpiece.tokenize(tf.constant(texts[start : start + 1000]))
-            found += pieces.merge_dims(1, -1).to_list()
+            found += self.tokenize(tf.constant(texts[start : start + 1000])).to_list()
         return found
+
+
+@tf.autograph.experimental.do_not_convert
+def split_words(texts: tf.Tensor) -> tf.RaggedTensor:
+    r"""The words of a batch of strings, lower-cased.
+
+    Runs of letters, digits and ``_``, and single other characters that are not
+    spaces: Python's ``re.findall(r"\w+|[^\w\s]")``, in RE2.
+    """
+    lowered = tf.strings.lower(texts, encoding="utf-8")
+    spaced = tf.strings.regex_replace(lowered, r"([\pL\pN_]+|[^\pL\pN_\s\pZ])", r" \1 ")
+    return tf.strings.split(tf.strings.regex_replace(spaced, r"[\s\pZ]+", " "))
 
 
 def read_vocabulary(path: str | None) -> list[str]:
@@ -359,7 +386,52 @@ def input_fn(
     source = pipeline.RecordExamples(
         records.RecordSource(paths, offsets), parse, f"{os.path.basename(data_dir)}-{split}"
     )
-    return pipeline.build(source, mode, params, features_and_label, name=f"text-{split}")
+    dataset = pipeline.build(source, mode, params, features_and_label, name=f"text-{split}")
+    return served(dataset, data_dir)
+
+
+STORED = {"text": tf.TensorSpec([], tf.string)}  # what an export of prepared text takes
+
+
+class TextFeatures(tf.Module):
+    """An export's preprocessing: strings ``{'text': [batch]}`` to the model's features.
+
+    Tokenized as ``prepare`` tokenized the file, padded with 0 to the batch's longest
+    (with ``segment_ids`` and ``positions`` when training packs, one example a row).
+    """
+
+    def __init__(self, tokenizer: Tokenizer, packed: bool = False):
+        super().__init__(name="text_features")
+        self.tokenizer, self.packed = tokenizer, packed
+
+    @tf.autograph.experimental.do_not_convert
+    def __call__(self, stored: dict) -> dict:
+        """The model's features of a batch of strings."""
+        ids = self.tokenizer.tokenize(stored["text"])
+        if self.packed:
+            return packing.Packer.prediction(({"tokens": ids}, {}))[0]
+        return {"tokens": ids.to_tensor()}
+
+
+def served(dataset: tf.data.Dataset, data_dir: str) -> tf.data.Dataset:
+    """``dataset``, marked so that an export takes strings, tokenized inside."""
+    key = os.path.abspath(data_dir)
+    if key not in _TOKENIZERS:  # made once a process: its tables are captured
+        metadata = shards.read_metadata(data_dir)
+        kind, vocab = metadata.get("tokenizer", "bytes"), os.path.join(data_dir, "vocab.txt")
+        vocabulary = read_vocabulary(vocab) if kind != "bytes" else None
+        _TOKENIZERS[key] = Tokenizer(kind, vocabulary)
+    tokenizer = _TOKENIZERS[key]
+    return serving.serves(
+        dataset,
+        TextFeatures(tokenizer, packing.options().active),
+        STORED,
+        batched=True,
+        imports=("tensorflow_text",) if tokenizer.kind == "wordpiece" else (),
+    )
+
+
+_TOKENIZERS: dict = {}
 
 
 def documents(data_dir: str, split: str) -> list[np.ndarray]:
@@ -423,7 +495,8 @@ def windows_input_fn(
     key = (os.path.abspath(data_dir), split, length)
     if key not in _WINDOWS:  # read once a process: every later input_fn call reuses it
         _WINDOWS[key] = windows(documents(data_dir, split), length, f"text-{split}")
-    return pipeline.build(_WINDOWS[key], mode, params, next_tokens, name=f"windows-{split}")
+    dataset = pipeline.build(_WINDOWS[key], mode, params, next_tokens, name=f"windows-{split}")
+    return served(dataset, data_dir)
 
 
 _WINDOWS: dict = {}

@@ -149,16 +149,20 @@ def test_text_snippet_tags_every_real_token(tmp_path, monkeypatch):
 
     import gin
 
-    snippet = next(b for b in guides.code_blocks("python") if "tokens_and_tags" in b)
+    blocks = guides.code_blocks("python")
+    snippet = next(b for b in blocks if "tokens_and_tags" in b)
+    packed = next(b for b in blocks if "packing.length" in b)
     monkeypatch.chdir(tmp_path)
     namespace = {}
     try:
         exec(snippet, namespace)
+        exec(packed, namespace)
     finally:
         gin.clear_config()
-    estimator = namespace["est"]
-    assert estimator.step == 300
-    assert estimator.evaluate(namespace["input_fn"])["accuracy"] > 0.95
-    logged = [json.loads(line) for line in open("output/tagger/metrics.jsonl")]
-    shares = [line["padding_share"] for line in logged if line["writer"] == "train"]
-    assert shares and max(shares) < 0.2  # drawn at random, lengths 3 to 59 pad about half
+    for estimator, name in ((namespace["est"], "tagger"), (namespace["packed"], "tagger_packed")):
+        assert estimator.step == 300
+        evaluated = estimator.evaluate(namespace["input_fn"])
+        assert evaluated["accuracy"] > 0.95, name
+        logged = [json.loads(line) for line in open(f"output/{name}/metrics.jsonl")]
+        shares = [line["padding_share"] for line in logged if line["writer"] == "train"]
+        assert shares and max(shares) < 0.2, name  # at random, lengths 3 to 59 pad about half

@@ -211,3 +211,67 @@ def test_a_token_id_past_the_vocabulary_is_one_line_and_nothing_is_written(tmp_p
         str(refused.value),
     )
     assert not model_dir.exists() or not any(model_dir.glob("ckpt-*"))
+
+
+LOAD_WITHOUT_AND_WITH = """
+import sys
+import numpy as np
+import tensorflow as tf
+import trainer
+
+sys.modules["tensorflow_text"] = None  # as where it is not installed
+try:
+    trainer.load_export(sys.argv[1])
+except trainer.UserError as error:
+    print("refused:", error)
+del sys.modules["tensorflow_text"]
+assert "tensorflow_text" not in sys.modules
+loaded = trainer.load_export(sys.argv[1])  # imports it first
+texts = tf.constant(["The cats sat", "the dog sat on the cat"])
+(served,) = loaded.signatures["serving_default"](text=texts).values()
+tokens = tf.constant([[4, 5, 6, 7, 0, 0], [4, 1, 7, 1, 4, 5]], tf.int64)  # as prepare does
+(features,) = loaded.signatures["serving_features"](tokens=tokens).values()
+print("same:", np.abs(served.numpy() - features.numpy()).max())
+"""
+
+
+@pytest.mark.slow
+def test_an_export_of_prepared_text_takes_strings_and_tokenizes_them_inside(tmp_path):
+    """A compiled Keras classifier over WordPiece-prepared text, exported: serving_default
+    takes strings, tokenized inside as prepare did; loading it where tensorflow_text
+    cannot be imported is one line naming it, and trainer.load_export imports it."""
+    pytest.importorskip("tensorflow_text")
+    import keras
+
+    import trainer
+
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\nthe\ncat\n##s\nsat\n")
+    corpus = tmp_path / "corpus.jsonl"
+    write_jsonl(
+        corpus, [{"text": t, "label": t.count("cat")} for t in ("The cats sat", "a cat")] * 8
+    )
+    data_dir = str(tmp_path / "data")
+    text.prepare(str(corpus), data_dir, "wordpiece", vocab=str(vocab))
+    tokens = keras.Input((None,), dtype="int64", name="tokens")
+    pooled = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(8, 4)(tokens))
+    model = keras.Model(tokens, keras.layers.Dense(2)(pooled))
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+    def input_fn(mode, params):
+        return text.input_fn(mode, params, data_dir=data_dir)
+
+    estimator = trainer.Estimator(model, str(tmp_path / "run"), global_batch_size=4, progress=False)
+    estimator.train(input_fn, 2)
+    export = estimator.export(input_fn)
+    proc = subprocess.run(
+        [sys.executable, "-c", LOAD_WITHOUT_AND_WITH, export], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    refused, same = proc.stdout.splitlines()
+    assert refused == (
+        f"refused: {export} runs ops of tensorflow_text (its preprocessing: a tokenizer) and "
+        "tensorflow_text cannot be imported here: install it (pip install tensorflow-text), "
+        "then load it again"
+    )
+    assert float(same.split()[-1]) < 1e-6

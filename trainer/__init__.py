@@ -27,6 +27,7 @@ _HOMES = {
     "ModelFn": "trainer.model_fn",
     "Spec": "trainer.model_fn",
     "serves": "trainer.serving",
+    "load_export": "trainer.export",
     "UserError": "trainer.errors",
     "set_precision": "trainer.precision",
     "quiet_start": "trainer.console",

@@ -10,7 +10,9 @@ directory and renamed when complete, so a reader never sees half an export.
 
 from __future__ import annotations
 
+import importlib
 import os
+import re
 import socket
 import uuid
 from collections.abc import Callable
@@ -24,6 +26,37 @@ from trainer.model_fn import Mode, ModelFn
 from trainer.serving import Serving
 
 BEST_STATE = "best.json"
+IMPORTS = "assets.extra/imports.json"  # modules whose ops the export runs
+
+
+def load_export(export_dir: str):
+    """The SavedModel in ``export_dir``, the modules its ops need imported first.
+
+    Raises:
+      UserError: in one line, naming the module to install and import, when one is
+        missing or the export runs an op this process has not registered.
+    """
+    needed = whole_files.read_json(os.path.join(export_dir, IMPORTS), [])
+    for name in needed:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            raise UserError(
+                f"{export_dir} runs ops of {name} (its preprocessing: a tokenizer) and "
+                f"{name} cannot be imported here: install it (pip install "
+                f"{name.replace('_', '-')}), then load it again"
+            ) from None
+    try:
+        return tf.saved_model.load(export_dir)
+    except RuntimeError as error:
+        op = re.search(r"Op type not registered '(\w+)'", str(error))
+        if op is None:
+            raise
+        named = f"import {', '.join(needed)}" if needed else "import the library that defines it"
+        raise UserError(
+            f"{export_dir} runs the op {op.group(1)}, which this process has not registered: "
+            f"{named} before loading it (tensorflow_text's, for a WordPiece tokenizer)"
+        ) from None
 
 
 class _Serving(tf.Module):
@@ -32,6 +65,8 @@ class _Serving(tf.Module):
     def __init__(self, model_fn: ModelFn, features_spec, serving: Serving | None):
         super().__init__(name="serving")
         self.model_fn, self.serving = model_fn, serving
+        if serving is not None and isinstance(serving.features_of, tf.Module):
+            self.preprocessing = serving.features_of  # tracked: a tokenizer's tables saved
         signature = tf.nest.map_structure(
             lambda s: tf.TensorSpec([None, *s.shape[1:]], s.dtype), features_spec
         )
@@ -149,6 +184,9 @@ def save(
     try:
         tf.saved_model.save(module, tmp, signatures=module.signatures())
         logging.get_absl_logger().setLevel(level)
+        if serving is not None and serving.imports:
+            tf.io.gfile.makedirs(os.path.dirname(os.path.join(tmp, IMPORTS)))
+            whole_files.write_json(os.path.join(tmp, IMPORTS), list(serving.imports))
         if extras is not None:
             extras(tmp)
     except BaseException:

@@ -18,6 +18,12 @@ has these signatures:
 * ``serving_features``: the features as the model sees them, for a client that
   preprocesses itself.
 
+Text is stored as strings and tokenized inside (``datasets/text.py``): its
+``features_of`` takes a whole batch (``batched``), since a batch is padded to its
+longest. An export whose preprocessing runs ops of a library TensorFlow loads on
+import (tensorflow-text's WordPiece) names it (``imports``); ``trainer.load_export``
+imports it before loading, or says in one line what to install.
+
 An input_fn that declares nothing is exported with ``serving_default`` taking the
 model's features, and the export says so in its log line.
 """
@@ -39,6 +45,8 @@ class Serving:
     features_of: Callable[[dict], dict]
     stored: Mapping[str, tf.TensorSpec]
     parse_examples: Callable[[tf.Tensor], dict] | None = None
+    batched: bool = False
+    imports: tuple[str, ...] = ()
 
     def signature(self) -> dict[str, tf.TensorSpec]:
         """A batch of stored features, named by key."""
@@ -48,7 +56,9 @@ class Serving:
         }
 
     def features(self, stored: dict) -> dict:
-        """The model's features of a batch of stored ones, ``features_of`` per example."""
+        """The model's features of a batch of stored ones (``features_of`` of each, or of all)."""
+        if self.batched:
+            return self.features_of(stored)
         return tf.vectorized_map(self.features_of, stored, fallback_to_while_loop=True)
 
 
@@ -57,6 +67,8 @@ def serves(
     features_of: Callable[[dict], dict],
     stored: Mapping[str, tf.TensorSpec],
     parse_examples: Callable[[tf.Tensor], dict] | None = None,
+    batched: bool = False,
+    imports: tuple[str, ...] = (),
 ) -> tf.data.Dataset:
     """Marks an input_fn's dataset with how its exported model takes examples.
 
@@ -68,8 +80,12 @@ def serves(
         the batch dimension (``None`` for a size that varies).
       parse_examples: serialized ``tf.train.Example`` strings ``[batch]`` -> a batch
         of stored features; gives the export a ``serving_examples`` signature.
+      batched: ``features_of`` takes a batch of stored examples (a tokenizer, which
+        pads the batch to its longest), not one.
+      imports: modules whose ops ``features_of`` runs, to import before loading.
     """
-    return dataset_marks.put(dataset, "serving", Serving(features_of, dict(stored), parse_examples))
+    serving = Serving(features_of, dict(stored), parse_examples, batched, tuple(imports))
+    return dataset_marks.put(dataset, "serving", serving)
 
 
 def declared(dataset: tf.data.Dataset) -> Serving | None:
