@@ -48,9 +48,14 @@ flags.DEFINE_string(
 )
 flags.DEFINE_string("label_field", "label", "--text: the field holding a label, if rows have one.")
 flags.DEFINE_enum(
-    "tokenizer", "bytes", ["bytes", "words", "wordpiece"], "--text: bytes, words, or WordPiece."
+    "tokenizer",
+    "bytes",
+    ["bytes", "words", "wordpiece", "sentencepiece"],
+    "--text: bytes, words learned from the file, WordPiece or SentencePiece.",
 )
-flags.DEFINE_string("vocab", None, "--tokenizer wordpiece: the vocabulary file, [PAD] first.")
+flags.DEFINE_string(
+    "vocab", None, "--tokenizer wordpiece: its vocabulary, [PAD] first; sentencepiece: its .model."
+)
 flags.DEFINE_integer("vocab_size", 8000, "--tokenizer words: the vocabulary's size.")
 flags.DEFINE_string("out", None, "Directory to write the shards and dataset.json to.")
 flags.DEFINE_integer("shards", None, "Shards per split (default 4; --images: 1 per 1,000 files).")

@@ -15,7 +15,13 @@ them, are class names (or numbers), made class ids in sorted order. Tokenizers:
   for any other word, 0 for padding; saved as ``vocab.txt`` beside the shards;
 * ``wordpiece``: a WordPiece vocabulary you give (``--vocab``, one token per line,
   ``[PAD]`` first and an ``[UNK]``, as BERT's), through tensorflow-text's
-  ``BertTokenizer`` (lower-cased), which the ``text`` extra installs.
+  ``BertTokenizer`` (lower-cased), which the ``text`` extra installs;
+* ``sentencepiece``: a SentencePiece model you give (``--vocab spm.model``), through
+  tensorflow-text's ``SentencepieceTokenizer``; ids are the model's plus one, so
+  that 0 pads whatever the model's own padding is.
+
+The vocabulary is kept beside the shards (``vocab.txt``, ``sentencepiece.model``):
+an export tokenizes strings with it, in the same ops (``served``).
 
 A tenth of the documents (``--eval_fraction``; every k-th, so the split is the same
 on every run) is held out as ``test``. Each document is one record, its token ids a
@@ -46,7 +52,8 @@ from absl import logging
 from datasets import packing, pipeline, records, shards
 from trainer import InputParams, Mode, UserError, errors, serving, whole_files
 
-TOKENIZERS = ("bytes", "words", "wordpiece")
+TOKENIZERS = ("bytes", "words", "wordpiece", "sentencepiece")
+KEPT = {"words": "vocab.txt", "wordpiece": "vocab.txt", "sentencepiece": "sentencepiece.model"}
 PAD, UNKNOWN = 0, 1
 
 
@@ -126,14 +133,16 @@ class Tokenizer(tf.Module):
     through (``features_of``): one function, so serving cannot drift from training.
     """
 
-    def __init__(self, kind: str, vocabulary: list[str] | None = None):
+    def __init__(self, kind: str, vocabulary: list[str] | bytes | None = None):
         if kind not in TOKENIZERS:
             raise UserError(f"--tokenizer must be one of {', '.join(TOKENIZERS)}, got {kind!r}")
         super().__init__(name=f"{kind}_tokenizer")
-        self.kind, self.vocabulary = kind, vocabulary
+        self.kind, self.vocabulary = kind, vocabulary  # a SentencePiece model's bytes
         with tf.init_scope():  # made once, eagerly: datasets and exports capture it
             if kind == "wordpiece":
                 self._wordpiece = _wordpiece(vocabulary)
+            elif kind == "sentencepiece":
+                self._pieces = _text_ops(kind).SentencepieceTokenizer(model=vocabulary)
             else:
                 keys = [bytes([b]) for b in range(256)] if kind == "bytes" else vocabulary
                 ids = tf.range(1 if kind == "bytes" else 0, len(keys) + 1, dtype=tf.int64)
@@ -152,6 +161,8 @@ class Tokenizer(tf.Module):
         """
         if kind == "wordpiece":
             return cls(kind, read_vocabulary(vocab))
+        if kind == "sentencepiece":
+            return sentencepiece(vocab)
         if kind != "words":
             return cls(kind)
         if vocab_size < 3:
@@ -168,6 +179,8 @@ class Tokenizer(tf.Module):
     @property
     def vocab_size(self) -> int:
         """Ids the tokenizer gives, padding included."""
+        if self.kind == "sentencepiece":
+            return int(self._pieces.vocab_size()) + 1
         return 257 if self.kind == "bytes" else len(self.vocabulary)
 
     @tf.autograph.experimental.do_not_convert
@@ -175,6 +188,8 @@ class Tokenizer(tf.Module):
         """The token ids (int64) of a batch of strings, ``[batch, (length)]``."""
         if self.kind == "wordpiece":
             return self._wordpiece.tokenize(texts).merge_dims(1, -1)
+        if self.kind == "sentencepiece":  # 0 pads: the model's ids shifted by one
+            return tf.cast(self._pieces.tokenize(texts), tf.int64) + 1
         pieces = tf.strings.bytes_split(texts) if self.kind == "bytes" else split_words(texts)
         return tf.ragged.map_flat_values(self._table.lookup, pieces)
 
@@ -235,14 +250,40 @@ def read_vocabulary(path: str | None) -> list[str]:
     return tokens
 
 
-def _wordpiece(vocabulary: list[str]):
-    """tensorflow-text's BertTokenizer over ``vocabulary`` (lower-cased), ids as int64."""
+def sentencepiece(path: str | None) -> Tokenizer:
+    """A SentencePiece model file's tokenizer; one line for a file that is not one."""
+    if not path:
+        raise UserError("--tokenizer sentencepiece needs --vocab FILE: a SentencePiece .model")
+    try:
+        with open(path, "rb") as f:
+            model = f.read()
+    except FileNotFoundError:
+        raise UserError(f"--vocab {path}: no such file") from None
+    try:
+        tokenizer = Tokenizer("sentencepiece", model)
+        tokenizer.tokenize(tf.constant(["a"]))
+    except (tf.errors.InvalidArgumentError, tf.errors.InternalError):
+        raise UserError(
+            f"--vocab {path}: not a SentencePiece model (the .model file its trainer writes, "
+            "not its .vocab)"
+        ) from None
+    return tokenizer
+
+
+def _text_ops(kind: str):
+    """The ``tensorflow_text`` module, or one line on what to install."""
     try:
         import tensorflow_text
     except ImportError:
         raise UserError(
-            "--tokenizer wordpiece needs tensorflow-text: pip install -e '.[text]'"
+            f"--tokenizer {kind} needs tensorflow-text: pip install -e '.[text]'"
         ) from None
+    return tensorflow_text
+
+
+def _wordpiece(vocabulary: list[str]):
+    """tensorflow-text's BertTokenizer over ``vocabulary`` (lower-cased), ids as int64."""
+    tensorflow_text = _text_ops("wordpiece")
     table = tf.lookup.StaticVocabularyTable(
         tf.lookup.KeyValueTensorInitializer(vocabulary, tf.range(len(vocabulary), dtype=tf.int64)),
         num_oov_buckets=1,
@@ -296,9 +337,10 @@ def prepare(
         "eval_split": "test" if "test" in splits else "train",
         "splits": splits,
     }
-    if tokens.vocabulary:
-        with open(os.path.join(staging, "vocab.txt"), "w", encoding="utf-8") as f:
-            f.write("\n".join(tokens.vocabulary) + "\n")
+    if tokens.kind in KEPT:
+        with open(os.path.join(staging, KEPT[tokens.kind]), "wb") as f:
+            kept = tokens.vocabulary
+            f.write(kept if isinstance(kept, bytes) else ("\n".join(kept) + "\n").encode())
     whole_files.write_json(os.path.join(staging, shards.METADATA), metadata)
     shutil.rmtree(out_dir, ignore_errors=True)
     os.replace(staging, out_dir)
@@ -418,16 +460,19 @@ def served(dataset: tf.data.Dataset, data_dir: str) -> tf.data.Dataset:
     key = os.path.abspath(data_dir)
     if key not in _TOKENIZERS:  # made once a process: its tables are captured
         metadata = shards.read_metadata(data_dir)
-        kind, vocab = metadata.get("tokenizer", "bytes"), os.path.join(data_dir, "vocab.txt")
-        vocabulary = read_vocabulary(vocab) if kind != "bytes" else None
-        _TOKENIZERS[key] = Tokenizer(kind, vocabulary)
+        kind = metadata.get("tokenizer", "bytes")
+        kept = os.path.join(data_dir, KEPT.get(kind, ""))
+        if kind == "sentencepiece":
+            _TOKENIZERS[key] = sentencepiece(kept)
+        else:
+            _TOKENIZERS[key] = Tokenizer(kind, read_vocabulary(kept) if kind in KEPT else None)
     tokenizer = _TOKENIZERS[key]
     return serving.serves(
         dataset,
         TextFeatures(tokenizer, packing.options().active),
         STORED,
         batched=True,
-        imports=("tensorflow_text",) if tokenizer.kind == "wordpiece" else (),
+        imports=("tensorflow_text",) if tokenizer.kind in ("wordpiece", "sentencepiece") else (),
     )
 
 

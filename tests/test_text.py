@@ -96,7 +96,8 @@ def test_a_vocabulary_of_words_is_learned_from_the_file(tmp_path):
     tokenizer = text.Tokenizer("words", vocabulary)
     assert tokenizer.ids("The cat ran!") == [2, 3, 1, 1]
     with pytest.raises(
-        UserError, match=r"--tokenizer must be one of bytes, words, wordpiece, got 'bpe'"
+        UserError,
+        match=r"--tokenizer must be one of bytes, words, wordpiece, sentencepiece, got 'bpe'",
     ):
         text.Tokenizer("bpe")
 
@@ -275,3 +276,34 @@ def test_an_export_of_prepared_text_takes_strings_and_tokenizes_them_inside(tmp_
         "then load it again"
     )
     assert float(same.split()[-1]) < 1e-6
+
+
+def test_a_sentencepiece_model_given_tokenizes_through_tensorflow_text(tmp_path):
+    """A SentencePiece model trained here on the standard library's json package: the
+    prepared ids are the model's own plus one (0 pads), and kept beside the shards; a
+    file that is not a model is one line."""
+    pytest.importorskip("tensorflow_text")
+    spm = pytest.importorskip("sentencepiece")
+    rows = functions(4)
+    model = tmp_path / "spm.model"
+    with open(model, "wb") as f:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(line for r in rows for line in r["text"].splitlines()),
+            model_writer=f, vocab_size=120, minloglevel=2,
+        )  # fmt: skip
+    corpus = write_jsonl(tmp_path / "functions.jsonl", rows)
+    out = tmp_path / "out"
+    metadata = text.prepare(corpus, str(out), "sentencepiece", vocab=str(model))
+    own = spm.SentencePieceProcessor(model_file=str(model))
+    assert metadata["vocab_size"] == 121 and (out / "sentencepiece.model").exists()
+    params = InputParams(4, 4, seed=0)
+    read = text.input_fn(Mode.EVAL, params, data_dir=str(out)).as_numpy_iterator()
+    documents = [row[row > 0].tolist() for features, _ in read for row in features["tokens"]]
+    expected = [r["text"] for i, r in enumerate(rows) if i % 10 == 9]
+    assert documents == [[i + 1 for i in own.encode(t)] for t in expected]
+    (tmp_path / "not.model").write_text("[PAD]\n[UNK]\n")
+    with pytest.raises(UserError, match=r"not\.model: not a SentencePiece model \(the \.model"):
+        text.prepare(
+            corpus, str(tmp_path / "bad"), "sentencepiece", vocab=str(tmp_path / "not.model")
+        )
+    assert not (tmp_path / "bad").exists()
