@@ -2,13 +2,17 @@
 
 Every function that takes logits works in log space (``log_softmax``,
 ``reduce_logsumexp``), so logits like ``[1000., 0.]`` give exact, finite values and
-gradients where the textbook formulas overflow to NaN.
+gradients where the textbook formulas overflow to NaN. The cookbook's
+``rnn_beam_search`` is ``beam_search`` (``models/decoding.py``): any step function,
+in TF2 control flow.
 """
 
 from __future__ import annotations
 
 import keras
 import tensorflow as tf
+
+from models.decoding import beam_search  # noqa: F401 - the cookbook's beam search, a stable op
 
 
 def get_shape(tensor: tf.Tensor) -> list:

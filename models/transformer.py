@@ -1,0 +1,372 @@
+"""Transformers written with Keras layers: masks, positions, blocks, and the models.
+
+* **Masks** (``attention_bias``): a query attends to a key when both are of the same
+  example (their ``segment_ids`` equal and not 0: padding is 0, and a packed row's
+  examples differ, so its mask is block-diagonal) and, in a decoder, when the key is
+  not later (causal). Without ``segment_ids`` a row is one example, its padding the
+  tokens that are 0.
+* **Positions**: ``learned`` (an embedding of each token's place in its example) or
+  ``rotary`` (RoPE: queries and keys turned by their place, so attention sees
+  offsets). A packed row's ``positions`` restart at each example.
+* **Blocks** are pre-norm: ``x + attention(norm(x))``, then ``x + mlp(norm(x))``. The
+  layer norms, the attention logits and their softmax run in float32, also under a
+  bfloat16 or float16 policy; the matrix products run in the policy's dtype.
+* **Models** (gin-configurable ModelFns): ``TextClassifier`` (an encoder, the mean of
+  its real tokens, a classification head), ``LanguageModel`` (a decoder, its head the
+  token embedding, a loss per token that generates in PREDICT) and ``ViT`` (an image
+  cut into patches, an encoder, a classification head).
+
+Attention costs ``O(length^2)`` per row and head; generation reads the whole sequence
+again at each new token (no cache of keys and values): ``O(new * (prompt + new)^2)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import gin
+import keras
+import tensorflow as tf
+
+from models import decoding, heads
+from trainer import Mode, ModelFn, Spec, UserError, token_mean, token_metric
+
+NEG = -1e9  # an attention logit that softmax makes 0 (finite: a row of padding stays finite)
+
+
+@tf.autograph.experimental.do_not_convert
+def segments_of(features: dict, tokens: tf.Tensor) -> tf.Tensor:
+    """Each token's example in its row: ``segment_ids`` if packed, else 1, and 0 for padding."""
+    if "segment_ids" in features:
+        return tf.cast(features["segment_ids"], tf.int32)
+    return tf.cast(tf.not_equal(tokens, 0), tf.int32)
+
+
+@tf.autograph.experimental.do_not_convert
+def positions_of(features: dict, tokens: tf.Tensor) -> tf.Tensor:
+    """Each token's place in its example: ``positions`` if packed, else its column."""
+    if "positions" in features:
+        return tf.cast(features["positions"], tf.int32)
+    return tf.broadcast_to(tf.range(tf.shape(tokens)[1]), tf.shape(tokens))
+
+
+@tf.autograph.experimental.do_not_convert
+def attention_bias(segments: tf.Tensor, causal: bool) -> tf.Tensor:
+    """``[batch, 1, query, key]`` float32: 0 where a query may attend a key, else ``NEG``."""
+    same = tf.equal(segments[:, :, None], segments[:, None, :]) & tf.not_equal(
+        segments[:, None, :], 0
+    )
+    if causal:
+        length = tf.shape(segments)[1]
+        same &= tf.linalg.band_part(tf.ones([length, length], tf.bool), -1, 0)[None]
+    return tf.where(same, 0.0, NEG)[:, None]
+
+
+def rotated(x: tf.Tensor, positions: tf.Tensor, base: float = 10_000.0) -> tf.Tensor:
+    """``x`` (``[batch, length, heads, depth]``) turned by rotary position embeddings.
+
+    Pairs of channels ``(i, i + depth/2)`` turn by ``position * base^(-2i/depth)``, so
+    the dot product of a query and a key depends on their offset alone.
+    """
+    depth = x.shape[-1]
+    half = depth // 2
+    rates = tf.pow(base, -tf.range(half, dtype=tf.float32) * 2.0 / depth)
+    angles = tf.cast(positions, tf.float32)[..., None, None] * rates  # [b, n, 1, half]
+    cos, sin = tf.cos(angles), tf.sin(angles)
+    first, second = tf.cast(x[..., :half], tf.float32), tf.cast(x[..., half:], tf.float32)
+    turned = tf.concat([first * cos - second * sin, first * sin + second * cos], axis=-1)
+    return tf.cast(turned, x.dtype)
+
+
+class Attention(keras.layers.Layer):
+    """Multi-head dot-product attention; its logits and softmax in float32.
+
+    Args:
+      width: the model's width, split into ``heads`` of ``width // heads``.
+      heads: attention heads.
+      dropout: on the attention weights, in TRAIN.
+      rotary: turn queries and keys by their positions (``rotated``).
+    """
+
+    def __init__(self, width: int, heads: int, dropout: float = 0.0, rotary: bool = False, **kw):
+        super().__init__(**kw)
+        if width % heads:
+            raise UserError(
+                f"a width of {width} does not split into {heads} heads: make it a multiple"
+            )
+        self.heads, self.depth, self.rotary = heads, width // heads, rotary
+        self.query, self.key, self.value, self.out = (
+            keras.layers.Dense(width, name=name) for name in ("query", "key", "value", "out")
+        )
+        self.dropout = keras.layers.Dropout(dropout)
+
+    def call(self, x, bias, positions=None, context=None, training=False):
+        """``x`` ``[b, n, width]`` attending to ``context`` (default ``x``) under ``bias``."""
+        context = x if context is None else context
+        q, k, v = (
+            self._split(f(t))
+            for f, t in ((self.query, x), (self.key, context), (self.value, context))
+        )
+        if self.rotary:
+            q, k = rotated(q, positions), rotated(k, positions)
+        logits = tf.einsum("bqhd,bkhd->bhqk", tf.cast(q, tf.float32), tf.cast(k, tf.float32))
+        # Keras casts a float input to the layer's dtype: the bias is made float32 again.
+        weights = tf.nn.softmax(logits / math.sqrt(self.depth) + tf.cast(bias, tf.float32), -1)
+        weights = self.dropout(weights, training=training)
+        mixed = tf.einsum("bhqk,bkhd->bqhd", tf.cast(weights, v.dtype), v)
+        shape = tf.shape(mixed)
+        return self.out(tf.reshape(mixed, [shape[0], shape[1], self.heads * self.depth]))
+
+    def _split(self, t: tf.Tensor) -> tf.Tensor:
+        shape = tf.shape(t)
+        return tf.reshape(t, [shape[0], shape[1], self.heads, self.depth])
+
+
+def _norm(name: str) -> keras.layers.LayerNormalization:
+    """A layer norm that computes in float32 under any precision policy."""
+    return keras.layers.LayerNormalization(epsilon=1e-5, dtype="float32", name=name)
+
+
+class Block(keras.layers.Layer):
+    """A pre-norm Transformer block: self-attention (then cross-attention), then an MLP.
+
+    Args:
+      width, heads, dropout, rotary: as ``Attention``'s.
+      hidden: the MLP's width (GELU).
+      cross: attend to an encoder's output too (a decoder of an encoder-decoder).
+    """
+
+    def __init__(self, width, heads, hidden, dropout=0.0, rotary=False, cross=False, **kw):
+        super().__init__(**kw)
+        self.attention_norm, self.mlp_norm = _norm("attention_norm"), _norm("mlp_norm")
+        self.attention = Attention(width, heads, dropout, rotary, name="attention")
+        self.cross = Attention(width, heads, dropout, name="cross") if cross else None
+        self.cross_norm = _norm("cross_norm") if cross else None
+        self.mlp_in = keras.layers.Dense(hidden, activation="gelu", name="mlp_in")
+        self.mlp_out = keras.layers.Dense(width, name="mlp_out")
+        self.dropout = keras.layers.Dropout(dropout)
+
+    def call(self, x, bias, positions, context=None, context_bias=None, training=False):
+        """``x`` after the block: each sublayer's output added to what it read."""
+        drop = lambda t: tf.cast(self.dropout(t, training=training), x.dtype)  # noqa: E731
+        x = x + drop(self.attention(self.attention_norm(x), bias, positions, training=training))
+        if self.cross is not None:
+            h = self.cross_norm(x)
+            x = x + drop(self.cross(h, context_bias, context=context, training=training))
+        return x + drop(self.mlp_out(self.mlp_in(self.mlp_norm(x))))
+
+
+@gin.register  # a configurable made when gin calls it: @Transformer() (DESIGN.md)
+class Transformer(keras.layers.Layer):
+    """Blocks over embedded inputs, with positions added (learned) or turned (rotary).
+
+    Args:
+      width: the model's width.
+      depth: how many blocks.
+      heads: attention heads.
+      hidden: the MLP's width; default 4 x width.
+      dropout: on embeddings, attention weights and each sublayer's output, in TRAIN.
+      positions: ``'learned'`` or ``'rotary'``.
+      max_length: the longest example a learned position embedding holds.
+    """
+
+    def __init__(
+        self,
+        width: int = 128,
+        depth: int = 2,
+        heads: int = 4,
+        hidden: int | None = None,
+        dropout: float = 0.0,
+        positions: str = "rotary",
+        max_length: int = 512,
+        cross: bool = False,
+        **kw,
+    ):
+        super().__init__(**kw)
+        if positions not in ("learned", "rotary"):
+            raise UserError(f"positions must be 'learned' or 'rotary', got {positions!r}")
+        self.width, self.max_length, self.rotary = width, max_length, positions == "rotary"
+        self.position_embedding = (
+            None if self.rotary else keras.layers.Embedding(max_length, width, name="positions")
+        )
+        self.blocks = [
+            Block(width, heads, hidden or 4 * width, dropout, self.rotary, cross, name=f"block_{i}")
+            for i in range(depth)
+        ]
+        self.dropout = keras.layers.Dropout(dropout)
+        self.norm = _norm("final_norm")
+
+    def call(self, x, segments, positions, causal=False, context=None, training=False):
+        """``[b, n, width]`` float32: ``x`` through the blocks, normalised."""
+        if self.position_embedding is not None:
+            x = x + tf.cast(self.position_embedding(positions), x.dtype)
+        x = self.dropout(x, training=training)
+        bias = attention_bias(segments, causal)
+        context_bias = None
+        if context is not None:
+            keys = context[1]
+            context, context_bias = (
+                context[0],
+                tf.where(tf.not_equal(keys, 0), 0.0, NEG)[:, None, None],
+            )
+        for block in self.blocks:
+            x = block(x, bias, positions, context, context_bias, training=training)
+        return self.norm(x)
+
+
+@gin.configurable
+class LanguageModel(ModelFn):
+    """A decoder-only Transformer over token ids: a causal language model.
+
+    Reads ``features['tokens']`` (with ``segment_ids`` and ``positions`` when packed)
+    and learns ``labels['targets']``, each token's next, with a loss per token
+    (``trainer.token_mean``, a cross-entropy: perplexity and bits per token are
+    reported beside it) and ``token_accuracy``. Its output layer is the token
+    embedding, transposed. In PREDICT it continues each row's tokens by ``generate``
+    new ones (``decoding``: ``beam`` > 1 searches, ``temperature`` > 0 samples).
+
+    Args:
+      vocab_size: token ids, padding (0) included.
+      stack: the blocks (``Transformer``), causal.
+      generate: new tokens per row in PREDICT; 0 predicts each position's logits.
+      beam: hypotheses kept when generating; 1 is greedy.
+      temperature: > 0 samples from the softmax at this temperature, seeded.
+      eos: a token that ends a generated sequence, if any.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int = gin.REQUIRED,
+        stack: Transformer | None = None,
+        generate: int = 0,
+        beam: int = 1,
+        temperature: float = 0.0,
+        eos: int | None = None,
+        seed: int = 0,
+    ):
+        super().__init__(name="language_model")
+        self.vocab_size, self.generate, self.beam = int(vocab_size), generate, beam
+        self.temperature, self.eos, self.seed = temperature, eos, seed
+        self.stack = stack or Transformer()
+        self.embedding = keras.layers.Embedding(self.vocab_size, self.stack.width, name="tokens")
+
+    def logits(self, tokens, segments, positions, training=False) -> tf.Tensor:
+        """``[b, n, vocab]`` float32: each position's logits of the next token."""
+        hidden = self.stack(
+            self.embedding(tokens), segments, positions, causal=True, training=training
+        )
+        table = tf.cast(self.embedding.embeddings, tf.float32)
+        return tf.einsum("bnd,vd->bnv", hidden, table)
+
+    def __call__(self, features, labels, mode):
+        """The next token's logits at each position; generated tokens in PREDICT."""
+        tokens = features["tokens"]
+        segments, positions = segments_of(features, tokens), positions_of(features, tokens)
+        if mode == Mode.PREDICT and self.generate:
+            return Spec(self._generated(tokens, segments))
+        logits = self.logits(tokens, segments, positions, training=mode == Mode.TRAIN)
+        if labels is None:
+            return Spec({"logits": logits})
+        targets = labels["targets"]
+        real = tf.not_equal(segments, 0)
+        losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=logits)
+        hits = tf.equal(tf.argmax(logits, -1, output_type=targets.dtype), targets)
+        return Spec(
+            {"logits": logits},
+            loss=token_mean(losses, real, cross_entropy=True),
+            metrics={"token_accuracy": token_metric(hits, real)},
+        )
+
+    def _generated(self, tokens, segments) -> dict:
+        """Each row's tokens continued by ``generate`` more: ``{'generated': [b, generate]}``."""
+        lengths = tf.reduce_sum(tf.cast(tf.not_equal(segments, 0), tf.int32), axis=1)
+        prompt = tf.pad(tokens, [[0, 0], [0, self.generate]])
+        last = tf.gather(tokens, tf.maximum(lengths - 1, 0), batch_dims=1)
+
+        def step(ids, i, state):
+            rows = tf.shape(ids)[0]
+            copies = rows // tf.shape(prompt)[0]  # beam rows, in their example's order
+            buffer, ends = tf.repeat(prompt, copies, axis=0), tf.repeat(lengths, copies, axis=0)
+            written = ids[:, 1:]  # what this step generated so far, after each row's prompt
+            columns = ends[:, None] + tf.range(tf.shape(written)[1])[None]
+            at = tf.stack(
+                [tf.broadcast_to(tf.range(rows)[:, None], tf.shape(columns)), columns], -1
+            )
+            buffer = tf.tensor_scatter_nd_update(buffer, at, tf.cast(written, buffer.dtype))
+            real = tf.sequence_mask(ends + i, tf.shape(buffer)[1], dtype=tf.int32)
+            logits = self.logits(buffer, real, positions_of({}, buffer))
+            return tf.gather(logits, ends + i - 1, batch_dims=1), state
+
+        if self.beam > 1:
+            found, scores = decoding.beam_search(step, last, self.generate, self.beam, self.eos)
+            return {"generated": found[:, 0], "score": scores[:, 0]}
+        found = decoding.greedy(
+            step, last, self.generate, self.eos, None, self.temperature, self.seed
+        )
+        return {"generated": found}
+
+
+@gin.configurable
+class TextClassifier(ModelFn):
+    """A Transformer encoder over token ids, the mean of its real tokens, a classifier.
+
+    Reads ``features['tokens']`` and ``labels['label']`` (class ids);
+    ``heads.classification`` makes the Spec.
+
+    Args:
+      vocab_size: token ids, padding (0) included.
+      num_classes: classes.
+      stack: the blocks (``Transformer``).
+    """
+
+    def __init__(
+        self, vocab_size: int = gin.REQUIRED, num_classes: int = 2, stack: Transformer | None = None
+    ):
+        super().__init__(name="text_classifier")
+        self.stack = stack or Transformer()
+        self.embedding = keras.layers.Embedding(int(vocab_size), self.stack.width, name="tokens")
+        self.classes = keras.layers.Dense(num_classes, name="logits", dtype="float32")
+
+    def __call__(self, features, labels, mode):
+        """The classes' logits of each example's tokens."""
+        tokens = features["tokens"]
+        segments = segments_of(features, tokens)
+        hidden = self.stack(
+            self.embedding(tokens),
+            segments,
+            positions_of(features, tokens),
+            training=mode == Mode.TRAIN,
+        )
+        real = tf.cast(tf.not_equal(segments, 0), tf.float32)[..., None]
+        pooled = tf.reduce_sum(hidden * real, 1) / tf.maximum(tf.reduce_sum(real, 1), 1.0)
+        return heads.classification(self.classes(pooled), labels)
+
+
+@gin.configurable
+class ViT(ModelFn):
+    """A Vision Transformer: the image cut into patches, each a token, then an encoder.
+
+    Reads ``features['image']`` (``[b, h, w, c]``) and ``labels['label']``; the mean of
+    the patches' outputs is classified (``heads.classification``).
+
+    Args:
+      num_classes: classes.
+      patch: the side of a square patch, in pixels.
+      stack: the blocks (``Transformer``, learned positions: the patches' places).
+    """
+
+    def __init__(self, num_classes: int = 10, patch: int = 2, stack: Transformer | None = None):
+        super().__init__(name="vit")
+        self.stack = stack or Transformer(positions="learned")
+        self.patches = keras.layers.Conv2D(self.stack.width, patch, strides=patch, name="patches")
+        self.classes = keras.layers.Dense(num_classes, name="logits", dtype="float32")
+
+    def __call__(self, features, labels, mode):
+        """The classes' logits of each image."""
+        grid = self.patches(features["image"])
+        shape = tf.shape(grid)
+        tokens = tf.reshape(grid, [shape[0], shape[1] * shape[2], self.stack.width])
+        ones = tf.ones(tf.shape(tokens)[:2], tf.int32)
+        places = tf.broadcast_to(tf.range(tf.shape(tokens)[1]), tf.shape(ones))
+        hidden = self.stack(tokens, ones, places, training=mode == Mode.TRAIN)
+        return heads.classification(self.classes(tf.reduce_mean(hidden, axis=1)), labels)
