@@ -189,12 +189,17 @@ class Transformer(keras.layers.Layer):
         self.position_embedding = (
             None if self.rotary else keras.layers.Embedding(max_length, width, name="positions")
         )
-        self.blocks = [
-            Block(width, heads, hidden or 4 * width, dropout, self.rotary, cross, name=f"block_{i}")
-            for i in range(depth)
-        ]
+        self.depth = depth
+        for i in range(depth):  # attributes, not a list: a checkpoint reaches them
+            block = Block(width, heads, hidden or 4 * width, dropout, self.rotary, cross)
+            setattr(self, f"block_{i}", block)
         self.dropout = keras.layers.Dropout(dropout)
         self.norm = _norm("final_norm")
+
+    @property
+    def blocks(self) -> list[Block]:
+        """The blocks, in order."""
+        return [getattr(self, f"block_{i}") for i in range(self.depth)]
 
     def call(self, x, segments, positions, causal=False, context=None, training=False):
         """``[b, n, width]`` float32: ``x`` through the blocks, normalised."""
@@ -232,6 +237,9 @@ class LanguageModel(ModelFn):
       beam: hypotheses kept when generating; 1 is greedy.
       temperature: > 0 samples from the softmax at this temperature, seeded.
       eos: a token that ends a generated sequence, if any.
+      seed: sampling's seed.
+      bytes: its tokens are bytes (id = byte + 1, as ``--tokenizer bytes`` makes
+        them): ``bits_per_byte`` is reported, and generation gives ``text`` too.
     """
 
     def __init__(
@@ -243,10 +251,11 @@ class LanguageModel(ModelFn):
         temperature: float = 0.0,
         eos: int | None = None,
         seed: int = 0,
+        bytes: bool = False,
     ):
         super().__init__(name="language_model")
         self.vocab_size, self.generate, self.beam = int(vocab_size), generate, beam
-        self.temperature, self.eos, self.seed = temperature, eos, seed
+        self.temperature, self.eos, self.seed, self.bytes = temperature, eos, seed, bytes
         self.stack = stack or Transformer()
         self.embedding = keras.layers.Embedding(self.vocab_size, self.stack.width, name="tokens")
 
@@ -271,11 +280,11 @@ class LanguageModel(ModelFn):
         real = tf.not_equal(segments, 0)
         losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=logits)
         hits = tf.equal(tf.argmax(logits, -1, output_type=targets.dtype), targets)
-        return Spec(
-            {"logits": logits},
-            loss=token_mean(losses, real, cross_entropy=True),
-            metrics={"token_accuracy": token_metric(hits, real)},
-        )
+        metrics = {"token_accuracy": token_metric(hits, real)}
+        if self.bytes:  # streamed over every byte of the eval set, as the loss is
+            metrics["bits_per_byte"] = token_metric(losses / math.log(2.0), real)
+        loss = token_mean(losses, real, cross_entropy=True)
+        return Spec({"logits": logits}, loss=loss, metrics=metrics)
 
     def _generated(self, tokens, segments) -> dict:
         """Each row's tokens continued by ``generate`` more: ``{'generated': [b, generate]}``."""
@@ -297,13 +306,27 @@ class LanguageModel(ModelFn):
             logits = self.logits(buffer, real, positions_of({}, buffer))
             return tf.gather(logits, ends + i - 1, batch_dims=1), state
 
+        extra = {}
         if self.beam > 1:
             found, scores = decoding.beam_search(step, last, self.generate, self.beam, self.eos)
-            return {"generated": found[:, 0], "score": scores[:, 0]}
-        found = decoding.greedy(
-            step, last, self.generate, self.eos, None, self.temperature, self.seed
-        )
-        return {"generated": found}
+            found, extra = found[:, 0], {"score": scores[:, 0]}
+        else:
+            found = decoding.greedy(
+                step, last, self.generate, self.eos, None, self.temperature, self.seed
+            )
+        if self.bytes:
+            extra["text"] = bytes_text(found)
+        return {"generated": found, **extra}
+
+
+BYTES = [bytes([b]) for b in range(256)]
+
+
+@tf.autograph.experimental.do_not_convert
+def bytes_text(ids: tf.Tensor) -> tf.Tensor:
+    """``[b]`` strings of byte ids (``[b, n]``, byte + 1; 0 and anything past 256 left out)."""
+    kept = tf.ragged.boolean_mask(ids, (ids > 0) & (ids <= 256))
+    return tf.strings.reduce_join(tf.gather(tf.constant(BYTES), kept - 1), axis=-1)
 
 
 @gin.configurable

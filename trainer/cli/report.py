@@ -115,4 +115,10 @@ def _time_breakdown(estimator_seconds: dict[str, float], clock: dict) -> dict[st
 
 def _jsonable(value):
     value = np.asarray(value)
+    if value.dtype.kind in "SO":  # strings: text, its bytes decoded (a cut character replaced)
+        value = np.vectorize(_decoded, otypes=[object])(value)
     return value.item() if value.ndim == 0 else value.tolist()
+
+
+def _decoded(value):
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
