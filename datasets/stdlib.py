@@ -11,11 +11,20 @@ modules end to end, cut into windows of ``length`` bytes, each with its next byt
 ``targets``; an in-memory source, read by index and resumed exactly. In PREDICT it
 gives ``prompts``, so that ``--schedule predict`` continues them.
 ``bigram_bits_per_byte`` is the baseline a model must beat.
+
+``functions`` are a classifier's examples: the source of each function (``def``) of
+a few packages, labelled by its package (which package does this code come from?).
+Written as JSON lines for ``datasets.prepare --text``:
+
+    python3 -m datasets.stdlib --functions data/functions.jsonl
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import sys
 import sysconfig
 
 import gin
@@ -83,3 +92,55 @@ def input_fn(
         _WINDOWS[split, length] = text.windows(byte_ids(modules(split)), length, f"stdlib-{split}")
     windows = _WINDOWS[split, length]
     return pipeline.build(windows, mode, params, text.next_tokens, name=f"stdlib-{split}")
+
+
+PACKAGES = ("asyncio", "email", "http", "logging", "multiprocessing", "unittest", "urllib", "xml")
+DEF = re.compile(r"^[ \t]*(?:async[ \t]+)?def ", re.M)
+
+
+def functions(packages=PACKAGES, longest: int = 800) -> list[dict]:
+    """``{'text': a function's source (its first ``longest`` characters), 'label': package}``.
+
+    Every ``def`` of each package's modules (not their tests), in order of path: from
+    its line to the next ``def``, dedented.
+    """
+    root = sysconfig.get_paths()["stdlib"]
+    rows = []
+    for package in packages:
+        for path in _sources(os.path.join(root, package)):
+            with open(path, encoding="utf-8", errors="replace") as f:
+                source = f.read()
+            starts = [m.start() for m in DEF.finditer(source)]
+            for start, end in zip(starts, [*starts[1:], len(source)][: len(starts)], strict=True):
+                lines = source[start:end].rstrip().splitlines()
+                indent = len(lines[0]) - len(lines[0].lstrip())
+                body = "\n".join(line[indent:] for line in lines)
+                rows.append({"text": body[:longest], "label": package})
+    return rows
+
+
+def _sources(folder: str) -> list[str]:
+    """The ``.py`` files under ``folder``, but its tests, sorted by path."""
+    found = []
+    for where, dirs, files in os.walk(folder):
+        dirs[:] = [d for d in dirs if d not in ("test", "tests", "__pycache__")]
+        found += [os.path.join(where, f) for f in files if f.endswith(".py")]
+    return sorted(found)
+
+
+def main(argv: list[str]) -> int:
+    """``--functions PATH``: writes ``functions()`` as JSON lines to PATH."""
+    if len(argv) != 3 or argv[1] != "--functions":
+        print("usage: python3 -m datasets.stdlib --functions data/functions.jsonl", file=sys.stderr)
+        return 2
+    rows = functions()
+    os.makedirs(os.path.dirname(argv[2]) or ".", exist_ok=True)
+    with open(argv[2], "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows)
+    counts = {p: sum(r["label"] == p for r in rows) for p in PACKAGES}
+    print(f"{argv[2]}: {len(rows):,} functions of {len(counts)} packages ({counts})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

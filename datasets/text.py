@@ -479,12 +479,35 @@ def served(dataset: tf.data.Dataset, data_dir: str) -> tf.data.Dataset:
 _TOKENIZERS: dict = {}
 
 
-def documents(data_dir: str, split: str) -> list[np.ndarray]:
-    """Every document of a prepared split, in order, as int64 token ids."""
+def documents(data_dir: str, split: str, labels: bool = False):
+    """Every document of a prepared split, in order, as int64 token ids (and its labels)."""
     _, paths = shards.check_shards(data_dir, split)
     dataset = tf.data.TFRecordDataset(paths).map(parse, num_parallel_calls=tf.data.AUTOTUNE)
-    read = errors.guarded(dataset, f"reading {data_dir}")
-    return [example["tokens"].numpy() for example in read]
+    read = list(errors.guarded(dataset, f"reading {data_dir}"))
+    found = [example["tokens"].numpy() for example in read]
+    return (found, np.array([int(e["label"]) for e in read])) if labels else found
+
+
+def bag_of_words_accuracy(data_dir: str) -> float:
+    """A classifier's baseline: logistic regression on token counts, ``train`` to the eval split.
+
+    Order is lost; what a model of the sequence learns beyond it is what order tells.
+    """
+    from scipy import sparse
+    from sklearn.linear_model import LogisticRegression
+
+    metadata = shards.read_metadata(data_dir)
+    size = metadata["vocab_size"]
+
+    def counts(split):
+        docs, labels = documents(data_dir, split, labels=True)
+        rows = np.repeat(np.arange(len(docs)), [len(d) for d in docs])
+        shape = (len(docs), size)
+        return sparse.csr_matrix((np.ones(len(rows)), (rows, np.concatenate(docs))), shape), labels
+
+    (x, y), (x_test, y_test) = counts("train"), counts(shards.eval_split(metadata))
+    fitted = LogisticRegression(max_iter=2000).fit(x, y)
+    return float((fitted.predict(x_test) == y_test).mean())
 
 
 def windows(tokens: list[np.ndarray], length: int, name: str = "text") -> pipeline.ArraySource:
