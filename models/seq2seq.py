@@ -1,0 +1,115 @@
+"""The seed's recurrent encoder-decoder: an LSTM reads the source, another writes the target.
+
+Token ids: 0 pads, ``BOS`` (1) starts the decoder, ``EOS`` (2) ends a target; a
+source's tokens are the other ids. The decoder learns each target token from the
+ones before it (teacher forcing), with a loss per real target token
+(``trainer.token_mean``); in EVAL and PREDICT it writes the target itself, one token
+at a time (``models/decoding.py``): greedy, and with ``beam`` > 1 by beam search,
+its LSTM state reordered with the hypotheses. EVAL reports ``exact_match`` (the
+decoded target equals the label, up to its ``EOS``) and ``greedy_exact_match``.
+"""
+
+from __future__ import annotations
+
+import gin
+import keras
+import tensorflow as tf
+
+from models import decoding
+from trainer import Mode, ModelFn, Spec, token_mean, token_metric
+
+BOS, EOS = 1, 2
+
+
+@gin.configurable
+class Seq2Seq(ModelFn):
+    """An LSTM encoder-decoder over token ids.
+
+    Reads ``features['tokens']`` (the source) and ``labels['targets']`` (the target,
+    ending with ``EOS``), both padded with 0.
+
+    Args:
+      vocab_size: token ids, padding, BOS and EOS included.
+      width: the embeddings' and the LSTMs' width.
+      dropout: on the embeddings and the decoder's outputs, in TRAIN.
+      beam: hypotheses kept when decoding; 1 decodes greedily only.
+      max_length: the longest target decoded (its EOS included).
+      alpha: beam search's length normalisation.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int = gin.REQUIRED,
+        width: int = 128,
+        dropout: float = 0.0,
+        beam: int = 4,
+        max_length: int = 16,
+        alpha: float = 0.0,
+    ):
+        super().__init__(name="seq2seq")
+        self.beam, self.max_length, self.alpha = beam, max_length, alpha
+        self.source_embedding = keras.layers.Embedding(
+            vocab_size, width, mask_zero=True, name="source"
+        )
+        self.target_embedding = keras.layers.Embedding(vocab_size, width, name="target")
+        self.encoder = keras.layers.LSTM(width, return_state=True, name="encoder")
+        self.decoder = keras.layers.LSTM(width, return_sequences=True, name="decoder")
+        self.logits = keras.layers.Dense(vocab_size, name="logits")
+        self.dropout = keras.layers.Dropout(dropout)
+
+    def __call__(self, features, labels, mode):
+        """Teacher-forced logits and a loss per target token; decoded targets outside TRAIN."""
+        training = mode == Mode.TRAIN
+        source = self.dropout(self.source_embedding(features["tokens"]), training=training)
+        _, h, c = self.encoder(source, training=training)
+        predictions = {}
+        if mode != Mode.TRAIN:
+            predictions = self._decoded(h, c)
+        if labels is None:
+            return Spec(predictions)
+        targets = labels["targets"]
+        before = tf.pad(targets[:, :-1], [[0, 0], [1, 0]], constant_values=BOS)
+        inputs = self.dropout(self.target_embedding(before), training=training)
+        outputs = self.dropout(
+            self.decoder(inputs, initial_state=[h, c], training=training), training=training
+        )
+        logits = self.logits(outputs)
+        real = tf.not_equal(targets, 0)
+        losses = tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=targets, logits=tf.cast(logits, tf.float32)
+        )
+        hits = tf.equal(tf.argmax(logits, -1, output_type=targets.dtype), targets)
+        metrics = {"token_accuracy": token_metric(hits, real)}
+        if predictions:
+            metrics["exact_match"] = exact_match(predictions["decoded"], targets)
+            metrics["greedy_exact_match"] = exact_match(predictions["greedy"], targets)
+        return Spec(
+            {"logits": logits, **predictions},
+            loss=token_mean(losses, real, cross_entropy=True),
+            metrics=metrics,
+        )
+
+    def _step(self, ids, i, state):
+        """One decoder step: the last token's logits, and the LSTM's next state."""
+        x = self.target_embedding(ids[:, -1])
+        output, (h, c) = self.decoder.cell(x, list(state))
+        return tf.cast(self.logits(output), tf.float32), (h, c)
+
+    def _decoded(self, h, c) -> dict:
+        """``greedy`` and ``decoded`` (beam search's best) targets, ``[b, max_length]``."""
+        start = tf.fill(tf.shape(h)[:1], tf.constant(BOS, tf.int64))
+        greedy = decoding.greedy(self._step, start, self.max_length, EOS, (h, c))
+        if self.beam <= 1:
+            return {"greedy": greedy, "decoded": greedy}
+        found, _ = decoding.beam_search(
+            self._step, start, self.max_length, self.beam, EOS, (h, c), self.alpha
+        )
+        return {"greedy": greedy, "decoded": found[:, 0]}
+
+
+@tf.autograph.experimental.do_not_convert
+def exact_match(decoded: tf.Tensor, targets: tf.Tensor) -> tf.Tensor:
+    """Per example, 1.0 when ``decoded`` equals ``targets`` up to the target's end."""
+    width = tf.maximum(tf.shape(decoded)[1], tf.shape(targets)[1])
+    pad = lambda t: tf.pad(tf.cast(t, tf.int64), [[0, 0], [0, width - tf.shape(t)[1]]])  # noqa: E731
+    return tf.cast(tf.reduce_all(tf.equal(pad(decoded), pad(targets)), axis=1), tf.float32)
