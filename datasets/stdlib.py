@@ -9,7 +9,8 @@ modules, 4.7 MB). Each byte is a token, ids 1 to 256 (0 pads), as
 ``input_fn`` reads a language model's windows of a split (``text.windows``): the
 modules end to end, cut into windows of ``length`` bytes, each with its next bytes as
 ``targets``; an in-memory source, read by index and resumed exactly. In PREDICT it
-gives ``prompts``, so that ``--schedule predict`` continues them.
+gives ``prompts``, so that ``--schedule predict`` continues them; an export takes
+strings (``text``), as bytes.
 ``bigram_bits_per_byte`` is the baseline a model must beat.
 
 ``functions`` are a classifier's examples: the source of each function (``def``) of
@@ -86,12 +87,17 @@ def input_fn(
     if mode == Mode.PREDICT:
         ids = tf.ragged.constant([[b + 1 for b in p.encode()] for p in prompts], tf.int64)
         source = pipeline.ArraySource({"tokens": ids}, "prompts")
-        return pipeline.build(source, mode, params, lambda e: ({"tokens": e["tokens"]}, {}))
-    split = "train" if mode == Mode.TRAIN else "test"
-    if (split, length) not in _WINDOWS:  # read once a process
-        _WINDOWS[split, length] = text.windows(byte_ids(modules(split)), length, f"stdlib-{split}")
-    windows = _WINDOWS[split, length]
-    return pipeline.build(windows, mode, params, text.next_tokens, name=f"stdlib-{split}")
+        dataset = pipeline.build(source, mode, params, lambda e: ({"tokens": e["tokens"]}, {}))
+    else:
+        split = "train" if mode == Mode.TRAIN else "test"
+        if (split, length) not in _WINDOWS:  # read once a process
+            tokens = byte_ids(modules(split))
+            _WINDOWS[split, length] = text.windows(tokens, length, f"stdlib-{split}")
+        windows = _WINDOWS[split, length]
+        dataset = pipeline.build(windows, mode, params, text.next_tokens, name=f"stdlib-{split}")
+    if "bytes" not in _WINDOWS:
+        _WINDOWS["bytes"] = text.Tokenizer("bytes")
+    return text.tokenized_by(dataset, _WINDOWS["bytes"])  # an export takes strings
 
 
 PACKAGES = ("asyncio", "email", "http", "logging", "multiprocessing", "unittest", "urllib", "xml")

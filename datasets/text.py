@@ -456,7 +456,7 @@ class TextFeatures(tf.Module):
 
 
 def served(dataset: tf.data.Dataset, data_dir: str) -> tf.data.Dataset:
-    """``dataset``, marked so that an export takes strings, tokenized inside."""
+    """``dataset``, marked so that an export takes strings, tokenized inside as prepared."""
     key = os.path.abspath(data_dir)
     if key not in _TOKENIZERS:  # made once a process: its tables are captured
         metadata = shards.read_metadata(data_dir)
@@ -466,7 +466,11 @@ def served(dataset: tf.data.Dataset, data_dir: str) -> tf.data.Dataset:
             _TOKENIZERS[key] = sentencepiece(kept)
         else:
             _TOKENIZERS[key] = Tokenizer(kind, read_vocabulary(kept) if kind in KEPT else None)
-    tokenizer = _TOKENIZERS[key]
+    return tokenized_by(dataset, _TOKENIZERS[key])
+
+
+def tokenized_by(dataset: tf.data.Dataset, tokenizer: Tokenizer) -> tf.data.Dataset:
+    """``dataset``, marked so that an export takes strings and ``tokenizer`` tokenizes them."""
     return serving.serves(
         dataset,
         TextFeatures(tokenizer, packing.options().active),

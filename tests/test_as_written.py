@@ -59,6 +59,22 @@ NOT_RUN = {
     },
     "python3 -m trainer --gin_file experiments/cifar10_alexnet.gin --num_devices 8 "
     "--gin_param \"Devices.distribution = 'towers'\"": "8 GPUs",
+    # The sequence recipes take 46 s to 3 min whole, more than the suite can pay for:
+    # each runs small in the tests named, and its header's figure was measured whole.
+    "python3 -m trainer --gin_file experiments/digits_vit.gin": "48 s whole; "
+    "test_experiments.py runs it small",
+    "python3 -m trainer --gin_file experiments/reverse_lstm.gin": "46 s whole; "
+    "test_seq2seq.py trains it small, resumed, on two devices and in micro-batches",
+    "python3 -m trainer --gin_file experiments/stdlib_lm.gin": "3 min whole; "
+    "test_experiments.py runs it small, then predicts and exports it",
+    "python3 -m trainer --gin_file experiments/stdlib_lm.gin --schedule predict --results "
+    "continued.jsonl": "after the 3 min run; test_experiments.py predicts after a small one",
+    "python3 -m datasets.stdlib --functions data/functions.jsonl": "test_experiments.py "
+    "runs it (its main) and prepares what it writes",
+    "python3 -m datasets.prepare --text data/functions.jsonl --tokenizer words "
+    "--vocab_size 8000 --out data/functions": "test_experiments.py prepares the same file so",
+    "python3 -m trainer --gin_file experiments/text_classifier.gin": "75 s whole; "
+    "test_experiments.py runs it small on the functions prepared as its header says",
 }
 # Two machines (host1, host2, /shared): tests/test_parallel.py runs these workers on 127.0.0.1.
 MULTI_WORKER = "TF_CONFIG="

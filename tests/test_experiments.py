@@ -4,8 +4,10 @@ import os
 
 import gin
 import pytest
+import tensorflow as tf
 import tensorflow_datasets as tfds
 
+import trainer
 from tests.support.commands import REPO, run_cli
 from tests.support.helpers import checkpoint_steps
 from trainer.cli import experiment
@@ -72,6 +74,11 @@ def test_a_transformer_recipe_runs_small_and_the_language_model_continues_its_pr
         )
         assert len(predicted) == 2 and all(p["generated"].shape == (48,) for p in predicted)
         assert all(isinstance(p["text"], bytes) for p in predicted)
+        # The export takes strings and generates as predict did.
+        exported = experiment.experiment(model_dir=str(tmp_path), schedule="export")
+        serve = trainer.load_export(exported["export_dir"]).signatures["serving_default"]
+        served = serve(text=tf.constant(["def main("]))
+        assert served["text"].numpy()[0] == predicted[0]["text"]
         from datasets import stdlib
 
         baseline = stdlib.bigram_bits_per_byte()  # the header's 3.51 and 4.53 on Python 3.11

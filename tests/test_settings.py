@@ -201,3 +201,21 @@ def test_a_config_saved_before_the_groups_is_read_under_the_names_now():
     ]
     resumable = NEW.replace("Checkpoints.keep = 5", "Checkpoints.keep = 3")
     assert config_diff.changes(OLD, resumable, gin_config.RESUMABLE) == []
+
+
+def test_a_configurable_named_shorter_by_another_process_is_the_same_binding():
+    """A process that imported one input_fn writes ``input_fn.count``; one that imported
+    two writes ``reversal.input_fn.count``: a resume compares them as one binding."""
+    import datasets.reversal  # noqa: F401 - registers reversal.input_fn
+    import datasets.text  # noqa: F401 - and text.input_fn: 'input_fn' is ambiguous here
+    from trainer import config_diff
+
+    written_alone = "reversal.input_fn.count = 3\nexperiment.input_fn = @reversal.input_fn"
+    assert config_diff.changes(written_alone, written_alone) == []
+    assert config_diff.own_selector("Seq2Seq") == "Seq2Seq"  # not imported: as it is
+    assert config_diff.own_selector("input_fn") == "input_fn"  # ambiguous: as it is
+    import models.mlp  # noqa: F401
+
+    assert config_diff.own_selector("models.mlp.MLP") == "MLP"  # the shortest unique here
+    old, new = "models.mlp.MLP.dropout_rate = 0.1", "MLP.dropout_rate = 0.2"
+    assert [str(c) for c in config_diff.changes(old, new)] == ["MLP.dropout_rate: 0.1 -> 0.2"]

@@ -16,7 +16,7 @@ import re
 import gin
 from gin import config_parser
 
-from trainer import settings
+from trainer import internals, settings
 from trainer.errors import UserError
 
 UNSET = "(unset)"
@@ -111,10 +111,25 @@ def bindings(text: str) -> dict[str, str]:
     for statement in config_parser.ConfigParser(text, delegate):
         if isinstance(statement, config_parser.BindingStatement):
             scope = f"{statement.scope}/" if statement.scope else ""
-            found[f"{scope}{statement.selector}.{statement.arg_name}"] = _value_text(
-                statement.value
-            )
+            selector = own_selector(statement.selector)
+            found[f"{scope}{selector}.{statement.arg_name}"] = _value_text(statement.value)
     return found
+
+
+def own_selector(selector: str) -> str:
+    """A configurable's name as this process writes it: the shortest unique one here.
+
+    Gin writes each binding under the shortest name unique among the configurables its
+    process imported, so one process writes ``input_fn`` where another, which imported
+    ``text.input_fn`` too, writes ``reversal.input_fn``: both name one configurable. A
+    name this process does not know, or knows several of, stays as it is.
+    """
+    registry = internals.gin_registry()
+    try:
+        match = registry.get_match(selector)
+    except KeyError:  # ambiguous here
+        return selector
+    return registry.minimal_selector(match.selector) if match is not None else selector
 
 
 def renamed(found: dict[str, str]) -> dict[str, str]:
@@ -135,7 +150,7 @@ def renamed(found: dict[str, str]) -> dict[str, str]:
 def _value_text(value) -> str:
     selector = getattr(value, "_selector", None)  # a @reference: gin keeps its name here
     if selector is not None:
-        return f"@{selector}{'()' if getattr(value, '_evaluate', False) else ''}"
+        return f"@{own_selector(selector)}{'()' if getattr(value, '_evaluate', False) else ''}"
     return repr(value)
 
 
