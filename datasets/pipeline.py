@@ -146,14 +146,9 @@ def build(
     )
     packer = None
     if packs.active:
-        refused = {
-            "lengths.group_batches": shapes.group_batches,
-            "lengths.buckets": shapes.buckets,
-            "an augment function": augment is not None and training,
-            "mixing": mixing.options().active,
-        }
-        found = packing.check(packs, examples, name, refused)
-        packer = packing.Packer(packs, found, order if training else None, params)
+        packer = _packer(
+            packs, shapes, examples, augment, order if training else None, params, name
+        )
     if training:
         if shapes.group_batches:
             window = shapes.group_batches * params.global_batch_size
@@ -163,10 +158,7 @@ def build(
     if params.num_input_pipelines > 1:
         rows = rows.shard(params.num_input_pipelines, params.input_pipeline_id)
     if examples is not None:
-        if packer is None:
-            laid_out = lambda batch: padded(batch, shapes.buckets)  # noqa: E731
-        else:
-            laid_out = packer.prediction if mode == Mode.PREDICT else packer.evaluation
+        laid_out = _inference_layout(packer, mode, shapes.buckets)
         dataset = rows.batch(params.batch_size).map(lambda r: laid_out(examples.gather(r)))
     else:
         if isinstance(data, RecordExamples):
@@ -176,6 +168,24 @@ def build(
         dataset = single.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
         dataset = _batch(dataset, params.batch_size, buckets=shapes.buckets)
     return counted(_finish(dataset, knobs), int(rows.cardinality()))
+
+
+def _packer(packs, shapes, examples, augment, order, params, name) -> packing.Packer:
+    """The packer of a source checked fit to pack (``order``: the training one, or None)."""
+    refused = {
+        "lengths.group_batches": shapes.group_batches,
+        "lengths.buckets": shapes.buckets,
+        "an augment function": augment is not None and order is not None,
+        "mixing": mixing.options().active,
+    }
+    return packing.Packer(packs, packing.check(packs, examples, name, refused), order, params)
+
+
+def _inference_layout(packer: packing.Packer | None, mode: Mode, buckets) -> Callable:
+    """How an EVAL or PREDICT batch in memory is laid out: padded, or as packing says."""
+    if packer is None:
+        return lambda batch: padded(batch, buckets)
+    return packer.prediction if mode == Mode.PREDICT else packer.evaluation
 
 
 def _by_index(
