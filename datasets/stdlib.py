@@ -95,9 +95,7 @@ def input_fn(
             _WINDOWS[split, length] = text.windows(tokens, length, f"stdlib-{split}")
         windows = _WINDOWS[split, length]
         dataset = pipeline.build(windows, mode, params, text.next_tokens, name=f"stdlib-{split}")
-    if "bytes" not in _WINDOWS:
-        _WINDOWS["bytes"] = text.Tokenizer("bytes")
-    return text.tokenized_by(dataset, _WINDOWS["bytes"])  # an export takes strings
+    return text.tokenized_by(dataset, text.bytes_tokenizer())  # an export takes strings
 
 
 PACKAGES = ("asyncio", "email", "http", "logging", "multiprocessing", "unittest", "urllib", "xml")

@@ -480,7 +480,14 @@ def tokenized_by(dataset: tf.data.Dataset, tokenizer: Tokenizer) -> tf.data.Data
     )
 
 
-_TOKENIZERS: dict = {}
+_TOKENIZERS: dict = {}  # by data_dir (and 'bytes'): made once a process
+
+
+def bytes_tokenizer() -> Tokenizer:
+    """The ``bytes`` tokenizer, made once a process: datasets and exports capture its table."""
+    if "bytes" not in _TOKENIZERS:
+        _TOKENIZERS["bytes"] = Tokenizer("bytes")
+    return _TOKENIZERS["bytes"]
 
 
 def documents(data_dir: str, split: str, labels: bool = False):

@@ -55,7 +55,8 @@ def load_export(export_dir: str):
         named = f"import {', '.join(needed)}" if needed else "import the library that defines it"
         raise UserError(
             f"{export_dir} runs the op {op.group(1)}, which this process has not registered: "
-            f"{named} before loading it (tensorflow_text's, for a WordPiece tokenizer)"
+            f"{named} before loading it (tensorflow_text's, for a WordPiece or SentencePiece "
+            "tokenizer)"
         ) from None
 
 
