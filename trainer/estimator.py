@@ -147,7 +147,9 @@ class Estimator:
         self.optimizer = self.model.optimizer  # with optimizer groups, a dict by group
         self.eval_batch_size = eval_batch_size or global_batch_size
         batches = (global_batch_size, self.eval_batch_size)
-        self.inputs = Inputs(self.placement, *batches, seed, self.seconds, self.model.keras_step)
+        self.inputs = Inputs(
+            self.placement, *batches, seed, self.seconds, self.model.keras_step, model_fn.input_map
+        )
         self.tracker = tracker if self.placement.worker is None else None  # the chief's
         if self.tracker is not None:  # its params, unless the command line gave gin's
             self.tracker.bind(model_dir, functools.partial(self._params, (*groups, summaries)))

@@ -37,6 +37,9 @@ class Inputs:
       eval_batch_size: examples per eval and predict batch.
       seed: the run's seed (None: a training seed is drawn at the first start).
       seconds: where the time went; calling input_fns adds to ``'input'``.
+      bare_training: the training input may yield x alone, as fit takes it (a model's
+        own train_step).
+      input_map: the model's map of each dataset (``ModelFn.input_map``), or None.
     """
 
     def __init__(
@@ -47,8 +50,10 @@ class Inputs:
         seed: int | None,
         seconds: collections.Counter | None = None,
         bare_training: bool = False,
+        input_map: Callable[[tf.data.Dataset, Mode], tf.data.Dataset] | None = None,
     ):
         self.placement = placement
+        self.input_map = input_map  # the model's own map of every dataset (ModelFn.input_map)
         self.bare_training = bare_training  # x alone, as fit takes it: a model's own step
         self.seconds = collections.Counter() if seconds is None else seconds
         self.global_batch_size, self.eval_batch_size = global_batch_size, eval_batch_size
@@ -144,7 +149,7 @@ class Inputs:
                 f"input_fn {_name(input_fn)} yields single examples ({shown}), not batches: "
                 "end it with .batch(params.batch_size)"
             )
-        return dataset
+        return dataset if self.input_map is None else self.input_map(dataset, mode)
 
     def eval_datasets(
         self, eval_input_fns: InputFn | Mapping[str, InputFn]

@@ -38,7 +38,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from trainer import internals, keras_compile, keras_step, tokens
+from trainer import internals, keras_compile, keras_hub_tasks, keras_step, tokens
 from trainer.errors import UserError
 from trainer.model_fn import Mode, ModelFn, Spec, Weighted
 from trainer.tokens import TokenMean
@@ -78,6 +78,7 @@ class KerasModel(ModelFn):
             raise UserError(f"KerasModel takes a keras.Model, got {type(model).__name__}")
         self.model = model
         self.own_keras_step = keras_step.overrides(model)  # run by trainer.keras_step
+        self.input_map = keras_hub_tasks.input_map(model)  # a keras-hub task's preprocessor
         # Kept out of the checkpoint's reach (a plain object is not tracked): compiled
         # metrics hold state of their own, which is not the model's.
         self._given = keras_compile.given(model, loss, metrics, weighted_metrics, loss_weights)

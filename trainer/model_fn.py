@@ -225,6 +225,11 @@ class ModelFn(tf.Module):
     ``(features, labels, sample_weight)``: its labels then arrive as ``Weighted(labels,
     sample_weight)``. Others refuse such an input_fn, naming this.
 
+    A model that sets ``input_map``, a function ``(dataset, mode) -> dataset``, has
+    every input_fn's dataset go through it first: a keras-hub task's preprocessor
+    (``trainer.keras_hub_tasks``). It maps batches one to one, so that a positioned
+    stream keeps its place.
+
     Example::
 
         class Linear(ModelFn):
@@ -242,6 +247,7 @@ class ModelFn(tf.Module):
     """
 
     takes_sample_weights = False
+    input_map: Callable[[tf.data.Dataset, Mode], tf.data.Dataset] | None = None
 
     def __call__(
         self, features: Mapping[str, tf.Tensor], labels: Mapping[str, tf.Tensor] | None, mode: Mode

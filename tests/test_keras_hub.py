@@ -1,0 +1,255 @@
+"""keras-hub task models given to the Estimator as they are, with raw strings as fit takes them.
+
+A tiny ``BertTextClassifier`` (2 layers, width 32, this file's vocabulary) trains as
+keras-hub's own ``fit`` trains it, resumes at its exact batch, loads from a preset and
+from a Hugging Face-layout directory this file writes, exports a model that takes
+strings, and trains only its LoRA adapters when they are enabled.
+"""
+
+import json
+
+import keras
+import keras_hub
+import numpy as np
+import pytest
+import safetensors.numpy
+import tensorflow as tf
+
+import trainer
+
+WORDS = "the a cat dog bird sat ran flew on over mat wall fast slow big small red blue".split()
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
+ANIMALS = {"cat", "dog", "bird"}
+BATCH, STEPS, LENGTH, WIDTH = 4, 3, 12, 32
+
+
+def sentences(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Raw strings and labels, as keras-hub's guides give them to fit: does it name an animal?"""
+    rng = np.random.default_rng(seed)
+    x = [" ".join(rng.choice(WORDS, size=rng.integers(2, 10))) for _ in range(count)]
+    y = [int(bool(ANIMALS & set(s.split()))) for s in x]
+    return np.array(x), np.array(y)
+
+
+def preprocessor(sequence_length: int = LENGTH):
+    tokenizer = keras_hub.models.BertTokenizer(vocabulary=VOCAB)
+    return keras_hub.models.BertTextClassifierPreprocessor(tokenizer, sequence_length)
+
+
+def classifier() -> keras_hub.models.BertTextClassifier:
+    """The same tiny classifier each call (seeded), compiled as keras-hub compiles it."""
+    keras.utils.set_random_seed(0)
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=len(VOCAB),
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=WIDTH,
+        intermediate_dim=2 * WIDTH,
+        max_sequence_length=LENGTH,
+        dropout=0.0,
+    )
+    return keras_hub.models.BertTextClassifier(
+        backbone, num_classes=2, preprocessor=preprocessor(), dropout=0.0
+    )
+
+
+def input_fn_of(x, y):
+    """README's input_fn: the training stream repeats, the others pass once."""
+
+    def input_fn(mode, params):
+        dataset = tf.data.Dataset.from_tensor_slices((x, y))
+        if mode == trainer.Mode.TRAIN:
+            dataset = dataset.repeat()
+        return dataset.batch(params.batch_size)
+
+    return input_fn
+
+
+def estimator(model, model_dir) -> trainer.Estimator:
+    return trainer.Estimator(
+        model, str(model_dir), global_batch_size=BATCH, steps_per_loop=1, progress=False
+    )
+
+
+def assert_same_weights(ours, theirs, atol, skip=()):
+    for v, mine, keras_weights in zip(
+        ours.weights, ours.get_weights(), theirs.get_weights(), strict=True
+    ):
+        if v.path not in skip:
+            np.testing.assert_allclose(mine, keras_weights, rtol=0, atol=atol, err_msg=v.path)
+
+
+class AdamOfDenseGradients(keras.optimizers.Adam):
+    """Keras's Adam given an embedding's gradient as the dense tensor it stands for.
+
+    Keras on TensorFlow takes a sparse gradient row by row, one row per lookup, and
+    squares each row before it adds those of one id up: an id looked up twice adds
+    ``g1^2 + g2^2`` to Adam's second moment, not ``(g1 + g2)^2``. Keras on JAX, tf.keras
+    2 (which deduplicated first) and this framework take the dense gradient, so that a
+    step's update does not depend on how its lookups were split over devices or
+    micro-batches. Only the tables an input is gathered from can differ.
+    """
+
+    def update_step(self, gradient, variable, learning_rate):
+        super().update_step(tf.convert_to_tensor(gradient), variable, learning_rate)
+
+
+GATHERED = ("token_embedding/embeddings", "segment_embedding/embeddings")
+
+
+def fitted(x, y, optimizer=None):
+    """keras-hub's own fit, on halves of ``(x, y)``: the weights after each."""
+    model = classifier()
+    if optimizer is not None:
+        metrics = [keras.metrics.SparseCategoricalAccuracy()]  # as keras-hub compiles
+        model.compile(optimizer=optimizer, loss=model.loss, metrics=metrics)
+    after = []
+    for part in np.split(np.arange(len(x)), 2):
+        model.fit(x[part], y[part], batch_size=BATCH, shuffle=False, verbose=0)
+        after.append([w.copy() for w in model.get_weights()])
+    return model, after
+
+
+def test_a_bert_classifier_trains_as_keras_hub_fit_and_resumes_at_its_batch(tmp_path):
+    """Raw strings, the same batches from the same weights: keras-hub's fit within 2e-5.
+
+    Every weight but the gathered embedding tables is within 2e-5 of fit as it is; the
+    tables too of fit with Adam of the dense gradient (``AdamOfDenseGradients``).
+    Steps 4-6 read the second dozen sentences, so a resume that restarted the stream
+    (or lost the optimizer's moments) would end elsewhere.
+    """
+    x, y = sentences(2 * STEPS * BATCH, seed=1)
+    stock, _ = fitted(x, y)
+    dense, (after_three, _) = fitted(x, y, AdamOfDenseGradients(learning_rate=5e-5))
+
+    ours = classifier()
+    estimator(ours, tmp_path).train(input_fn_of(x, y), max_steps=STEPS)
+    for mine, keras_weights in zip(ours.get_weights(), after_three, strict=True):
+        np.testing.assert_allclose(mine, keras_weights, rtol=0, atol=2e-5)
+
+    resumed = classifier()  # a new process's model: the checkpoint's weights replace its own
+    est = estimator(resumed, tmp_path)
+    est.train(input_fn_of(x, y), max_steps=2 * STEPS)
+    assert_same_weights(resumed, dense, atol=2e-5)
+    assert_same_weights(resumed, stock, atol=2e-5, skip=GATHERED)
+    expected = dense.evaluate(x, y, batch_size=BATCH, return_dict=True, verbose=0)
+    evaluated = est.evaluate(input_fn_of(x, y))
+    assert sorted(expected) == ["loss", "sparse_categorical_accuracy"]
+    for name, value in expected.items():
+        assert evaluated[name] == pytest.approx(value, rel=1e-4), name
+
+
+def test_a_preset_reloads_and_the_export_takes_strings(tmp_path):
+    """save_to_preset then from_preset: the same logits within 1e-6, here and in the export."""
+    x, y = sentences(2 * BATCH, seed=2)
+    trained = classifier()
+    est = estimator(trained, tmp_path / "run")
+    est.train(input_fn_of(x, y), max_steps=2)
+    trained.save_to_preset(str(tmp_path / "preset"))
+
+    loaded = keras_hub.models.TextClassifier.from_preset(str(tmp_path / "preset"))
+    assert type(loaded).__name__ == "BertTextClassifier"
+    expected = trained.predict(x, batch_size=BATCH, verbose=0)
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), expected, rtol=0, atol=1e-6)
+
+    export_dir = est.export(input_fn_of(x, y))
+    assert json.loads((tmp_path / export_dir / "assets.extra" / "imports.json").read_text()) == [
+        "keras_hub"
+    ]
+    served = trainer.load_export(export_dir).signatures["serving_default"]
+    assert {
+        k: (v.dtype, v.shape.as_list()) for k, v in served.structured_input_signature[1].items()
+    } == {"x": (tf.string, [None])}
+    (logits,) = served(x=tf.constant(x)).values()
+    logits = logits.numpy()
+    np.testing.assert_allclose(logits, expected, rtol=0, atol=1e-5)
+
+
+def hugging_face_bert(directory, seed: int = 3) -> dict[str, np.ndarray]:
+    """A BERT as Hugging Face lays one out (config.json, model.safetensors, vocab.txt),
+    with random weights; returns them by Hugging Face's names."""
+    rng = np.random.default_rng(seed)
+    hidden, inner, shapes = WIDTH, 2 * WIDTH, {}
+    shapes["embeddings.word_embeddings.weight"] = (len(VOCAB), hidden)
+    shapes["embeddings.position_embeddings.weight"] = (LENGTH, hidden)
+    shapes["embeddings.token_type_embeddings.weight"] = (2, hidden)
+    norms = ["embeddings.LayerNorm"]
+    for i in range(2):
+        layer = f"encoder.layer.{i}"
+        for part in ("query", "key", "value"):
+            shapes[f"{layer}.attention.self.{part}.weight"] = (hidden, hidden)
+            shapes[f"{layer}.attention.self.{part}.bias"] = (hidden,)
+        shapes[f"{layer}.attention.output.dense.weight"] = (hidden, hidden)
+        shapes[f"{layer}.attention.output.dense.bias"] = (hidden,)
+        shapes[f"{layer}.intermediate.dense.weight"] = (inner, hidden)
+        shapes[f"{layer}.intermediate.dense.bias"] = (inner,)
+        shapes[f"{layer}.output.dense.weight"] = (hidden, inner)
+        shapes[f"{layer}.output.dense.bias"] = (hidden,)
+        norms += [f"{layer}.attention.output.LayerNorm", f"{layer}.output.LayerNorm"]
+    shapes["pooler.dense.weight"] = (hidden, hidden)
+    shapes["pooler.dense.bias"] = (hidden,)
+    tensors = {k: (0.1 * rng.standard_normal(s)).astype("float32") for k, s in shapes.items()}
+    for norm in norms:
+        tensors[f"{norm}.weight"] = (1 + 0.1 * rng.standard_normal(hidden)).astype("float32")
+        tensors[f"{norm}.bias"] = (0.1 * rng.standard_normal(hidden)).astype("float32")
+    directory.mkdir()
+    safetensors.numpy.save_file(tensors, str(directory / "model.safetensors"))
+    config = {
+        "model_type": "bert",
+        "architectures": ["BertModel"],
+        "vocab_size": len(VOCAB),
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "hidden_size": hidden,
+        "intermediate_size": inner,
+        "max_position_embeddings": LENGTH,
+    }
+    (directory / "config.json").write_text(json.dumps(config))
+    (directory / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+    (directory / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    return tensors
+
+
+def test_a_hugging_face_directory_loads_and_lora_trains_only_its_adapters(tmp_path):
+    """Hugging Face's weights land where keras-hub maps them; with LoRA, only the
+    adapters (and the new head) move, and a resume ends bitwise where a straight run does."""
+    written = hugging_face_bert(tmp_path / "hf")
+    x, y = sentences(4 * BATCH, seed=4)
+
+    def task():
+        keras.utils.set_random_seed(0)
+        hf = str(tmp_path / "hf")
+        shorter = keras_hub.models.BertTextClassifierPreprocessor.from_preset(
+            hf, sequence_length=LENGTH
+        )
+        model = keras_hub.models.BertTextClassifier.from_preset(
+            hf, num_classes=2, preprocessor=shorter, dropout=0.0
+        )
+        model.backbone.enable_lora(rank=2)
+        return model
+
+    model = task()
+    words = model.backbone.get_layer("token_embedding").embeddings.numpy()
+    np.testing.assert_array_equal(words, written["embeddings.word_embeddings.weight"])
+    frozen = [v.numpy() for v in model.backbone.non_trainable_weights]
+    adapters = {v.path: v.numpy() for v in model.backbone.trainable_variables}
+    # keras-hub's LoRA: query and value take adapters (their biases stay trainable).
+    assert sum("lora_kernel" in path for path in adapters) == 2 * 2 * 2
+    assert all("lora" in p or p.endswith(("query/bias", "value/bias")) for p in adapters)
+
+    est = estimator(model, tmp_path / "lora")
+    est.train(input_fn_of(x, y), max_steps=2)
+    resumed = task()
+    estimator(resumed, tmp_path / "lora").train(input_fn_of(x, y), max_steps=4)
+    straight = task()
+    estimator(straight, tmp_path / "straight").train(input_fn_of(x, y), max_steps=4)
+
+    assert_same_weights(resumed, straight, atol=0)  # bitwise
+    for v, before in zip(straight.backbone.non_trainable_weights, frozen, strict=True):
+        np.testing.assert_array_equal(v.numpy(), before, err_msg=v.path)
+    moved = [
+        v.path
+        for v in straight.backbone.trainable_variables
+        if not np.array_equal(v.numpy(), adapters[v.path])
+    ]
+    assert any("lora_kernel_b" in path for path in moved), moved  # b starts at zero

@@ -1,0 +1,107 @@
+"""A keras-hub task model as it is: its preprocessor mapped over every input_fn's batches.
+
+A keras-hub task (``BertTextClassifier``, ``GPT2CausalLM``, ...) holds a preprocessor
+that makes the backbone's inputs of raw data (token ids and a padding mask of
+strings), and its ``fit`` maps that preprocessor over the batches it is given. The
+model itself refuses strings. Given to the Estimator, a task is trained the same way:
+
+* every input_fn's batches go through ``task.preprocess_samples`` before the model
+  sees them, in tf.data, as ``fit`` does; the map keeps each batch's place in the
+  stream, so a positioned stream still resumes at its exact batch;
+* the export takes what the input_fn yields (strings), and runs the preprocessor
+  inside the SavedModel; ``trainer.load_export`` imports keras_hub first, which
+  registers tensorflow-text's ops.
+
+A preprocessor that draws random numbers (a masked LM's masking) is mapped too, but
+is not replayed exactly on resume: tf.data draws them afresh.
+
+Nothing here imports keras_hub: a task is known by what it has, so the framework
+runs without the ``text`` extra installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import keras
+import tensorflow as tf
+
+from trainer import dataset_marks, serving
+from trainer.model_fn import Mode, split_element
+from trainer.serving import Serving
+
+# What an export of a task imports before loading: keras_hub registers its layers,
+# and imports tensorflow_text, whose ops (WordPiece, SentencePiece) the preprocessor runs.
+IMPORTS = ("keras_hub",)
+
+
+def is_task(model: keras.Model) -> bool:
+    """Whether ``model`` is a keras-hub task with a preprocessor (``fit`` maps it)."""
+    return callable(getattr(model, "preprocess_samples", None)) and (
+        getattr(model, "preprocessor", None) is not None
+    )
+
+
+def input_map(model: keras.Model) -> Callable[[tf.data.Dataset, Mode], tf.data.Dataset] | None:
+    """How an input_fn's dataset reaches ``model``: its preprocessor mapped; None for others."""
+    if not is_task(model):
+        return None
+
+    def mapped(dataset: tf.data.Dataset, mode: Mode) -> tf.data.Dataset:
+        labeled = isinstance(dataset.element_spec, tuple) and len(dataset.element_spec) in (2, 3)
+
+        def preprocess(*element):
+            if not labeled:  # PREDICT's bare features
+                return model.preprocess_samples(element[0] if len(element) == 1 else element)
+            return model.preprocess_samples(*element)
+
+        features_spec, _ = split_element(dataset.element_spec, mode)
+        exported = exported_serving(model, features_spec, serving.declared(dataset))
+        preprocessed = dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
+        return dataset_marks.put(preprocessed, "serving", exported)
+
+    return mapped
+
+
+def exported_serving(model: keras.Model, features_spec, declared: Serving | None) -> Serving:
+    """What an export of ``model`` takes: the input_fn's features, preprocessed inside.
+
+    ``features_spec`` is the input_fn's (not the preprocessed) batch of features;
+    ``declared``, what its dataset was marked with (``trainer.serves``), if anything:
+    then the export takes the stored examples it declares, and runs its
+    ``features_of`` before the preprocessor.
+    """
+    if declared is not None:
+        return Serving(
+            _Preprocessed(model, declared.features),
+            declared.stored,
+            declared.parse_examples,
+            batched=True,
+            imports=(*declared.imports, *IMPORTS),
+        )
+    if isinstance(features_spec, dict):
+        stored = {name: _one_example(spec) for name, spec in features_spec.items()}
+        return Serving(_Preprocessed(model), stored, batched=True, imports=IMPORTS)
+    stored = {"x": _one_example(features_spec)}
+    return Serving(_Preprocessed(model, lambda s: s["x"]), stored, batched=True, imports=IMPORTS)
+
+
+class _Preprocessed(tf.Module):
+    """A batch of stored features -> the task's inputs, by its preprocessor.
+
+    A module, so that the export tracks the preprocessor: its vocabulary's tables are saved.
+    """
+
+    def __init__(self, model: keras.Model, features_of: Callable | None = None):
+        super().__init__(name="task_preprocessing")
+        self.preprocessor = model.preprocessor
+        self._task, self._features_of = model, features_of
+
+    def __call__(self, stored: dict):
+        x = stored if self._features_of is None else self._features_of(stored)
+        return self._task.preprocess_samples(x)
+
+
+def _one_example(spec: tf.TensorSpec) -> tf.TensorSpec:
+    """``spec`` without its batch dimension."""
+    return tf.TensorSpec(spec.shape[1:], spec.dtype)
