@@ -16,6 +16,7 @@ import safetensors.numpy
 import tensorflow as tf
 
 import trainer
+from tests.support.parity import AdamOfDenseGradients
 
 WORDS = "the a cat dog bird sat ran flew on over mat wall fast slow big small red blue".split()
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
@@ -77,21 +78,6 @@ def assert_same_weights(ours, theirs, atol, skip=()):
     ):
         if v.path not in skip:
             np.testing.assert_allclose(mine, keras_weights, rtol=0, atol=atol, err_msg=v.path)
-
-
-class AdamOfDenseGradients(keras.optimizers.Adam):
-    """Keras's Adam given an embedding's gradient as the dense tensor it stands for.
-
-    Keras on TensorFlow takes a sparse gradient row by row, one row per lookup, and
-    squares each row before it adds those of one id up: an id looked up twice adds
-    ``g1^2 + g2^2`` to Adam's second moment, not ``(g1 + g2)^2``. Keras on JAX, tf.keras
-    2 (which deduplicated first) and this framework take the dense gradient, so that a
-    step's update does not depend on how its lookups were split over devices or
-    micro-batches. Only the tables an input is gathered from can differ.
-    """
-
-    def update_step(self, gradient, variable, learning_rate):
-        super().update_step(tf.convert_to_tensor(gradient), variable, learning_rate)
 
 
 GATHERED = ("token_embedding/embeddings", "segment_embedding/embeddings")

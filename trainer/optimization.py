@@ -222,21 +222,32 @@ def fused_update(optimizer: keras.optimizers.Optimizer):
     known = all(hasattr(optimizer, name) for name in ("_get_variable_index", *slots))
     if kernel is not None and plain and known:
         return lambda gradients, variables: _fused(optimizer, kernel, gradients, variables)
-    return lambda gradients, variables: _keras_update(optimizer, gradients, variables)
+    return lambda gradients, variables: keras_update(optimizer, gradients, variables)
 
 
-def _keras_update(optimizer, gradients, variables) -> None:
-    optimizer.apply_gradients(zip(gradients, variables, strict=True))
+def keras_update(optimizer, gradients, variables) -> None:
+    """Keras's own ``apply_gradients``, of dense gradients.
+
+    An embedding's sparse gradient holds one row per lookup, and Keras 3 on TensorFlow
+    squares each row before it adds the rows of one id up: an id looked up twice in a
+    step adds ``g1^2 + g2^2`` to Adam's second moment, not ``(g1 + g2)^2``, so that the
+    update would depend on how the step's lookups were split over devices and
+    micro-batches. Every optimizer here takes the dense gradient instead, as Keras on
+    JAX does (and tf.keras 2, which summed the rows of one id first); see
+    docs/guide/keras.md.
+    """
+    dense = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients]
+    optimizer.apply_gradients(zip(dense, variables, strict=True))
 
 
 def _fused(optimizer, kernel, gradients, variables) -> None:
     """Runs ``kernel`` on each variable at the current learning rate; counts the step."""
     if any(getattr(v, "overwrite_with_gradient", False) for v in variables):  # float8 scales
-        return _keras_update(optimizer, gradients, variables)
+        return keras_update(optimizer, gradients, variables)
     learning_rate = tf.convert_to_tensor(optimizer.learning_rate)  # the schedule's, now
     for gradient, variable in zip(gradients, variables, strict=True):
         slot = internals.slot_index(optimizer, variable)
-        gradient = tf.cast(tf.convert_to_tensor(gradient), variable.dtype)  # dense, as Keras
+        gradient = tf.cast(tf.convert_to_tensor(gradient), variable.dtype)  # dense: keras_update
         kernel(optimizer, slot, variable.handle, gradient, learning_rate)
     for variable in variables:  # after the update, as Keras's apply: a NonNeg kernel, say
         if getattr(variable, "constraint", None) is not None:

@@ -61,6 +61,8 @@ class Row:
         ``frozen_until_step`` on them.
       image: the data are images of this shape (their labels from their mean).
       tokens: the data are token sequences of skewed lengths (``token_arrays``).
+      reference: makes the model Keras trains, if not ``make``'s (the same model
+        compiled with ``AdamOfDenseGradients``).
     """
 
     make: Callable[[], keras.Model]
@@ -71,6 +73,7 @@ class Row:
     frozen: str | None = None
     image: tuple[int, int, int] | None = None
     tokens: bool = False
+    reference: Callable[[], keras.Model] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,7 +242,7 @@ def keras_run(
     column of a row compares with it.
     """
     with policy(precision):
-        model = row.make()
+        model = (row.reference or row.make)()
     for layer in model.layers:
         if row.frozen and layer.name.startswith(row.frozen):
             layer.trainable = False
@@ -661,13 +664,13 @@ class CalledTwice(trainer.ModelFn):
         return _spec(logits, labels)
 
 
-def tokens(metrics=()) -> keras.Model:
+def tokens(metrics=(), adam: type | None = None) -> keras.Model:
     """A per-token classifier whose padding is masked (``mask_zero``): Keras's compiled
     loss (and ``metrics``) is then the mean over the batch's real tokens.
 
-    SGD with momentum, whose update is linear in the gradient: an embedding's sparse
-    gradient, summed over slices or towers, gives the update Keras gives (Adam squares
-    a sparse gradient's rows apart, so a summed one differs; left out of this row).
+    SGD with momentum unless an ``adam`` class is given (rate 0.01): SGD's update is
+    linear in the gradient, so an embedding's sparse gradient gives the same update
+    however its rows are summed.
     """
     return _seeded(
         lambda: keras.Sequential(
@@ -678,10 +681,26 @@ def tokens(metrics=()) -> keras.Model:
                 keras.layers.Dense(VOCABULARY),
             ]
         ),
-        optimizer=keras.optimizers.SGD(0.5, momentum=0.9),
+        optimizer=adam(0.01) if adam else keras.optimizers.SGD(0.5, momentum=0.9),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=list(metrics),
     )
+
+
+class AdamOfDenseGradients(keras.optimizers.Adam):
+    """Keras's Adam given an embedding's gradient as the dense tensor it stands for.
+
+    Keras on TensorFlow takes a sparse gradient row by row, one row per lookup, and
+    squares each row before it adds those of one id up: an id looked up twice adds
+    ``g1^2 + g2^2`` to Adam's second moment, not ``(g1 + g2)^2``. Keras on JAX, tf.keras
+    2 (which summed the rows of one id first) and the framework take the dense gradient
+    (``trainer.optimization.keras_update``), so that a step's update does not depend on
+    how its lookups were split over devices or micro-batches. Only the tables an input
+    is gathered from can differ.
+    """
+
+    def update_step(self, gradient, variable, learning_rate):
+        super().update_step(tf.convert_to_tensor(gradient), variable, learning_rate)
 
 
 class TokenMeanOf(trainer.ModelFn):
@@ -773,7 +792,12 @@ ROWS = {
     "layer_called_twice": Row(shared_layer, model_fn=CalledTwice),
     "token_mean": Row(tokens, model_fn=TokenMeanOf, tokens=True),
     # The compiled Keras model as it is: its mask makes its loss and accuracy per token.
-    "keras_token_mean": Row(functools.partial(tokens, ["accuracy"]), tokens=True),
+    # With Adam, against Keras's Adam of the dense gradient (AdamOfDenseGradients).
+    "keras_token_mean": Row(
+        functools.partial(tokens, ["accuracy"], keras.optimizers.Adam),
+        tokens=True,
+        reference=functools.partial(tokens, ["accuracy"], AdamOfDenseGradients),
+    ),
     "part_token_means": Row(tokens, model_fn=PartTokenMeansOf, tokens=True),
 }
 # Models of the zoo, ModelFns against fit of their own layers: the columns they are

@@ -106,7 +106,7 @@ class Placement:
         internals.skip_gradient_summing(optimizer)
 
         def update(gradients, variables):
-            optimizer.apply_gradients(zip(gradients, variables, strict=True))
+            optimization.keras_update(optimizer, gradients, variables)
 
         return update
 
