@@ -239,3 +239,66 @@ def test_a_hugging_face_directory_loads_and_lora_trains_only_its_adapters(tmp_pa
         if not np.array_equal(v.numpy(), adapters[v.path])
     ]
     assert any("lora_kernel_b" in path for path in moved), moved  # b starts at zero
+
+
+# GPT-2's byte-pair vocabulary for "airplane", "air", "airport" and "at" (Ġ: a space).
+BYTE_PAIRS = ["<|endoftext|>", "Ġ", "!", *"airplneto", "ai", "air", "Ġa", "Ġai", "Ġair"]
+BYTE_PAIRS += ["pl", "an", "ane", "plane", "po", "rt", "port", "Ġat"]
+MERGES = ["a i", "ai r", "Ġ a", "Ġa i", "Ġai r", "p l", "a n", "an e", "pl ane", "p o"]
+MERGES += ["r t", "po rt", "Ġa t"]
+
+
+def causal_lm(optimizer=None) -> keras_hub.models.GPT2CausalLM:
+    """A tiny GPT-2 language model with its preprocessor, seeded, compiled as keras-hub does."""
+    keras.utils.set_random_seed(0)
+    vocabulary = {token: i for i, token in enumerate(BYTE_PAIRS)}
+    tokenizer = keras_hub.models.GPT2Tokenizer(vocabulary=vocabulary, merges=MERGES)
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=len(vocabulary),
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        max_sequence_length=LENGTH,
+        dropout=0.0,
+    )
+    model = keras_hub.models.GPT2CausalLM(
+        backbone, keras_hub.models.GPT2CausalLMPreprocessor(tokenizer, sequence_length=LENGTH)
+    )
+    if optimizer is not None:
+        metrics = [keras.metrics.SparseCategoricalAccuracy()]
+        model.compile(optimizer=optimizer, loss=model.loss, weighted_metrics=metrics)
+    return model
+
+
+def test_a_gpt2_causal_lm_trains_on_bare_strings_as_fit_and_resumes_through_its_tokenizer(
+    tmp_path,
+):
+    """Strings alone, as keras-hub's fit takes a causal LM's: its preprocessor makes the
+    labels and the padding's weights; the loss is per token; the iterator is saved
+    through the byte-pair tokenizer's cache; the export continues text given as strings."""
+    rng = np.random.default_rng(5)
+    pieces = ["airplane", " airplane", " at", " airport", " air", "!"]
+    x = np.array(["".join(rng.choice(pieces, size=rng.integers(1, 6))) for _ in range(24)])
+
+    def input_fn(mode, params):
+        dataset = tf.data.Dataset.from_tensor_slices(x)
+        return (dataset.repeat() if mode == trainer.Mode.TRAIN else dataset).batch(BATCH)
+
+    theirs = causal_lm(AdamOfDenseGradients(learning_rate=2e-5))  # keras-hub's rate
+    for half in np.split(x, 2):
+        theirs.fit(half, batch_size=BATCH, shuffle=False, verbose=0)
+    estimator(causal_lm(), tmp_path).train(input_fn, max_steps=STEPS)
+    ours = causal_lm()
+    est = estimator(ours, tmp_path)
+    est.train(input_fn, max_steps=2 * STEPS)  # resumed at step 3, the second dozen next
+    assert_same_weights(ours, theirs, atol=2e-5)
+
+    expected = theirs.evaluate(x, batch_size=BATCH, return_dict=True, verbose=0)
+    evaluated = est.evaluate(input_fn)
+    assert evaluated["loss"] == pytest.approx(expected["loss"], rel=1e-5)
+    assert evaluated["bits_per_token"] == pytest.approx(expected["loss"] / np.log(2), rel=1e-5)
+
+    served = trainer.load_export(est.export(input_fn)).signatures["serving_default"]
+    (logits,) = served(x=tf.constant(x[:BATCH])).values()
+    np.testing.assert_allclose(logits, ours.predict(x[:BATCH], verbose=0), rtol=0, atol=1e-5)

@@ -328,10 +328,18 @@ class Checkpointer:
         """What to raise for a failed write; its files are removed."""
         path = path or self.background.path
         remove(path)
+        fix = "free space or choose another --model_dir"
+        if "SerializeIterator" in str(error) and "is stateful" in str(error):
+            fix = (
+                "the training input's tf.data iterator runs a stateful op (a py_function, "
+                "say) that it cannot save: read the data by position (trainer.positioned), "
+                "or set the dataset's options().experimental_external_state_policy to "
+                "IGNORE if that op keeps no state"
+            )
         return UserError(
             f"could not write checkpoint {os.path.basename(path)} in {self.model_dir} "
-            f"({errors.first_line(error)}); free space or choose another --model_dir. The "
-            f"newest complete checkpoint is still {self.saved or self.found}"
+            f"({errors.first_line(error)}); {fix}. The newest complete checkpoint is still "
+            f"{self.saved or self.found}"
         )
 
 

@@ -135,21 +135,22 @@ class Inputs:
                 f"{mode.value!r}; it must return a tf.data.Dataset of (features, labels)"
             )
         spec = dataset.element_spec
-        has_labels = isinstance(spec, tuple) and len(spec) in (2, 3)
-        bare = mode == Mode.PREDICT or (mode == Mode.TRAIN and self.bare_training)
-        if not (bare or has_labels):
-            raise UserError(
-                f"input_fn {_name(input_fn)} yields {spec} in mode {mode.value!r}; "
-                "TRAIN and EVAL need (features, labels) or (features, labels, sample_weight)"
-            )
         if _single_examples(spec):
             shapes = tf.nest.map_structure(lambda s: s.shape.as_list(), spec)
-            shown = f"features {shapes[0]}, labels {shapes[1]}" if has_labels else f"{shapes}"
+            shown = f"features {shapes[0]}, labels {shapes[1]}" if _labeled(spec) else f"{shapes}"
             raise UserError(
                 f"input_fn {_name(input_fn)} yields single examples ({shown}), not batches: "
                 "end it with .batch(params.batch_size)"
             )
-        return dataset if self.input_map is None else self.input_map(dataset, mode)
+        if self.input_map is not None:  # a keras-hub task's preprocessor, which may make labels
+            dataset = self.input_map(dataset, mode)
+        bare = mode == Mode.PREDICT or (mode == Mode.TRAIN and self.bare_training)
+        if not (bare or _labeled(dataset.element_spec)):
+            raise UserError(
+                f"input_fn {_name(input_fn)} yields {spec} in mode {mode.value!r}; "
+                "TRAIN and EVAL need (features, labels) or (features, labels, sample_weight)"
+            )
+        return dataset
 
     def eval_datasets(
         self, eval_input_fns: InputFn | Mapping[str, InputFn]
@@ -190,6 +191,11 @@ class Inputs:
         if mode == Mode.TRAIN and int(self.seed.numpy()) >= 0:
             return int(self.seed.numpy())
         return self.run_seed
+
+
+def _labeled(element_spec) -> bool:
+    """Whether a dataset's elements are ``(features, labels[, sample_weight])``."""
+    return isinstance(element_spec, tuple) and len(element_spec) in (2, 3)
 
 
 def _single_examples(element_spec) -> bool:

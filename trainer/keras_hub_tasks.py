@@ -13,7 +13,9 @@ model itself refuses strings. Given to the Estimator, a task is trained the same
   registers tensorflow-text's ops.
 
 A preprocessor that draws random numbers (a masked LM's masking) is mapped too, but
-is not replayed exactly on resume: tf.data draws them afresh.
+is not replayed exactly on resume: tf.data draws them afresh. One that runs Python
+(GPT-2's byte-pair tokenizer, a ``py_function``) keeps no state between batches, so
+the training iterator is saved through it (``experimental_external_state_policy``).
 
 Nothing here imports keras_hub: a task is known by what it has, so the framework
 runs without the ``text`` extra installed.
@@ -33,6 +35,20 @@ from trainer.serving import Serving
 # What an export of a task imports before loading: keras_hub registers its layers,
 # and imports tensorflow_text, whose ops (WordPiece, SentencePiece) the preprocessor runs.
 IMPORTS = ("keras_hub",)
+
+
+def _savable() -> tf.data.Options:
+    """Options that let a checkpoint save an iterator through the preprocessor.
+
+    A byte-pair tokenizer (GPT-2's) runs in a ``py_function``, which tf.data calls
+    stateful and will not save an iterator through; it keeps no state between batches.
+    """
+    options = tf.data.Options()
+    options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
+    return options
+
+
+_SAVABLE = _savable()
 
 
 def is_task(model: keras.Model) -> bool:
@@ -58,7 +74,7 @@ def input_map(model: keras.Model) -> Callable[[tf.data.Dataset, Mode], tf.data.D
         features_spec, _ = split_element(dataset.element_spec, mode)
         exported = exported_serving(model, features_spec, serving.declared(dataset))
         preprocessed = dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
-        return dataset_marks.put(preprocessed, "serving", exported)
+        return dataset_marks.put(preprocessed.with_options(_SAVABLE), "serving", exported)
 
     return mapped
 
@@ -99,7 +115,8 @@ class _Preprocessed(tf.Module):
 
     def __call__(self, stored: dict):
         x = stored if self._features_of is None else self._features_of(stored)
-        return self._task.preprocess_samples(x)
+        features, _, _ = keras.utils.unpack_x_y_sample_weight(self._task.preprocess_samples(x))
+        return features  # a causal LM's preprocessor makes its labels too
 
 
 def _one_example(spec: tf.TensorSpec) -> tf.TensorSpec:
