@@ -8,6 +8,7 @@ strings, and trains only its LoRA adapters when they are enabled.
 
 import json
 
+import gin
 import keras
 import keras_hub
 import numpy as np
@@ -16,60 +17,22 @@ import safetensors.numpy
 import tensorflow as tf
 
 import trainer
+from models.hub import hub_task
+from tests.support import guides
+from tests.support.helpers import on_two_cpus
+from tests.support.hub_tasks import (
+    BATCH,
+    LENGTH,
+    STEPS,
+    VOCAB,
+    WIDTH,
+    classifier,
+    estimator,
+    input_fn_of,
+    sentences,
+)
 from tests.support.parity import AdamOfDenseGradients
-
-WORDS = "the a cat dog bird sat ran flew on over mat wall fast slow big small red blue".split()
-VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
-ANIMALS = {"cat", "dog", "bird"}
-BATCH, STEPS, LENGTH, WIDTH = 4, 3, 12, 32
-
-
-def sentences(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Raw strings and labels, as keras-hub's guides give them to fit: does it name an animal?"""
-    rng = np.random.default_rng(seed)
-    x = [" ".join(rng.choice(WORDS, size=rng.integers(2, 10))) for _ in range(count)]
-    y = [int(bool(ANIMALS & set(s.split()))) for s in x]
-    return np.array(x), np.array(y)
-
-
-def preprocessor(sequence_length: int = LENGTH):
-    tokenizer = keras_hub.models.BertTokenizer(vocabulary=VOCAB)
-    return keras_hub.models.BertTextClassifierPreprocessor(tokenizer, sequence_length)
-
-
-def classifier() -> keras_hub.models.BertTextClassifier:
-    """The same tiny classifier each call (seeded), compiled as keras-hub compiles it."""
-    keras.utils.set_random_seed(0)
-    backbone = keras_hub.models.BertBackbone(
-        vocabulary_size=len(VOCAB),
-        num_layers=2,
-        num_heads=2,
-        hidden_dim=WIDTH,
-        intermediate_dim=2 * WIDTH,
-        max_sequence_length=LENGTH,
-        dropout=0.0,
-    )
-    return keras_hub.models.BertTextClassifier(
-        backbone, num_classes=2, preprocessor=preprocessor(), dropout=0.0
-    )
-
-
-def input_fn_of(x, y):
-    """README's input_fn: the training stream repeats, the others pass once."""
-
-    def input_fn(mode, params):
-        dataset = tf.data.Dataset.from_tensor_slices((x, y))
-        if mode == trainer.Mode.TRAIN:
-            dataset = dataset.repeat()
-        return dataset.batch(params.batch_size)
-
-    return input_fn
-
-
-def estimator(model, model_dir) -> trainer.Estimator:
-    return trainer.Estimator(
-        model, str(model_dir), global_batch_size=BATCH, steps_per_loop=1, progress=False
-    )
+from trainer.errors import first_line
 
 
 def assert_same_weights(ours, theirs, atol, skip=()):
@@ -125,6 +88,26 @@ def test_a_bert_classifier_trains_as_keras_hub_fit_and_resumes_at_its_batch(tmp_
         assert evaluated[name] == pytest.approx(value, rel=1e-4), name
 
 
+def test_a_task_trains_on_two_devices_what_one_trains(tmp_path):
+    """Towers and mirrored replicas, each half the batch: keras-hub's fit on one device."""
+    apart = on_two_cpus("tests.support.hub_tasks", "on_two_devices", str(tmp_path))
+    assert apart["towers"] < 2e-5 and apart["mirrored"] < 2e-5, apart
+
+
+def test_the_guides_snippet_trains_and_exports_a_preset(tmp_path, monkeypatch):
+    """docs/guide/keras.md's snippet as written, from a working directory, its preset
+    name (which needs internet) given as a directory saved by save_to_preset."""
+    classifier().save_to_preset(str(tmp_path / "preset"))
+    snippet = next(b for b in guides.code_blocks("python") if "bert_tiny_en_uncased" in b)
+    monkeypatch.chdir(tmp_path)
+    namespace = {}
+    exec(snippet.replace('"bert_tiny_en_uncased"', repr(str(tmp_path / "preset"))), namespace)
+    assert namespace["estimator"].step == 20
+    served = trainer.load_export("output/bert/export/20").signatures["serving_default"]
+    (logits,) = served(x=tf.constant(["a fine film", "a dull plot", "cat"])).values()
+    assert logits.shape == (3, 2)
+
+
 def test_a_preset_reloads_and_the_export_takes_strings(tmp_path):
     """save_to_preset then from_preset: the same logits within 1e-6, here and in the export."""
     x, y = sentences(2 * BATCH, seed=2)
@@ -138,6 +121,26 @@ def test_a_preset_reloads_and_the_export_takes_strings(tmp_path):
     expected = trained.predict(x, batch_size=BATCH, verbose=0)
     np.testing.assert_allclose(loaded.predict(x, verbose=0), expected, rtol=0, atol=1e-6)
 
+    from_gin = gin_task(
+        "hub_task.task = 'TextClassifier'",
+        f"hub_task.preset = '{tmp_path / 'preset'}'",
+        "hub_task.sequence_length = 8",
+        "hub_task.lora_rank = 2",
+        "hub_task.num_classes = 2",
+    )
+    assert type(from_gin).__name__ == "BertTextClassifier"
+    assert from_gin.preprocessor.sequence_length == 8
+    assert from_gin.backbone.get_layer(
+        "transformer_layer_0"
+    )._self_attention_layer._query_dense.lora_enabled
+    for task, preset, says in [
+        ("Nope", tmp_path / "preset", "'Nope' is not a task of keras_hub.models"),
+        ("TextClassifier", tmp_path / "missing", "could not load preset"),
+    ]:
+        with pytest.raises(trainer.UserError) as caught:
+            hub_task(task=task, preset=str(preset))
+        assert says in first_line(caught.value)  # the line the command line prints
+
     export_dir = est.export(input_fn_of(x, y))
     assert json.loads((tmp_path / export_dir / "assets.extra" / "imports.json").read_text()) == [
         "keras_hub"
@@ -149,6 +152,15 @@ def test_a_preset_reloads_and_the_export_takes_strings(tmp_path):
     (logits,) = served(x=tf.constant(x)).values()
     logits = logits.numpy()
     np.testing.assert_allclose(logits, expected, rtol=0, atol=1e-5)
+
+
+def gin_task(*bindings: str) -> keras.Model:
+    """``hub_task()`` as a gin file binds it."""
+    try:
+        gin.parse_config(bindings)
+        return hub_task()
+    finally:
+        gin.clear_config()
 
 
 def hugging_face_bert(directory, seed: int = 3) -> dict[str, np.ndarray]:

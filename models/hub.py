@@ -1,0 +1,85 @@
+"""A keras-hub task model from a preset, for gin: ``Estimator.model_fn = @hub_task()``.
+
+keras-hub's tasks (``TextClassifier``, ``CausalLM``, ``BertTextClassifier``, ...) load
+their weights with ``from_preset``: a preset's name downloads it (from Kaggle, or
+``hf://owner/model`` from Hugging Face) where there is internet; a directory loads
+offline, written by ``task.save_to_preset(dir)`` or laid out as Hugging Face lays out
+a model (``config.json``, ``model.safetensors`` and the tokenizer's files). The task
+comes with its preprocessor and is compiled as keras-hub compiles it; the Estimator
+trains it as it is (``trainer.keras_hub_tasks``). In gin::
+
+    Estimator.model_fn = @hub_task()
+    hub_task.task = "TextClassifier"
+    hub_task.preset = "/data/presets/bert_tiny"
+    hub_task.num_classes = 4
+    hub_task.sequence_length = 128
+    hub_task.lora_rank = 4
+
+Needs the ``text`` extra: ``pip install -e ".[text]"``.
+"""
+
+from __future__ import annotations
+
+import gin
+import keras
+
+from trainer import UserError, errors
+
+
+@gin.configurable
+def hub_task(
+    task: str = gin.REQUIRED,
+    preset: str = gin.REQUIRED,
+    sequence_length: int | None = None,
+    lora_rank: int | None = None,
+    **kwargs,
+) -> keras.Model:
+    """``keras_hub.models.<task>.from_preset(preset, **kwargs)``, ready to train.
+
+    Args:
+      task: a class of ``keras_hub.models``: ``"TextClassifier"`` (whichever
+        architecture the preset holds), ``"CausalLM"``, ``"BertTextClassifier"``, ...
+      preset: a preset's name, ``hf://owner/model``, or a directory.
+      sequence_length: the preprocessor's length, if not the preset's (often 512).
+      lora_rank: train only LoRA adapters of this rank in the backbone (keras-hub's
+        ``enable_lora``); None trains every weight.
+      **kwargs: for ``from_preset`` and the task (``num_classes``, ``dropout``, ...).
+    """
+    try:
+        import keras_hub
+    except ImportError:
+        raise UserError(
+            'hub_task needs keras-hub: pip install -e ".[text]" (keras-hub, tensorflow-text)'
+        ) from None
+    cls = getattr(keras_hub.models, task, None)
+    if not (isinstance(cls, type) and issubclass(cls, keras_hub.models.Task)):
+        raise UserError(
+            f"hub_task.task = {task!r} is not a task of keras_hub.models: give one such as "
+            "'TextClassifier', 'CausalLM' or 'BertTextClassifier'"
+        )
+    if sequence_length is not None:
+        kwargs["preprocessor"] = _preprocessor(keras_hub, cls, preset, sequence_length)
+    try:
+        model = cls.from_preset(preset, **kwargs)
+    except (ValueError, FileNotFoundError, OSError) as error:
+        raise UserError(
+            f"hub_task could not load preset {preset!r} as {task}: {errors.first_line(error)} "
+            "(a name needs internet; offline, give a directory written by save_to_preset or "
+            "in Hugging Face's layout)"
+        ) from None
+    if lora_rank:
+        model.backbone.enable_lora(lora_rank)
+    return model
+
+
+def _preprocessor(keras_hub, cls, preset: str, sequence_length: int):
+    """The preset's preprocessor for ``cls``, cutting or padding to ``sequence_length``."""
+    # A base task (TextClassifier) names its preprocessor's base class after itself.
+    named = getattr(keras_hub.models, f"{cls.__name__}Preprocessor", None)
+    preprocessor_cls = cls.preprocessor_cls or named
+    if preprocessor_cls is None:
+        raise UserError(
+            f"hub_task.sequence_length: {cls.__name__} names no preprocessor class; "
+            "leave sequence_length unset, or give the task's own class (BertTextClassifier)"
+        )
+    return preprocessor_cls.from_preset(preset, sequence_length=sequence_length)
