@@ -19,7 +19,7 @@ import time
 import pytest
 import yaml
 
-from tests.support import guides
+from tests.support import deployment_checks, guides
 from tests.support.as_typed import ok, sh, user_env
 from tests.support.commands import REPO
 from tests.support.helpers import checkpoint_steps, closed_form_eval_mse, event_tags
@@ -145,8 +145,13 @@ IMAGES = "python3 -m datasets.prepare --images photos --out data/photos"
 
 
 @pytest.mark.slow
-def test_readmes_first_command_resumes_after_ctrl_c_reruns_and_serves_every_schedule(clone):
-    """README's first command, interrupted, rerun twice; then each schedule on its model_dir."""
+def test_readmes_first_command_resumes_after_ctrl_c_reruns_and_serves_every_schedule(
+    clone, data_dir
+):
+    """README's first command, interrupted, rerun twice; then each schedule on its model_dir.
+
+    Its export's TFLite and ONNX files are checked in their runtimes as a client runs them
+    (``deployment_checks``)."""
     proc = subprocess.Popen(
         ["bash", "-c", f"exec {DIGITS}"],
         cwd=clone,
@@ -187,6 +192,9 @@ def test_readmes_first_command_resumes_after_ctrl_c_reruns_and_serves_every_sche
     assert {figures_out(line) for line in lines[1:]} == shown  # README's, but for figures
     for name in ("model.tflite", "model_int8.tflite", "model.onnx"):
         assert (export_dir / name).stat().st_size > 1000, name
+    deployment_checks.check_tflite_and_onnx_serve_as_the_saved_model_does(
+        export_dir, "output/digits_mlp/export/2000", exported.stdout, data_dir
+    )
     ok(sh(f"{DIGITS} --schedule predict --results predictions.jsonl", clone))
     lines = (clone / "predictions.jsonl").read_text().splitlines()
     assert len(lines) == 360 and 0 <= json.loads(lines[0])["classes"] < 10
