@@ -7,6 +7,7 @@ strings, and trains only its LoRA adapters when they are enabled.
 """
 
 import json
+import logging
 
 import gin
 import keras
@@ -306,3 +307,16 @@ def test_a_gpt2_causal_lm_trains_on_bare_strings_as_fit_and_resumes_through_its_
     (logits,) = served(x=tf.constant(x[:BATCH])).values()
     features, _, _ = ours.preprocessor(list(x[:BATCH]))
     np.testing.assert_allclose(logits, ours(features), rtol=0, atol=1e-5)
+
+
+def test_a_masked_lm_is_said_to_draw_its_masks_anew_on_resume(caplog):
+    """Its preprocessor masks at random in tf.data: the one line a run logs about it."""
+    tokenizer = keras_hub.models.BertTokenizer(vocabulary=VOCAB)
+    masked_lm = keras_hub.models.BertMaskedLM(
+        classifier().backbone,
+        keras_hub.models.BertMaskedLMPreprocessor(tokenizer, sequence_length=LENGTH),
+    )
+    with caplog.at_level(logging.WARNING):
+        trainer.KerasModel(masked_lm)
+    (said,) = [r.getMessage() for r in caplog.records if "masks tokens at random" in r.getMessage()]
+    assert said.startswith("BertMaskedLMPreprocessor masks tokens at random in tf.data")

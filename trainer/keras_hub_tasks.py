@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 import keras
 import tensorflow as tf
+from absl import logging
 
 from trainer import dataset_marks, serving
 from trainer.model_fn import Mode, split_element
@@ -62,6 +63,13 @@ def input_map(model: keras.Model) -> Callable[[tf.data.Dataset, Mode], tf.data.D
     """How an input_fn's dataset reaches ``model``: its preprocessor mapped; None for others."""
     if not is_task(model):
         return None
+    if hasattr(model.preprocessor, "mask_selection_rate"):  # a masked LM's
+        logging.warning(
+            "%s masks tokens at random in tf.data: a resumed run starts at its exact batch "
+            "but draws that batch's masks anew, so it does not end bit for bit where an "
+            "unbroken run does",
+            type(model.preprocessor).__name__,
+        )
 
     def mapped(dataset: tf.data.Dataset, mode: Mode) -> tf.data.Dataset:
         labeled = isinstance(dataset.element_spec, tuple) and len(dataset.element_spec) in (2, 3)
