@@ -1,6 +1,6 @@
 """The Transformer (``models/transformer.py``): masks of padding, causality and packed
 rows; rotary positions that see offsets; packed examples computed as if alone; layer
-norms in float32 under bfloat16; generation greedy, beamed and sampled."""
+norms in float32 under bfloat16; generation greedy, beamed (in an export too) and sampled."""
 
 import keras
 import numpy as np
@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from models import transformer
-from trainer import Mode
+from trainer import Mode, export
 
 
 def model(positions="rotary", vocab=11, **kw):
@@ -83,7 +83,7 @@ def test_under_bfloat16_the_norms_and_the_logits_stay_float32():
     assert np.isfinite(float(tf.reduce_sum(spec.loss.sums)))
 
 
-def test_generation_greedy_is_the_argmax_chain_and_beam_scores_at_least_as_well():
+def test_generation_greedy_is_the_argmax_chain_and_beam_scores_at_least_as_well(tmp_path):
     prompts = tf.constant([[3, 4, 5, 0], [6, 2, 0, 0]])
     greedy = model(generate=3)({"tokens": prompts}, None, Mode.PREDICT).predictions["generated"]
     lm = model()
@@ -114,6 +114,14 @@ def test_generation_greedy_is_the_argmax_chain_and_beam_scores_at_least_as_well(
         best = beamed["generated"][row].numpy().tolist()
         assert log_prob(row, best) == pytest.approx(float(beamed["score"][row]), abs=1e-4)
         assert log_prob(row, best) >= log_prob(row, greedy[row].numpy().tolist()) - 1e-5
+    # The export searches as predict does: the same tokens and scores, in the SavedModel.
+    lm = model(generate=3, beam=4)
+    lm({"tokens": prompts}, None, Mode.PREDICT)  # its variables made
+    spec = {"tokens": tf.TensorSpec([None, 4], tf.int32)}
+    saved = tf.saved_model.load(export.save(lm, spec, str(tmp_path / "export")))
+    served = saved.signatures["serving_default"](tokens=prompts)
+    np.testing.assert_array_equal(served["generated"], beamed["generated"])
+    np.testing.assert_allclose(served["score"], beamed["score"], atol=1e-5)
     sampled = [
         model(generate=5, temperature=1.0, seed=s)({"tokens": prompts}, None, Mode.PREDICT)
         .predictions["generated"]
