@@ -13,8 +13,8 @@ model itself refuses strings. Given to the Estimator, a task is trained the same
   registers tensorflow-text's ops.
 
 A preprocessor that draws random numbers (a masked LM's masking) is mapped too, but
-is not replayed exactly on resume: tf.data draws them afresh. One that runs Python
-(GPT-2's byte-pair tokenizer, a ``py_function``) keeps no state between batches, so
+is not replayed exactly on resume: tf.data draws them afresh. One that memoizes in a
+mutable table (GPT-2's byte-pair tokenizer) keeps no state that changes a batch, so
 the training iterator is saved through it (``experimental_external_state_policy``).
 
 Nothing here imports keras_hub: a task is known by what it has, so the framework
@@ -41,8 +41,9 @@ IMPORTS = ("keras_hub",)
 def _savable() -> tf.data.Options:
     """Options that let a checkpoint save an iterator through the preprocessor.
 
-    A byte-pair tokenizer (GPT-2's) runs in a ``py_function``, which tf.data calls
-    stateful and will not save an iterator through; it keeps no state between batches.
+    A byte-pair tokenizer (GPT-2's) memoizes words in a mutable lookup table, which
+    tf.data calls stateful and will not save an iterator through; the cache changes no
+    batch, so the iterator is saved without it.
     """
     options = tf.data.Options()
     options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
