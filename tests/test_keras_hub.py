@@ -206,9 +206,10 @@ def test_a_hugging_face_directory_loads_and_lora_trains_only_its_adapters(tmp_pa
     written = hugging_face_bert(tmp_path / "hf")
     x, y = sentences(4 * BATCH, seed=4)
 
+    hf = str(tmp_path / "hf")
+
     def task():
         keras.utils.set_random_seed(0)
-        hf = str(tmp_path / "hf")
         shorter = keras_hub.models.BertTextClassifierPreprocessor.from_preset(
             hf, sequence_length=LENGTH
         )
@@ -218,6 +219,11 @@ def test_a_hugging_face_directory_loads_and_lora_trains_only_its_adapters(tmp_pa
         model.backbone.enable_lora(rank=2)
         return model
 
+    # keras-hub's sequence_length does not reach a Hugging Face directory's preprocessor,
+    # which stays at 512 tokens against 12 positions: one line, before any step.
+    too_long = keras_hub.models.BertTextClassifier.from_preset(hf, num_classes=2)
+    with pytest.raises(trainer.UserError, match="makes sequences of 512 tokens, but Bert"):
+        estimator(too_long, tmp_path / "too_long")
     model = task()
     words = model.backbone.get_layer("token_embedding").embeddings.numpy()
     np.testing.assert_array_equal(words, written["embeddings.word_embeddings.weight"])

@@ -30,6 +30,7 @@ import tensorflow as tf
 from absl import logging
 
 from trainer import dataset_marks, serving
+from trainer.errors import UserError
 from trainer.model_fn import Mode, split_element
 from trainer.serving import Serving
 
@@ -64,6 +65,7 @@ def input_map(model: keras.Model) -> Callable[[tf.data.Dataset, Mode], tf.data.D
     """How an input_fn's dataset reaches ``model``: its preprocessor mapped; None for others."""
     if not is_task(model):
         return None
+    _check_lengths(model)
     if hasattr(model.preprocessor, "mask_selection_rate"):  # a masked LM's
         logging.warning(
             "%s masks tokens at random in tf.data: a resumed run starts at its exact batch "
@@ -86,6 +88,23 @@ def input_map(model: keras.Model) -> Callable[[tf.data.Dataset, Mode], tf.data.D
         return dataset_marks.put(preprocessed.with_options(_SAVABLE), "serving", exported)
 
     return mapped
+
+
+def _check_lengths(model: keras.Model) -> None:
+    """Refuses a preprocessor whose sequences outrun the backbone's learned positions.
+
+    ``from_preset(dir, sequence_length=n)`` on a Hugging Face directory leaves the
+    preprocessor at its own length (often 512); the step then failed in the gradient of
+    the position embedding ("Paddings must be non-negative").
+    """
+    length = getattr(model.preprocessor, "sequence_length", None)
+    limit = getattr(model.backbone, "max_sequence_length", None)
+    if isinstance(length, int) and isinstance(limit, int) and length > limit:
+        raise UserError(
+            f"{type(model.preprocessor).__name__} makes sequences of {length} tokens, but "
+            f"{type(model.backbone).__name__} has positions for {limit}: give the task a "
+            f"preprocessor of sequence_length <= {limit} (hub_task.sequence_length in gin)"
+        )
 
 
 def exported_serving(model: keras.Model, features_spec, declared: Serving | None) -> Serving:
