@@ -29,6 +29,7 @@ from tests.support.hub_tasks import (
     WIDTH,
     classifier,
     estimator,
+    fitted,
     input_fn_of,
     sentences,
 )
@@ -45,19 +46,6 @@ def assert_same_weights(ours, theirs, atol, skip=()):
 
 
 GATHERED = ("token_embedding/embeddings", "segment_embedding/embeddings")
-
-
-def fitted(x, y, optimizer=None):
-    """keras-hub's own fit, on halves of ``(x, y)``: the weights after each."""
-    model = classifier()
-    if optimizer is not None:
-        metrics = [keras.metrics.SparseCategoricalAccuracy()]  # as keras-hub compiles
-        model.compile(optimizer=optimizer, loss=model.loss, metrics=metrics)
-    after = []
-    for part in np.split(np.arange(len(x)), 2):
-        model.fit(x[part], y[part], batch_size=BATCH, shuffle=False, verbose=0)
-        after.append([w.copy() for w in model.get_weights()])
-    return model, after
 
 
 def test_a_bert_classifier_trains_as_keras_hub_fit_and_resumes_at_its_batch(tmp_path):
@@ -91,8 +79,8 @@ def test_a_bert_classifier_trains_as_keras_hub_fit_and_resumes_at_its_batch(tmp_
 
 def test_a_task_trains_on_two_devices_what_one_trains(tmp_path):
     """Mirrored replicas, each half the batch: keras-hub's fit on one device."""
-    apart = on_two_cpus("tests.support.hub_tasks", "on_two_devices", str(tmp_path))
-    assert apart["mirrored"] < 2e-5, apart
+    apart = on_two_cpus("tests.support.hub_tasks", "mirrored_apart", str(tmp_path))
+    assert apart < 2e-5, apart
 
 
 def test_the_guides_snippet_trains_a_preset_that_reloads_and_exports_taking_strings(

@@ -23,7 +23,7 @@ from absl import logging
 from trainer import checkpoints, evaluation
 from trainer.distributed.placement import Placement
 from trainer.errors import UserError
-from trainer.model_fn import InputParams, Mode
+from trainer.model_fn import InputParams, Mode, labeled
 
 InputFn = Callable[[Mode, InputParams], tf.data.Dataset]
 
@@ -137,7 +137,7 @@ class Inputs:
         spec = dataset.element_spec
         if _single_examples(spec):
             shapes = tf.nest.map_structure(lambda s: s.shape.as_list(), spec)
-            shown = f"features {shapes[0]}, labels {shapes[1]}" if _labeled(spec) else f"{shapes}"
+            shown = f"features {shapes[0]}, labels {shapes[1]}" if labeled(spec) else f"{shapes}"
             raise UserError(
                 f"input_fn {_name(input_fn)} yields single examples ({shown}), not batches: "
                 "end it with .batch(params.batch_size)"
@@ -145,7 +145,7 @@ class Inputs:
         if self.input_map is not None:  # a keras-hub task's preprocessor, which may make labels
             dataset = self.input_map(dataset, mode)
         bare = mode == Mode.PREDICT or (mode == Mode.TRAIN and self.bare_training)
-        if not (bare or _labeled(dataset.element_spec)):
+        if not (bare or labeled(dataset.element_spec)):
             raise UserError(
                 f"input_fn {_name(input_fn)} yields {spec} in mode {mode.value!r}; "
                 "TRAIN and EVAL need (features, labels) or (features, labels, sample_weight)"
@@ -191,11 +191,6 @@ class Inputs:
         if mode == Mode.TRAIN and int(self.seed.numpy()) >= 0:
             return int(self.seed.numpy())
         return self.run_seed
-
-
-def _labeled(element_spec) -> bool:
-    """Whether a dataset's elements are ``(features, labels[, sample_weight])``."""
-    return isinstance(element_spec, tuple) and len(element_spec) in (2, 3)
 
 
 def _single_examples(element_spec) -> bool:

@@ -31,7 +31,7 @@ from absl import logging
 
 from trainer import dataset_marks, serving
 from trainer.errors import UserError
-from trainer.model_fn import Mode, split_element
+from trainer.model_fn import Mode, labeled, split_element
 from trainer.serving import Serving
 
 # What an export of a task imports before loading: keras_hub registers its layers,
@@ -75,10 +75,10 @@ def input_map(model: keras.Model) -> Callable[[tf.data.Dataset, Mode], tf.data.D
         )
 
     def mapped(dataset: tf.data.Dataset, mode: Mode) -> tf.data.Dataset:
-        labeled = isinstance(dataset.element_spec, tuple) and len(dataset.element_spec) in (2, 3)
+        with_labels = labeled(dataset.element_spec)
 
         def preprocess(*element):
-            if not labeled:  # PREDICT's bare features
+            if not with_labels:  # PREDICT's bare features
                 return model.preprocess_samples(element[0] if len(element) == 1 else element)
             return model.preprocess_samples(*element)
 

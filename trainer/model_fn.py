@@ -128,6 +128,11 @@ class Weighted(NamedTuple):
 
 
 @tf.autograph.experimental.do_not_convert
+def labeled(element_spec) -> bool:
+    """Whether a dataset's elements are ``(features, labels[, sample_weight])``."""
+    return isinstance(element_spec, tuple) and len(element_spec) in (2, 3)
+
+
 def split_element(element, mode: Mode):
     """Splits a dataset element into ``(features, labels)``; labels are None in PREDICT.
 

@@ -1,5 +1,6 @@
 """A tiny keras-hub BERT classifier, its sentences and input_fn (tests/test_keras_hub.py),
-and its runs on two devices in a subprocess (``on_two_devices``)."""
+keras-hub's own fit of it (``fitted``), and its run on two mirrored replicas in a
+subprocess (``mirrored_apart``)."""
 
 import keras
 import keras_hub
@@ -63,28 +64,32 @@ def estimator(model, model_dir) -> trainer.Estimator:
     )
 
 
-def on_two_devices(model_dir: str) -> dict[str, float]:
-    """Three steps of the classifier on two mirrored replicas (each pipeline's batches
-    preprocessed apart): how far it ends from keras-hub's fit (with Adam of the dense
-    gradient) on one device. Towers take one device's path, as the parity grid shows."""
-    x, y = sentences(STEPS * BATCH, seed=1)
-    theirs = classifier()
-    theirs.compile(
-        optimizer=AdamOfDenseGradients(learning_rate=5e-5),
-        loss=theirs.loss,
-        metrics=[keras.metrics.SparseCategoricalAccuracy()],
-    )
-    theirs.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
-    apart = {}
-    for kind in ("mirrored",):
-        ours = classifier()
-        trainer.Estimator(
-            ours,
-            f"{model_dir}/{kind}",
-            global_batch_size=BATCH,
-            progress=False,
-            devices=trainer.Devices(kind, 2),
-        ).train(input_fn_of(x, y), max_steps=STEPS)
-        pairs = zip(ours.get_weights(), theirs.get_weights(), strict=True)
-        apart[kind] = max(float(np.abs(a - b).max()) for a, b in pairs)
-    return apart
+def fitted(x, y, optimizer=None):
+    """keras-hub's own fit, on halves of ``(x, y)``: the weights after each."""
+    model = classifier()
+    if optimizer is not None:
+        metrics = [keras.metrics.SparseCategoricalAccuracy()]  # as keras-hub compiles
+        model.compile(optimizer=optimizer, loss=model.loss, metrics=metrics)
+    after = []
+    for part in np.split(np.arange(len(x)), 2):
+        model.fit(x[part], y[part], batch_size=BATCH, shuffle=False, verbose=0)
+        after.append([w.copy() for w in model.get_weights()])
+    return model, after
+
+
+def mirrored_apart(model_dir: str) -> float:
+    """How far three steps of the classifier on two mirrored replicas (each pipeline's
+    batches preprocessed apart) end from keras-hub's fit on one device, with Adam of the
+    dense gradient. Towers take one device's path, as the parity grid shows."""
+    x, y = sentences(2 * STEPS * BATCH, seed=1)
+    _, (theirs, _) = fitted(x, y, AdamOfDenseGradients(learning_rate=5e-5))
+    ours = classifier()
+    trainer.Estimator(
+        ours,
+        model_dir,
+        global_batch_size=BATCH,
+        progress=False,
+        devices=trainer.Devices("mirrored", 2),
+    ).train(input_fn_of(x, y), max_steps=STEPS)
+    pairs = zip(ours.get_weights(), theirs, strict=True)
+    return max(float(np.abs(a - b).max()) for a, b in pairs)
