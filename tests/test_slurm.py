@@ -96,7 +96,7 @@ def test_two_jobs_of_two_tasks_share_the_node_and_scancel_term_saves(slurm, tmp_
 
 @pytest.mark.slow
 def test_the_time_limits_warning_saves_and_the_batch_script_requeues_the_job(slurm, tmp_path):
-    """README's batch script with a one-minute limit and the warning 45 s before it: the
+    """README's batch script with a one-minute limit and the warning 30 s before it: the
     workers stop on SIGUSR1 with 75 and the script requeues the job; started again, it
     resumes from the checkpoint, and `scancel --signal=TERM` requeues it once more."""
     model_dir, out = tmp_path / "run", tmp_path / "job.out"
@@ -108,7 +108,7 @@ def test_the_time_limits_warning_saves_and_the_batch_script_requeues_the_job(slu
         "sbatch",
         "--parsable",
         *options,
-        "--signal=USR1@45",
+        "--signal=USR1@30",
         f"--output={out}",
         str(script),
         cwd=REPO,
