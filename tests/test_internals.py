@@ -69,6 +69,22 @@ def test_keras_model__compile_config():
     assert given["loss"] is loss and given["metrics"] == ["mae"] and given["loss_weights"] == [0.5]
 
 
+def test_keras_optimizer__learning_rate_is_its_schedule():
+    class Halved(keras.optimizers.schedules.LearningRateSchedule):  # registered nowhere
+        def __call__(self, step):
+            return 0.5 ** tf.cast(step, "float32")
+
+        def get_config(self):
+            return {}
+
+    optimizer = keras.optimizers.Adam(Halved())
+    classes = internals.schedule_classes(optimizer)
+    assert classes == {"Halved": Halved}
+    again = keras.optimizers.Adam.from_config(optimizer.get_config(), classes)
+    assert isinstance(again._learning_rate, Halved)
+    assert internals.schedule_classes(keras.optimizers.Adam(0.1)) == {}
+
+
 def test_keras_mean_metric__fn_and__fn_kwargs():
     metric = keras.metrics.MeanMetricWrapper(keras.metrics.mean_absolute_error, name="mae")
     per_example = internals.mean_metric_function(metric)

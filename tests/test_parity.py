@@ -52,18 +52,23 @@ def test_cell(row, column, tmp_path):
     check(f"{row} {column}", parity.cell(row, column, str(tmp_path / "model")))
 
 
+def compared(name: str, result: dict) -> dict:
+    """A cell's result as ``check`` takes it: a recipe's weights compared here with
+    the recipe trained on one device (in this process)."""
+    return parity.recipe_result(result) if name.split()[0] in parity.RECIPES else result
+
+
 @pytest.mark.slow
 def test_two_device_cells():
-    """Every row under towers and mirrored, in one process that split its CPU in two
-    (one test, so that the suite's two workers do not both start it)."""
-    found = on_two_cpus(
-        "tests.support.parity", "cells", ",".join(parity.ROWS), ",".join(TWO_DEVICES)
-    )
-    assert len(found) == len(parity.ROWS) * len(TWO_DEVICES)
+    """Every row and the recipe row under towers and mirrored, in one process that split
+    its CPU in two (one test, so that the suite's two workers do not both start it)."""
+    rows = [*parity.ROWS, *parity.RECIPES]
+    found = on_two_cpus("tests.support.parity", "cells", ",".join(rows), ",".join(TWO_DEVICES))
+    assert len(found) == len(rows) * len(TWO_DEVICES)
     failures, differing = [], set()
     for name, result in found.items():
         try:
-            check(name, result)
+            check(name, compared(name, result))
         except AssertionError as error:
             failures.append(str(error).splitlines()[0])
             differing.add(tuple(name.split()))
@@ -78,10 +83,10 @@ def test_multi_worker_cells(tmp_path):
     found = on_workers(2, "tests.support.parity", "worker_cells", str(tmp_path))
     failures = []
     for worker, cells_found in enumerate(found):
-        assert len(cells_found) == len(parity.MULTI_WORKER)
+        assert len(cells_found) == len(parity.MULTI_WORKER) + len(parity.RECIPES)
         for name, result in cells_found.items():
             try:
-                check(name, result)
+                check(name, compared(name, result))
             except AssertionError as error:
                 failures.append(f"worker {worker}: {str(error).splitlines()[0]}")
     assert not failures, "\n".join(failures)

@@ -4,58 +4,13 @@ images keep: 20 steps then 40 bitwise equal to 40 straight; a resume on two devi
 within 1e-6; micro-batches of 4 within 2e-5 of one batch (dropout 0); and its decoding
 against what it was trained on."""
 
-import gin
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from models import seq2seq
-from tests.support.commands import REPO, run_cli
-from tests.support.helpers import saved_state
-from trainer import Mode
-from trainer.cli import experiment
-
-SMALL = [
-    "reversal.input_fn.count = 2000",
-    "reversal.input_fn.eval_count = 64",
-    "Seq2Seq.width = 32",
-    "Estimator.steps_per_loop = 5",
-    "Checkpoints.every_steps = 20",
-    "experiment.eval_every_steps = None",
-]
-
-
-def weights(model_dir) -> dict:
-    """The Seq2Seq weights of ``model_dir``'s newest checkpoint, by Keras path.
-
-    Read through the checkpoint's object graph: TensorFlow saves a variable under its
-    shortest path, the LSTMs' (four deep in the model) under the optimizer's list of
-    them, whose order differs between runs that build it differently.
-    """
-    model = seq2seq.Seq2Seq(12, width=32)
-    batch = (
-        {"tokens": tf.constant([[3, 4]], tf.int64)},
-        {"targets": tf.constant([[4, 3, 2]], tf.int64)},
-    )
-    model(*batch, Mode.TRAIN)
-    latest = tf.train.latest_checkpoint(str(model_dir))
-    tf.train.Checkpoint(model=model).read(latest).expect_partial()
-    return {v.path: v.numpy() for v in model.trainable_variables}
-
-
-def trained(model_dir, steps, *bindings):
-    gin.clear_config()
-    gin.parse_config_files_and_bindings(
-        [f"{REPO}/experiments/reverse_lstm.gin"],
-        [*SMALL, f"experiment.max_steps = {steps}", *bindings],
-    )
-    keras.utils.set_random_seed(0)  # as the command line does before gin makes the model
-    try:
-        experiment.experiment(model_dir=str(model_dir), schedule="train")
-    finally:
-        gin.clear_config()
-    return saved_state(model_dir)
+from tests.support.commands import run_cli
+from tests.support.reversal import NO_DROPOUT, SMALL, trained, weights
 
 
 @pytest.mark.slow
@@ -68,11 +23,10 @@ def test_reverse_lstm_resumes_bitwise_on_one_device_and_within_1e6_on_two(tmp_pa
     assert split.keys() == straight.keys() and any(k.startswith("rng/") for k in split)
     for key, value in straight.items():
         np.testing.assert_array_equal(split[key], value, err_msg=key)  # dropout's state too
-    no_dropout = "Seq2Seq.dropout = 0.0"
-    trained(tmp_path / "one", 40, no_dropout)
-    trained(tmp_path / "two", 20, no_dropout)
+    trained(tmp_path / "one", 40, NO_DROPOUT)
+    trained(tmp_path / "two", 20, NO_DROPOUT)
     flags = [
-        a for b in [*SMALL, no_dropout, "experiment.max_steps = 40"] for a in ("--gin_param", b)
+        a for b in [*SMALL, NO_DROPOUT, "experiment.max_steps = 40"] for a in ("--gin_param", b)
     ]
     ran = run_cli(
         "--gin_file", "experiments/reverse_lstm.gin", *flags, "--schedule", "train",
@@ -89,8 +43,8 @@ def test_reverse_lstm_resumes_bitwise_on_one_device_and_within_1e6_on_two(tmp_pa
 def test_reverse_lstm_in_four_micro_batches_trains_as_in_one(tmp_path):
     """Dropout 0: the same 5 updates, each batch's target tokens (3 to 13 an example)
     cut 4 ways, within 2e-5."""
-    trained(tmp_path / "one", 5, "Seq2Seq.dropout = 0.0")
-    trained(tmp_path / "four", 5, "Seq2Seq.dropout = 0.0", "Optimization.microbatches = 4")
+    trained(tmp_path / "one", 5, NO_DROPOUT)
+    trained(tmp_path / "four", 5, NO_DROPOUT, "Optimization.microbatches = 4")
     one, four = weights(tmp_path / "one"), weights(tmp_path / "four")
     assert len(one) == 10
     for key, value in one.items():

@@ -91,6 +91,16 @@ def compile_arguments(model: keras.Model) -> dict:
     return dict(model._compile_config.config)
 
 
+def schedule_classes(optimizer: keras.optimizers.Optimizer) -> dict[str, type]:
+    """``{name: class}`` of the optimizer's learning-rate schedule, if it has one: what
+    ``from_config`` needs to find a schedule class Keras has not registered (a user's,
+    or ``WarmupDecay``). Keras's ``learning_rate`` property gives the current value."""
+    schedule = optimizer._learning_rate
+    if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+        return {type(schedule).__name__: type(schedule)}
+    return {}
+
+
 def mean_metric_function(metric: keras.metrics.MeanMetricWrapper) -> Callable:
     """``fn(y_true, y_pred)``: the per-example function a Keras mean metric averages."""
     fn, kwargs = metric._fn, metric._fn_kwargs

@@ -111,11 +111,23 @@ class Placement:
         return update
 
     @tf.autograph.experimental.do_not_convert
-    def sum_gradients(self, gradients: list[tf.Tensor]) -> list[tf.Tensor]:
-        """Under a strategy, every replica's gradients summed (one all-reduce); else as given."""
+    def sum_gradients(self, gradients: list) -> list:
+        """Under a strategy, every replica's gradients summed (one all-reduce); else as given.
+
+        A sparse gradient (an embedding's ``IndexedSlices``, a row per lookup) is summed
+        as the dense gradient it stands for, as Horovod's ``sparse_as_dense`` does: its
+        rows are as many as the replica's lookups, which differ where batches of text
+        do, and a collective whose shape changes from one step to the next in the loop
+        of steps fails in TensorFlow 2.21 ("Shape mismatch in the collective
+        instance"; TensorFlow's own all-reduce of ``IndexedSlices`` gathers them so).
+        Its cost is the embedding's size, as every other weight's already is.
+        """
         if self.strategy is None:
             return gradients
-        return tf.distribute.get_replica_context().all_reduce("sum", gradients)
+        dense = [
+            tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients
+        ]
+        return tf.distribute.get_replica_context().all_reduce("sum", dense)
 
     @tf.autograph.experimental.do_not_convert
     def run(self, step: Callable, args: tuple) -> tf.Tensor:
@@ -159,10 +171,11 @@ class Placement:
         """The optimizer, made again inside the strategy's scope if there is one."""
         if self.strategy is None:
             return optimizer
+        custom = internals.schedule_classes(optimizer)  # a schedule Keras may not know
         try:
             with self.strategy.scope():
-                return type(optimizer).from_config(optimizer.get_config())
-        except (TypeError, ValueError) as error:
+                return type(optimizer).from_config(optimizer.get_config(), custom)
+        except (TypeError, ValueError, NotImplementedError) as error:
             raise UserError(
                 f"cannot rebuild the optimizer {type(optimizer).__name__} for a tf.distribute "
                 f"strategy from its get_config(): {errors.first_line(error)}"
