@@ -15,6 +15,9 @@ trains it as it is (``trainer.keras_hub_tasks``). In gin::
     hub_task.sequence_length = 128
     hub_task.lora_rank = 4
 
+A ``CausalLM`` predicts and exports text continued from the prompts it is given, each
+token chosen by ``hub_task.sampler`` (``'greedy'``; keras-hub's default ``'top_k'``).
+
 Needs the ``text`` extra: ``pip install -e ".[text]"``.
 """
 
@@ -32,6 +35,7 @@ def hub_task(
     preset: str = gin.REQUIRED,
     sequence_length: int | None = None,
     lora_rank: int | None = None,
+    sampler: str | None = None,
     **kwargs,
 ) -> keras.Model:
     """``keras_hub.models.<task>.from_preset(preset, **kwargs)``, ready to train.
@@ -43,6 +47,9 @@ def hub_task(
       sequence_length: the preprocessor's length, if not the preset's (often 512).
       lora_rank: train only LoRA adapters of this rank in the backbone (keras-hub's
         ``enable_lora``); None trains every weight.
+      sampler: a causal LM's way of choosing each token when it continues prompts
+        (``--schedule predict``, the export): ``'greedy'``, ``'top_k'`` (keras-hub's
+        default), ``'top_p'``, ``'beam'``, ...; keras-hub's ``compile(sampler=...)``.
       **kwargs: for ``from_preset`` and the task (``num_classes``, ``dropout``, ...).
     """
     try:
@@ -69,7 +76,24 @@ def hub_task(
         ) from None
     if lora_rank:
         model.backbone.enable_lora(lora_rank)
+    if sampler is not None:
+        _set_sampler(keras_hub, model, sampler)
     return model
+
+
+def _set_sampler(keras_hub, model: keras.Model, sampler: str) -> None:
+    """Compiles a causal LM as keras-hub does, with ``sampler``; refuses other tasks."""
+    if not isinstance(model, keras_hub.models.CausalLM):
+        raise UserError(
+            f"hub_task.sampler: {type(model).__name__} does not generate; a sampler is for "
+            "a CausalLM task (leave hub_task.sampler unset)"
+        )
+    model.compile(sampler=sampler)  # keras-hub's optimizer, loss and metrics
+    if not isinstance(model.sampler, keras_hub.samplers.Sampler):  # get() gives names back
+        raise UserError(
+            f"hub_task.sampler = {sampler!r} is not a sampler of keras_hub.samplers: give "
+            "'greedy', 'top_k', 'top_p', 'beam', 'random' or 'contrastive'"
+        )
 
 
 def _preprocessor(keras_hub, cls, preset: str, sequence_length: int):

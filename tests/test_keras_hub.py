@@ -240,7 +240,8 @@ def test_a_hugging_face_directory_loads_and_lora_trains_only_its_adapters(tmp_pa
 
 
 # GPT-2's byte-pair vocabulary for "airplane", "air", "airport" and "at" (Ġ: a space).
-BYTE_PAIRS = ["<|endoftext|>", "Ġ", "!", *"airplneto", "ai", "air", "Ġa", "Ġai", "Ġair"]
+# As in GPT-2's, id 0 ("!") pads and is not the end token, which generation stops at.
+BYTE_PAIRS = ["!", "Ġ", "<|endoftext|>", *"airplneto", "ai", "air", "Ġa", "Ġai", "Ġair"]
 BYTE_PAIRS += ["pl", "an", "ane", "plane", "po", "rt", "port", "Ġat"]
 MERGES = ["a i", "ai r", "Ġ a", "Ġa i", "Ġai r", "p l", "a n", "an e", "pl ane", "p o"]
 MERGES += ["r t", "po rt", "Ġa t"]
@@ -274,7 +275,8 @@ def test_a_gpt2_causal_lm_trains_on_bare_strings_as_fit_and_resumes_through_its_
 ):
     """Strings alone, as keras-hub's fit takes a causal LM's: its preprocessor makes the
     labels and the padding's weights; the loss is per token; the iterator is saved
-    through the byte-pair tokenizer's cache; the export continues text given as strings."""
+    through the byte-pair tokenizer's cache; predict and the export continue prompts
+    given as strings, as its generate does."""
     rng = np.random.default_rng(5)
     pieces = ["airplane", " airplane", " at", " airport", " air", "!"]
     x = np.array(["".join(rng.choice(pieces, size=rng.integers(1, 6))) for _ in range(24)])
@@ -288,6 +290,7 @@ def test_a_gpt2_causal_lm_trains_on_bare_strings_as_fit_and_resumes_through_its_
         theirs.fit(half, batch_size=BATCH, shuffle=False, verbose=0)
     estimator(causal_lm(), tmp_path).train(input_fn, max_steps=STEPS)
     ours = causal_lm()
+    ours.compile(sampler="greedy")  # keras-hub's defaults, a greedy generate
     est = estimator(ours, tmp_path)
     est.train(input_fn, max_steps=2 * STEPS)  # resumed at step 3, the second dozen next
     assert_same_weights(ours, theirs, atol=2e-5)
@@ -297,10 +300,44 @@ def test_a_gpt2_causal_lm_trains_on_bare_strings_as_fit_and_resumes_through_its_
     assert evaluated["loss"] == pytest.approx(expected["loss"], rel=1e-5)
     assert evaluated["bits_per_token"] == pytest.approx(expected["loss"] / np.log(2), rel=1e-5)
 
+    # Predict continues prompts as keras-hub's generate does (greedy, as compiled), so
+    # does the export, and --schedule predict writes the text (test_experiments.py).
+    prompts = ["air", " at", "airplane", "!"]
+    expected = ours.generate(prompts)
+    predicted = list(
+        est.predict(lambda mode, params: tf.data.Dataset.from_tensor_slices(prompts).batch(BATCH))
+    )
+    assert [p["text"].decode() for p in predicted] == expected
+    assert any(len(text) > len(prompt) for text, prompt in zip(expected, prompts, strict=True))
     served = trainer.load_export(est.export(input_fn)).signatures["serving_default"]
-    (logits,) = served(x=tf.constant(x[:BATCH])).values()
-    features, _, _ = ours.preprocessor(list(x[:BATCH]))
-    np.testing.assert_allclose(logits, ours(features), rtol=0, atol=1e-5)
+    outputs = served(x=tf.constant(prompts))
+    assert [t.decode() for t in outputs["text"].numpy()] == expected
+    np.testing.assert_array_equal(outputs["token_ids"], [p["token_ids"] for p in predicted])
+
+
+def test_a_causal_lm_bound_in_gin_generates_with_its_sampler_and_a_wrong_one_is_one_line(
+    tmp_path,
+):
+    """hub_task.sampler compiles a CausalLM preset with it, as keras-hub's compile does;
+    a name keras_hub.samplers does not know, or a task that does not generate, is
+    refused in one line (keras-hub's own get() gives an unknown name back)."""
+    causal_lm().save_to_preset(str(tmp_path / "lm"))
+    classifier().save_to_preset(str(tmp_path / "classifier"))
+    preset = f"hub_task.preset = '{tmp_path / 'lm'}'"
+    model = gin_task("hub_task.task = 'CausalLM'", preset, "hub_task.sampler = 'greedy'")
+    assert type(model).__name__ == "GPT2CausalLM"
+    assert isinstance(model.sampler, keras_hub.samplers.GreedySampler)
+    assert isinstance(model.optimizer, keras.optimizers.Adam)  # keras-hub's compile
+    for bindings, says in [
+        (("hub_task.task = 'CausalLM'", preset, "hub_task.sampler = 'nope'"),
+         "hub_task.sampler = 'nope' is not a sampler of keras_hub.samplers: give 'greedy',"),
+        (("hub_task.task = 'TextClassifier'", f"hub_task.preset = '{tmp_path / 'classifier'}'",
+          "hub_task.num_classes = 2", "hub_task.sampler = 'greedy'"),
+         "hub_task.sampler: BertTextClassifier does not generate; a sampler is for a CausalLM"),
+    ]:  # fmt: skip
+        with pytest.raises(trainer.UserError) as caught:
+            gin_task(*bindings)
+        assert says in first_line(caught.value)  # the line the command line prints
 
 
 def test_a_masked_lm_is_said_to_draw_its_masks_anew_on_resume(caplog):

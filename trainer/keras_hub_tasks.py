@@ -10,7 +10,11 @@ model itself refuses strings. Given to the Estimator, a task is trained the same
   stream, so a positioned stream still resumes at its exact batch;
 * the export takes what the input_fn yields (strings), and runs the preprocessor
   inside the SavedModel; ``trainer.load_export`` imports keras_hub first, which
-  registers tensorflow-text's ops.
+  registers tensorflow-text's ops;
+* a causal LM (``GPT2CausalLM``, ...) predicts as its ``generate`` does: each prompt
+  through ``generate_preprocess``, continued by ``generate_step`` with the sampler it
+  was compiled with until its end token or its preprocessor's sequence length, then
+  its ``token_ids`` and ``text`` (``generator``); its export too.
 
 A preprocessor that draws random numbers (a masked LM's masking) is mapped too, but
 is not replayed exactly on resume: tf.data draws them afresh. One that memoizes in a
@@ -84,10 +88,48 @@ def input_map(model: keras.Model) -> Callable[[tf.data.Dataset, Mode], tf.data.D
 
         features_spec, _ = split_element(dataset.element_spec, mode)
         exported = exported_serving(model, features_spec, serving.declared(dataset))
+        if mode == Mode.PREDICT and is_generator(model):  # prompts, as generate takes them
+            preprocess = model.preprocessor.generate_preprocess
         preprocessed = dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
         return dataset_marks.put(preprocessed.with_options(_SAVABLE), "serving", exported)
 
     return mapped
+
+
+def is_generator(model: keras.Model) -> bool:
+    """Whether ``model`` is a task that continues text (a ``CausalLM``: ``generate``)."""
+    return (
+        is_task(model)
+        and callable(getattr(model, "generate_step", None))
+        and callable(getattr(model.preprocessor, "generate_preprocess", None))
+    )
+
+
+def generator(model: keras.Model) -> Callable[[dict], dict] | None:
+    """PREDICT's outputs of a causal LM, as its ``generate`` makes them; None for others.
+
+    ``generate(features)`` takes ``generate_preprocess``'s prompts and returns
+    ``{'token_ids': [b, sequence_length], 'text': [b]}``: each prompt continued by the
+    compiled sampler (``compile(sampler=...)``, keras-hub's default ``'top_k'``) until
+    the tokenizer's end token, the text as ``generate`` returns it (the prompt, then
+    what follows). keras-hub 0.32's ``generate_postprocess`` reads numpy and cannot run
+    in a graph, so the same stripping and detokenizing is done here in TensorFlow.
+    """
+    if not is_generator(model):
+        return None
+    tokenizer = model.preprocessor.tokenizer
+    stop = [tokenizer.end_token_id]
+    stop += [tokenizer.end_token2_id] if hasattr(tokenizer, "end_token2_id") else []
+
+    def generate(features: dict) -> dict:
+        outputs = model.generate_step(features, stop_token_ids=stop)
+        shown = tf.cast(outputs["padding_mask"], tf.bool)
+        for special in getattr(tokenizer, "special_token_ids", []):
+            shown &= outputs["token_ids"] != special
+        text = tokenizer.detokenize(tf.ragged.boolean_mask(outputs["token_ids"], shown))
+        return {"token_ids": outputs["token_ids"], "text": text}
+
+    return generate
 
 
 def _check_lengths(model: keras.Model) -> None:
@@ -140,9 +182,15 @@ class _Preprocessed(tf.Module):
         super().__init__(name="task_preprocessing")
         self.preprocessor = model.preprocessor
         self._task, self._features_of = model, features_of
+        # A causal LM's sampler (top_k's seed state): the export generates, and saves
+        # only the variables something in it tracks.
+        sampler = getattr(model, "sampler", None) if is_generator(model) else None
+        self.sampler_variables = list(getattr(sampler, "variables", []))
 
     def __call__(self, stored: dict):
         x = stored if self._features_of is None else self._features_of(stored)
+        if is_generator(self._task):  # prompts, continued in the export
+            return self.preprocessor.generate_preprocess(x)
         features, _, _ = keras.utils.unpack_x_y_sample_weight(self._task.preprocess_samples(x))
         return features  # a causal LM's preprocessor makes its labels too
 

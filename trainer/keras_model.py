@@ -79,6 +79,7 @@ class KerasModel(ModelFn):
         self.model = model
         self.own_keras_step = keras_step.overrides(model)  # run by trainer.keras_step
         self.input_map = keras_hub_tasks.input_map(model)  # a keras-hub task's preprocessor
+        self.generate = keras_hub_tasks.generator(model)  # a causal LM's PREDICT
         # Kept out of the checkpoint's reach (a plain object is not tracked): compiled
         # metrics hold state of their own, which is not the model's.
         self._given = keras_compile.given(model, loss, metrics, weighted_metrics, loss_weights)
@@ -95,6 +96,8 @@ class KerasModel(ModelFn):
                 "compiled loss to evaluate with: train it (--schedule train), or compile it "
                 "with a loss"
             )
+        if mode == Mode.PREDICT and self.generate is not None:
+            return Spec(predictions=self.generate(features))
         outputs = self.model(self._inputs(features), training=mode == Mode.TRAIN)
         predictions = _by_name(outputs, self._output_names(outputs))
         if labels is None:
