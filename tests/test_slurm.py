@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.support import guides
+from tests.support import guides, pacing
 from tests.support.commands import REPO
 from tests.support.helpers import checkpoint_steps
 from tests.support.slurm import LocalSlurm, unavailable
@@ -101,7 +101,8 @@ def test_the_time_limits_warning_saves_and_the_batch_script_requeues_the_job(slu
     resumes from the checkpoint, and `scancel --signal=TERM` requeues it once more."""
     model_dir, out = tmp_path / "run", tmp_path / "job.out"
     script = tmp_path / "c10.sbatch"
-    bindings = ("experiment.max_steps = 100000", "Checkpoints.every_steps = 500")
+    bindings = ("experiment.max_steps = 100000", "Checkpoints.every_steps = 200")
+    bindings += pacing.BINDINGS  # a tenth of the CPU while the test waits on the clock
     script.write_text(readme_batch_script(model_dir, *bindings))
     options = ["--nodes=1", "--ntasks-per-node=2", "--oversubscribe", "--time=1"]
     submitted = slurm.run(
