@@ -92,9 +92,12 @@ def compile_arguments(model: keras.Model) -> dict:
 
 
 def schedule_classes(optimizer: keras.optimizers.Optimizer) -> dict[str, type]:
-    """``{name: class}`` of the optimizer's learning-rate schedule, if it has one: what
-    ``from_config`` needs to find a schedule class Keras has not registered (a user's,
-    or ``WarmupDecay``). Keras's ``learning_rate`` property gives the current value."""
+    """``{name: class}`` of the optimizer's learning-rate schedule, if it has one.
+
+    What ``from_config`` needs to find a schedule class Keras has not registered (a
+    user's, or ``WarmupDecay``). Keras's ``learning_rate`` property gives the current
+    value, not the schedule.
+    """
     schedule = optimizer._learning_rate
     if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
         return {type(schedule).__name__: type(schedule)}

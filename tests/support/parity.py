@@ -385,8 +385,8 @@ def differences(expected: dict, found: dict) -> dict[str, float]:
 
 
 def cell(row_name: str, column_name: str, model_dir: str | None = None) -> dict:
-    """One cell: ``{'worst': (variable, difference), 'tolerance': t, 'reference': 'Keras (policy)'}``,
-    or ``{'refused': line}``, the framework's one line.
+    """One cell: ``{'worst': (variable, difference), 'tolerance': t, 'reference': what}``
+    (``what``: ``'Keras (policy)'``), or ``{'refused': line}``, the framework's one line.
 
     Where Keras's own step fails under a mixed policy (3.15 cannot add float16
     ``add_loss`` values to its float32 loss), the reference is Keras in float32, at the
