@@ -16,8 +16,12 @@
   token embedding, a loss per token that generates in PREDICT) and ``ViT`` (an image
   cut into patches, an encoder, a classification head).
 
-Attention costs ``O(length^2)`` per row and head; generation reads the whole sequence
-again at each new token (no cache of keys and values): ``O(new * (prompt + new)^2)``.
+Attention costs ``O(length^2)`` per row and head. Generation computes the prompt's
+keys and values once and keeps every block's in a cache, so each new token costs one
+token's pass through the blocks and ``O(prompt + new)`` attention: ``O(new * (prompt +
+new))`` in all, where reading the sequence whole again at each token costs ``O(new *
+(prompt + new)^2)``. The cache holds ``2 * depth * (prompt + new) * width`` numbers a row
+(times ``beam``), reordered with the hypotheses at each step of a beam search.
 """
 
 from __future__ import annotations
@@ -102,6 +106,14 @@ class Attention(keras.layers.Layer):
 
     def call(self, x, bias, positions=None, context=None, training=False):
         """``x`` ``[b, n, width]`` attending to ``context`` (default ``x``) under ``bias``."""
+        q, k, v = self.projected(x, positions, context)
+        return self.attended(q, k, v, bias, training)
+
+    def projected(self, x, positions=None, context=None):
+        """Queries of ``x``, keys and values of ``context`` (default ``x``).
+
+        Each ``[b, n, heads, depth]``; queries and keys turned by their positions if rotary.
+        """
         context = x if context is None else context
         q, k, v = (
             self._split(f(t))
@@ -109,6 +121,10 @@ class Attention(keras.layers.Layer):
         )
         if self.rotary:
             q, k = rotated(q, positions), rotated(k, positions)
+        return q, k, v
+
+    def attended(self, q, k, v, bias, training=False):
+        """The queries' mix of the values, by their keys under ``bias``: ``[b, q, width]``."""
         logits = tf.einsum("bqhd,bkhd->bhqk", tf.cast(q, tf.float32), tf.cast(k, tf.float32))
         # Keras casts a float input to the layer's dtype: the bias is made float32 again.
         weights = tf.nn.softmax(logits / math.sqrt(self.depth) + tf.cast(bias, tf.float32), -1)
@@ -150,10 +166,32 @@ class Block(keras.layers.Layer):
         """``x`` after the block: each sublayer's output added to what it read."""
         drop = lambda t: tf.cast(self.dropout(t, training=training), x.dtype)  # noqa: E731
         x = x + drop(self.attention(self.attention_norm(x), bias, positions, training=training))
+        return self._after_attention(x, context, context_bias, drop, training)
+
+    def _after_attention(self, x, context, context_bias, drop, training=False):
         if self.cross is not None:
             h = self.cross_norm(x)
             x = x + drop(self.cross(h, context_bias, context=context, training=training))
         return x + drop(self.mlp_out(self.mlp_in(self.mlp_norm(x))))
+
+    def keys_and_values(self, x, positions) -> tuple[tf.Tensor, tf.Tensor]:
+        """Its self-attention's keys and values of ``x`` (what a cache holds)."""
+        _, k, v = self.attention.projected(self.attention_norm(x), positions)
+        return k, v
+
+    def cached(self, x, bias, positions, cache, columns):
+        """One new token per row through the block in inference, against its cache.
+
+        ``x`` ``[b, 1, width]``; ``cache`` ``(keys, values)`` ``[b, length, heads,
+        depth]``, the token's own written at ``columns`` (``[b]``) first; ``bias``
+        ``[b, 1, 1, length]``. Returns ``x`` after the block and the cache.
+        """
+        q, k, v = self.attention.projected(self.attention_norm(x), positions)
+        at = tf.stack([tf.range(tf.shape(columns)[0]), columns], axis=-1)
+        keys = tf.tensor_scatter_nd_update(cache[0], at, k[:, 0])
+        values = tf.tensor_scatter_nd_update(cache[1], at, v[:, 0])
+        x = x + tf.cast(self.attention.attended(q, keys, values, bias), x.dtype)
+        return self._after_attention(x, None, None, lambda t: tf.cast(t, x.dtype)), (keys, values)
 
 
 @gin.register  # a configurable made when gin calls it: @Transformer() (DESIGN.md)
@@ -203,9 +241,7 @@ class Transformer(keras.layers.Layer):
 
     def call(self, x, segments, positions, causal=False, context=None, training=False):
         """``[b, n, width]`` float32: ``x`` through the blocks, normalised."""
-        if self.position_embedding is not None:
-            x = x + tf.cast(self.position_embedding(positions), x.dtype)
-        x = self.dropout(x, training=training)
+        x = self._placed(x, positions, training)
         bias = attention_bias(segments, causal)
         context_bias = None
         if context is not None:
@@ -217,6 +253,43 @@ class Transformer(keras.layers.Layer):
         for block in self.blocks:
             x = block(x, bias, positions, context, context_bias, training=training)
         return self.norm(x)
+
+    def _placed(self, x, positions, training=False):
+        """``x`` with its learned positions added (rotary ones turn in attention)."""
+        if self.position_embedding is not None:
+            x = x + tf.cast(self.position_embedding(positions), x.dtype)
+        return self.dropout(x, training=training)
+
+    def cache(self, x, segments, positions, length: int) -> list:
+        """A decoder's cache of ``x`` (``[b, n, width]``, causal): each block's keys, values.
+
+        Each ``[b, length, heads, depth]``: those of ``x`` first, zeros after.
+        """
+        x, bias, found = self._placed(x, positions), attention_bias(segments, True), []
+        for block in self.blocks:
+            keys, values = block.keys_and_values(x, positions)
+            more = [[0, 0], [0, length - tf.shape(keys)[1]], [0, 0], [0, 0]]
+            found.append((tf.pad(keys, more), tf.pad(values, more)))
+            x = block(x, bias, positions)
+        return found
+
+    def cached(self, x, positions, caches: list, columns) -> tuple[tf.Tensor, list]:
+        """One new token per row through a decoder's blocks, against their caches.
+
+        ``x`` is ``[b, 1, width]``, at ``columns`` ``[b]``: it attends to every column
+        up to its own. Returns ``[b, 1, width]`` float32, normalised, and the caches
+        with its keys and values written. Per token ``O(length)`` attention, not
+        ``O(length^2)``.
+        """
+        x = self._placed(x, positions)
+        length = tf.shape(caches[0][0])[1]
+        seen = tf.range(length)[None] <= columns[:, None]
+        bias = tf.where(seen, 0.0, NEG)[:, None, None]
+        written = []
+        for block, cache in zip(self.blocks, caches, strict=True):
+            x, cache = block.cached(x, bias, positions, cache, columns)
+            written.append(cache)
+        return self.norm(x), written
 
 
 @gin.configurable
@@ -287,32 +360,33 @@ class LanguageModel(ModelFn):
         return Spec({"logits": logits}, loss=loss, metrics=metrics)
 
     def _generated(self, tokens, segments) -> dict:
-        """Each row's tokens continued by ``generate`` more: ``{'generated': [b, generate]}``."""
-        lengths = tf.reduce_sum(tf.cast(tf.not_equal(segments, 0), tf.int32), axis=1)
-        prompt = tf.pad(tokens, [[0, 0], [0, self.generate]])
-        last = tf.gather(tokens, tf.maximum(lengths - 1, 0), batch_dims=1)
+        """Each row's tokens continued by ``generate`` more: ``{'generated': [b, generate]}``.
 
-        def step(ids, i, state):
-            rows = tf.shape(ids)[0]
-            copies = rows // tf.shape(prompt)[0]  # beam rows, in their example's order
-            buffer, ends = tf.repeat(prompt, copies, axis=0), tf.repeat(lengths, copies, axis=0)
-            written = ids[:, 1:]  # what this step generated so far, after each row's prompt
-            columns = ends[:, None] + tf.range(tf.shape(written)[1])[None]
-            at = tf.stack(
-                [tf.broadcast_to(tf.range(rows)[:, None], tf.shape(columns)), columns], -1
-            )
-            buffer = tf.tensor_scatter_nd_update(buffer, at, tf.cast(written, buffer.dtype))
-            real = tf.sequence_mask(ends + i, tf.shape(buffer)[1], dtype=tf.int32)
-            logits = self.logits(buffer, real, positions_of({}, buffer))
-            return tf.gather(logits, ends + i - 1, batch_dims=1), state
+        The prompt's keys and values are computed once (``Transformer.cache``); each new
+        token then runs the blocks alone against that cache (``Transformer.cached``).
+        """
+        lengths = tf.reduce_sum(tf.cast(tf.not_equal(segments, 0), tf.int32), axis=1)
+        total = tf.shape(tokens)[1] + self.generate  # the prompt's columns, then the new
+        caches = self.stack.cache(self.embedding(tokens), segments, positions_of({}, tokens), total)
+        last = tf.gather(tokens, tf.maximum(lengths - 1, 0), batch_dims=1)
+        table = tf.cast(self.embedding.embeddings, tf.float32)
+
+        def step(ids, i, caches):
+            copies = tf.shape(ids)[0] // tf.shape(tokens)[0]  # beam rows, by example
+            columns = tf.repeat(lengths, copies, axis=0) + i - 1  # where ids' last one is
+            newest = self.embedding(ids[:, -1:])
+            hidden, caches = self.stack.cached(newest, columns[:, None], caches, columns)
+            return tf.einsum("bd,vd->bv", hidden[:, 0], table), caches
 
         extra = {}
         if self.beam > 1:
-            found, scores = decoding.beam_search(step, last, self.generate, self.beam, self.eos)
+            found, scores = decoding.beam_search(
+                step, last, self.generate, self.beam, self.eos, caches
+            )
             found, extra = found[:, 0], {"score": scores[:, 0]}
         else:
             found = decoding.greedy(
-                step, last, self.generate, self.eos, None, self.temperature, self.seed
+                step, last, self.generate, self.eos, caches, self.temperature, self.seed
             )
         if self.bytes:
             extra["text"] = bytes_text(found)

@@ -11,13 +11,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import trainer
 from datasets import packing, pipeline
+from tests.support import packed as packed_run
 from tests.support import parity
+from tests.support.packed import COUNT, GLOBAL, LENGTH
 from trainer import InputParams, Mode, UserError
-from trainer.settings import Checkpoints, Optimization
-
-COUNT, GLOBAL, LENGTH = 96, 16, 24  # 96 examples: 6 steps an epoch
 
 
 def sizes(count=COUNT, seed=0):
@@ -149,66 +147,33 @@ def test_what_packing_cannot_take_is_refused_in_one_line(bindings, arrays, messa
     assert "\n" not in str(refused.value)
 
 
-class TokensOf(parity.TokenMeanOf):
-    """The per-token model of ``features['tokens']``: packed or padded, its logits are
-    the same for each token, so a token mean over the same examples is the same."""
-
-    def __call__(self, features, labels, mode):
-        tokens = features["tokens"]
-        logits = self.model(tokens, training=mode == Mode.TRAIN)
-        if labels is None:
-            return trainer.Spec({"logits": logits})
-        losses = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
-        return trainer.Spec({"logits": logits}, loss=trainer.token_mean(losses, tokens != 0))
-
-
 def test_a_token_mean_trains_on_packed_rows_as_on_the_same_examples_padded(tmp_path):
     """The same examples each step, packed in 2 micro-batches or padded in one: the same
     weights after 3 steps; the logs' padding share is the packed rows', and tokens/s
     counts each real token once."""
-    rng = np.random.default_rng(1)
-    lengths = sizes(seed=1)
-    tokens = tf.ragged.constant([rng.integers(1, 8, n).tolist() for n in lengths], tf.int64)
-    data = pipeline.ArraySource({"tokens": tokens}, "text")
-
-    def input_fn(mode, params):
-        def successors(example):  # each token's successor as its label
-            return {"tokens": example["tokens"]}, example["tokens"] % 7 + 1
-
-        return pipeline.build(data, mode, params, successors, name="text")
-
-    weights, logged = {}, []
+    logged = []
 
     class Logs(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
             logged.append(logs)
 
-    for packed in (False, True):
-        gin.clear_config()
-        if packed:
-            gin.bind_parameter("packing.length", LENGTH)
-        model = parity.tokens()
-        estimator = trainer.Estimator(
-            TokensOf(model),
-            str(tmp_path / f"packed={packed}"),
-            optimizer=keras.optimizers.SGD(0.5),
-            global_batch_size=GLOBAL,
-            seed=0,
-            steps_per_loop=3,
-            log_every_steps=3,
-            optimization=Optimization(microbatches=2 if packed else 1),
-            checkpoints=Checkpoints(every_steps=None),
-            progress=False,
+    weights = {
+        packed: packed_run.trained(
+            tmp_path / f"packed={packed}",
+            3,
+            packed,
+            [Logs()] if packed else [],
+            microbatches=2 if packed else 1,
         )
-        estimator.train(input_fn, 3, callbacks=[Logs()] if packed else [])
-        weights[packed] = [w.numpy() for w in model.weights]
+        for packed in (False, True)
+    }
     for padded, packed in zip(weights[False], weights[True], strict=True):
         np.testing.assert_allclose(packed, padded, atol=1e-6)
     assert np.abs(weights[True][0] - parity.tokens().weights[0].numpy()).max() > 1e-2  # trained
     # Padding share and tokens/s from the packed rows read again.
     gin.bind_parameter("packing.length", LENGTH)
     params = InputParams(GLOBAL, GLOBAL, seed=0)
-    batches = list(input_fn(Mode.TRAIN, params).take(3).as_numpy_iterator())
+    batches = list(packed_run.input_fn()(Mode.TRAIN, params).take(3).as_numpy_iterator())
     real = sum((b[0]["segment_ids"] > 0).sum() for b in batches)
     share = 1 - real / sum(b[0]["tokens"].size for b in batches)
     (logs,) = logged

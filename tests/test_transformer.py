@@ -83,10 +83,16 @@ def test_under_bfloat16_the_norms_and_the_logits_stay_float32():
     assert np.isfinite(float(tf.reduce_sum(spec.loss.sums)))
 
 
-def test_generation_greedy_is_the_argmax_chain_and_beam_scores_at_least_as_well(tmp_path):
+@pytest.mark.parametrize("positions", ["rotary", "learned"])
+def test_generation_greedy_is_the_argmax_chain_and_beam_scores_at_least_as_well(
+    tmp_path, positions
+):
+    """Generation runs each new token against a cache of keys and values; what it
+    chooses is checked against the whole sequence read again at each token."""
     prompts = tf.constant([[3, 4, 5, 0], [6, 2, 0, 0]])
-    greedy = model(generate=3)({"tokens": prompts}, None, Mode.PREDICT).predictions["generated"]
-    lm = model()
+    predicted = model(positions, generate=3)({"tokens": prompts}, None, Mode.PREDICT)
+    greedy = predicted.predictions["generated"]
+    lm = model(positions)
     for row, length in ((0, 3), (1, 2)):
         sequence = prompts[row, :length].numpy().tolist()
         for _ in range(3):  # each token the argmax after the sequence so far, read whole
@@ -109,13 +115,14 @@ def test_generation_greedy_is_the_argmax_chain_and_beam_scores_at_least_as_well(
         log_probs = tf.nn.log_softmax(logits[0]).numpy()
         return sum(log_probs[length - 1 + i, t] for i, t in enumerate(generated))
 
-    beamed = model(generate=3, beam=4)({"tokens": prompts}, None, Mode.PREDICT).predictions
+    beamed = model(positions, generate=3, beam=4)({"tokens": prompts}, None, Mode.PREDICT)
+    beamed = beamed.predictions
     for row in range(2):
         best = beamed["generated"][row].numpy().tolist()
         assert log_prob(row, best) == pytest.approx(float(beamed["score"][row]), abs=1e-4)
         assert log_prob(row, best) >= log_prob(row, greedy[row].numpy().tolist()) - 1e-5
     # The export searches as predict does: the same tokens and scores, in the SavedModel.
-    lm = model(generate=3, beam=4)
+    lm = model(positions, generate=3, beam=4)
     lm({"tokens": prompts}, None, Mode.PREDICT)  # its variables made
     spec = {"tokens": tf.TensorSpec([None, 4], tf.int32)}
     saved = tf.saved_model.load(export.save(lm, spec, str(tmp_path / "export")))
@@ -123,7 +130,9 @@ def test_generation_greedy_is_the_argmax_chain_and_beam_scores_at_least_as_well(
     np.testing.assert_array_equal(served["generated"], beamed["generated"])
     np.testing.assert_allclose(served["score"], beamed["score"], atol=1e-5)
     sampled = [
-        model(generate=5, temperature=1.0, seed=s)({"tokens": prompts}, None, Mode.PREDICT)
+        model(positions, generate=5, temperature=1.0, seed=s)(
+            {"tokens": prompts}, None, Mode.PREDICT
+        )
         .predictions["generated"]
         .numpy()
         for s in (1, 1, 2)

@@ -451,7 +451,7 @@ def cells(row_names: str, column_names: str) -> dict:
     """The cells of comma-separated rows and columns, keyed ``'row column'`` (the
     multi-device test runs them in one process): a recipe's as ``recipe_cell`` gives."""
     return {
-        f"{r} {c}": recipe_cell(c) if r in RECIPES else cell(r, c)
+        f"{r} {c}": recipe_cell(r, c) if r in RECIPES else cell(r, c)
         for r in row_names.split(",")
         for c in column_names.split(",")
     }
@@ -465,46 +465,66 @@ def worker_cells(base_dir: str) -> dict:
     rows = COLUMNS["multi_worker"].rows
     found = {f"{r} multi_worker": cell(r, "multi_worker", f"{base_dir}/{r}/model") for r in rows}
     for recipe in RECIPES:
-        found[f"{recipe} multi_worker"] = recipe_cell("multi_worker", f"{base_dir}/{recipe}")
+        found[f"{recipe} multi_worker"] = recipe_cell(
+            recipe, "multi_worker", f"{base_dir}/{recipe}"
+        )
     return found
 
 
-# ---------------------------------------------------------------- the recipe row
+# ---------------------------------------------------------------- the recipe rows
 
-# A model Keras has no counterpart for: the seed's LSTM encoder-decoder, trained by
-# its recipe (experiments/reverse_lstm.gin, small: tests/support/reversal.py) with a
-# loss per real target token over targets of 3 to 13 tokens, dropout 0. Its reference
-# is the framework on one device (which tests/test_seq2seq.py compares with four
-# micro-batches); the multi-device columns must train what one device trains.
-RECIPES = ("reverse_lstm",)
+# Models Keras has no counterpart for, trained by the framework alone: their reference
+# is the framework on one device, and the multi-device columns must train what one
+# device trains. ``recipe(column settings, model_dir)`` trains and gives the weights.
+#
+# * reverse_lstm: the seed's LSTM encoder-decoder, by its recipe
+#   (experiments/reverse_lstm.gin, small: tests/support/reversal.py), a loss per real
+#   target token over targets of 3 to 13 tokens, dropout 0; tests/test_seq2seq.py
+#   compares it with four micro-batches;
+# * packed_tokens: a token mean over examples of 1 to 19 tokens packed in rows of 24
+#   (tests/support/packed.py); tests/test_packing.py compares it with the padded rows.
 RECIPE_STEPS = 5
 
 
-def recipe_cell(column_name: str, model_dir: str | None = None) -> dict:
-    """The recipe trained ``RECIPE_STEPS`` under a column: ``{'weights': {path: list}}``
-    (lists, for JSON; ``recipe_result`` compares them)."""
+def _reverse_lstm(settings: dict, model_dir: str) -> dict:
     from tests.support import reversal
 
+    moved = trainer.settings.MOVED
+    bindings = [f"{moved[name]} = {value!r}" for name, value in settings.items()]
+    reversal.trained(model_dir, RECIPE_STEPS, reversal.NO_DROPOUT, *bindings)
+    return reversal.weights(model_dir)
+
+
+def _packed_tokens(settings: dict, model_dir: str) -> dict:
+    from tests.support import packed
+
+    weights = packed.trained(model_dir, RECIPE_STEPS, **settings)
+    return {f"w{i}": w for i, w in enumerate(weights)}
+
+
+RECIPES = {"reverse_lstm": _reverse_lstm, "packed_tokens": _packed_tokens}
+
+
+def recipe_cell(name: str, column_name: str, model_dir: str | None = None) -> dict:
+    """Recipe ``name`` trained under a column: ``{'weights': {variable: list}}`` (lists,
+    for JSON; ``recipe_result`` compares them)."""
     if model_dir is None:
         with tempfile.TemporaryDirectory() as made:
-            return recipe_cell(column_name, made)
-    moved = trainer.settings.MOVED
-    settings = COLUMNS[column_name].settings.items()
-    bindings = [f"{moved[name]} = {value!r}" for name, value in settings]
-    reversal.trained(model_dir, RECIPE_STEPS, reversal.NO_DROPOUT, *bindings)
-    return {"weights": {k: v.tolist() for k, v in reversal.weights(model_dir).items()}}
+            return recipe_cell(name, column_name, made)
+    weights = RECIPES[name](COLUMNS[column_name].settings, model_dir)
+    return {"weights": {key: value.tolist() for key, value in weights.items()}}
 
 
 @functools.cache
-def recipe_reference() -> dict[str, np.ndarray]:
-    """The recipe's weights trained on one device (once per process)."""
-    return {k: np.array(v) for k, v in recipe_cell("one_device")["weights"].items()}
+def recipe_reference(name: str) -> dict[str, np.ndarray]:
+    """Recipe ``name``'s weights trained on one device (once per process)."""
+    return {k: np.array(v) for k, v in recipe_cell(name, "one_device")["weights"].items()}
 
 
-def recipe_result(found: dict) -> dict:
+def recipe_result(name: str, found: dict) -> dict:
     """A recipe cell as ``check`` takes it: its worst difference from one device's."""
     weights = {key: np.array(value, "float32") for key, value in found["weights"].items()}
-    apart = differences(recipe_reference(), weights)
+    apart = differences(recipe_reference(name), weights)
     worst = max(apart, key=apart.get)
     return {"worst": [worst, apart[worst]], "tolerance": TOLERANCE[None], "reference": "one device"}
 
