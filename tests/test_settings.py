@@ -20,7 +20,8 @@ def test_the_estimator_takes_a_few_settings_and_each_group_whole():
     assert set(gin_config.GROUPS) == set(groups) - {"config"}  # the command line makes each
 
 
-ADDED = {"Summaries.confusion_matrix"}  # fields made after the flat arguments were gone
+# Fields made after the flat arguments were gone.
+ADDED = {"Summaries.confusion_matrix", "Optimization.microbatch_tokens"}
 
 
 def test_every_old_argument_names_a_field_of_its_group_and_every_field_had_one():

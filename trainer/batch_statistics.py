@@ -122,7 +122,7 @@ class Parts:
             v.assign(tf.cast(value, v.dtype))
 
 
-def check_synchronized(layers, microbatches: int, towers: bool) -> None:
+def check_synchronized(layers, slicing: str | None, towers: bool) -> None:
     """Refuses ``BatchNormalization(synchronized=True)`` where parts cannot share statistics.
 
     Micro-batch slices run one after the other, and towers have no replica context;
@@ -133,11 +133,11 @@ def check_synchronized(layers, microbatches: int, towers: bool) -> None:
         for layer in layer_losses.unique_layers(layers)
         if getattr(layer, "synchronized", False)
     ]
-    if not synchronized or (microbatches == 1 and not towers):
+    if not synchronized or (slicing is None and not towers):
         return
     how = (
-        f"Optimization.microbatches = {microbatches} runs each slice alone; set it to 1"
-        if microbatches > 1
+        f"{slicing} runs each slice alone; unset it"
+        if slicing
         else "towers do not share them; use distribution = 'mirrored', whose replicas do"
     )
     raise UserError(

@@ -12,6 +12,11 @@ once per step too, by the whole batch's mean and variance (``batch_statistics``)
 though each slice normalises by its own. What it costs: the slices run one after
 another, and the summed gradients take one more copy of the weights' size.
 
+``Optimization.microbatch_tokens = n`` chooses the slices of each batch instead: as
+many as keep a slice within ``n`` padded positions (``slices_within``), so that a
+batch of long sequences is taken in more slices than one of short ones, each within
+one memory budget, and each step still one update of its whole batch.
+
 Keras's own ``gradient_accumulation_steps`` is refused: it counts each slice as a
 step (the schedule and the average move k times as fast), and in Keras 3.15 it
 breaks under tf.distribute strategies.
@@ -39,9 +44,33 @@ def check_optimizer(optimizer: keras.optimizers.Optimizer, name: str) -> None:
         )
 
 
-def accumulate(run: Callable, features, labels, k: int, variables, state: Parts):
+@tf.autograph.experimental.do_not_convert
+def slices_within(features, tokens: int) -> int | tf.Tensor:
+    """How many slices keep each within ``tokens`` padded positions, one example at most.
+
+    A slice's positions are its examples times the batch's longest sequence (the
+    features' second dimension).
+
+    Where the batch's shape is known when traced (buckets, under ``jit_compile``), a
+    number that divides the batch, so that its slices are of one shape; else a tensor.
+    """
+    sequences = [t for t in tf.nest.flatten(features) if t is not None and t.shape.rank >= 2]
+    if not sequences:
+        return 1
+    batch = tf.shape(sequences[0])[0]
+    length = tf.reduce_max(tf.stack([tf.shape(t)[1] for t in sequences]))
+    known = tf.get_static_value(batch), tf.get_static_value(length)
+    if None not in known:
+        needed = max(1, -(-int(known[0]) * int(known[1]) // tokens))
+        return next(k for k in range(needed, int(known[0]) + 1) if known[0] % k == 0)
+    needed = (batch * length + tokens - 1) // tokens
+    return tf.clip_by_value(needed, 1, tf.maximum(batch, 1))
+
+
+def accumulate(run: Callable, features, labels, k: int | tf.Tensor, variables, state: Parts):
     """Runs ``run(features, labels, fraction) -> (finite, gradients)`` on k slices.
 
+    ``k`` is a number, or a tensor: then the batch's slices are chosen as it runs.
     ``fraction`` is the slice's share of the batch (the slice's loss is to be
     weighted by it); ``gradients`` are arranged as ``variables`` (a list, or a dict
     of lists), None where a variable has none. Returns whether every slice was
@@ -91,7 +120,7 @@ def _slicing(batched, batch: tf.Tensor, k: int):
     ``i * batch // count`` falls.
     """
     known = tf.get_static_value(batch)
-    if known is not None and known >= k and known % k == 0:
+    if isinstance(k, int) and known is not None and known >= k and known % k == 0:
         size = int(known) // k
         stacked = tf.nest.map_structure(lambda x: _apply(x, _stack, k, size), batched)
         return k, lambda i: (tf.nest.map_structure(lambda x: _apply(x, _index, i), stacked), size)

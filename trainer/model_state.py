@@ -95,10 +95,11 @@ class ModelState:
                 optimization=optimization,
                 groups=self.groups,
             )
-        if self.own_step and optimization.microbatches > 1:
+        if self.own_step and optimization.slicing:
+            setting = optimization.slicing.split(" = ")[0]
             raise UserError(
                 f"{model_fn}.train_step computes its own gradients of the whole batch, which "
-                "Optimization.microbatches would slice: set it to 1 (and slice in train_step)"
+                f"{setting} would slice: unset it (and slice in train_step)"
             )
         if self.own_step and any(
             isinstance(o, keras.optimizers.LossScaleOptimizer) for o in self.optimizers.values()

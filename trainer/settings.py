@@ -200,6 +200,11 @@ class Optimization:
       microbatches: take each batch in this many slices inside the step, applying
         their summed gradients once: less memory, the same update (but for batch
         statistics, which each slice computes alone; ``trainer/microbatch.py``).
+      microbatch_tokens: take each batch in as many slices as keep a slice within
+        this many padded positions (its examples times its longest sequence): a
+        batch of long examples in more slices, one of short examples whole, the
+        same update. A token budget for memory, with ``lengths.group_batches``
+        putting examples of one length together; instead of ``microbatches``.
       nonfinite_loss: on a NaN or infinite loss, ``'stop'`` (TrainingDiverged, the last
         checkpoint kept) or ``'rollback'`` (restore it and skip the batch).
       max_rollbacks: rollbacks allowed in one run before giving up.
@@ -215,6 +220,7 @@ class Optimization:
     no_weight_decay: Sequence[str] = ()
     ema_decay: float | None = None
     microbatches: int = _in_the_step(1, "remove it")
+    microbatch_tokens: int | None = _in_the_step(None, "remove it")
     nonfinite_loss: str = "stop"
     max_rollbacks: int = 3
 
@@ -224,6 +230,13 @@ class Optimization:
             if value is None or isinstance(value, Mapping):  # else refused below
                 object.__setattr__(self, name, dict(value or {}))
         errors.check_count("Optimization.microbatches", self.microbatches)
+        if self.microbatch_tokens is not None:
+            errors.check_count("Optimization.microbatch_tokens", self.microbatch_tokens)
+            if self.microbatches > 1:
+                raise UserError(
+                    "Optimization.microbatches and Optimization.microbatch_tokens both slice "
+                    "each batch: set one of them (microbatches = 1 to slice by tokens)"
+                )
         errors.check_count("Optimization.max_rollbacks", self.max_rollbacks, minimum=0)
         if self.nonfinite_loss not in NONFINITE_POLICIES:
             raise UserError(
@@ -240,6 +253,16 @@ class Optimization:
                     raise UserError(
                         f"Optimization.{name}[{pattern!r}] must be {kind} >= 0, got {value!r}"
                     )
+
+    @property
+    def slicing(self) -> str | None:
+        """How a batch is sliced, as its setting reads, or None when it is taken whole.
+
+        E.g. ``'Optimization.microbatches = 4'``.
+        """
+        if self.microbatch_tokens:
+            return f"Optimization.microbatch_tokens = {self.microbatch_tokens}"
+        return f"Optimization.microbatches = {self.microbatches}" if self.microbatches > 1 else None
 
     def only_the_step(self) -> dict[str, str]:
         """The options set that only the framework's step carries out, with their fixes.

@@ -142,6 +142,7 @@ class Steps:
         self.placement, self.ema, self.by_group = placement, ema, by_group
         self.token_loss = token_loss
         self.microbatches = optimization.microbatches
+        self.microbatch_tokens = optimization.microbatch_tokens
         self.clip_gradient_norm = optimization.clip_gradient_norm
         self.weights = [
             v
@@ -151,11 +152,11 @@ class Steps:
         self.keras_step = getattr(model_fn, "own_keras_step", False)  # trainer.keras_step
         # A Keras model's own step adds its layers' losses itself, if it does.
         self.has_regularization = bool(model_fn.regularization_losses) and not self.keras_step
-        if self.microbatches > 1 or placement.num_replicas > 1:
+        if optimization.slicing or placement.num_replicas > 1:
             layer_losses.say_how_cut_batches_take(layer_losses.own_adders(model_fn.layers))
         self.towers = placement.towers(model_fn)
         batch_statistics.check_synchronized(
-            model_fn.layers, self.microbatches, self.towers is not None
+            model_fn.layers, optimization.slicing, self.towers is not None
         )
         self.batch_state = batch_statistics.parts_of(model_fn)  # over slices and replicas
         self.own_step = custom_step.has_own_step(model_fn)  # ModelFn.train_step
@@ -293,7 +294,7 @@ class Steps:
             part = functools.partial(self.towers.run, part)
         shared = self.placement.per_replica and self.batch_state.state
         start = self.batch_state.start() if shared else None
-        if self.microbatches == 1:
+        if self.microbatches == 1 and not self.microbatch_tokens:
             objective, scalars, metrics, grads = part(features, labels)
             self.train_metrics.update(metrics, scalars, batch)
             finite, counted = gradients.finite(objective), scalars.get(tokens.TOKENS)
@@ -306,8 +307,11 @@ class Steps:
                 return gradients.finite(objective), (grads, counted)
 
             counting = (wanted, tf.TensorSpec([], tf.float32))  # the tokens summed as gradients are
+            slices = self.microbatches
+            if self.microbatch_tokens:
+                slices = microbatch.slices_within(features, self.microbatch_tokens)
             finite, (grads, counted) = microbatch.accumulate(
-                slice_, features, labels, self.microbatches, counting, self.batch_state
+                slice_, features, labels, slices, counting, self.batch_state
             )
         if shared:  # each replica's statistics moved by its share: made the global batch's
             sums = self.batch_state.add(self.batch_state.zeros(), start, share)

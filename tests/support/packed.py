@@ -51,16 +51,25 @@ def input_fn(seed: int = 1):
     return fn
 
 
-def trained(model_dir, steps: int, packed: bool = True, callbacks=(), **settings) -> list:
+def trained(
+    model_dir,
+    steps: int,
+    packed: bool = True,
+    callbacks=(),
+    model_fn=TokensOf,
+    groups: dict | None = None,
+    **settings,
+) -> list:
     """The model's weights after ``steps`` steps of SGD on the examples, packed or
-    padded, under Estimator ``settings`` (as ``parity.grouped`` takes them)."""
-    gin.clear_config()
+    padded, under Estimator ``settings`` (as ``parity.grouped`` takes them) and
+    ``groups`` (``{'optimization': Optimization(...)}``), with gin's bindings as they
+    are (packing's added)."""
     if packed:
         gin.bind_parameter("packing.length", LENGTH)
     try:
         model = parity.tokens()
         estimator = trainer.Estimator(
-            TokensOf(model),
+            model_fn(model),
             str(model_dir),
             optimizer=keras.optimizers.SGD(0.5),
             global_batch_size=GLOBAL,
@@ -70,6 +79,7 @@ def trained(model_dir, steps: int, packed: bool = True, callbacks=(), **settings
             checkpoints=Checkpoints(every_steps=None),
             progress=False,
             **parity.grouped(settings),
+            **(groups or {}),
         )
         estimator.train(input_fn(), steps, callbacks=list(callbacks))
     finally:

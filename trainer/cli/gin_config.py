@@ -55,7 +55,10 @@ RESUMABLE = frozenset(
         f"Devices.{name}"
         for name in ("distribution", "count", "prefetch", "startup_timeout", "progress_timeout")
     ]
-    + [f"Optimization.{name}" for name in ("microbatches", "nonfinite_loss", "max_rollbacks")]
+    + [
+        f"Optimization.{name}"
+        for name in ("microbatches", "microbatch_tokens", "nonfinite_loss", "max_rollbacks")
+    ]
 )
 
 GROUPS = {  # each group of settings by its Estimator argument (not config), made with gin
