@@ -114,19 +114,18 @@ class Placement:
     def sum_gradients(self, gradients: list) -> list:
         """Under a strategy, every replica's gradients summed (one all-reduce); else as given.
 
-        A sparse gradient (an embedding's ``IndexedSlices``, a row per lookup) is summed
-        as the dense gradient it stands for, as Horovod's ``sparse_as_dense`` does: its
-        rows are as many as the replica's lookups, which differ where batches of text
-        do, and a collective whose shape changes from one step to the next in the loop
-        of steps fails in TensorFlow 2.21 ("Shape mismatch in the collective
-        instance"; TensorFlow's own all-reduce of ``IndexedSlices`` gathers them so).
-        Its cost is the embedding's size, as every other weight's already is.
+        A sparse gradient (an embedding's ``IndexedSlices``, a row per lookup) is
+        gathered, every replica's rows, when their number is known when traced (batches
+        of one shape); else it is summed as the dense gradient it stands for, as
+        Horovod's ``sparse_as_dense`` does. Rows that vary in number from one step to
+        the next (batches of text padded to their length) would make a collective whose
+        shape changes inside the loop of steps, which TensorFlow 2.21 fails ("Shape
+        mismatch in the collective instance"). Dense, its cost is the embedding's size,
+        as every other weight's is; gathered, the lookups' rows.
         """
         if self.strategy is None:
             return gradients
-        dense = [
-            tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients
-        ]
+        dense = [_summable(g) for g in gradients]
         return tf.distribute.get_replica_context().all_reduce("sum", dense)
 
     @tf.autograph.experimental.do_not_convert
@@ -330,3 +329,10 @@ def _shared_out(dataset: tf.data.Dataset, context: tf.distribute.InputContext):
 
 
 _WARNED: set[str] = set()
+
+
+def _summable(gradient):
+    """``gradient``, dense if it is sparse with a number of rows unknown when traced."""
+    if isinstance(gradient, tf.IndexedSlices) and gradient.indices.shape[0] is None:
+        return tf.convert_to_tensor(gradient)
+    return gradient
