@@ -179,19 +179,21 @@ class Block(keras.layers.Layer):
         _, k, v = self.attention.projected(self.attention_norm(x), positions)
         return k, v
 
-    def cached(self, x, bias, positions, cache, columns):
+    def cached(self, x, bias, positions, cache, columns, context=None, context_bias=None):
         """One new token per row through the block in inference, against its cache.
 
         ``x`` ``[b, 1, width]``; ``cache`` ``(keys, values)`` ``[b, length, heads,
         depth]``, the token's own written at ``columns`` (``[b]``) first; ``bias``
-        ``[b, 1, 1, length]``. Returns ``x`` after the block and the cache.
+        ``[b, 1, 1, length]``; ``context``, a decoder's encoder output. Returns ``x``
+        after the block and the cache.
         """
         q, k, v = self.attention.projected(self.attention_norm(x), positions)
         at = tf.stack([tf.range(tf.shape(columns)[0]), columns], axis=-1)
         keys = tf.tensor_scatter_nd_update(cache[0], at, k[:, 0])
         values = tf.tensor_scatter_nd_update(cache[1], at, v[:, 0])
         x = x + tf.cast(self.attention.attended(q, keys, values, bias), x.dtype)
-        return self._after_attention(x, None, None, lambda t: tf.cast(t, x.dtype)), (keys, values)
+        same = lambda t: tf.cast(t, x.dtype)  # noqa: E731 (no dropout in inference)
+        return self._after_attention(x, context, context_bias, same), (keys, values)
 
 
 @gin.register  # a configurable made when gin calls it: @Transformer() (DESIGN.md)
@@ -243,13 +245,7 @@ class Transformer(keras.layers.Layer):
         """``[b, n, width]`` float32: ``x`` through the blocks, normalised."""
         x = self._placed(x, positions, training)
         bias = attention_bias(segments, causal)
-        context_bias = None
-        if context is not None:
-            keys = context[1]
-            context, context_bias = (
-                context[0],
-                tf.where(tf.not_equal(keys, 0), 0.0, NEG)[:, None, None],
-            )
+        context, context_bias = _context(context)
         for block in self.blocks:
             x = block(x, bias, positions, context, context_bias, training=training)
         return self.norm(x)
@@ -273,7 +269,7 @@ class Transformer(keras.layers.Layer):
             x = block(x, bias, positions)
         return found
 
-    def cached(self, x, positions, caches: list, columns) -> tuple[tf.Tensor, list]:
+    def cached(self, x, positions, caches: list, columns, context=None) -> tuple[tf.Tensor, list]:
         """One new token per row through a decoder's blocks, against their caches.
 
         ``x`` is ``[b, 1, width]``, at ``columns`` ``[b]``: it attends to every column
@@ -285,11 +281,28 @@ class Transformer(keras.layers.Layer):
         length = tf.shape(caches[0][0])[1]
         seen = tf.range(length)[None] <= columns[:, None]
         bias = tf.where(seen, 0.0, NEG)[:, None, None]
+        context, context_bias = _context(context)
         written = []
         for block, cache in zip(self.blocks, caches, strict=True):
-            x, cache = block.cached(x, bias, positions, cache, columns)
+            x, cache = block.cached(x, bias, positions, cache, columns, context, context_bias)
             written.append(cache)
         return self.norm(x), written
+
+    def empty_cache(self, rows, length: int) -> list:
+        """A decoder's cache of ``length`` columns with nothing in it yet, for ``rows``."""
+        shapes = [(b.attention.heads, b.attention.depth) for b in self.blocks]
+        zeros = [
+            tf.zeros([rows, length, heads, depth], self.compute_dtype) for heads, depth in shapes
+        ]
+        return [(z, z) for z in zeros]
+
+
+def _context(context):
+    """An encoder's output and its attention bias, from ``(output, its token ids)``."""
+    if context is None:
+        return None, None
+    output, keys = context
+    return output, tf.where(tf.not_equal(keys, 0), 0.0, NEG)[:, None, None]
 
 
 @gin.configurable
