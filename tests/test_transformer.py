@@ -121,6 +121,8 @@ def test_generation_greedy_is_the_argmax_chain_and_beam_scores_at_least_as_well(
         best = beamed["generated"][row].numpy().tolist()
         assert log_prob(row, best) == pytest.approx(float(beamed["score"][row]), abs=1e-4)
         assert log_prob(row, best) >= log_prob(row, greedy[row].numpy().tolist()) - 1e-5
+    if positions != "rotary":  # the export and sampling do not depend on positions
+        return
     # The export searches as predict does: the same tokens and scores, in the SavedModel.
     lm = model(positions, generate=3, beam=4)
     lm({"tokens": prompts}, None, Mode.PREDICT)  # its variables made
