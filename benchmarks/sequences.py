@@ -16,7 +16,14 @@ given to the Estimator as it is; global batch 32, Adam. Two rows take turns
 
 Tokens/s counts the real (non-pad) tokens of the batches trained between the first
 and last log step, read again from the same stream; the padding share is the pad
-tokens' share of one epoch of each order's batches. Then, for the bucketed row, the
+tokens' share of one epoch of each order's batches.
+
+Then the same examples as a language model's (``models/transformer.py``'s
+``LanguageModel``: 2 blocks of width 64, a loss per token, each token's next its
+target), whose loss per token lets packing lay several examples in one row: rows
+``lm padded`` and ``lm bucketed`` as above, and ``lm packed``, each batch's examples
+end to end in rows of 320 positions (``packing.length = 320``), the attention
+block-diagonal. Then, for the bucketed row, the
 bytes of input state in a 3-step run's checkpoint, and the seconds to the first batch
 when a run resumes at step 0 and at step 20,000 (its window sorted anew). The last
 line:
@@ -46,6 +53,7 @@ import tensorflow as tf  # noqa: E402
 from absl import logging  # noqa: E402
 
 from datasets import lengths, pipeline  # noqa: E402
+from models.transformer import LanguageModel, Transformer  # noqa: E402
 from trainer import Estimator, InputParams, Mode  # noqa: E402
 from trainer.settings import Checkpoints, Summaries  # noqa: E402
 
@@ -53,6 +61,11 @@ BATCH, LONGEST, VOCAB, WIDTH = 32, 320, 1000, 64
 ROWS = {
     "padded": {"lengths.buckets": [LONGEST]},
     "bucketed": {"lengths.group_batches": 50, "lengths.buckets": lengths.geometric(8, LONGEST)},
+}
+LM_ROWS = {
+    "lm padded": ROWS["padded"],
+    "lm bucketed": ROWS["bucketed"],
+    "lm packed": {"packing.length": LONGEST},
 }
 
 
@@ -100,14 +113,24 @@ def transformer() -> keras.Model:
     return model
 
 
+def language_model():
+    return LanguageModel(VOCAB, Transformer(width=WIDTH, depth=2, heads=4, positions="rotary"))
+
+
+def next_tokens(example: dict):
+    """A language model's preprocess: the tokens, and each one's next as its target."""
+    tokens = example["tokens"]
+    return {"tokens": tokens[:-1]}, {"targets": tokens[1:]}
+
+
 def tokens_and_label(example: dict):
     """The preprocess: one function, so its results are held once and reused."""
     return example["tokens"], example["label"]
 
 
-def input_fn_of(source: pipeline.ArraySource):
+def input_fn_of(source: pipeline.ArraySource, preprocess=tokens_and_label):
     def input_fn(mode, params):
-        return pipeline.build(source, mode, params, tokens_and_label, name="text")
+        return pipeline.build(source, mode, params, preprocess, name="text")
 
     return input_fn
 
@@ -115,21 +138,29 @@ def input_fn_of(source: pipeline.ArraySource):
 def bound(row: str):
     """The row's gin bindings, in force until the block ends."""
     gin.clear_config()
-    for name, value in ROWS[row].items():
+    for name, value in (ROWS | LM_ROWS)[row].items():
         gin.bind_parameter(name, value)
 
 
+def real_tokens(features) -> np.ndarray:
+    """Which positions of a batch hold tokens: its packed rows' segments, or its non-pads."""
+    if isinstance(features, dict):
+        return features.get("segment_ids", features["tokens"]) != 0
+    return features != 0
+
+
 def stream(input_fn, start_step: int, steps: int) -> list[np.ndarray]:
-    """The token batches of training steps ``[start_step, start_step + steps)``."""
+    """Which positions hold tokens in the batches of steps ``[start_step, start_step + steps)``."""
     params = InputParams(BATCH, BATCH, seed=0, start_example=start_step * BATCH)
     dataset = input_fn(Mode.TRAIN, params).take(steps)
-    return [tokens for tokens, _ in dataset.as_numpy_iterator()]
+    return [real_tokens(features) for features, _ in dataset.as_numpy_iterator()]
 
 
 def tokens_per_second(row: str, source, seconds: float, chunk: int = 20) -> float:
     """Real tokens/s of one Estimator.train, between its first and last log step."""
     bound(row)
-    input_fn, marks = input_fn_of(source), []
+    lm = row in LM_ROWS
+    input_fn, marks = input_fn_of(source, next_tokens if lm else tokens_and_label), []
 
     class Timer(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):  # train's epochs are its log periods
@@ -139,8 +170,9 @@ def tokens_per_second(row: str, source, seconds: float, chunk: int = 20) -> floa
 
     with tempfile.TemporaryDirectory() as model_dir:
         estimator = Estimator(
-            transformer(),
+            language_model() if lm else transformer(),
             model_dir,
+            optimizer=keras.optimizers.Adam(1e-3) if lm else None,
             global_batch_size=BATCH,
             seed=0,
             progress=False,
@@ -151,15 +183,16 @@ def tokens_per_second(row: str, source, seconds: float, chunk: int = 20) -> floa
         )
         estimator.train(input_fn, 10**9, callbacks=[Timer()])
     (s0, t0), (s1, t1) = marks[0], marks[-1]
-    real = sum(int(np.count_nonzero(b)) for b in stream(input_fn, s0, s1 - s0))
+    real = sum(int(b.sum()) for b in stream(input_fn, s0, s1 - s0))
     return real / (t1 - t0)
 
 
 def padding_share(row: str, source) -> float:
     """Pad tokens' share of all tokens in one epoch of the row's training batches."""
     bound(row)
-    batches = stream(input_fn_of(source), 0, len(source) // BATCH)
-    return sum(int((b == 0).sum()) for b in batches) / sum(b.size for b in batches)
+    preprocess = next_tokens if row in LM_ROWS else tokens_and_label
+    batches = stream(input_fn_of(source, preprocess), 0, len(source) // BATCH)
+    return 1 - sum(int(b.sum()) for b in batches) / sum(b.size for b in batches)
 
 
 def input_state_and_resume(source) -> dict[str, float]:
@@ -207,15 +240,21 @@ def main() -> None:
         f"{args.examples:,} examples, lengths {sizes.min()} to {sizes.max()} (median "
         f"{np.median(sizes):.0f}, mean {sizes.mean():.1f}); global batch {BATCH}"
     )
-    rates = {row: [] for row in ROWS}
+    rows = [*ROWS, *LM_ROWS]
+    rates = {row: [] for row in rows}
     for _ in range(args.repeats):  # rows take turns
-        for row in ROWS:
+        for row in rows:
             rates[row].append(tokens_per_second(row, source, args.seconds))
-    shares = {row: padding_share(row, source) for row in ROWS}
+    shares = {row: padding_share(row, source) for row in rows}
     resumed = input_state_and_resume(source)
-    print(f"{'row':<10} {'tokens/s':>10} {'padding share':>14}")
-    for row in ROWS:
-        print(f"{row:<10} {statistics.median(rates[row]):>10.0f} {shares[row]:>13.1%}")
+    print(f"{'row':<12} {'tokens/s':>10} {'padding share':>14}")
+    for row in rows:
+        print(f"{row:<12} {statistics.median(rates[row]):>10.0f} {shares[row]:>13.1%}")
+    lm = {row: statistics.median(rates[f"lm {row}"]) for row in ("padded", "bucketed", "packed")}
+    print(
+        f"language model: packed/padded tokens/s {lm['packed'] / lm['padded']:.2f}x, "
+        f"bucketed/padded {lm['bucketed'] / lm['padded']:.2f}x"
+    )
     for name, value in resumed.items():
         print(f"bucketed: {name:<30} {value:.3g}")
     ratio = statistics.median(rates["bucketed"]) / statistics.median(rates["padded"])
