@@ -139,6 +139,20 @@ def beam_search(
     return ended[0][:, :, 1:], ended[1]
 
 
+def targets(
+    step: Step, start: tf.Tensor, length: int, beam: int, eos: int, state, alpha: float = 0.0
+) -> dict:
+    """An encoder-decoder's targets: ``{'greedy', 'decoded'}``, ``[batch, length]`` each.
+
+    ``decoded`` is beam search's best hypothesis, or the greedy one when ``beam`` <= 1.
+    """
+    first = greedy(step, start, length, eos, state)
+    if beam <= 1:
+        return {"greedy": first, "decoded": first}
+    found, _ = beam_search(step, start, length, beam, eos, state, alpha)
+    return {"greedy": first, "decoded": found[:, 0]}
+
+
 def _put(ids: tf.Tensor, column: tf.Tensor, token: tf.Tensor) -> tf.Tensor:
     """``ids`` with ``token`` written at ``column`` of the last axis."""
     width = tf.shape(ids)[-1]

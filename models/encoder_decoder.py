@@ -114,10 +114,6 @@ class EncoderDecoder(ModelFn):
         rows = tf.shape(context[1])[0]
         start = tf.fill([rows], tf.constant(BOS, tf.int64))
         state = (self.decoder.empty_cache(rows, self.max_length), context)
-        greedy = decoding.greedy(self._step, start, self.max_length, EOS, state)
-        if self.beam <= 1:
-            return {"greedy": greedy, "decoded": greedy}
-        found, _ = decoding.beam_search(
+        return decoding.targets(
             self._step, start, self.max_length, self.beam, EOS, state, self.alpha
         )
-        return {"greedy": greedy, "decoded": found[:, 0]}

@@ -98,13 +98,9 @@ class Seq2Seq(ModelFn):
     def _decoded(self, h, c) -> dict:
         """``greedy`` and ``decoded`` (beam search's best) targets, ``[b, max_length]``."""
         start = tf.fill(tf.shape(h)[:1], tf.constant(BOS, tf.int64))
-        greedy = decoding.greedy(self._step, start, self.max_length, EOS, (h, c))
-        if self.beam <= 1:
-            return {"greedy": greedy, "decoded": greedy}
-        found, _ = decoding.beam_search(
+        return decoding.targets(
             self._step, start, self.max_length, self.beam, EOS, (h, c), self.alpha
         )
-        return {"greedy": greedy, "decoded": found[:, 0]}
 
 
 @tf.autograph.experimental.do_not_convert
