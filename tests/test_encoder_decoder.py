@@ -59,23 +59,22 @@ def test_decoding_against_the_cache_is_the_argmax_chain_read_whole(positions):
 
 @pytest.mark.slow
 def test_it_learns_to_reverse_sequences(tmp_path):
-    """300 steps of the reversal task, sequences of 3 to 6 of 9 ids: exact matches by
-    beam search far above chance (under 1/729): 0.56 here, greedy 0.53."""
+    """200 steps of the reversal task, sequences of 3 to 6 of 9 ids, decoded greedily:
+    exact matches far above chance (under 1/729): 0.39 here, tokens 0.82."""
     input_fn = functools.partial(
         reversal.input_fn, count=2000, eval_count=64, shortest=3, longest=6
     )
     keras.utils.set_random_seed(0)
     estimator = trainer.Estimator(
-        EncoderDecoder(12, width=32, heads=2, max_length=8, beam=2),
+        EncoderDecoder(12, width=32, heads=2, max_length=8, beam=1),
         str(tmp_path),
-        optimizer=keras.optimizers.Adam(3e-3),
+        optimizer=keras.optimizers.Adam(5e-3),
         global_batch_size=32,
         seed=0,
         steps_per_loop=100,
         checkpoints=Checkpoints(every_steps=None),
         progress=False,
     )
-    estimator.train(input_fn, 300)
+    estimator.train(input_fn, 200)
     metrics = estimator.evaluate(input_fn)
-    assert metrics["exact_match"] >= 0.3, metrics
-    assert metrics["exact_match"] >= metrics["greedy_exact_match"] - 0.05, metrics
+    assert metrics["exact_match"] >= 0.2 and metrics["token_accuracy"] >= 0.7, metrics
