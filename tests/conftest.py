@@ -18,32 +18,6 @@ from tests.support.commands import ENV, REPO, run_cli  # noqa: E402
 # absl flags are unparsed under pytest; library code that reads them would raise.
 flags.FLAGS.mark_as_parsed()
 
-# The longest tests (30 to 80 s each on 2 cores), run first. pytest-xdist's worksteal
-# gives one worker the front half of the collection and the other the back half, and
-# an idle worker takes the back of the busier one's queue: with these at the front,
-# the run ends on short tests rather than on one of these started late while the
-# other worker waits. None of their modules holds a module-scoped fixture, which a
-# test moved away from its module's others would set up twice.
-FIRST = (
-    "tests/test_parity.py::test_two_device_cells",
-    "tests/test_as_written.py::test_a_pretrained_backbone_fine_tunes_in_two_phases_as_written",
-    "tests/test_keras_hub.py::test_a_gpt2_causal_lm_trains_on_bare_strings_as_fit_and_resumes_"
-    "through_its_tokenizer",
-    "tests/test_as_written.py::test_your_own_images_prepare_and_train_as_promised",
-    "tests/test_as_written.py::test_readmes_first_command_resumes_after_ctrl_c_reruns_and_serves_"
-    "every_schedule",
-    "tests/test_parity.py::test_multi_worker_cells",
-    "tests/test_groups.py::test_the_gan_experiment_on_two_devices_and_killed_and_resumed",
-    "tests/test_parallel.py::test_one_two_and_four_devices_train_alike",
-    "tests/test_sweep.py::test_a_sweep_stopped_and_rerun_trains_each_trial_once",
-)
-
-
-def pytest_collection_modifyitems(items):
-    """``FIRST`` at the front, in its order; every other test where it was."""
-    rank = {nodeid: i for i, nodeid in enumerate(FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid, len(FIRST)))
-
 
 @pytest.fixture(autouse=True)
 def _clear_gin():
