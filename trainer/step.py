@@ -143,6 +143,7 @@ class Steps:
         self.token_loss = token_loss
         self.microbatches = optimization.microbatches
         self.microbatch_tokens = optimization.microbatch_tokens
+        self.slicing = optimization.slicing  # how each batch is sliced, or None: whole
         self.clip_gradient_norm = optimization.clip_gradient_norm
         self.weights = [
             v
@@ -152,12 +153,10 @@ class Steps:
         self.keras_step = getattr(model_fn, "own_keras_step", False)  # trainer.keras_step
         # A Keras model's own step adds its layers' losses itself, if it does.
         self.has_regularization = bool(model_fn.regularization_losses) and not self.keras_step
-        if optimization.slicing or placement.num_replicas > 1:
+        if self.slicing or placement.num_replicas > 1:
             layer_losses.say_how_cut_batches_take(layer_losses.own_adders(model_fn.layers))
         self.towers = placement.towers(model_fn)
-        batch_statistics.check_synchronized(
-            model_fn.layers, optimization.slicing, self.towers is not None
-        )
+        batch_statistics.check_synchronized(model_fn.layers, self.slicing, self.towers is not None)
         self.batch_state = batch_statistics.parts_of(model_fn)  # over slices and replicas
         self.own_step = custom_step.has_own_step(model_fn)  # ModelFn.train_step
         # How a replica takes its step, chosen once: a Keras model's own train_step
@@ -294,7 +293,7 @@ class Steps:
             part = functools.partial(self.towers.run, part)
         shared = self.placement.per_replica and self.batch_state.state
         start = self.batch_state.start() if shared else None
-        if self.microbatches == 1 and not self.microbatch_tokens:
+        if self.slicing is None:
             objective, scalars, metrics, grads = part(features, labels)
             self.train_metrics.update(metrics, scalars, batch)
             finite, counted = gradients.finite(objective), scalars.get(tokens.TOKENS)
