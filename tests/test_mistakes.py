@@ -4,7 +4,9 @@ Each row makes one mistake against a copy of a trained model_dir (checkpoints at
 steps 50 and 100) and checks what the user is promised: exit code 2, exactly one
 line on stderr that says what to fix, no traceback, and every file of the model_dir
 byte for byte as it was. ``test_readme_table_and_the_tests_agree`` keeps the guide's
-table and these rows (and the fault tests it names) the same.
+table and these rows (and the fault tests it names) the same. The commands are forks
+of one process that has imported the command line (``tests/support/forked.py``): the
+same command, without 69 imports of TensorFlow.
 """
 
 import os
@@ -16,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests.support import guides
-from tests.support.commands import ENV, REPO, run_cli
+from tests.support.commands import REPO
+from tests.support.forked import Commands
 from tests.support.helpers import dir_hash
 
 
@@ -454,15 +457,25 @@ def empty(directory: Path) -> list[str]:
     return []
 
 
+@pytest.fixture(scope="module")
+def commands():
+    """The rows' commands, forked from one process that has imported the command line."""
+    forked = Commands()
+    yield forked
+    forked.close()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("row", sorted(ROWS))
-def test_a_mistake_is_one_line_and_changes_nothing(row, model_dir, faulty_gin, data_dir, tmp_path):
+def test_a_mistake_is_one_line_and_changes_nothing(
+    row, commands, model_dir, faulty_gin, data_dir, tmp_path
+):
     make_args, expected = ROWS[row]
     args = make_args(Mistake(tmp_path, model_dir, faulty_gin, data_dir))
     if "--model_dir" not in args:
         args = ["--gin_file", faulty_gin, "--model_dir", str(model_dir), *args]
     before = dir_hash(model_dir)
-    proc = run_cli(*args, env=ENV)
+    proc = commands.run(*args)
     assert proc.returncode == 2, proc.stderr[-3000:]
     lines = proc.stderr.splitlines()
     assert len(lines) == 1, proc.stderr[-3000:]
