@@ -2,8 +2,10 @@
 
 A batch of sequences is padded to its longest example, so a batch drawn at random
 from lengths 4 to 320 is mostly padding. Two knobs, bound in gin under ``lengths``,
-cut it; both act on in-memory sources (``ArraySource``) whose examples have a
-``tf.RaggedTensor`` part, and an example's length is its longest ragged part:
+cut it. Both act on sources read by index whose examples vary in length: in memory
+(``ArraySource``, an example's length its longest ``tf.RaggedTensor`` part), or
+records on disk whose lengths were kept beside them (``RecordExamples.lengths``,
+which ``prepare --text`` writes: 4 bytes an example, the records never read to sort):
 
 * ``lengths.group_batches = 50``: the training order groups examples of similar
   length. The stream (``datasets/order.py``) is cut into windows of 50 global
@@ -33,7 +35,7 @@ import tensorflow as tf
 from absl import logging
 
 from datasets.order import Order
-from datasets.sources import ArraySource
+from datasets.sources import ArraySource, RecordExamples
 from trainer import UserError
 
 
@@ -96,8 +98,10 @@ def knobs() -> Lengths:
     return Lengths(group_batches, buckets)
 
 
-def example_lengths(source: ArraySource) -> np.ndarray | None:
-    """Each example's length (its longest ragged part), or None if none is ragged."""
+def example_lengths(source: ArraySource | RecordExamples) -> np.ndarray | None:
+    """Each example's length (its longest ragged part, or as kept), or None if not known."""
+    if isinstance(source, RecordExamples):
+        return None if source.lengths is None else np.asarray(source.lengths, np.int64)
     ragged = [a for a in tf.nest.flatten(source.arrays) if isinstance(a, tf.RaggedTensor)]
     if not ragged:
         return None
@@ -105,21 +109,34 @@ def example_lengths(source: ArraySource) -> np.ndarray | None:
 
 
 def check(
-    lengths: Lengths, source: ArraySource | None, name: str, sources: int, preprocessed=False
+    lengths: Lengths,
+    source: ArraySource | RecordExamples | None,
+    name: str,
+    sources: int,
+    preprocessed=False,
 ) -> None:
     """Refuses knobs the source cannot take, and examples no bucket holds, in one line.
 
-    ``source`` is the examples in memory, or None when they are not; ``preprocessed``
-    says whether they are as batched (else a bucket is checked as each batch is padded).
+    ``source`` is the examples read by index (in memory, or records), or None when
+    they are read in sequence; ``preprocessed`` says whether they are as batched (else a
+    bucket is checked as each batch is padded).
     """
     if not lengths.active:
         return
     if source is None:
         raise UserError(
-            f"lengths.group_batches and lengths.buckets need {name}'s examples in memory, "
-            "as a datasets.pipeline.ArraySource; unbind them, or raise pipeline.memory_limit_mb"
+            f"lengths.group_batches and lengths.buckets need {name}'s examples read by "
+            "index: make it an ArraySource or RecordExamples, or unbind them"
         )
     found = example_lengths(source)
+    if found is None and isinstance(source, RecordExamples):
+        if not lengths.group_batches:
+            return  # buckets need no lengths beforehand: each batch is checked as padded
+        raise UserError(
+            f"lengths.group_batches sorts {name}'s examples by length, but its records on "
+            "disk have no lengths kept beside them: prepare the data again (prepare --text "
+            "keeps them), raise pipeline.memory_limit_mb to hold it in memory, or unbind it"
+        )
     if found is None:
         raise UserError(
             f"lengths.group_batches and lengths.buckets order and pad examples that vary in "

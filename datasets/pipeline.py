@@ -137,13 +137,7 @@ def build(
     if isinstance(data, ArraySource) and knobs["cache"] and len(data):
         examples = data.preprocessed(preprocess, memory_limit(knobs))
     as_batched = examples if examples is not None else data
-    lengths.check(
-        shapes,
-        as_batched if isinstance(as_batched, ArraySource) else None,
-        name,
-        len(sources),
-        preprocessed=examples is not None,
-    )
+    lengths.check(shapes, as_batched, name, len(sources), preprocessed=examples is not None)
     packer = None
     if packs.active:
         packer = _packer(

@@ -157,10 +157,19 @@ class RecordExamples:
       records: the serialized examples, a ``RandomAccess``.
       parse: one record (a scalar string tensor) to one example (a dict of tensors).
       name: names the source in messages.
+      lengths: each example's length, by row, when its examples vary in length and
+        their lengths were kept when they were written (``prepare --text`` keeps
+        them): what ``lengths.group_batches`` sorts by, without reading the records.
     """
 
-    def __init__(self, records: RandomAccess, parse: Callable[[tf.Tensor], dict], name: str):
-        self.records, self.parse, self.name = records, parse, name
+    def __init__(
+        self,
+        records: RandomAccess,
+        parse: Callable[[tf.Tensor], dict],
+        name: str,
+        lengths: np.ndarray | None = None,
+    ):
+        self.records, self.parse, self.name, self.lengths = records, parse, name, lengths
 
     def __len__(self) -> int:
         return len(self.records)

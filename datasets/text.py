@@ -26,9 +26,11 @@ an export tokenizes strings with it, in the same ops (``served``).
 A tenth of the documents (``--eval_fraction``; every k-th, so the split is the same
 on every run) is held out as ``test``. Each document is one record, its token ids a
 variable-length ``tokens`` feature (and ``label``), in uncompressed shards with their
-offsets indexed; ``dataset.json`` says how they were made. ``input_fn`` reads them:
-held in memory as a ``tf.RaggedTensor`` when they fit (``pipeline.memory_limit_mb``),
-else by offset from the files, and batched by length as ``datasets/lengths.py`` says.
+offsets indexed, and each split's lengths in tokens (``train-lengths.npy``, 4 bytes a
+document); ``dataset.json`` says how they were made. ``input_fn`` reads them: held
+in memory as a ``tf.RaggedTensor`` when they fit (``pipeline.memory_limit_mb``), else
+by offset from the files, and batched by length as ``datasets/lengths.py`` says (from
+the kept lengths alone when they are on disk).
 
 Nothing is written until the whole file has been read and checked: an empty
 document, a row without the text field, or a label missing from some rows is one
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import collections
 import csv
+import io
 import json
 import os
 import re
@@ -53,6 +56,7 @@ from datasets import packing, pipeline, records, shards
 from trainer import InputParams, Mode, UserError, errors, serving, whole_files
 
 TOKENIZERS = ("bytes", "words", "wordpiece", "sentencepiece")
+LENGTHS = "-lengths.npy"  # beside the shards: each document's length, by row
 KEPT = {"words": "vocab.txt", "wordpiece": "vocab.txt", "sentencepiece": "sentencepiece.model"}
 PAD, UNKNOWN = 0, 1
 
@@ -373,12 +377,40 @@ def _write_split(out_dir, split, rows, ids, labels, classes, num_shards) -> dict
                 lengths.append(len(ids[row]))
         records.write_index(path, np.asarray(offsets, np.int64))
         written.append({"file": name, "count": len(block), "bytes": os.path.getsize(path)})
+    np.save(os.path.join(out_dir, f"{split}{LENGTHS}"), np.asarray(lengths, np.int32))
     return {
         "count": len(rows),
         "shards": written,
         "tokens": int(np.sum(lengths)),
         "longest": int(np.max(lengths)),
+        "lengths": f"{split}{LENGTHS}",
     }
+
+
+def kept_lengths(data_dir: str, entry: dict) -> np.ndarray | None:
+    """The split's documents' lengths in tokens, by row, as prepare kept them (None: not kept).
+
+    A file that does not hold one length per document of the split is refused.
+    """
+    if "lengths" not in entry:
+        return None  # prepared before lengths were kept
+    path = os.path.join(data_dir, entry["lengths"])
+    try:
+        with tf.io.gfile.GFile(path, "rb") as f:
+            found = np.load(io.BytesIO(f.read()), allow_pickle=False)
+    except Exception:  # missing, or a damaged .npy header (which fails in many ways)
+        found = None
+    if not (
+        isinstance(found, np.ndarray)
+        and found.dtype.kind == "i"
+        and found.shape == (entry["count"],)
+        and (found > 0).all()
+    ):
+        raise UserError(
+            f"{path} does not hold the lengths of the {entry['count']:,} documents "
+            "dataset.json lists: re-copy it with the shards, or prepare the data again"
+        )
+    return found.astype(np.int64)
 
 
 def _int64s(values) -> tf.train.Feature:
@@ -426,7 +458,10 @@ def input_fn(
     counts = [entry["count"] for entry in metadata["splits"][split]["shards"]]
     offsets = [records.record_offsets(p, n) for p, n in zip(paths, counts, strict=True)]
     source = pipeline.RecordExamples(
-        records.RecordSource(paths, offsets), parse, f"{os.path.basename(data_dir)}-{split}"
+        records.RecordSource(paths, offsets),
+        parse,
+        f"{os.path.basename(data_dir)}-{split}",
+        lengths=kept_lengths(data_dir, metadata["splits"][split]),
     )
     dataset = pipeline.build(source, mode, params, features_and_label, name=f"text-{split}")
     return served(dataset, data_dir)

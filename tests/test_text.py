@@ -3,6 +3,7 @@ read back by index (``datasets/text.py``). The documents are real text no one he
 wrote: functions of the Python standard library's own sources, labelled by package."""
 
 import json
+import logging
 import os
 import re
 import subprocess
@@ -10,6 +11,7 @@ import sys
 import sysconfig
 from collections import Counter
 
+import gin
 import numpy as np
 import pytest
 
@@ -307,3 +309,54 @@ def test_a_sentencepiece_model_given_tokenizes_through_tensorflow_text(tmp_path)
             corpus, str(tmp_path / "bad"), "sentencepiece", vocab=str(tmp_path / "not.model")
         )
     assert not (tmp_path / "bad").exists()
+
+
+def test_prepared_text_too_large_for_memory_is_grouped_by_the_lengths_kept_beside_it(
+    tmp_path, caplog
+):
+    """Read from disk, grouped and bucketed by the lengths prepare kept: the very batches
+    the same text held in memory gives, from step 0 and from a resume; without kept
+    lengths, grouping is refused in one line and buckets still pad."""
+    rows = functions(8)
+    data_dir = str(tmp_path / "functions")
+    metadata = text.prepare(write_jsonl(tmp_path / "f.jsonl", rows), data_dir, eval_fraction=0)
+    kept = np.load(os.path.join(data_dir, "train-lengths.npy"))
+    assert kept.tolist() == [len(row["text"].encode()) for row in rows]  # bytes: one each
+    gin.bind_parameter("lengths.group_batches", 3)
+    gin.bind_parameter("lengths.buckets", [64, 128, 320])
+
+    def batches(start=0, count=12, memory_limit_mb=None):
+        gin.bind_parameter("pipeline.memory_limit_mb", memory_limit_mb)
+        params = InputParams(4, 4, seed=3, start_example=start)
+        dataset = text.input_fn(Mode.TRAIN, params, data_dir=data_dir)
+        return [f["tokens"] for f, _ in dataset.take(count).as_numpy_iterator()]
+
+    caplog.set_level(logging.INFO)
+    from_disk = batches(memory_limit_mb=0)
+    said = [r.getMessage() for r in caplog.records]
+    assert any(s.startswith("Reading text-train-0 by index from its records") for s in said)
+    assert any(s.startswith("Grouping text-train by length") for s in said)
+    in_memory = batches()
+    assert [b.shape for b in from_disk] == [b.shape for b in in_memory]
+    assert all((a == b).all() for a, b in zip(from_disk, in_memory, strict=True))
+    assert {b.shape[1] for b in from_disk} <= {64, 128, 320}
+    window = np.concatenate([(b > 0).sum(axis=1) for b in from_disk[:3]])
+    assert window.tolist() == sorted(window, reverse=True)  # a window: longest first
+    resumed = batches(start=4 * 5, count=7, memory_limit_mb=0)
+    assert all((a == b).all() for a, b in zip(resumed, from_disk[5:], strict=True))
+
+    entry = metadata["splits"]["train"]
+    np.save(os.path.join(data_dir, "train-lengths.npy"), kept[:-1])
+    with pytest.raises(UserError) as raised:
+        batches(memory_limit_mb=0)
+    assert str(raised.value).splitlines()[0] == (  # the line the command line prints
+        f"{data_dir}/train-lengths.npy does not hold the lengths of the {entry['count']} "
+        "documents dataset.json lists: re-copy it with the shards, or prepare the data again"
+    )
+    del metadata["splits"]["train"]["lengths"]  # as prepared before lengths were kept
+    with open(os.path.join(data_dir, "dataset.json"), "w") as f:
+        json.dump(metadata, f)
+    with pytest.raises(UserError, match=r"^lengths.group_batches sorts text-train's exam"):
+        batches(memory_limit_mb=0)
+    gin.bind_parameter("lengths.group_batches", 0)
+    assert {b.shape[1] for b in batches(memory_limit_mb=0)} <= {64, 128, 320}
