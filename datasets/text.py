@@ -26,8 +26,9 @@ an export tokenizes strings with it, in the same ops (``served``).
 A tenth of the documents (``--eval_fraction``; every k-th, so the split is the same
 on every run) is held out as ``test``. Each document is one record, its token ids a
 variable-length ``tokens`` feature (and ``label``), in uncompressed shards with their
-offsets indexed, and each split's lengths in tokens (``train-lengths.npy``, 4 bytes a
-document); ``dataset.json`` says how they were made. ``input_fn`` reads them: held
+offsets indexed, each split's lengths in tokens (``train-lengths.npy``, 4 bytes a
+document), and its documents end to end (``train-tokens.bin``, 2 bytes a token, for a
+language model's windows); ``dataset.json`` says how they were made. ``input_fn`` reads them: held
 in memory as a ``tf.RaggedTensor`` when they fit (``pipeline.memory_limit_mb``), else
 by offset from the files, and batched by length as ``datasets/lengths.py`` says (from
 the kept lengths alone when they are on disk).
@@ -53,10 +54,12 @@ import tensorflow as tf
 from absl import logging
 
 from datasets import packing, pipeline, records, shards
+from datasets.sources import memory_limit
 from trainer import InputParams, Mode, UserError, errors, serving, whole_files
 
 TOKENIZERS = ("bytes", "words", "wordpiece", "sentencepiece")
 LENGTHS = "-lengths.npy"  # beside the shards: each document's length, by row
+STREAM = "-tokens.bin"  # and the split's documents end to end, for a language model's windows
 KEPT = {"words": "vocab.txt", "wordpiece": "vocab.txt", "sentencepiece": "sentencepiece.model"}
 PAD, UNKNOWN = 0, 1
 
@@ -330,6 +333,7 @@ def prepare(
         rows = [i for i in range(len(ids)) if held_out[i] == chosen]
         if rows:
             splits[split] = _write_split(staging, split, rows, ids, labels, classes, num_shards)
+            splits[split]["stream"] = _write_stream(staging, split, rows, ids, tokens.vocab_size)
     metadata = {
         "kind": "text",
         "tokenizer": tokens.kind,
@@ -385,6 +389,16 @@ def _write_split(out_dir, split, rows, ids, labels, classes, num_shards) -> dict
         "longest": int(np.max(lengths)),
         "lengths": f"{split}{LENGTHS}",
     }
+
+
+def _write_stream(out_dir: str, split: str, rows, ids, vocab_size: int) -> dict:
+    """The split's documents end to end, as 2-byte ids (4 past 65,536); its entry."""
+    dtype = "uint16" if vocab_size <= 2**16 else "int32"
+    name = f"{split}{STREAM}"
+    with open(os.path.join(out_dir, name), "wb") as f:
+        for row in rows:
+            np.asarray(ids[row], dtype).tofile(f)
+    return {"file": name, "dtype": dtype}
 
 
 def kept_lengths(data_dir: str, entry: dict) -> np.ndarray | None:
@@ -563,26 +577,82 @@ def windows(tokens: list[np.ndarray], length: int, name: str = "text") -> pipeli
     targets the same shifted by one; the tail too short for a window is left out (the
     log says how many tokens). An ``ArraySource``: read by index, resumed exactly.
     """
-    stream = np.concatenate(tokens) if tokens else np.zeros([0], np.int64)
-    count = (len(stream) - 1) // length
-    if count < 1:
-        raise UserError(
-            f"{name}: {len(stream)} tokens make no window of {length} (and its next token): "
-            "give a shorter window, or more text"
-        )
+    stream = np.concatenate(tokens).astype(np.int64) if tokens else np.zeros([0], np.int64)
+    count = window_count(len(stream), length, name)
     used = stream[: count * length + 1]
-    logging.info(
-        "%s: %d tokens in %d windows of %d (the last %d tokens left out)",
-        name,
-        len(stream),
-        count,
-        length,
-        len(stream) - count * length - 1,
-    )
     inputs = used[:-1].reshape(count, length)
     return pipeline.ArraySource(
         {"tokens": inputs, "targets": used[1:].reshape(count, length)}, name
     )
+
+
+def window_count(tokens: int, length: int, name: str) -> int:
+    """How many windows of ``length`` (and the next token) ``tokens`` make; said in the log."""
+    count = (tokens - 1) // length
+    if count < 1:
+        raise UserError(
+            f"{name}: {tokens} tokens make no window of {length} (and its next token): "
+            "give a shorter window, or more text"
+        )
+    logging.info(
+        "%s: %d tokens in %d windows of %d (the last %d tokens left out)",
+        name,
+        tokens,
+        count,
+        length,
+        tokens - count * length - 1,
+    )
+    return count
+
+
+class TokenWindows(pipeline.RandomAccess):
+    """A language model's windows read by offset from a split's token stream on disk.
+
+    The stream is the split's documents end to end (``SPLIT-tokens.bin``, which prepare
+    writes); window ``i``'s record is its ``length + 1`` ids from ``i * length`` on, one
+    read of a memory-mapped file: the same windows as ``windows``, without holding the
+    text. Memory does not grow with the text, and a read does not grow with its size or
+    with the step a run resumes at.
+    """
+
+    def __init__(self, path: str, dtype: str, tokens: int, length: int, name: str):
+        self.dtype, self.length = np.dtype(dtype), int(length)
+        size = os.path.getsize(path) if os.path.exists(path) else None
+        if size != tokens * self.dtype.itemsize:
+            raise UserError(
+                f"{path} should hold the {tokens:,} tokens dataset.json lists, as "
+                f"{dtype}; it is {'missing' if size is None else f'{size:,} bytes'}: re-copy "
+                "it with the shards, or prepare the data again"
+            )
+        self.path, self.count = path, window_count(tokens, length, name)
+        self._mapped = None  # opened at the first read, in the process that reads
+
+    def __len__(self) -> int:
+        return self.count
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the windows take in memory, as int64 tokens and targets."""
+        return 16 * self.count * self.length
+
+    def stream(self) -> np.ndarray:
+        """The whole stream, read into memory."""
+        return np.fromfile(self.path, self.dtype)
+
+    def _read(self, rows: np.ndarray) -> tuple[np.ndarray, str]:
+        if self._mapped is None:
+            self._mapped = np.memmap(self.path, self.dtype, mode="r")
+        found = np.empty(len(rows), object)
+        for i, row in enumerate(rows.tolist()):
+            found[i] = self._mapped[row * self.length : (row + 1) * self.length + 1].tobytes()
+        return found, ""
+
+    @tf.autograph.experimental.do_not_convert
+    def parse(self, record: tf.Tensor) -> dict:
+        """A window's ``{'tokens', 'targets'}``, int64 ``[length]`` each."""
+        ids = tf.cast(tf.io.decode_raw(record, tf.as_dtype(self.dtype)), tf.int64)
+        ids.set_shape([self.length + 1])
+        return {"tokens": ids[:-1], "targets": ids[1:]}
 
 
 def next_tokens(example: dict):
@@ -603,14 +673,35 @@ def windows_input_fn(
 
     The prepared split's documents end to end, cut into windows (``windows``): TRAIN
     reads ``train_split``'s by index forever, EVAL and PREDICT ``eval_split``'s once.
+    Held in memory when they fit ``pipeline.memory_limit_mb``; else each window is
+    read from the split's token stream on disk by its offset (``TokenWindows``).
     """
     wanted = train_split if mode == Mode.TRAIN else eval_split
-    split = wanted or shards.eval_split(shards.read_metadata(data_dir))
-    key = (os.path.abspath(data_dir), split, length)
-    if key not in _WINDOWS:  # read once a process: every later input_fn call reuses it
-        _WINDOWS[key] = windows(documents(data_dir, split), length, f"text-{split}")
+    metadata, _ = shards.check_shards(data_dir, wanted)
+    split = wanted or shards.eval_split(metadata)
+    limit = memory_limit(pipeline.options())
+    key = (os.path.abspath(data_dir), split, length, limit)
+    if key not in _WINDOWS:  # made once a process: every later input_fn call reuses it
+        _WINDOWS[key] = _windows_of(data_dir, metadata["splits"][split], split, length, limit)
     dataset = pipeline.build(_WINDOWS[key], mode, params, next_tokens, name=f"windows-{split}")
     return served(dataset, data_dir)
+
+
+def _windows_of(data_dir: str, entry: dict, split: str, length: int, limit: float):
+    """A split's windows: in memory when they fit in ``limit`` bytes, else read by offset.
+
+    From its token stream on disk; data prepared before streams were kept has its
+    documents read into memory.
+    """
+    name = f"text-{split}"
+    if "stream" not in entry:
+        return windows(documents(data_dir, split), length, name)
+    stream = entry["stream"]
+    path = os.path.join(data_dir, stream["file"])
+    on_disk = TokenWindows(path, stream["dtype"], entry["tokens"], length, name)
+    if on_disk.nbytes > limit:
+        return pipeline.RecordExamples(on_disk, on_disk.parse, name)
+    return windows([on_disk.stream()], length, name)
 
 
 _WINDOWS: dict = {}

@@ -160,6 +160,48 @@ def test_a_language_models_windows_cut_the_documents_end_to_end(tmp_path):
         text.windows(text.documents(data_dir, "test"), 100_000)
 
 
+def test_windows_of_text_too_large_for_memory_are_read_from_its_token_stream_by_offset(
+    tmp_path, caplog
+):
+    """Past pipeline.memory_limit_mb, each window is one read of the split's token
+    stream on disk (2 bytes a token): the same batches as held in memory, in training
+    from step 0 and from a resume, and in evaluation; a stream cut short is one line."""
+    rows = functions(3)
+    data_dir = str(tmp_path / "data")
+    metadata = text.prepare(write_jsonl(tmp_path / "f.jsonl", rows), data_dir)
+    training = "".join(row["text"] for i, row in enumerate(rows) if i % 10 != 9).encode()
+    stream = np.fromfile(os.path.join(data_dir, "train-tokens.bin"), np.uint16)
+    assert metadata["splits"]["train"]["stream"] == {"file": "train-tokens.bin", "dtype": "uint16"}
+    assert bytes((stream - 1).astype(np.uint8).tolist()) == training
+
+    def batches(mode, memory_limit_mb=None, start=0, count=9):
+        gin.bind_parameter("pipeline.memory_limit_mb", memory_limit_mb)
+        params = InputParams(4, 4, seed=2, start_example=start)
+        dataset = text.windows_input_fn(mode, params, data_dir=data_dir, length=16)
+        return [np.stack([f["tokens"], y["targets"]]) for f, y in dataset.take(count)]
+
+    caplog.set_level(logging.INFO)
+    read = {}
+    for mode in (Mode.TRAIN, Mode.EVAL):
+        read[mode] = batches(mode, memory_limit_mb=0)
+        held = batches(mode)
+        assert len(read[mode]) == len(held) and all(
+            (a == b).all() for a, b in zip(read[mode], held, strict=True)
+        ), mode
+    said = [r.getMessage() for r in caplog.records]
+    assert any(s.startswith("Reading windows-train-0 by index from its records") for s in said)
+    resumed = batches(Mode.TRAIN, memory_limit_mb=0, start=4 * 5, count=3)
+    assert all((a == b).all() for a, b in zip(resumed, read[Mode.TRAIN][5:8], strict=True))
+    with open(os.path.join(data_dir, "train-tokens.bin"), "r+b") as f:
+        f.truncate(100)
+    with pytest.raises(UserError) as raised:
+        text.windows_input_fn(Mode.TRAIN, InputParams(4, 4, seed=2), data_dir=data_dir, length=8)
+    assert str(raised.value).splitlines()[0] == (
+        f"{data_dir}/train-tokens.bin should hold the {len(training):,} tokens dataset.json "
+        "lists, as uint16; it is 100 bytes: re-copy it with the shards, or prepare the data again"
+    )
+
+
 def test_a_wordpiece_vocabulary_given_tokenizes_through_tensorflow_text(tmp_path):
     pytest.importorskip("tensorflow_text")
     vocab = tmp_path / "vocab.txt"
