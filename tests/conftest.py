@@ -20,6 +20,7 @@ from absl import flags  # noqa: E402
 
 from tests.support.as_typed import copy_clone  # noqa: E402
 from tests.support.commands import ENV, REPO, run_cli  # noqa: E402
+from tests.support.forked import Commands  # noqa: E402
 
 # absl flags are unparsed under pytest; library code that reads them would raise.
 flags.FLAGS.mark_as_parsed()
@@ -48,6 +49,15 @@ def locked(directory):
     with open(directory / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
+
+
+@pytest.fixture(scope="session")
+def forked_cli():
+    """``python -m trainer`` forked from one process of this pytest process's that has
+    imported it (``tests/support/forked.py``): ``forked_cli.run(*args)``."""
+    commands = Commands()
+    yield commands
+    commands.close()
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import keras
 import pytest
 import tensorflow as tf
 
-from tests.support.commands import digits_args, run_cli
+from tests.support.commands import digits_args
 from tests.support.helpers import checkpoint_steps
 from trainer import ModelFn, Spec, UserError, checkpoint_writer, checkpoints, warm_start
 
@@ -138,7 +138,7 @@ def test_checkpoints_listed_again_after_a_lost_list_are_still_deleted_past_the_l
 
 
 @pytest.mark.slow
-def test_checkpoint_policies_hold_across_restarts_and_a_lost_list(tmp_path, data_dir):
+def test_checkpoint_policies_hold_across_restarts_and_a_lost_list(tmp_path, data_dir, forked_cli):
     """The newest two, every multiple of 25 and the best export's step are kept and
     listed; after a restart, and after the list was lost, the same rule; a kept
     checkpoint is evaluated by its step."""
@@ -157,7 +157,7 @@ def test_checkpoint_policies_hold_across_restarts_and_a_lost_list(tmp_path, data
     args = digits_args(data_dir, model_dir, *(a for b in policy for a in ("--gin_param", b)))
 
     def run(max_steps, *extra):
-        proc = run_cli(*args, "--gin_param", f"experiment.max_steps = {max_steps}", *extra)
+        proc = forked_cli.run(*args, "--gin_param", f"experiment.max_steps = {max_steps}", *extra)
         assert proc.returncode == 0, proc.stderr[-3000:]
         best = json.loads((model_dir / "export" / "best" / "best.json").read_text())
         saved = sorted({*range(10, max_steps + 1, 10), *range(25, max_steps + 1, 25)})
@@ -172,12 +172,12 @@ def test_checkpoint_policies_hold_across_restarts_and_a_lost_list(tmp_path, data
     (model_dir / "checkpoint").unlink()
     assert f"found {len(checkpoint_steps(model_dir))} checkpoints by their files" in run(100).stderr
     results = tmp_path / "at25.json"
-    evaluated = run_cli(
+    evaluated = forked_cli.run(
         *args, "--schedule", "evaluate", "--checkpoint", "25", "--results", str(results)
     )
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     assert json.loads(results.read_text())["global_step"] == 25
-    missing = run_cli(*args, "--schedule", "export", "--checkpoint", "30")
+    missing = forked_cli.run(*args, "--schedule", "export", "--checkpoint", "30")
     assert missing.returncode == 2 and missing.stderr.strip() == (
         f"error: no checkpoint of step 30 in {model_dir} (its checkpoints: "
         + ", ".join(map(str, checkpoint_steps(model_dir)))

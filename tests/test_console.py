@@ -169,7 +169,7 @@ def test_training_from_python_shows_progress_unless_asked_not_to(
 
 
 @pytest.mark.slow
-def test_metrics_file_holds_each_step_once_after_a_resume(tmp_path, data_dir):
+def test_metrics_file_holds_each_step_once_after_a_resume(tmp_path, data_dir, forked_cli):
     args = digits_args(
         data_dir,
         tmp_path / "run",
@@ -180,13 +180,13 @@ def test_metrics_file_holds_each_step_once_after_a_resume(tmp_path, data_dir):
         "--gin_param",
         "experiment.eval_every_steps = 100",
     )
-    assert run_cli(*args).returncode == 0
+    assert forked_cli.run(*args).returncode == 0
     path = tmp_path / "run" / "metrics.jsonl"
     # As if the run had logged step 250 and died before its next checkpoint.
     with open(path, "a") as f:
         f.write(json.dumps({"step": 250, "time": 0.0, "writer": "train", "loss": 9.0}) + "\n")
     args[args.index("experiment.max_steps = 200")] = "experiment.max_steps = 300"
-    assert run_cli(*args).returncode == 0
+    assert forked_cli.run(*args).returncode == 0
     records = pandas.read_json(path, lines=True)  # the one line a user would write
     train = records[records.writer == "train"]
     assert train.step.tolist() == [50, 100, 150, 200, 250, 300]

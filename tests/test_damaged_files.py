@@ -2,23 +2,29 @@
 
 Each case runs against a copy of a trained model_dir (``model_dir``: checkpoints at
 50 and 100) and checks the exit code, the one stderr line that names the file and the
-fix, and that every other file in model_dir is byte for byte what it was.
+fix, and that every other file in model_dir is byte for byte what it was. The commands
+are forked from one process that has imported the command line (``forked_cli``).
 """
 
 import json
 
 import pytest
 
-from tests.support.commands import ENV, run_cli
 from tests.support.helpers import checkpoint_steps, dir_hash
 
 
-def run(model_dir, faulty_gin, *args, max_steps=150):
-    args = ("--gin_param", f"experiment.max_steps = {max_steps}", *args)
-    return run_cli("--gin_file", faulty_gin, "--model_dir", str(model_dir), *args, env=ENV)
+@pytest.fixture
+def run(forked_cli):
+    """``run(model_dir, faulty_gin, *args, max_steps=150)``: the trained run's command."""
+
+    def command(model_dir, faulty_gin, *args, max_steps=150):
+        args = ("--gin_param", f"experiment.max_steps = {max_steps}", *args)
+        return forked_cli.run("--gin_file", faulty_gin, "--model_dir", str(model_dir), *args)
+
+    return command
 
 
-def refused(model_dir, faulty_gin, *args, changed=(), **kwargs):
+def refused(run, model_dir, faulty_gin, *args, changed=(), **kwargs):
     """Runs and returns the one stderr line; exit 2 and nothing but ``changed`` touched."""
     before = dir_hash(model_dir)
     proc = run(model_dir, faulty_gin, *args, **kwargs)
@@ -44,7 +50,7 @@ def refused(model_dir, faulty_gin, *args, changed=(), **kwargs):
     ids=["garbage", "empty", "binary", "outside model_dir"],
 )
 def test_an_unreadable_or_foreign_checkpoint_list_is_rebuilt_from_the_files(
-    model_dir, faulty_gin, content
+    run, model_dir, faulty_gin, content
 ):
     (model_dir / "checkpoint").write_bytes(content)
     kept = {k: v for k, v in dir_hash(model_dir).items() if k.startswith("ckpt-")}
@@ -62,7 +68,7 @@ def test_an_unreadable_or_foreign_checkpoint_list_is_rebuilt_from_the_files(
 
 @pytest.mark.slow
 def test_an_unreadable_side_car_record_is_warned_of_and_evaluation_starts_over(
-    model_dir, faulty_gin
+    run, model_dir, faulty_gin
 ):
     (model_dir / "continuous_eval.json").write_text('{"step": 5')
     proc = run(model_dir, faulty_gin, "--schedule", "continuous_eval", max_steps=100)
@@ -75,9 +81,9 @@ def test_an_unreadable_side_car_record_is_warned_of_and_evaluation_starts_over(
 
 
 @pytest.mark.slow
-def test_a_missing_config_record_refuses_a_resume_it_cannot_check(model_dir, faulty_gin):
+def test_a_missing_config_record_refuses_a_resume_it_cannot_check(run, model_dir, faulty_gin):
     (model_dir / "operative_config.gin").unlink()
-    assert refused(model_dir, faulty_gin, "--gin_param", "Adam.learning_rate = 0.5") == (
+    assert refused(run, model_dir, faulty_gin, "--gin_param", "Adam.learning_rate = 0.5") == (
         f"error: {model_dir} has checkpoints but no operative_config.gin to check this run's "
         "config against: restore it, or pass --overwrite_config to resume with this config"
     )
@@ -88,7 +94,7 @@ def test_a_missing_config_record_refuses_a_resume_it_cannot_check(model_dir, fau
 
 
 @pytest.mark.slow
-def test_an_evaluation_that_fails_keeps_the_steps_trained_before_it(model_dir, faulty_gin):
+def test_an_evaluation_that_fails_keeps_the_steps_trained_before_it(run, model_dir, faulty_gin):
     """Corrupt eval data found at the final evaluation: the steps since the last
     checkpoint are saved first; with the data repaired, a rerun only evaluates."""
     final = ("--gin_param", "experiment.eval_every_steps = 130", "--overwrite_config")
@@ -114,7 +120,7 @@ def test_an_evaluation_that_fails_keeps_the_steps_trained_before_it(model_dir, f
 
 
 @pytest.mark.slow
-def test_metrics_lines_cut_short_by_a_kill_are_dropped_with_a_warning(model_dir, faulty_gin):
+def test_metrics_lines_cut_short_by_a_kill_are_dropped_with_a_warning(run, model_dir, faulty_gin):
     metrics = model_dir / "metrics.jsonl"
     good = metrics.read_bytes()
     metrics.write_bytes(good + b'{"step": 100, "time": 1.0, "wri\xff\n{"step": 1')

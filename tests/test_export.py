@@ -120,7 +120,7 @@ def test_signature_matches_the_data(tmp_path, name, shape):
 
 
 @pytest.mark.slow
-def test_best_exporter_keeps_the_top_k_across_restarts(tmp_path, data_dir):
+def test_best_exporter_keeps_the_top_k_across_restarts(tmp_path, data_dir, forked_cli):
     model_dir = tmp_path / "run"
     args = digits_args(
         data_dir,
@@ -134,11 +134,11 @@ def test_best_exporter_keeps_the_top_k_across_restarts(tmp_path, data_dir):
         "--gin_param",
         "BestExport.keep = 2",
     )
-    assert run_cli(*args, "--gin_param", "experiment.max_steps = 100").returncode == 0
+    assert forked_cli.run(*args, "--gin_param", "experiment.max_steps = 100").returncode == 0
     best = model_dir / "export" / "best"
     first = json.loads((best / "best.json").read_text())
     assert [e["step"] for e in first] == [100, 50]  # the loss falls early in training
-    assert run_cli(*args, "--gin_param", "experiment.max_steps = 200").returncode == 0
+    assert forked_cli.run(*args, "--gin_param", "experiment.max_steps = 200").returncode == 0
     kept = json.loads((best / "best.json").read_text())
     assert len(kept) == 2 and kept[0]["value"] <= kept[1]["value"] <= first[1]["value"]
     assert sorted(p for p in os.listdir(best) if p != "best.json") == sorted(

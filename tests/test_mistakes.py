@@ -19,7 +19,6 @@ import pytest
 
 from tests.support import guides
 from tests.support.commands import REPO
-from tests.support.forked import Commands
 from tests.support.helpers import dir_hash
 
 
@@ -457,25 +456,17 @@ def empty(directory: Path) -> list[str]:
     return []
 
 
-@pytest.fixture(scope="module")
-def commands():
-    """The rows' commands, forked from one process that has imported the command line."""
-    forked = Commands()
-    yield forked
-    forked.close()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("row", sorted(ROWS))
 def test_a_mistake_is_one_line_and_changes_nothing(
-    row, commands, model_dir, faulty_gin, data_dir, tmp_path
+    row, forked_cli, model_dir, faulty_gin, data_dir, tmp_path
 ):
     make_args, expected = ROWS[row]
     args = make_args(Mistake(tmp_path, model_dir, faulty_gin, data_dir))
     if "--model_dir" not in args:
         args = ["--gin_file", faulty_gin, "--model_dir", str(model_dir), *args]
     before = dir_hash(model_dir)
-    proc = commands.run(*args)
+    proc = forked_cli.run(*args)
     assert proc.returncode == 2, proc.stderr[-3000:]
     lines = proc.stderr.splitlines()
     assert len(lines) == 1, proc.stderr[-3000:]
