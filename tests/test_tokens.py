@@ -4,6 +4,7 @@ parity harness's ``token_mean`` row (with its negative control, ``part_token_mea
 
 import json
 
+import gin
 import keras
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import tensorflow as tf
 
 import trainer
 from tests.support import parity
+from tests.support.helpers import scalar_series
 from trainer.settings import Checkpoints, Optimization
 
 
@@ -129,3 +131,61 @@ def test_under_jit_compile_bucketed_batches_compile_once_per_bucket(tmp_path):
             assert 2 <= estimator.model.steps.compiled_shapes <= len(buckets)
     for a, b in zip(runs[False], runs[True], strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_a_classifier_of_bucketed_text_reports_its_padding_share_and_tokens_per_second(tmp_path):
+    """A loss per example counts no tokens: the share is read from the padded ids' zeros
+    (any integer feature [batch, None], padded with 0), over each log step's batches,
+    whatever the slices; in the logs, TensorBoard and metrics.jsonl."""
+    from datasets import pipeline
+
+    rng = np.random.default_rng(0)
+    ids = [rng.integers(1, 50, rng.integers(2, 40)).tolist() for _ in range(96)]
+    source = pipeline.ArraySource(
+        {"tokens": tf.ragged.constant(ids, tf.int64), "label": np.arange(96) % 2}, "texts"
+    )
+
+    def input_fn(mode, params):
+        def split(example):
+            return {"tokens": example["tokens"]}, example["label"]
+
+        return pipeline.build(source, mode, params, split, name="texts")
+
+    model = keras.Sequential(
+        [
+            keras.Input((None,), dtype="int64", name="tokens"),
+            keras.layers.Embedding(50, 8, mask_zero=True),
+            keras.layers.GlobalAveragePooling1D(),
+            keras.layers.Dense(2),
+        ]
+    )
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    gin.bind_parameter("lengths.buckets", [8, 16, 48])
+    estimator = trainer.Estimator(
+        model,
+        str(tmp_path),
+        global_batch_size=16,
+        steps_per_loop=3,
+        log_every_steps=3,
+        seed=5,
+        optimization=Optimization(microbatches=2),
+        checkpoints=Checkpoints(every_steps=None),
+        progress=False,
+    )
+    estimator.train(input_fn, 6)
+    read = input_fn(trainer.Mode.TRAIN, trainer.InputParams(16, 16, seed=5))
+    batches = [f["tokens"] for f, _ in read.take(6).as_numpy_iterator()]
+    assert {b.shape[1] for b in batches} <= {8, 16, 48}
+    expected = [
+        1 - sum(np.count_nonzero(b) for b in part) / sum(b.size for b in part)
+        for part in (batches[:3], batches[3:])
+    ]
+    assert 0.2 < min(expected)  # the buckets leave padding to count
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    trained = [line for line in lines if line["writer"] == "train"]
+    assert [line["step"] for line in trained] == [3, 6]
+    assert [line["padding_share"] for line in trained] == pytest.approx(expected, abs=1e-6)
+    assert all(line["tokens_per_sec"] > 0 for line in trained)
+    assert "tokens_per_example" not in trained[0]
+    events = scalar_series(str(tmp_path / "train"), "padding_share")
+    assert [value for _, value in events] == pytest.approx(expected, abs=1e-6)

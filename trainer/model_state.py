@@ -177,6 +177,7 @@ class ModelState:
                 scalar_names=scalars,
                 by_group=self.loss_by_group,
                 token_loss=self.token_loss,
+                padded=tokens.padded_ids(split_element(element_spec, mode)[0]),
             )
             if mode == Mode.EVAL:
                 self.steps.observe_evaluation(self._observers(classifier))

@@ -137,6 +137,7 @@ class Steps:
         scalar_names: Sequence[str] = (),
         by_group: bool = False,
         token_loss: str | None = None,
+        padded: str | None = None,
     ):
         self.model_fn, self.plan, self.global_step = model_fn, plan, global_step
         self.placement, self.ema, self.by_group = placement, ema, by_group
@@ -164,6 +165,8 @@ class Steps:
         # model's declared loss, or those its own ModelFn.train_step gave.
         self._replica_step = self._keras_step if self.keras_step else self._step
         self._part = self._own_part if self.own_step else self._declared_part
+        # The padded ids a loss that does not count tokens is given the padding share of.
+        self.padded = None if self.own_step or self.keras_step else padded
         self.observers: list = []  # of evaluation, once the model is traced in EVAL
         for mode in (Mode.TRAIN, Mode.EVAL):
             streamed = streamed_metrics if mode == traced else {}
@@ -225,7 +228,8 @@ class Steps:
                 "mixed_bfloat16 (no loss scale), or one optimizer without per-variable rules"
             )
         per_batch = [*scalars] if self.token_loss else ["loss", *scalars]
-        per_batch += list(tokens.COUNTS) if self.token_loss and mode == Mode.TRAIN else []
+        counts = self.token_loss or self.padded is not None
+        per_batch += list(tokens.COUNTS) if counts and mode == Mode.TRAIN else []
         per_batch += ["regularization_loss"] if self.has_regularization else []
         names = [*names, "loss"] if self.token_loss else names
         if mode == Mode.TRAIN:
@@ -361,6 +365,9 @@ class Steps:
             if counted is not None:  # reported exactly: each example weighted by its tokens
                 scalars.update(tokens.counts(given, features))  # the steps divide by its TOKENS
                 per_example["loss"] = tokens.reported(given, added_loss)
+            elif self.padded is not None:  # its padding share, from the ids' zeros
+                ids = features[self.padded] if self.padded else features
+                scalars.update(tokens.counts_of_ids(ids))
             self.epoch_metrics.stream(streamed)
             return (
                 objective,

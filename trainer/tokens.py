@@ -147,6 +147,38 @@ def counts(loss: TokenMean, features=None) -> dict[str, tf.Tensor]:
     return found
 
 
+def padded_ids(features_spec) -> str | None:
+    """The training features' padded token ids, for a loss that does not count tokens.
+
+    The first feature (by name; ``""``: the features themselves) of integers shaped
+    ``[batch, None]``: ids whose length varies from batch to batch, padded with 0, as
+    ``datasets.pipeline`` pads sequences and ``tf.data``'s ``padded_batch`` does by
+    default. Its zeros are the padding share training reports; None if there is none.
+    """
+    named = features_spec.items() if isinstance(features_spec, dict) else [("", features_spec)]
+    for name, spec in sorted(named, key=lambda item: item[0]):
+        shape = getattr(spec, "shape", None)
+        if (
+            isinstance(spec, tf.TensorSpec)
+            and spec.dtype.is_integer
+            and shape.rank == 2
+            and shape[1] is None
+        ):
+            return name
+    return None
+
+
+@tf.autograph.experimental.do_not_convert
+def counts_of_ids(ids: tf.Tensor) -> dict[str, tf.Tensor]:
+    """``COUNTS`` of a part's padded ids (``[rows, length]``, 0 pads): means over its rows."""
+    rows = tf.cast(tf.shape(ids)[0], tf.float32)
+    return {
+        TOKENS: tf.math.divide_no_nan(tf.cast(tf.math.count_nonzero(ids), tf.float32), rows),
+        "positions_per_example": tf.cast(tf.shape(ids)[1], tf.float32),
+        "examples_per_row": tf.constant(1.0),
+    }
+
+
 def rates(logs: dict[str, float]) -> dict[str, float]:
     """Training logs with ``COUNTS`` turned into ``padding_share`` and ``tokens_per_sec``."""
     if TOKENS not in logs:
