@@ -402,3 +402,25 @@ def test_prepared_text_too_large_for_memory_is_grouped_by_the_lengths_kept_besid
         batches(memory_limit_mb=0)
     gin.bind_parameter("lengths.group_batches", 0)
     assert {b.shape[1] for b in batches(memory_limit_mb=0)} <= {64, 128, 320}
+
+
+def test_a_file_longer_than_a_chunk_is_written_as_it_is_read(tmp_path):
+    """2,345 documents, read and written a thousand at a time: each split's shards,
+    lengths and token stream hold its documents in the file's order, dealt to the
+    shards as np.array_split deals them."""
+    rng = np.random.default_rng(4)
+    lines = ["".join(rng.choice(list("abc de"), rng.integers(1, 30))) + "x" for _ in range(2345)]
+    (tmp_path / "lines.txt").write_text("\n".join(lines) + "\n")
+    data_dir = str(tmp_path / "data")
+    metadata = text.prepare(str(tmp_path / "lines.txt"), data_dir, num_shards=3)
+    for split, chosen in (("train", False), ("test", True)):
+        expected = [line for i, line in enumerate(lines) if (i % 10 == 9) == chosen]
+        entry = metadata["splits"][split]
+        sizes = [len(b) for b in np.array_split(np.arange(len(expected)), 3)]
+        assert [shard["count"] for shard in entry["shards"]] == sizes
+        read = [bytes((ids - 1).tolist()).decode() for ids in text.documents(data_dir, split)]
+        assert read == expected, split
+        lengths = np.load(os.path.join(data_dir, entry["lengths"]))
+        assert lengths.tolist() == [len(line) for line in expected]
+        stream = np.fromfile(os.path.join(data_dir, entry["stream"]["file"]), np.uint16)
+        assert bytes((stream - 1).tolist()).decode() == "".join(expected)

@@ -1,0 +1,237 @@
+"""A text file read as a stream, checked whole, then written a document at a time.
+
+``prepare --text`` reads the file twice (three times to learn a vocabulary of words):
+once to check every row and count the documents and classes (``survey``), then in
+chunks of a thousand documents, tokenized and written as they come
+(``SplitWriter``): each split's shards with their offsets indexed, its documents'
+lengths and its token stream. Memory holds a chunk, the vocabulary, the classes, and
+12 bytes a document (its offset and length): not the text, so a corpus larger than
+memory prepares as a small one does.
+"""
+
+from __future__ import annotations
+
+import array
+import csv
+import dataclasses
+import json
+import os
+import re
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import tensorflow as tf
+
+from datasets import records, shards
+from trainer import UserError
+
+CHUNK = 1000  # documents tokenized at once
+LENGTHS = "-lengths.npy"  # beside the shards: each document's length, by row
+STREAM = "-tokens.bin"  # and the split's documents end to end, for a language model's windows
+
+
+@dataclasses.dataclass(frozen=True)
+class Survey:
+    """What one checked pass over the file found: its documents and class names."""
+
+    path: str
+    count: int
+    classes: list[str]  # in order (numbers by value, then names); empty: unlabelled
+
+
+def survey(path: str, text_field: str, label_field: str) -> Survey:
+    """Counts the file's documents and classes, checking every row.
+
+    Raises:
+      UserError: naming the file and row of an empty document, a row without the
+        text field, or a label that some rows have and this one lacks.
+    """
+    count, classes, unlabelled, empty = 0, set(), None, None
+    for number, text, label in rows(path, text_field, label_field):
+        count += 1
+        if label is None:
+            unlabelled = unlabelled or number
+        else:
+            classes.add(label)
+        if not text.strip():
+            empty = empty or number
+    if not count:
+        raise UserError(f"--text {path}: the file holds no documents")
+    if classes and unlabelled:
+        raise UserError(
+            f"{path}:{unlabelled}: no {label_field!r} where other rows have one: give every "
+            "row a label, or none"
+        )
+    if empty:
+        raise UserError(f"{path}:{empty}: the document is empty: remove the row, or give it text")
+    return Survey(path, count, sorted(classes, key=_class_order))
+
+
+def chunks(path: str, text_field: str, label_field: str) -> Iterator[tuple[list, list]]:
+    """``(texts, labels)`` of the file's documents, ``CHUNK`` at a time, in order."""
+    texts, labels = [], []
+    for _, text, label in rows(path, text_field, label_field):
+        texts.append(text)
+        labels.append(label)
+        if len(texts) == CHUNK:
+            yield texts, labels
+            texts, labels = [], []
+    if texts:
+        yield texts, labels
+
+
+def rows(path: str, text_field: str, label_field: str):
+    """``(line number, text, label or None)`` of each row, by the file's kind."""
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            yield from _rows(f, path, text_field, label_field)
+    except FileNotFoundError:
+        raise UserError(f"--text {path}: no such file") from None
+    except UnicodeDecodeError as error:
+        raise UserError(
+            f"--text {path}: not UTF-8 text ({error.reason} at byte {error.start})"
+        ) from None
+
+
+def _rows(lines, path: str, text_field: str, label_field: str):
+    if path.endswith((".jsonl", ".json")):
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise UserError(f"{path}:{number}: not a JSON object ({error.msg})") from None
+            yield number, _field(row, text_field, path, number), _label(row.get(label_field))
+    elif path.endswith(".csv"):
+        reader = csv.DictReader(lines)
+        for number, row in enumerate(reader, 2):  # the header is line 1
+            yield number, _field(row, text_field, path, number), _label(row.get(label_field))
+    else:
+        for number, line in enumerate(lines, 1):
+            yield number, line.rstrip("\n"), None
+
+
+def _field(row, field: str, path: str, number: int) -> str:
+    if not isinstance(row, dict) or not isinstance(row.get(field), str):
+        raise UserError(
+            f"{path}:{number}: no text field {field!r} (a string): name it with --text_field"
+        )
+    return row[field]
+
+
+def _label(value) -> str | None:
+    return None if value is None or value == "" else str(value)
+
+
+def _class_order(name: str):
+    """Class names in order: numbers by value, then the rest by name."""
+    return (0, float(name), "") if re.fullmatch(r"-?\d+(\.\d+)?", name) else (1, 0.0, name)
+
+
+def write_splits(
+    out_dir: str,
+    documents: Iterator[tuple[list, list]],
+    tokenize: Callable[[list[str]], list[list[int]]],
+    found: Survey,
+    every: int,
+    num_shards: int,
+    vocab_size: int,
+) -> dict:
+    """Writes the surveyed file's ``documents`` (``chunks``) as splits; their entries.
+
+    Every ``every``-th document is held out as ``test`` (0: none), the same on every run.
+
+    Raises:
+      UserError: a document the tokenizer gives no token.
+    """
+    held_out = found.count // every if every else 0
+    writers = {
+        split: SplitWriter(out_dir, split, count, num_shards, vocab_size)
+        for split, count in (("train", found.count - held_out), ("test", held_out))
+        if count
+    }
+    classes = {name: i for i, name in enumerate(found.classes)}
+    number = 0
+    for texts, labels in documents:
+        for ids, label in zip(tokenize(texts), labels, strict=True):
+            if not ids:
+                raise UserError(f"{found.path}: document {number + 1} has no tokens: give it text")
+            split = "test" if every and number % every == every - 1 else "train"
+            writers[split].add(ids, classes[label] if classes else None)
+            number += 1
+    return {split: writer.close() for split, writer in writers.items()}
+
+
+class SplitWriter:
+    """One split's shards, lengths and token stream, written a document at a time.
+
+    Args:
+      out_dir: where the files go.
+      split: the split's name.
+      count: its documents, dealt to ``num_shards`` shards as ``np.array_split`` deals.
+      num_shards: shards to write (fewer if there are fewer documents).
+      vocab_size: ids the tokenizer gives: the stream's ids take 2 bytes, 4 past 65,536.
+    """
+
+    def __init__(self, out_dir: str, split: str, count: int, num_shards: int, vocab_size: int):
+        self.out_dir, self.split, self.count = out_dir, split, count
+        shard_count = min(num_shards, count)
+        least, extra = divmod(count, shard_count)
+        self.sizes = [least + 1] * extra + [least] * (shard_count - extra)
+        self.dtype = "uint16" if vocab_size <= 2**16 else "int32"
+        self.stream = open(os.path.join(out_dir, f"{split}{STREAM}"), "wb")  # noqa: SIM115
+        self.lengths = array.array("i")
+        self.written: list[dict] = []
+        self.writer, self.offsets, self.offset = None, array.array("q"), 0
+
+    def add(self, ids: list[int], label: int | None) -> None:
+        """Writes one document's token ids (and class id)."""
+        if self.writer is None or len(self.offsets) == self.sizes[len(self.written)]:
+            self._next_shard()
+        feature = {"tokens": _int64s(ids)}
+        if label is not None:
+            feature["label"] = _int64s([label])
+        record = tf.train.Example(features=tf.train.Features(feature=feature))
+        data = record.SerializeToString()
+        self.writer.write(data)
+        self.offsets.append(self.offset)
+        self.offset += len(data) + records.HEADER + 4
+        self.lengths.append(len(ids))
+        np.asarray(ids, self.dtype).tofile(self.stream)
+
+    def _next_shard(self) -> None:
+        if self.writer is not None:
+            self._close_shard()
+        self.path = os.path.join(
+            self.out_dir, shards.shard_name(self.split, len(self.written), len(self.sizes), None)
+        )
+        self.writer = tf.io.TFRecordWriter(self.path)
+        self.offsets, self.offset = array.array("q"), 0
+
+    def _close_shard(self) -> None:
+        self.writer.close()
+        records.write_index(self.path, np.frombuffer(self.offsets, np.int64))
+        name = os.path.basename(self.path)
+        self.written.append(
+            {"file": name, "count": len(self.offsets), "bytes": os.path.getsize(self.path)}
+        )
+
+    def close(self) -> dict:
+        """Ends the last shard and the stream; returns the split's ``dataset.json`` entry."""
+        self._close_shard()
+        self.stream.close()
+        lengths = np.frombuffer(self.lengths, np.int32)
+        np.save(os.path.join(self.out_dir, f"{self.split}{LENGTHS}"), lengths)
+        return {
+            "count": self.count,
+            "shards": self.written,
+            "tokens": int(lengths.sum(dtype=np.int64)),
+            "longest": int(lengths.max()),
+            "lengths": f"{self.split}{LENGTHS}",
+            "stream": {"file": f"{self.split}{STREAM}", "dtype": self.dtype},
+        }
+
+
+def _int64s(values) -> tf.train.Feature:
+    return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
