@@ -91,41 +91,73 @@ def check(packing: Packing, examples: ArraySource | None, name: str, refused: di
     """
     if examples is None:
         raise UserError(
-            f"packing.length packs examples held in memory, preprocessed; {name}'s are not: "
-            "make it an ArraySource, raise pipeline.memory_limit_mb, or unbind packing.length"
+            f"packing.length packs examples held in memory, preprocessed, or records whose "
+            f"lengths were kept; {name}'s are neither: make it an ArraySource, raise "
+            "pipeline.memory_limit_mb, or unbind packing.length"
         )
-    for knob, bound in refused.items():
-        if bound:
-            raise UserError(
-                f"packing.length lays examples of every length out in rows of "
-                f"{packing.length}; it does not go with {knob}: unbind one of them"
-            )
+    _check_knobs(packing, refused)
     features, labels = examples.arrays
-    if not isinstance(features, dict) or {SEGMENTS, POSITIONS} & set(features):
-        raise UserError(
-            f"packing adds {SEGMENTS!r} and {POSITIONS!r} to {name}'s features, which must be "
-            "a dict without them: rename yours in preprocess"
-        )
     parts = tf.nest.flatten((features, labels))
-    if not all(isinstance(p, tf.RaggedTensor) and p.ragged_rank == 1 for p in parts):
-        raise UserError(
-            f"packing lays every part of an example out along a row, but some of {name}'s are "
-            "one per example (a label, say): make them per token, or unbind packing.length"
-        )
+    per_token = all(isinstance(p, tf.RaggedTensor) and p.ragged_rank == 1 for p in parts)
+    _check_parts(features, per_token, name)
     lengths = [p.row_lengths().numpy() for p in parts]
     if any((found != lengths[0]).any() for found in lengths):
         raise UserError(
             f"packing needs all the parts of each of {name}'s examples of one length (tokens "
             "and their labels); some differ: pack them apart, or unbind packing.length"
         )
-    over = int((lengths[0] > packing.length).sum())
+    return _fitting(packing, lengths[0], name)
+
+
+def check_records(
+    packing: Packing, spec, lengths: np.ndarray | None, name: str, refused: dict
+) -> np.ndarray:
+    """``check`` for records on disk: ``spec`` one preprocessed example's, ``lengths`` kept.
+
+    Each batch is checked as it is laid out: its examples' lengths must be those kept.
+    """
+    if lengths is None:
+        return check(packing, None, name, refused)
+    _check_knobs(packing, refused)
+    features, _ = spec
+    parts = tf.nest.flatten(spec)
+    per_token = all(isinstance(p, tf.TensorSpec) and p.shape.rank == 1 for p in parts)
+    _check_parts(features, per_token, name)
+    return _fitting(packing, np.asarray(lengths, np.int64), name)
+
+
+def _check_knobs(packing: Packing, refused: dict) -> None:
+    for knob, bound in refused.items():
+        if bound:
+            raise UserError(
+                f"packing.length lays examples of every length out in rows of "
+                f"{packing.length}; it does not go with {knob}: unbind one of them"
+            )
+
+
+def _check_parts(features, per_token: bool, name: str) -> None:
+    if not isinstance(features, dict) or {SEGMENTS, POSITIONS} & set(features):
+        raise UserError(
+            f"packing adds {SEGMENTS!r} and {POSITIONS!r} to {name}'s features, which must be "
+            "a dict without them: rename yours in preprocess"
+        )
+    if not per_token:
+        raise UserError(
+            f"packing lays every part of an example out along a row, but some of {name}'s are "
+            "one per example (a label, say): make them per token, or unbind packing.length"
+        )
+
+
+def _fitting(packing: Packing, lengths: np.ndarray, name: str) -> np.ndarray:
+    """``lengths``, once none is longer than a row; else the count, in one line."""
+    over = int((lengths > packing.length).sum())
     if over:
         raise UserError(
             f"{over:,} examples of {name} are longer than a row of packing.length = "
-            f"{packing.length} (the longest has {lengths[0].max()}): raise it, or cut them "
+            f"{packing.length} (the longest has {lengths.max()}): raise it, or cut them "
             "in preprocess"
         )
-    return lengths[0].astype(np.int64)
+    return lengths.astype(np.int64)
 
 
 @tf.autograph.experimental.do_not_convert
@@ -231,6 +263,14 @@ class Packer:
         shares, own = step_shares(elements, self.params)
         rows_of = tf.reshape(self.order.rows(tf.reshape(shares, [-1])), tf.shape(shares))
         needs = tf.gather(self._lengths, rows_of)
+        fits = tf.debugging.assert_equal(  # records on disk: planned from lengths kept
+            tf.nest.flatten(batch)[0].row_lengths(),
+            needs[own],
+            message="packing: an example's length is not the one kept beside its record "
+            "(a preprocess that changes lengths cannot be packed from disk)",
+        )
+        with tf.control_dependencies([fits]):
+            needs = tf.identity(needs)
         row, offset, segment, used = first_fit(needs, self.packing.length)
         rows = _rounded(tf.reduce_max(used), self.packing.rows_multiple)
         return laid_out(batch, row[own], offset[own], segment[own], rows, self.packing.length)

@@ -140,9 +140,8 @@ def build(
     lengths.check(shapes, as_batched, name, len(sources), preprocessed=examples is not None)
     packer = None
     if packs.active:
-        packer = _packer(
-            packs, shapes, examples, augment, order if training else None, params, name
-        )
+        lengths_of = _packable(data, examples, preprocess, packs, name)
+        packer = _packer(packs, shapes, lengths_of, augment, order if training else None, params)
     if training:
         if shapes.group_batches:
             window = shapes.group_batches * params.global_batch_size
@@ -160,11 +159,26 @@ def build(
         else:
             single = rows.map(data.gather, num_parallel_calls=tf.data.AUTOTUNE)
         dataset = single.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
-        dataset = _batch(dataset, params.batch_size, buckets=shapes.buckets)
+        if packer is None:
+            dataset = _batch(dataset, params.batch_size, buckets=shapes.buckets)
+        else:  # records on disk, packed as those in memory are
+            laid_out = _inference_layout(packer, mode, shapes.buckets)
+            dataset = dataset.ragged_batch(params.batch_size).map(lambda *batch: laid_out(batch))
     return counted(_finish(dataset, knobs), int(rows.cardinality()))
 
 
-def _packer(packs, shapes, examples, augment, order, params, name) -> packing.Packer:
+def _packable(data, examples, preprocess, packs, name) -> Callable[[dict], np.ndarray]:
+    """``lengths_of(refused)``: the examples' lengths, once checked fit to pack.
+
+    In memory, preprocessed; or records on disk whose lengths were kept.
+    """
+    if examples is None and isinstance(data, RecordExamples) and data.lengths is not None:
+        spec = data.examples(tf.data.Dataset.range(1)).map(preprocess).element_spec
+        return lambda refused: packing.check_records(packs, spec, data.lengths, name, refused)
+    return lambda refused: packing.check(packs, examples, name, refused)
+
+
+def _packer(packs, shapes, lengths_of, augment, order, params) -> packing.Packer:
     """The packer of a source checked fit to pack (``order``: the training one, or None)."""
     refused = {
         "lengths.group_batches": shapes.group_batches,
@@ -172,7 +186,7 @@ def _packer(packs, shapes, examples, augment, order, params, name) -> packing.Pa
         "an augment function": augment is not None and order is not None,
         "mixing": mixing.options().active,
     }
-    return packing.Packer(packs, packing.check(packs, examples, name, refused), order, params)
+    return packing.Packer(packs, lengths_of(refused), order, params)
 
 
 def _inference_layout(packer: packing.Packer | None, mode: Mode, buckets) -> Callable:
@@ -194,6 +208,8 @@ def _by_index(
     packer: packing.Packer | None = None,
 ) -> tf.data.Dataset:
     """The endless training stream of this pipeline, from ``params.start_example`` on."""
+    if packer is not None and examples is None:
+        return _packed_records(order, params, data, preprocess, knobs, packer)
     if examples is not None and augment is None:  # a whole batch in one gather
         return _batches_by_index(
             lambda positions: examples.gather(order.rows(positions)),
@@ -239,6 +255,36 @@ def _by_index(
     if mixed:
         dataset = dataset.map(mixed, num_parallel_calls=tf.data.AUTOTUNE)
     return positioned(_finish(dataset, knobs, symbolic=True))
+
+
+def _packed_records(
+    order: Order,
+    params: InputParams,
+    data: RecordExamples,
+    preprocess: Preprocess,
+    knobs: dict,
+    packer: packing.Packer,
+) -> tf.data.Dataset:
+    """The endless training stream of records on disk, packed.
+
+    A batch of records per read, each parsed and preprocessed, then the batch laid out
+    in rows as a batch held in memory is.
+    """
+    b = params.batch_size
+
+    def read(batch_of_elements):
+        positions = pipeline_positions(batch_of_elements, params)
+        return batch_of_elements, data.records.read(order.rows(positions))
+
+    def example(element, record):
+        return preprocess(data.parse(record)), element
+
+    elements = tf.data.Dataset.range(np.iinfo(np.int64).max).batch(b, drop_remainder=True)
+    stream = elements.map(read, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
+    stream = stream.map(example, num_parallel_calls=tf.data.AUTOTUNE)
+    batches = stream.ragged_batch(b, drop_remainder=True)
+    laid_out = batches.map(packer.training, num_parallel_calls=tf.data.AUTOTUNE)
+    return positioned(_finish(laid_out, knobs, symbolic=True))
 
 
 def _batches_by_index(

@@ -340,7 +340,38 @@ def input_fn(
     Padded with 0 to each batch's longest document (or to ``lengths.buckets``); TRAIN
     reads ``train_split`` by index forever, EVAL and PREDICT ``eval_split`` once.
     """
+    source, split = _documents_of(data_dir, train_split if mode == Mode.TRAIN else eval_split)
+    dataset = pipeline.build(source, mode, params, features_and_label, name=f"text-{split}")
+    return served(dataset, data_dir)
+
+
+@gin.configurable("text.documents_input_fn")
+def documents_input_fn(
+    mode: Mode,
+    params: InputParams,
+    data_dir: str = gin.REQUIRED,
+    train_split: str = "train",
+    eval_split: str | None = None,
+) -> tf.data.Dataset:
+    """A language model's batches of whole documents, each one example.
+
+    ``({'tokens': [b, length]}, {'targets': [b, length]})``: a document's tokens but
+    the last, and the same shifted by one. Padded with 0 (to ``lengths.buckets``), or
+    several documents in a row with ``packing.length``: a model that must not attend
+    from one document to the next, on prepared text in memory or on disk.
+    """
     wanted = train_split if mode == Mode.TRAIN else eval_split
+    source, split = _documents_of(data_dir, wanted, example_of=next_of_document, shift=1)
+    dataset = pipeline.build(source, mode, params, next_tokens, name=f"documents-{split}")
+    return served(dataset, data_dir)
+
+
+def _documents_of(data_dir: str, wanted: str | None, example_of=None, shift: int = 0):
+    """``(RecordExamples, split)``: a prepared split's documents, read by index.
+
+    ``example_of`` makes an example of a record (default ``parse``); ``shift``: how
+    many tokens shorter than its document it is, for the lengths kept.
+    """
     metadata, paths = shards.check_shards(data_dir, wanted)
     if metadata.get("kind") != "text":
         raise UserError(
@@ -348,16 +379,23 @@ def input_fn(
             "text with `python3 -m datasets.prepare --text FILE`"
         )
     split = wanted or shards.eval_split(metadata)
-    counts = [entry["count"] for entry in metadata["splits"][split]["shards"]]
+    entry = metadata["splits"][split]
+    counts = [shard["count"] for shard in entry["shards"]]
     offsets = [records.record_offsets(p, n) for p, n in zip(paths, counts, strict=True)]
+    lengths = kept_lengths(data_dir, entry)
     source = pipeline.RecordExamples(
         records.RecordSource(paths, offsets),
-        parse,
+        example_of or parse,
         f"{os.path.basename(data_dir)}-{split}",
-        lengths=kept_lengths(data_dir, metadata["splits"][split]),
+        lengths=None if lengths is None else lengths - shift,
     )
-    dataset = pipeline.build(source, mode, params, features_and_label, name=f"text-{split}")
-    return served(dataset, data_dir)
+    return source, split
+
+
+def next_of_document(record: tf.Tensor) -> dict:
+    """A document's record as a language model's example: ``{'tokens', 'targets'}``."""
+    tokens = parse(record)["tokens"]
+    return {"tokens": tokens[:-1], "targets": tokens[1:]}
 
 
 STORED = {"text": tf.TensorSpec([], tf.string)}  # what an export of prepared text takes

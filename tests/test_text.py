@@ -14,8 +14,9 @@ from collections import Counter
 import gin
 import numpy as np
 import pytest
+import tensorflow as tf
 
-from datasets import text
+from datasets import pipeline, text
 from trainer import InputParams, Mode, UserError
 
 PACKAGES = ("json", "email", "http", "unittest")
@@ -424,3 +425,58 @@ def test_a_file_longer_than_a_chunk_is_written_as_it_is_read(tmp_path):
         assert lengths.tolist() == [len(line) for line in expected]
         stream = np.fromfile(os.path.join(data_dir, entry["stream"]["file"]), np.uint16)
         assert bytes((stream - 1).tolist()).decode() == "".join(expected)
+
+
+def test_documents_too_large_for_memory_are_packed_from_the_lengths_kept(tmp_path):
+    """A language model of whole documents, packed in rows of 640 from disk: the rows
+    (tokens, targets, segments, positions) equal those of the same documents held in
+    memory, in training from step 0 and from a resume, and in evaluation; a row too
+    short for the longest is refused, counted, before anything is read."""
+    rows = functions(6)
+    data_dir = str(tmp_path / "data")
+    text.prepare(write_jsonl(tmp_path / "f.jsonl", rows), data_dir)
+    gin.bind_parameter("packing.length", 640)
+
+    def batches(mode, memory_limit_mb=None, start=0, count=6):
+        gin.bind_parameter("pipeline.memory_limit_mb", memory_limit_mb)
+        params = InputParams(8, 8, seed=2, start_example=start)
+        dataset = text.documents_input_fn(mode, params, data_dir=data_dir)
+        return [
+            [f["tokens"], y["targets"], f["segment_ids"], f["positions"]]
+            for f, y in dataset.take(count).as_numpy_iterator()
+        ]
+
+    def same(found, expected):
+        return len(found) == len(expected) and all(
+            all((a == b).all() for a, b in zip(x, y, strict=True))
+            for x, y in zip(found, expected, strict=True)
+        )
+
+    packed = batches(Mode.TRAIN, memory_limit_mb=0)
+    assert same(packed, batches(Mode.TRAIN))
+    tokens, targets, segments, positions = packed[0]
+    assert tokens.shape[1] == 640 and segments.max() > 1  # several documents a row
+    within = (segments[:, 1:] == segments[:, :-1]) & (segments[:, 1:] > 0)
+    np.testing.assert_array_equal(targets[:, :-1][within], tokens[:, 1:][within])
+    assert (positions[:, 1:][within] == positions[:, :-1][within] + 1).all()
+    assert same(batches(Mode.TRAIN, memory_limit_mb=0, start=8 * 2, count=2), packed[2:4])
+    assert same(batches(Mode.EVAL, memory_limit_mb=0), batches(Mode.EVAL))
+    gin.bind_parameter("packing.length", 100)
+    kept = np.load(os.path.join(data_dir, "train-lengths.npy")) - 1  # the shift
+    with pytest.raises(UserError) as raised:
+        batches(Mode.TRAIN, memory_limit_mb=0)
+    assert str(raised.value).splitlines()[0] == (
+        f"{(kept > 100).sum()} examples of documents-train are longer than a row of "
+        f"packing.length = 100 (the longest has {kept.max()}): raise it, or cut them in "
+        "preprocess"
+    )
+    # A preprocess that changes lengths cannot be packed from lengths kept: said, not cut.
+    gin.bind_parameter("packing.length", 640)
+    source, _ = text._documents_of(data_dir, "train", text.next_of_document, shift=1)
+
+    def cropped(example):
+        return {"tokens": example["tokens"][1:]}, {"targets": example["targets"][1:]}
+
+    dataset = pipeline.build(source, Mode.TRAIN, InputParams(8, 8, seed=2), cropped)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="not the one kept beside its rec"):
+        next(iter(dataset))
