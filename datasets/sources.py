@@ -157,9 +157,10 @@ class RecordExamples:
       records: the serialized examples, a ``RandomAccess``.
       parse: one record (a scalar string tensor) to one example (a dict of tensors).
       name: names the source in messages.
-      lengths: each example's length, by row, when its examples vary in length and
-        their lengths were kept when they were written (``prepare --text`` keeps
-        them): what ``lengths.group_batches`` sorts by, without reading the records.
+      lengths: each parsed example's length, by row, when its examples vary in
+        length and their lengths were kept when they were written (``prepare --text``
+        keeps them): what ``lengths.group_batches`` sorts by and packing lays rows
+        out by, without reading the records.
     """
 
     def __init__(

@@ -157,14 +157,9 @@ def padded_ids(features_spec) -> str | None:
     """
     named = features_spec.items() if isinstance(features_spec, dict) else [("", features_spec)]
     for name, spec in sorted(named, key=lambda item: item[0]):
-        shape = getattr(spec, "shape", None)
-        if (
-            isinstance(spec, tf.TensorSpec)
-            and spec.dtype.is_integer
-            and shape.rank == 2
-            and shape[1] is None
-        ):
-            return name
+        if isinstance(spec, tf.TensorSpec) and spec.dtype.is_integer:
+            if spec.shape.rank == 2 and spec.shape[1] is None:
+                return name
     return None
 
 
