@@ -133,10 +133,25 @@ def test_under_jit_compile_bucketed_batches_compile_once_per_bucket(tmp_path):
         np.testing.assert_allclose(a, b, atol=1e-6)
 
 
-def test_a_classifier_of_bucketed_text_reports_its_padding_share_and_tokens_per_second(tmp_path):
+class OwnStep(keras.Sequential):
+    """A Keras model with its own train_step, as keras.io's "Customizing fit()" writes it."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = self.compute_loss(y=y, y_pred=self(x, training=True))
+        gradients = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply(gradients, self.trainable_variables)
+        return {"loss": loss}
+
+
+@pytest.mark.parametrize("step", ["compiled", "its own train_step"])
+def test_a_classifier_of_bucketed_text_reports_its_padding_share_and_tokens_per_second(
+    tmp_path, step
+):
     """A loss per example counts no tokens: the share is read from the padded ids' zeros
     (any integer feature [batch, None], padded with 0), over each log step's batches,
-    whatever the slices; in the logs, TensorBoard and metrics.jsonl."""
+    whatever the slices or whoever takes the step; in metrics.jsonl and TensorBoard."""
     from datasets import pipeline
 
     rng = np.random.default_rng(0)
@@ -151,7 +166,7 @@ def test_a_classifier_of_bucketed_text_reports_its_padding_share_and_tokens_per_
 
         return pipeline.build(source, mode, params, split, name="texts")
 
-    model = keras.Sequential(
+    model = (keras.Sequential if step == "compiled" else OwnStep)(
         [
             keras.Input((None,), dtype="int64", name="tokens"),
             keras.layers.Embedding(50, 8, mask_zero=True),
@@ -168,7 +183,7 @@ def test_a_classifier_of_bucketed_text_reports_its_padding_share_and_tokens_per_
         steps_per_loop=3,
         log_every_steps=3,
         seed=5,
-        optimization=Optimization(microbatches=2),
+        optimization=Optimization(microbatches=2 if step == "compiled" else 1),
         checkpoints=Checkpoints(every_steps=None),
         progress=False,
     )

@@ -165,8 +165,7 @@ class Steps:
         # model's declared loss, or those its own ModelFn.train_step gave.
         self._replica_step = self._keras_step if self.keras_step else self._step
         self._part = self._own_part if self.own_step else self._declared_part
-        # The padded ids a loss that does not count tokens is given the padding share of.
-        self.padded = None if self.own_step or self.keras_step else padded
+        self.padded = padded  # ids whose zeros a loss that counts no tokens reports
         self.observers: list = []  # of evaluation, once the model is traced in EVAL
         for mode in (Mode.TRAIN, Mode.EVAL):
             streamed = streamed_metrics if mode == traced else {}
@@ -274,7 +273,7 @@ class Steps:
         """
         del last_of_block, phase  # one phase: a Keras model has no optimizer groups
         spec = keras_step.run(self.model_fn.model, features, labels)
-        scalars = {"loss": spec.loss, **spec.scalars}
+        scalars = {"loss": spec.loss, **spec.scalars, **self._padding(features)}
         self.train_metrics.update({}, scalars, batch_size_of(features))
         finite = tf.reduce_all([tf.math.is_finite(value) for value in scalars.values()])
         return self.placement.all_finite(finite), tf.constant(float("nan"))
@@ -365,9 +364,8 @@ class Steps:
             if counted is not None:  # reported exactly: each example weighted by its tokens
                 scalars.update(tokens.counts(given, features))  # the steps divide by its TOKENS
                 per_example["loss"] = tokens.reported(given, added_loss)
-            elif self.padded is not None:  # its padding share, from the ids' zeros
-                ids = features[self.padded] if self.padded else features
-                scalars.update(tokens.counts_of_ids(ids))
+            else:
+                scalars.update(self._padding(features))
             self.epoch_metrics.stream(streamed)
             return (
                 objective,
@@ -400,6 +398,7 @@ class Steps:
             custom_step.check(spec, name, self.plan.groups, optimizers)
             loss = batch_loss(spec, batch_size_of(features), examples)
             scalars = {"loss": total_loss(loss), **reported_scalars(spec, loss)}
+            scalars.update(self._padding(features))
             if self.has_regularization:
                 scalars["regularization_loss"] = tf.add_n(self.model_fn.regularization_losses)
             per_example, streamed = split_metrics(spec.metrics)
@@ -408,6 +407,12 @@ class Steps:
             return total_loss(loss), scalars, per_example, grads
 
         return part
+
+    def _padding(self, features) -> dict[str, tf.Tensor]:
+        """``tokens.COUNTS`` of the batch's padded ids (``tokens.padded_ids``), if it has some."""
+        if self.padded is None:
+            return {}
+        return tokens.counts_of_ids(features[self.padded] if self.padded else features)
 
     @tf.autograph.experimental.do_not_convert
     def _global_examples(self, batch: tf.Tensor, share=None) -> Callable[[], tf.Tensor]:
