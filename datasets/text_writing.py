@@ -83,14 +83,24 @@ def chunks(path: str, text_field: str, label_field: str) -> Iterator[tuple[list,
 def rows(path: str, text_field: str, label_field: str):
     """``(line number, text, label or None)`` of each row, by the file's kind."""
     try:
-        with open(path, encoding="utf-8", newline="") as f:
-            yield from _rows(f, path, text_field, label_field)
+        with open(path, "rb") as f:
+            yield from _rows(_decoded(f, path), path, text_field, label_field)
     except FileNotFoundError:
         raise UserError(f"--text {path}: no such file") from None
-    except UnicodeDecodeError as error:
-        raise UserError(
-            f"--text {path}: not UTF-8 text ({error.reason} at byte {error.start})"
-        ) from None
+
+
+def _decoded(lines, path: str):
+    """The file's lines as text; one that is not UTF-8 is refused, naming it and its byte."""
+    offset = 0
+    for number, line in enumerate(lines, 1):
+        try:
+            yield line.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise UserError(
+                f"--text {path}:{number}: not UTF-8 text ({error.reason} at byte "
+                f"{offset + error.start:,} of the file)"
+            ) from None
+        offset += len(line)
 
 
 def _rows(lines, path: str, text_field: str, label_field: str):

@@ -117,14 +117,27 @@ def test_a_vocabulary_of_words_is_learned_from_the_file(tmp_path):
         ("c.jsonl", '{"text": "one"}\nnot json\n', "{path}:2: not a JSON object"),
         ("d.csv", "text,label\none,x\n,y\n", "{path}:3: the document is empty"),
         ("e.txt", "", "--text {path}: the file holds no documents"),
+        (
+            "f.txt",
+            b"one\n" * 3000 + b"caf\xe9\n",
+            "--text {path}:3001: not UTF-8 text (invalid continuation byte at byte 12,003 of "
+            "the file)",
+        ),
     ],
-    ids=["empty_document", "label_missing", "not_json", "empty_csv_cell", "empty_file"],
+    ids=[
+        "empty_document",
+        "label_missing",
+        "not_json",
+        "empty_csv_cell",
+        "empty_file",
+        "latin1_past_the_first_read",
+    ],
 )
 def test_a_bad_file_is_one_line_naming_the_row_and_nothing_is_written(
     tmp_path, name, content, message
 ):
     path = tmp_path / name
-    path.write_text(content)
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
     out = tmp_path / "out"
     with pytest.raises(UserError) as raised:
         text.prepare(str(path), str(out))
