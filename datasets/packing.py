@@ -258,19 +258,24 @@ class Packer:
             self._lengths = tf.constant(lengths, tf.int64)
 
     @tf.autograph.experimental.do_not_convert
-    def training(self, batch, elements: tf.Tensor):
-        """A training batch of this pipeline (its ``elements``), as rows its step's shares share."""
+    def training(self, batch, elements: tf.Tensor, kept: bool = False):
+        """A training batch of this pipeline (its ``elements``), as rows its step's shares share.
+
+        ``kept``: the lengths planned from were kept beside records on disk, not measured
+        on these examples: the batch is checked against them.
+        """
         shares, own = step_shares(elements, self.params)
         rows_of = tf.reshape(self.order.rows(tf.reshape(shares, [-1])), tf.shape(shares))
         needs = tf.gather(self._lengths, rows_of)
-        fits = tf.debugging.assert_equal(  # records on disk: planned from lengths kept
-            tf.nest.flatten(batch)[0].row_lengths(),
-            needs[own],
-            message="packing: an example's length is not the one kept beside its record "
-            "(a preprocess that changes lengths cannot be packed from disk)",
-        )
-        with tf.control_dependencies([fits]):
-            needs = tf.identity(needs)
+        if kept:
+            fits = tf.debugging.assert_equal(
+                tf.nest.flatten(batch)[0].row_lengths(),
+                needs[own],
+                message="packing: an example's length is not the one kept beside its record "
+                "(a preprocess that changes lengths cannot be packed from disk)",
+            )
+            with tf.control_dependencies([fits]):
+                needs = tf.identity(needs)
         row, offset, segment, used = first_fit(needs, self.packing.length)
         rows = _rounded(tf.reduce_max(used), self.packing.rows_multiple)
         return laid_out(batch, row[own], offset[own], segment[own], rows, self.packing.length)

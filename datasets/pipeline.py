@@ -31,6 +31,7 @@ data once, in order, and keep every example. Augmentation draws its randomness f
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import gin
@@ -283,7 +284,8 @@ def _packed_records(
     stream = elements.map(read, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
     stream = stream.map(example, num_parallel_calls=tf.data.AUTOTUNE)
     batches = stream.ragged_batch(b, drop_remainder=True)
-    laid_out = batches.map(packer.training, num_parallel_calls=tf.data.AUTOTUNE)
+    checked = functools.partial(packer.training, kept=True)
+    laid_out = batches.map(checked, num_parallel_calls=tf.data.AUTOTUNE)
     return positioned(_finish(laid_out, knobs, symbolic=True))
 
 

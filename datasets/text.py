@@ -494,7 +494,8 @@ def windows(tokens: list[np.ndarray], length: int, name: str = "text") -> pipeli
     targets the same shifted by one; the tail too short for a window is left out (the
     log says how many tokens). An ``ArraySource``: read by index, resumed exactly.
     """
-    stream = np.concatenate(tokens).astype(np.int64) if tokens else np.zeros([0], np.int64)
+    stream = np.concatenate(tokens) if tokens else np.zeros([0], np.int64)
+    stream = stream.astype(np.int64, copy=False)  # a kept stream's ids are 2 bytes
     count = window_count(len(stream), length, name)
     used = stream[: count * length + 1]
     inputs = used[:-1].reshape(count, length)
