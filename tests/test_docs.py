@@ -92,7 +92,9 @@ def test_chromium_search_finds_early_stopping(page, served):
     page.goto(served + "index.html")
     page.locator("input.md-search__input").fill("EarlyStopping")  # in the header
     results = page.locator(".md-search-result__item a")
-    results.first.wait_for()
+    # The search's web worker builds its index of the whole site at the first query: on
+    # two cores shared with the suite's training runs that once took over 10 s.
+    results.first.wait_for(timeout=60_000)
     links = [results.nth(i).get_attribute("href") for i in range(results.count())]
     # The callbacks' section, which names it, with the word marked on the page.
     assert served + "keras.html?h=earlystopping#callbacks" in links, links
