@@ -172,7 +172,8 @@ def test_a_classifier_of_bucketed_text_reports_its_padding_share_and_tokens_per_
             keras.layers.Embedding(50, 8, mask_zero=True),
             keras.layers.GlobalAveragePooling1D(),
             keras.layers.Dense(2),
-        ]
+        ],
+        name="text_classifier",  # Keras's own names count up across the tests of a process
     )
     model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     gin.bind_parameter("lengths.buckets", [8, 16, 48])
