@@ -17,7 +17,8 @@ which ``prepare --text`` writes: 4 bytes an example, the records never read to s
 * ``lengths.buckets = [32, 64, 128, 256, 320]``: each batch is padded to the
   smallest bucket that holds its longest example instead of to that example: a few
   shapes, so a compiled step compiles once per bucket. An example longer than the
-  last bucket is refused before training, counted: never cut silently.
+  last bucket is refused before training, counted: never cut silently (on disk, the
+  records whose kept length passes it are read through preprocess first).
 
 Cost: reading a batch sorts its window, ``O(W log W)`` for a window of ``W``
 examples (50 batches of 64: 3,200), on the input threads; it grows with the window,
@@ -37,6 +38,8 @@ from absl import logging
 from datasets.order import Order
 from datasets.sources import ArraySource, RecordExamples
 from trainer import UserError
+
+PROBED = 4096  # records on disk read before training to check their length (at most)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,12 +151,59 @@ def check(
             "concatenate them into one ArraySource, or unbind it"
         )
     if preprocessed and lengths.buckets and found.max() > lengths.buckets[-1]:
-        over = int((found > lengths.buckets[-1]).sum())
-        raise UserError(
-            f"{over:,} examples of {name} are longer than the last of lengths.buckets "
-            f"({lengths.buckets[-1]}; the longest has {found.max()}): add a bucket of at "
-            "least that length, or cut them in preprocess"
-        )
+        _refuse_over_long(f"{int((found > lengths.buckets[-1]).sum()):,}", found, lengths, name)
+
+
+def check_kept(lengths: Lengths, source: RecordExamples, preprocess, name: str) -> None:
+    """Refuses, before training, records on disk that no bucket holds once preprocessed.
+
+    Their kept lengths are as written, and ``preprocess`` may cut them, so only the
+    records whose kept length passes the last bucket are read, and measured as they
+    will be batched: at most ``PROBED`` of them (any past that are checked as their
+    batch is padded, as records without kept lengths are).
+    """
+    if not lengths.buckets or source.lengths is None:
+        return
+    last = lengths.buckets[-1]
+    flagged = np.flatnonzero(np.asarray(source.lengths) > last)
+    if not flagged.size:
+        return
+    probed = source.examples(tf.data.Dataset.from_tensor_slices(flagged[:PROBED]))
+    probed = probed.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE).map(_longest_part)
+    found = np.fromiter(probed.as_numpy_iterator(), np.int64)
+    if found.max() > last:
+        over = int((found > last).sum())
+        count = f"at least {over:,}" if flagged.size > PROBED else f"{over:,}"
+        _refuse_over_long(count, found, lengths, name)
+    logging.info(
+        "%s: the %s records kept longer than lengths.buckets' last (%d) that were read fit "
+        "it once preprocessed%s",
+        name,
+        f"{min(flagged.size, PROBED):,}",
+        last,
+        f"; {flagged.size - PROBED:,} more are checked as their batch is padded"
+        if flagged.size > PROBED
+        else "",
+    )
+
+
+@tf.autograph.experimental.do_not_convert
+def _longest_part(*example) -> tf.Tensor:
+    """One preprocessed example's length: its longest part whose length varies (else 0)."""
+    varying = [
+        tf.shape(t, out_type=tf.int64)[0]
+        for t in tf.nest.flatten(example)
+        if t.shape.rank and t.shape[0] is None
+    ]
+    return tf.reduce_max(tf.stack(varying)) if varying else tf.constant(0, tf.int64)
+
+
+def _refuse_over_long(count: str, found: np.ndarray, lengths: Lengths, name: str):
+    raise UserError(
+        f"{count} examples of {name} are longer than the last of lengths.buckets "
+        f"({lengths.buckets[-1]}; the longest has {found.max()}): add a bucket of at "
+        "least that length, or cut them in preprocess"
+    )
 
 
 class Grouped:

@@ -139,6 +139,8 @@ def build(
         examples = data.preprocessed(preprocess, memory_limit(knobs))
     as_batched = examples if examples is not None else data
     lengths.check(shapes, as_batched, name, len(sources), preprocessed=examples is not None)
+    if isinstance(as_batched, RecordExamples):
+        lengths.check_kept(shapes, as_batched, preprocess, name)
     packer = None
     if packs.active:
         lengths_of = _packable(data, examples, preprocess, packs, name)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from datasets import pipeline, text
+from datasets import lengths, pipeline, text
 from trainer import InputParams, Mode, UserError
 
 PACKAGES = ("json", "email", "http", "unittest")
@@ -493,3 +493,41 @@ def test_documents_too_large_for_memory_are_packed_from_the_lengths_kept(tmp_pat
     dataset = pipeline.build(source, Mode.TRAIN, InputParams(8, 8, seed=2), cropped)
     with pytest.raises(tf.errors.InvalidArgumentError, match="not the one kept beside its rec"):
         next(iter(dataset))
+
+
+def test_records_on_disk_too_long_for_every_bucket_are_refused_before_training(
+    tmp_path, monkeypatch, caplog
+):
+    """Only the records whose kept length passes the last bucket are read, through
+    preprocess: still too long, they are counted in one line before any batch; cut by
+    preprocess, they train. Past ``PROBED``, the count says "at least"."""
+    rows = functions(4)
+    data_dir = str(tmp_path / "functions")
+    text.prepare(write_jsonl(tmp_path / "f.jsonl", rows), data_dir, eval_fraction=0)
+    sizes = np.array([len(row["text"].encode()) for row in rows])
+    gin.bind_parameter("pipeline.memory_limit_mb", 0)
+    gin.bind_parameter("lengths.buckets", [64, 128])
+    params = InputParams(4, 4, seed=0)
+    with pytest.raises(UserError) as raised:
+        text.input_fn(Mode.TRAIN, params, data_dir=data_dir)
+    assert str(raised.value).splitlines()[0] == (  # the line the command line prints
+        f"{(sizes > 128).sum()} examples of text-train are longer than the last of "
+        f"lengths.buckets (128; the longest has {sizes.max()}): add a bucket of at least "
+        "that length, or cut them in preprocess"
+    )
+    monkeypatch.setattr(lengths, "PROBED", 2)
+    with pytest.raises(UserError, match=r"^at least 2 examples of text-train are longer"):
+        text.input_fn(Mode.EVAL, params, data_dir=data_dir, eval_split="train")
+
+    def cut(example):  # a preprocess that keeps a document's first 100 tokens
+        features, labels = text.features_and_label(example)
+        return {"tokens": features["tokens"][:100]}, labels
+
+    source, _ = text._documents_of(data_dir, "train")
+    caplog.set_level(logging.INFO)
+    dataset = pipeline.build(source, Mode.TRAIN, params, cut, name="cut")
+    assert "the 2 records kept longer than lengths.buckets' last (128) that were read fit it " \
+        f"once preprocessed; {(sizes > 128).sum() - 2} more are checked as their batch is " \
+        "padded" in caplog.text  # fmt: skip
+    shapes = {f["tokens"].shape for f, _ in dataset.take(4).as_numpy_iterator()}
+    assert shapes <= {(4, 64), (4, 128)}
