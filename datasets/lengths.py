@@ -48,15 +48,16 @@ class Lengths:
 
     group_batches: int = 0
     buckets: tuple[int, ...] = ()
+    token_budget: int = 0
 
     @property
     def active(self) -> bool:
-        """Whether either knob is bound."""
-        return bool(self.group_batches or self.buckets)
+        """Whether any knob is bound."""
+        return bool(self.group_batches or self.buckets or self.token_budget)
 
 
 @gin.configurable("lengths")
-def options(group_batches: int = 0, buckets: Sequence[int] = ()) -> Lengths:
+def options(group_batches: int = 0, buckets: Sequence[int] = (), token_budget: int = 0) -> Lengths:
     """The knobs, as bound in gin (``lengths.buckets = [64, 128, 256]``).
 
     Args:
@@ -64,8 +65,11 @@ def options(group_batches: int = 0, buckets: Sequence[int] = ()) -> Lengths:
         sorted by length, longest first; 0 keeps the order random.
       buckets: increasing lengths; a batch is padded to the smallest that holds its
         longest example. Empty: to that example.
+      token_budget: each training batch takes as many examples as fit this many
+        padded positions, at most ``global_batch_size`` (``datasets/token_budget.py``);
+        0: ``global_batch_size`` each.
     """
-    return Lengths(group_batches, tuple(buckets))
+    return Lengths(group_batches, tuple(buckets), token_budget)
 
 
 @gin.configurable("lengths.geometric")
@@ -87,18 +91,20 @@ def geometric(shortest: int = 8, longest: int = 512, ratio: float = 1.15, multip
 
 def knobs() -> Lengths:
     """The bound knobs, checked here, outside gin's call, so a refusal is its one line."""
-    group_batches, buckets = dataclasses.astuple(options())
-    if isinstance(group_batches, bool) or not isinstance(group_batches, int) or group_batches < 0:
-        raise UserError(
-            f"lengths.group_batches must be a whole number of batches >= 0, got {group_batches!r}"
-        )
+    group_batches, buckets, token_budget = dataclasses.astuple(options())
+    for name, value, unit in (
+        ("group_batches", group_batches, "batches"),
+        ("token_budget", token_budget, "positions"),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise UserError(f"lengths.{name} must be a whole number of {unit} >= 0, got {value!r}")
     whole = all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in buckets)
     if not whole or list(buckets) != sorted(set(buckets)):
         raise UserError(
             f"lengths.buckets must be increasing lengths > 0, got {list(buckets)}: list each "
             "length once, shortest first"
         )
-    return Lengths(group_batches, buckets)
+    return Lengths(group_batches, buckets, token_budget)
 
 
 def example_lengths(source: ArraySource | RecordExamples) -> np.ndarray | None:
@@ -128,22 +134,23 @@ def check(
         return
     if source is None:
         raise UserError(
-            f"lengths.group_batches and lengths.buckets need {name}'s examples read by "
-            "index: make it an ArraySource or RecordExamples, or unbind them"
+            f"lengths.group_batches, buckets and token_budget need {name}'s examples read "
+            "by index: make it an ArraySource or RecordExamples, or unbind them"
         )
     found = example_lengths(source)
     if found is None and isinstance(source, RecordExamples):
-        if not lengths.group_batches:
+        knob = "group_batches sorts" if lengths.group_batches else "token_budget sizes batches of"
+        if not (lengths.group_batches or lengths.token_budget):
             return  # buckets need no lengths beforehand: each batch is checked as padded
         raise UserError(
-            f"lengths.group_batches sorts {name}'s examples by length, but its records on "
-            "disk have no lengths kept beside them: prepare the data again (prepare --text "
-            "keeps them), raise pipeline.memory_limit_mb to hold it in memory, or unbind it"
+            f"lengths.{knob} {name}'s examples by length, but its records on disk have no "
+            "lengths kept beside them: prepare the data again (prepare --text keeps them), "
+            "raise pipeline.memory_limit_mb to hold it in memory, or unbind it"
         )
     if found is None:
         raise UserError(
-            f"lengths.group_batches and lengths.buckets order and pad examples that vary in "
-            f"length, but {name}'s are all of one shape: unbind them"
+            f"lengths.group_batches, buckets and token_budget order, pad and size batches of "
+            f"examples that vary in length, but {name}'s are all of one shape: unbind them"
         )
     if lengths.group_batches and sources > 1:
         raise UserError(

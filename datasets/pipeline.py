@@ -39,7 +39,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from datasets import lengths, mixing, packing
+from datasets import lengths, mixing, packing, token_budget
 from datasets.lengths import padded
 from datasets.order import Order, pipeline_positions
 from datasets.sources import (  # noqa: F401 - users name them pipeline.ArraySource, ...
@@ -53,7 +53,7 @@ from datasets.sources import (  # noqa: F401 - users name them pipeline.ArraySou
     memory_limit,
 )
 from trainer import InputParams, Mode, UserError
-from trainer.model_fn import counted, positioned
+from trainer.model_fn import counted, positioned, sized_by
 
 Augment = Callable[[dict, dict, tf.Tensor], tuple[dict, dict]]
 
@@ -146,9 +146,12 @@ def build(
         lengths_of = _packable(data, examples, preprocess, packs, name)
         packer = _packer(packs, shapes, lengths_of, augment, order if training else None, params)
     if training:
+        token_budget.check(shapes, packer is not None, mixing.options().active, name)
         if shapes.group_batches:
             window = shapes.group_batches * params.global_batch_size
             order = lengths.Grouped(order, lengths.example_lengths(as_batched), window, name)
+        if shapes.token_budget:
+            return _budgeted(order, params, data, examples, preprocess, augment, knobs, name)
         return _by_index(order, params, data, examples, preprocess, augment, knobs, shapes, packer)
     rows = tf.data.Dataset.range(len(data))
     if params.num_input_pipelines > 1:
@@ -258,6 +261,49 @@ def _by_index(
     if mixed:
         dataset = dataset.map(mixed, num_parallel_calls=tf.data.AUTOTUNE)
     return positioned(_finish(dataset, knobs, symbolic=True))
+
+
+def _budgeted(
+    order: Order | lengths.Grouped,
+    params: InputParams,
+    data: ArraySource | RecordExamples,
+    examples: ArraySource | None,
+    preprocess: Preprocess,
+    augment: Augment | None,
+    knobs: dict,
+    name: str,
+) -> tf.data.Dataset:
+    """The endless training stream in batches sized by ``lengths.token_budget``."""
+    shapes = lengths.knobs()
+    found = lengths.example_lengths(examples if examples is not None else data)
+    most = params.global_batch_size
+    budget = token_budget.Budget(order, found, shapes.token_budget, shapes.buckets, most, name)
+    budget.check_replicas(max(most // params.batch_size, 1), name)
+    if examples is not None and augment is None:  # a whole batch in one gather
+
+        def batch_of(positions, rows):
+            return examples.gather(rows)
+
+    else:
+
+        def example(position, item):
+            if isinstance(data, RecordExamples):
+                features, labels = preprocess(data.parse(item))
+            elif examples is not None:
+                features, labels = examples.gather(item)
+            else:
+                features, labels = preprocess(data.gather(item))
+            if augment is not None:
+                features, labels = augment(features, labels, _stateless_seed(order.seed, position))
+            return features, labels
+
+        def batch_of(positions, rows):  # its examples one by one, then as one batch
+            items = data.records.read(rows) if isinstance(data, RecordExamples) else rows
+            single = tf.data.Dataset.from_tensor_slices((positions, items)).map(example)
+            return single.ragged_batch(most).get_single_element()
+
+    dataset = token_budget.stream(budget, params, batch_of)
+    return sized_by(positioned(_finish(dataset, knobs, symbolic=True)), budget.after)
 
 
 def _packed_records(

@@ -97,9 +97,16 @@ class Inputs:
             return {"input": iterator}
         return {"input": iterator, "input_batch_size": self.batch_size}
 
-    def advance(self, steps: int) -> None:
-        """Counts ``steps`` more global batches of the stream as read."""
-        self.position.assign_add(steps * self.global_batch_size)
+    def advance(self, steps: int, after: Callable[[int, int], int] | None = None) -> None:
+        """Counts ``steps`` more global batches of the stream as read.
+
+        ``after(position, steps)``: where the stream then stands, for batches that vary
+        in how many examples they take (``model_fn.sized_by``).
+        """
+        if after is None:
+            self.position.assign_add(steps * self.global_batch_size)
+        else:
+            self.position.assign(after(int(self.position.numpy()), steps))
 
     def dataset(
         self, input_fn: InputFn, mode: Mode, params: InputParams | None = None
@@ -109,11 +116,11 @@ class Inputs:
         In TRAIN it starts at ``position``.
         """
         if params is None:
-            batch = self.global_batch_size if mode == Mode.TRAIN else self.eval_batch_size
-            batch = self.placement.pipeline_batch(batch, mode)
-            params = InputParams(
+            whole = self.global_batch_size if mode == Mode.TRAIN else self.eval_batch_size
+            batch = self.placement.pipeline_batch(whole, mode)
+            params = InputParams(  # a strategy's replicas' shares of a step, in turn
                 batch_size=batch,
-                global_batch_size=batch,
+                global_batch_size=whole,
                 seed=self._seed(mode),
                 start_example=int(self.position.numpy()) if mode == Mode.TRAIN else 0,
             )

@@ -89,6 +89,27 @@ def is_positioned(dataset: tf.data.Dataset) -> bool:
     )
 
 
+def sized_by(dataset: tf.data.Dataset, after: Callable[[int, int], int]) -> tf.data.Dataset:
+    """Marks a positioned training dataset whose batches vary in how many examples they take.
+
+    ``after(position, steps)`` is where the stream stands ``steps`` batches on from
+    ``position``: the Estimator moves its position so, rather than by steps times
+    ``global_batch_size`` (``lengths.token_budget``, ``datasets/token_budget.py``).
+    """
+    return dataset_marks.put(dataset, "sized_by", after)
+
+
+def batch_sizes(dataset: tf.data.Dataset) -> Callable[[int, int], int] | None:
+    """The ``after`` that ``sized_by`` gave ``dataset`` (or what it maps), or None."""
+    return dataset_marks.find(
+        dataset,
+        "sized_by",
+        through_maps=True,
+        dropped="its position moves by global_batch_size examples a step, which its "
+        "batches do not take",
+    )
+
+
 def counted(dataset: tf.data.Dataset, num_examples: int) -> tf.data.Dataset:
     """Marks an eval or predict dataset with how many examples it yields in all.
 

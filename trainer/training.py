@@ -301,7 +301,8 @@ class TrainingRun:
         # Under jit_compile a block's batches are stacked: as many as fit in memory.
         self.block = self.loop.steps_per_loop
         if self.placement.settings.jit_compile:
-            stackable = stackable_steps(dataset.element_spec)
+            # Batches sized by a token budget vary in examples by design, a size per bucket.
+            stackable = 0 if self.stream.sizes else stackable_steps(dataset.element_spec)
             self.block = min(self.block, stackable) if stackable else self.block
             if not stackable:  # lengths that vary: one compile per shape
                 self.steps.compile_per_shape()

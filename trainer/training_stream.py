@@ -28,7 +28,7 @@ from absl import logging
 from trainer import monitoring
 from trainer.distributed.placement import Placement
 from trainer.inputs import InputFn, Inputs
-from trainer.model_fn import Mode, is_positioned
+from trainer.model_fn import Mode, batch_sizes, is_positioned
 
 
 class TrainingStream:
@@ -50,6 +50,7 @@ class TrainingStream:
         self.dataset = None
         self.iterator = None  # made by checkpoint_items (one process) or start (strategies)
         self.positioned = False  # read by position: restarts anywhere on any devices
+        self.sizes = None  # batches that vary in examples: where the stream stands after
         self._size_unchecked = False  # a saved iterator's size is checked once
 
     def open(self, checkpoint: str | None):
@@ -57,6 +58,7 @@ class TrainingStream:
         self.inputs.resume_from(checkpoint)
         self.dataset = self.inputs.dataset(self.input_fn, Mode.TRAIN)
         self.positioned = is_positioned(self.dataset)
+        self.sizes = batch_sizes(self.dataset) if self.positioned else None
         return self.dataset
 
     @property
@@ -82,12 +84,12 @@ class TrainingStream:
 
     def advance(self, steps: int) -> None:
         """Counts ``steps`` more global batches as read (after a block)."""
-        self.inputs.advance(steps)
+        self.inputs.advance(steps, self.sizes)
 
     def skip_batch(self, step: int) -> None:
         """Reads past the batch of ``step``, which went non-finite before a rollback."""
         next(self.iterator)
-        self.inputs.advance(1)
+        self.inputs.advance(1, self.sizes)
         logging.warning("Skipping the batch of step %d (NaN or Inf)", step)
 
     def rewind(self, step: int) -> None:
