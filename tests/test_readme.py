@@ -144,25 +144,34 @@ def test_the_exit_code_table_is_the_one_the_code_uses():
 @pytest.mark.slow
 def test_text_snippet_tags_every_real_token(tmp_path, monkeypatch):
     """README's 'Text and sequences', run as written from a working directory: trained
-    in four slices, grouped and bucketed, evaluated over every real token."""
+    in four slices, grouped and bucketed, by a token budget, and packed, evaluated over
+    every real token."""
     import json
 
     import gin
 
     blocks = guides.code_blocks("python")
     snippet = next(b for b in blocks if "tokens_and_tags" in b)
+    budgeted = next(b for b in blocks if "lengths.token_budget" in b)
     packed = next(b for b in blocks if "packing.length" in b)
     monkeypatch.chdir(tmp_path)
     namespace = {}
     try:
         exec(snippet, namespace)
+        exec(budgeted, namespace)
         exec(packed, namespace)
     finally:
         gin.clear_config()
-    for estimator, name in ((namespace["est"], "tagger"), (namespace["packed"], "tagger_packed")):
+    runs = {"tagger": "est", "tagger_budget": "budgeted", "tagger_packed": "packed"}
+    for name, estimator in ((name, namespace[variable]) for name, variable in runs.items()):
         assert estimator.step == 300
         evaluated = estimator.evaluate(namespace["input_fn"])
         assert evaluated["accuracy"] > 0.95, name
         logged = [json.loads(line) for line in open(f"output/{name}/metrics.jsonl")]
         shares = [line["padding_share"] for line in logged if line["writer"] == "train"]
         assert shares and max(shares) < 0.2, name  # at random, lengths 3 to 59 pad about half
+    trained = [json.loads(line) for line in open("output/tagger_budget/metrics.jsonl")]
+    per_step = [
+        t["examples_per_sec"] / t["steps_per_sec"] for t in trained if t["writer"] == "train"
+    ]
+    assert 8 < min(per_step) and max(per_step) < 64  # lengths 3 to 59: neither all nor few

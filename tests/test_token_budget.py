@@ -3,6 +3,8 @@ examples as fit ``lengths.token_budget`` padded positions. Still read by index: 
 example once an epoch, a resume at any batch's position is the same stream, and the
 Estimator's count of where the stream stands is the pipeline's own."""
 
+import json
+
 import gin
 import keras
 import numpy as np
@@ -91,25 +93,19 @@ def test_a_budget_too_small_or_not_a_count_is_one_line(knobs, message):
         budgeted(long_tailed(COUNT), count=1, **knobs)
 
 
-def bind_budget():
-    """The packed recipe's examples (1 to 19 tokens, at most 16 a batch) by a budget."""
-    gin.bind_parameter("lengths.token_budget", 96)
-    gin.bind_parameter("lengths.buckets", [4, 8, 12, 16, 20])
-    gin.bind_parameter("lengths.group_batches", 2)
-
-
 def test_training_resumes_at_the_exact_batch_and_keeps_where_the_stream_stands(tmp_path):
     """12 steps straight equal 5, then a new Estimator's 7, bit for bit; the checkpoint
-    keeps the position the pipeline's own batches reach (not 12 x 16)."""
-    bind_budget()
+    keeps the position the pipeline's own batches reach (not 12 x 16), and examples/s
+    counts those examples."""
+    packed.bind_budget()
     straight = packed.trained(tmp_path / "straight", 12, packed=False)
-    bind_budget()
+    packed.bind_budget()
     packed.trained(tmp_path / "resumed", 5, packed=False)
-    bind_budget()
+    packed.bind_budget()
     resumed = packed.trained(tmp_path / "resumed", 12, packed=False)
     for a, b in zip(straight, resumed, strict=True):
         np.testing.assert_array_equal(a, b)
-    bind_budget()
+    packed.bind_budget()
     dataset = packed.input_fn()(Mode.TRAIN, InputParams(packed.GLOBAL, packed.GLOBAL, seed=0))
     sizes = [len(f["tokens"]) for f, _ in dataset.take(12).as_numpy_iterator()]
     assert len(set(sizes)) > 1 and max(sizes) <= packed.GLOBAL
@@ -117,10 +113,15 @@ def test_training_resumes_at_the_exact_batch_and_keeps_where_the_stream_stands(t
     for run in ("straight", "resumed"):
         latest = checkpoints.latest_checkpoint(str(tmp_path / run))
         assert checkpoints.saved_ints(latest, input_position=0)["input_position"] == sum(sizes)
+    # examples/s counts the examples the steps read, over the same seconds as steps/s.
+    lines = (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()
+    (logged,) = [json.loads(line) for line in lines if json.loads(line)["writer"] == "train"]
+    rate = logged["examples_per_sec"] / logged["steps_per_sec"]
+    assert rate == pytest.approx(sum(sizes) / 12, rel=1e-6)
 
 
 def test_under_jit_compile_a_budget_compiles_at_most_once_per_bucket(tmp_path):
-    bind_budget()
+    packed.bind_budget()
     model = parity.tokens()
     estimator = trainer.Estimator(
         packed.TokensOf(model),
@@ -135,7 +136,7 @@ def test_under_jit_compile_a_budget_compiles_at_most_once_per_bucket(tmp_path):
     )
     estimator.train(packed.input_fn(), 30)
     assert 2 <= estimator.model.steps.compiled_shapes <= 5
-    bind_budget()
+    packed.bind_budget()
     eager = packed.trained(tmp_path / "without XLA", 30, packed=False)
     for a, b in zip(eager, [w.numpy() for w in model.weights], strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6)

@@ -162,17 +162,23 @@ class Progress:
     Args:
       start: the step training starts from.
       max_steps: the step it stops at.
-      global_batch_size: examples per step.
+      examples_read: how many examples of the training stream are read so far (its
+        position: batches sized by a token budget vary in examples).
       display: ``'bar'`` (a live bar, moved every block), ``'lines'`` (a line on
         stdout every log step) or None; the line always goes to the log as well.
     """
 
     def __init__(
-        self, start: int, max_steps: int, global_batch_size: int, display: str | None = None
+        self,
+        start: int,
+        max_steps: int,
+        examples_read: Callable[[], int],
+        display: str | None = None,
     ):
         self.max_steps = max_steps
-        self.global_batch_size = global_batch_size
+        self.examples_read = examples_read
         self.last_step, self.last_time = start, time.perf_counter()
+        self.last_examples = examples_read()
         self.display = display
         self.bar = console.ProgressBar(start, max_steps, "train") if display == "bar" else None
 
@@ -201,13 +207,14 @@ class Progress:
 
     def rates(self, step: int) -> dict[str, float]:
         """Steps/s and examples/s since the previous call."""
-        now = time.perf_counter()
-        steps_per_sec = (step - self.last_step) / max(now - self.last_time, 1e-9)
-        self.last_step, self.last_time = step, now
-        return {
-            "steps_per_sec": steps_per_sec,
-            "examples_per_sec": steps_per_sec * self.global_batch_size,
+        now, examples = time.perf_counter(), self.examples_read()
+        seconds = max(now - self.last_time, 1e-9)
+        rates = {
+            "steps_per_sec": (step - self.last_step) / seconds,
+            "examples_per_sec": (examples - self.last_examples) / seconds,
         }
+        self.last_step, self.last_time, self.last_examples = step, now, examples
+        return rates
 
     def line(self, step: int, logs: Mapping[str, float]) -> str:
         """The log line of ``step``: its metrics, examples/s and the ETA."""

@@ -192,7 +192,7 @@ class TrainingRun:
             self.steps,
             self.writers,
             () if self.model.keras_step else self.model.plan.units,  # its own optimizers
-            monitoring.Progress(start, max_steps, self.loop.global_batch_size, display),
+            monitoring.Progress(start, max_steps, self.stream.examples_read, display),
             self.input_wait,
             self.events.log,
         )

@@ -82,6 +82,10 @@ class TrainingStream:
             self.placement.workers.heartbeat("making its input pipeline", step)
             self.iterator = self.inputs.train_iterator(self.input_fn, step)
 
+    def examples_read(self) -> int:
+        """How many examples of the stream the steps so far have read (its position)."""
+        return int(self.inputs.position.numpy())
+
     def advance(self, steps: int) -> None:
         """Counts ``steps`` more global batches as read (after a block)."""
         self.inputs.advance(steps, self.sizes)

@@ -51,6 +51,13 @@ def input_fn(seed: int = 1):
     return fn
 
 
+def bind_budget():
+    """The examples in batches by ``lengths.token_budget`` (4 to 16 a batch), grouped."""
+    gin.bind_parameter("lengths.token_budget", 90)  # 11, 7 and 5 a batch: odd shares
+    gin.bind_parameter("lengths.buckets", [4, 8, 12, 16, 20])
+    gin.bind_parameter("lengths.group_batches", 2)
+
+
 def trained(
     model_dir,
     steps: int,

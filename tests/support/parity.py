@@ -482,7 +482,9 @@ def worker_cells(base_dir: str) -> dict:
 #   target token over targets of 3 to 13 tokens, dropout 0; tests/test_seq2seq.py
 #   compares it with four micro-batches;
 # * packed_tokens: a token mean over examples of 1 to 19 tokens packed in rows of 24
-#   (tests/support/packed.py); tests/test_packing.py compares it with the padded rows.
+#   (tests/support/packed.py); tests/test_packing.py compares it with the padded rows;
+# * budgeted_tokens: the same examples in batches of as many as fit a token budget (4
+#   to 16 a batch, a share that differs by one between replicas when it is odd).
 RECIPE_STEPS = 5
 
 
@@ -502,7 +504,19 @@ def _packed_tokens(settings: dict, model_dir: str) -> dict:
     return {f"w{i}": w for i, w in enumerate(weights)}
 
 
-RECIPES = {"reverse_lstm": _reverse_lstm, "packed_tokens": _packed_tokens}
+def _budgeted_tokens(settings: dict, model_dir: str) -> dict:
+    from tests.support import packed
+
+    packed.bind_budget()
+    weights = packed.trained(model_dir, RECIPE_STEPS, packed=False, **settings)
+    return {f"w{i}": w for i, w in enumerate(weights)}
+
+
+RECIPES = {
+    "reverse_lstm": _reverse_lstm,
+    "packed_tokens": _packed_tokens,
+    "budgeted_tokens": _budgeted_tokens,
+}
 
 
 def recipe_cell(name: str, column_name: str, model_dir: str | None = None) -> dict:
