@@ -7,12 +7,14 @@ One process, one run. The source: 20,000 examples of lengths 4 to 320 (log-norma
 median 30, mean 44: a long tail), token ids in memory as a ``tf.RaggedTensor``, read
 by index. The model: a 2-block Transformer encoder (width 64, 4 heads, the padding
 masked from attention and from the pooling), compiled as Keras users compile it and
-given to the Estimator as it is; global batch 32, Adam. Two rows take turns
+given to the Estimator as it is; global batch 32, Adam. Three rows take turns
 (``--repeats``), each one ``Estimator.train`` timed between its log steps:
 
 * padded: every batch padded to 320 (``lengths.buckets = [320]``);
 * bucketed: ``lengths.group_batches = 50`` and ``lengths.buckets =
-  @lengths.geometric()`` (8 to 320, each 1.15x the last: 25 buckets).
+  @lengths.geometric()`` (8 to 320, each 1.15x the last: 25 buckets);
+* budgeted: the same, in batches by ``lengths.token_budget = 4096`` (at most 128
+  examples, the global batch): 12 to 128 examples a batch.
 
 Tokens/s counts the real (non-pad) tokens of the batches trained between the first
 and last log step, read again from the same stream; the padding share is the pad
@@ -58,9 +60,15 @@ from trainer import Estimator, InputParams, Mode  # noqa: E402
 from trainer.settings import Checkpoints, Summaries  # noqa: E402
 
 BATCH, LONGEST, VOCAB, WIDTH = 32, 320, 1000, 64
+BUDGET, MOST = 4096, 128  # the budgeted row: 4,096 padded positions, at most 128 examples
 ROWS = {
     "padded": {"lengths.buckets": [LONGEST]},
     "bucketed": {"lengths.group_batches": 50, "lengths.buckets": lengths.geometric(8, LONGEST)},
+    "budgeted": {
+        "lengths.group_batches": 50,
+        "lengths.buckets": lengths.geometric(8, LONGEST),
+        "lengths.token_budget": BUDGET,
+    },
 }
 LM_ROWS = {
     "lm padded": ROWS["padded"],
@@ -149,10 +157,15 @@ def real_tokens(features) -> np.ndarray:
     return features != 0
 
 
-def stream(input_fn, start_step: int, steps: int) -> list[np.ndarray]:
+def batch_of(row: str) -> int:
+    """The row's global batch: with a token budget, the most examples a batch takes."""
+    return MOST if "lengths.token_budget" in ROWS.get(row, {}) else BATCH
+
+
+def stream(row: str, input_fn, start_step: int, steps: int) -> list[np.ndarray]:
     """Which positions hold tokens in the batches of steps ``[start_step, start_step + steps)``."""
-    params = InputParams(BATCH, BATCH, seed=0, start_example=start_step * BATCH)
-    dataset = input_fn(Mode.TRAIN, params).take(steps)
+    params = InputParams(batch_of(row), batch_of(row), seed=0)
+    dataset = input_fn(Mode.TRAIN, params).skip(start_step).take(steps)
     return [real_tokens(features) for features, _ in dataset.as_numpy_iterator()]
 
 
@@ -173,7 +186,7 @@ def tokens_per_second(row: str, source, seconds: float, chunk: int = 20) -> floa
             language_model() if lm else transformer(),
             model_dir,
             optimizer=keras.optimizers.Adam(1e-3) if lm else None,
-            global_batch_size=BATCH,
+            global_batch_size=batch_of(row),
             seed=0,
             progress=False,
             steps_per_loop=chunk,
@@ -183,7 +196,7 @@ def tokens_per_second(row: str, source, seconds: float, chunk: int = 20) -> floa
         )
         estimator.train(input_fn, 10**9, callbacks=[Timer()])
     (s0, t0), (s1, t1) = marks[0], marks[-1]
-    real = sum(int(b.sum()) for b in stream(input_fn, s0, s1 - s0))
+    real = sum(int(b.sum()) for b in stream(row, input_fn, s0, s1 - s0))
     return real / (t1 - t0)
 
 
@@ -191,7 +204,13 @@ def padding_share(row: str, source) -> float:
     """Pad tokens' share of all tokens in one epoch of the row's training batches."""
     bound(row)
     preprocess = next_tokens if row in LM_ROWS else tokens_and_label
-    batches = stream(input_fn_of(source, preprocess), 0, len(source) // BATCH)
+    params = InputParams(batch_of(row), batch_of(row), seed=0)
+    batches, read = [], 0
+    for features, _ in input_fn_of(source, preprocess)(Mode.TRAIN, params).as_numpy_iterator():
+        batches.append(real_tokens(features))
+        read += len(batches[-1])
+        if read + batch_of(row) > len(source):  # an epoch's whole batches
+            break
     return 1 - sum(int(b.sum()) for b in batches) / sum(b.size for b in batches)
 
 
@@ -257,6 +276,11 @@ def main() -> None:
     )
     for name, value in resumed.items():
         print(f"bucketed: {name:<30} {value:.3g}")
+    budgeted = statistics.median(rates["budgeted"]) / statistics.median(rates["bucketed"])
+    print(
+        f"budgeted/bucketed tokens/s: {budgeted:.2f}x (a budget of {BUDGET:,} positions, at "
+        f"most {MOST} examples, against {BATCH} examples a batch)"
+    )
     ratio = statistics.median(rates["bucketed"]) / statistics.median(rates["padded"])
     print(
         f"bucketed/padded tokens/s: {ratio:.2f}x (padding share {shares['bucketed']:.0%} "

@@ -531,3 +531,32 @@ def test_records_on_disk_too_long_for_every_bucket_are_refused_before_training(
         "padded" in caplog.text  # fmt: skip
     shapes = {f["tokens"].shape for f, _ in dataset.take(4).as_numpy_iterator()}
     assert shapes <= {(4, 64), (4, 128)}
+
+
+def test_text_on_disk_in_batches_by_a_token_budget_is_the_text_held_in_memory(tmp_path):
+    """Sized by the lengths prepare kept, records read from disk make the very batches
+    that the same text held in memory makes, from step 0 and from a resume."""
+    rows = [{**row, "text": row["text"][: 20 + i * 37 % 280]} for i, row in enumerate(functions(8))]
+    data_dir = str(tmp_path / "functions")
+    text.prepare(write_jsonl(tmp_path / "f.jsonl", rows), data_dir, eval_fraction=0)
+    gin.bind_parameter("lengths.group_batches", 3)
+    gin.bind_parameter("lengths.buckets", [64, 128, 320])
+    gin.bind_parameter("lengths.token_budget", 1280)  # 16 (the most), 10 and 4 a batch
+
+    def batches(start=0, count=10, memory_limit_mb=None):
+        gin.bind_parameter("pipeline.memory_limit_mb", memory_limit_mb)
+        params = InputParams(16, 16, seed=3, start_example=start)
+        dataset = text.input_fn(Mode.TRAIN, params, data_dir=data_dir)
+        return [f["tokens"] for f, _ in dataset.take(count).as_numpy_iterator()]
+
+    from_disk, in_memory = batches(memory_limit_mb=0), batches()
+    assert [b.shape for b in from_disk] == [b.shape for b in in_memory]
+    assert 1 < len({b.shape for b in from_disk}) and {b.shape for b in from_disk} <= {
+        (16, 64),
+        (10, 128),
+        (4, 320),
+    }
+    assert all((a == b).all() for a, b in zip(from_disk, in_memory, strict=True))
+    start = sum(len(b) for b in from_disk[:4])
+    resumed = batches(start=start, count=6, memory_limit_mb=0)
+    assert all((a == b).all() for a, b in zip(resumed, from_disk[4:], strict=True))
