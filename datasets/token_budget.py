@@ -100,11 +100,17 @@ class Budget:
         return int(self._after(tf.constant(position, tf.int64), tf.constant(steps, tf.int64)))
 
     def _moved(self, position: tf.Tensor, steps: tf.Tensor) -> tf.Tensor:
-        def body(i, start):
-            return i + 1, start + tf.size(self.cut(start)[0], out_type=tf.int64)  # n
+        """``after``, reading the order once for every batch it may reach (a grouped
+        window is sorted once, not once a batch)."""
+        reach = position + tf.range((steps + 1) * self.most, dtype=tf.int64)
+        ahead = tf.gather(self._lengths, self.order.rows(reach))
 
-        start = (tf.constant(0, tf.int64), position)
-        return tf.while_loop(lambda i, _: i < steps, body, start)[1]
+        def body(i, offset):
+            window = tf.reshape(ahead[offset : offset + self.most], [self.most])
+            return i + 1, offset + self._size(window)[0]
+
+        start = (tf.constant(0, tf.int64), tf.constant(0, tf.int64))
+        return position + tf.while_loop(lambda i, _: i < steps, body, start)[1]
 
     def _size(self, ahead: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """``(n(b), b)`` for the lengths ahead: the least ``b`` holding its ``n(b)``."""
