@@ -100,8 +100,10 @@ class Budget:
         return int(self._after(tf.constant(position, tf.int64), tf.constant(steps, tf.int64)))
 
     def _moved(self, position: tf.Tensor, steps: tf.Tensor) -> tf.Tensor:
-        """``after``, reading the order once for every batch it may reach (a grouped
-        window is sorted once, not once a batch)."""
+        """``after``, the order read once for every batch it may reach.
+
+        So a grouped window is sorted once, not once a batch.
+        """
         reach = position + tf.range((steps + 1) * self.most, dtype=tf.int64)
         ahead = tf.gather(self._lengths, self.order.rows(reach))
 
