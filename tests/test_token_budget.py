@@ -140,3 +140,19 @@ def test_under_jit_compile_a_budget_compiles_at_most_once_per_bucket(tmp_path):
     eager = packed.trained(tmp_path / "without XLA", 30, packed=False)
     for a, b in zip(eager, [w.numpy() for w in model.weights], strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.parametrize("binding", ["packing.length", "mixing.mixup_alpha"])
+def test_a_budget_with_what_fixes_a_batch_otherwise_is_one_line(binding):
+    gin.bind_parameter("lengths.token_budget", 256)
+    gin.bind_parameter(binding, 64 if binding == "packing.length" else 0.2)
+    gin.bind_parameter("mixing.num_classes", 3)
+    what = "packing.length" if binding == "packing.length" else "mixing"
+    with pytest.raises(UserError, match=rf"^lengths.token_budget sizes text's batches .* {what}:"):
+        pipeline.build(
+            source(long_tailed(COUNT)),
+            Mode.TRAIN,
+            InputParams(MOST, MOST, seed=0),
+            lambda e: ({"tokens": e["tokens"]}, {}),
+            name="text",
+        )
