@@ -62,10 +62,11 @@ class Budget:
                 f"lengths.token_budget {self.tokens} cannot hold one example of {name}'s "
                 f"longest ({longest}, padded to {padded}): raise it to at least {padded}"
             )
+        self.counts = np.minimum(self.most, self.tokens // self.candidates)  # n(b), 0: none
         with tf.init_scope():  # made once, eagerly: datasets and the host's count capture it
             self._lengths = tf.constant(lengths, tf.int64)
             self._candidates = tf.constant(self.candidates)
-            self._counts = tf.constant(np.minimum(self.most, self.tokens // self.candidates))
+            self._counts = tf.constant(self.counts)
         self._after = tf.function(self._moved, reduce_retracing=True)
         logging.info(
             "Batching %s by a budget of %s padded positions: %s examples a batch (at most "
@@ -78,9 +79,9 @@ class Budget:
 
     def check_replicas(self, replicas: int, name: str) -> None:
         """Refuses a budget whose longest batch has fewer examples than the replicas."""
-        fewest = int(self._counts.numpy()[self._counts.numpy() > 0].min())
+        fewest = int(self.counts[self.counts > 0].min())
         if fewest < replicas:
-            longest = int(self.candidates[self._counts.numpy() > 0].max())
+            longest = int(self.candidates[self.counts > 0].max())
             raise UserError(
                 f"lengths.token_budget {self.tokens} holds {fewest} of {name}'s longest "
                 f"examples (padded to {longest}), fewer than the {replicas} replicas a batch "
@@ -174,11 +175,22 @@ def stream(
 
 @tf.autograph.experimental.do_not_convert
 def _padded_to(t, length: tf.Tensor):
-    """A ragged part of a batch padded with zeros to ``length``; any other as it is."""
+    """A ragged part of a batch padded with zeros to ``length``; any other as it is.
+
+    An example longer than the lengths the batch was sized by (a preprocess that adds
+    tokens to records whose lengths were kept before it) fails its batch, never cut.
+    """
     if not isinstance(t, tf.RaggedTensor):
         return t
     shape = t.bounding_shape()
-    dense = t.to_tensor(shape=tf.tensor_scatter_nd_update(shape, [[1]], [length]))
+    fits = tf.debugging.assert_less_equal(
+        shape[1],
+        length,
+        message="an example is longer than its length lengths.token_budget sized its batch "
+        "by (kept before preprocess, which lengthened it)",
+    )
+    with tf.control_dependencies([fits]):
+        dense = t.to_tensor(shape=tf.tensor_scatter_nd_update(shape, [[1]], [length]))
     dense.set_shape(t.shape[:1].concatenate([None]).concatenate(t.shape[2:]))
     return dense
 

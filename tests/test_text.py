@@ -535,7 +535,8 @@ def test_records_on_disk_too_long_for_every_bucket_are_refused_before_training(
 
 def test_text_on_disk_in_batches_by_a_token_budget_is_the_text_held_in_memory(tmp_path):
     """Sized by the lengths prepare kept, records read from disk make the very batches
-    that the same text held in memory makes, from step 0 and from a resume."""
+    that the same text held in memory makes, from step 0 and from a resume; a
+    preprocess that lengthens them fails its batch rather than cut it."""
     rows = [{**row, "text": row["text"][: 20 + i * 37 % 280]} for i, row in enumerate(functions(8))]
     data_dir = str(tmp_path / "functions")
     text.prepare(write_jsonl(tmp_path / "f.jsonl", rows), data_dir, eval_fraction=0)
@@ -560,3 +561,14 @@ def test_text_on_disk_in_batches_by_a_token_budget_is_the_text_held_in_memory(tm
     start = sum(len(b) for b in from_disk[:4])
     resumed = batches(start=start, count=6, memory_limit_mb=0)
     assert all((a == b).all() for a, b in zip(resumed, from_disk[4:], strict=True))
+
+    def lengthened(example):  # a preprocess that adds a token: the kept lengths fall short
+        features, labels = text.features_and_label(example)
+        return {"tokens": tf.concat([[1], features["tokens"]], 0)}, labels
+
+    gin.bind_parameter("lengths.buckets", [])  # each batch to the longest it was sized by
+    source, _ = text._documents_of(data_dir, "train")
+    params = InputParams(16, 16, seed=3)
+    dataset = pipeline.build(source, Mode.TRAIN, params, lengthened, name="lengthened")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="an example is longer than its"):
+        list(dataset.take(3).as_numpy_iterator())  # failed, not cut

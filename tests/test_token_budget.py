@@ -13,11 +13,11 @@ import pytest
 import trainer
 from datasets import pipeline
 from tests.support import packed, parity
-from tests.test_lengths import examples_of, long_tailed, source
+from tests.support.ragged import COUNT, examples_of, long_tailed, source
 from trainer import InputParams, Mode, UserError, checkpoints
 from trainer.settings import Checkpoints, Devices
 
-COUNT, MOST, BUDGET, BUCKETS = 203, 16, 128, (8, 16, 32, 64)
+MOST, BUDGET, BUCKETS = 16, 128, (8, 16, 32, 64)
 
 
 def budgeted(sizes, start=0, count=40, replicas=1, pipelines=(0, 1), group=0, **knobs):
