@@ -237,23 +237,11 @@ def _by_index(
             lambda positions, rows: (positions, data.records.read(rows)),
             num_parallel_calls=tf.data.AUTOTUNE,
         )
-
-        def example(position, record):
-            return position, preprocess(data.parse(record))
-
-    else:
-
-        def example(position, row):
-            if examples is not None:
-                return position, examples.gather(row)
-            return position, preprocess(data.gather(row))
-
+    example = _one_example(data, examples, preprocess, augment, order.seed)
     mixed = _mixed(params, order.seed)
 
-    def augmented(*element):
-        position, (features, labels) = example(*element)
-        if augment is not None:
-            features, labels = augment(features, labels, _stateless_seed(order.seed, position))
+    def augmented(position, item):
+        features, labels = example(position, item)
         return (features, labels, position) if mixed else (features, labels)
 
     dataset = stream.unbatch().map(augmented, num_parallel_calls=tf.data.AUTOTUNE)
@@ -261,6 +249,27 @@ def _by_index(
     if mixed:
         dataset = dataset.map(mixed, num_parallel_calls=tf.data.AUTOTUNE)
     return positioned(_finish(dataset, knobs, symbolic=True))
+
+
+def _one_example(data, examples, preprocess, augment, seed: int | None) -> Callable:
+    """``example(position, item)``: a training example, augmented for its position.
+
+    ``item`` is its row, or its record when ``data`` is records on disk; ``examples``
+    the preprocessed examples held in memory, or None.
+    """
+
+    def example(position, item):
+        if isinstance(data, RecordExamples):
+            features, labels = preprocess(data.parse(item))
+        elif examples is not None:
+            features, labels = examples.gather(item)
+        else:
+            features, labels = preprocess(data.gather(item))
+        if augment is not None:
+            features, labels = augment(features, labels, _stateless_seed(seed, position))
+        return features, labels
+
+    return example
 
 
 def _budgeted(
@@ -285,17 +294,7 @@ def _budgeted(
             return examples.gather(rows)
 
     else:
-
-        def example(position, item):
-            if isinstance(data, RecordExamples):
-                features, labels = preprocess(data.parse(item))
-            elif examples is not None:
-                features, labels = examples.gather(item)
-            else:
-                features, labels = preprocess(data.gather(item))
-            if augment is not None:
-                features, labels = augment(features, labels, _stateless_seed(order.seed, position))
-            return features, labels
+        example = _one_example(data, examples, preprocess, augment, order.seed)
 
         def batch_of(positions, rows):  # its examples one by one, then as one batch
             items = data.records.read(rows) if isinstance(data, RecordExamples) else rows
