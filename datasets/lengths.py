@@ -23,6 +23,9 @@ which ``prepare --text`` writes: 4 bytes an example, the records never read to s
 Cost: reading a batch sorts its window, ``O(W log W)`` for a window of ``W``
 examples (50 batches of 64: 3,200), on the input threads; it grows with the window,
 not with the data's size or the step a run resumes at.
+
+A third knob, ``lengths.token_budget``, sizes the training batches themselves by these
+lengths: ``datasets/token_budget.py``.
 """
 
 from __future__ import annotations
