@@ -183,3 +183,31 @@ def test_checkpoint_policies_hold_across_restarts_and_a_lost_list(tmp_path, data
         + ", ".join(map(str, checkpoint_steps(model_dir)))
         + "): name one of them, or keep more (Checkpoints.keep_every_steps)"
     )
+
+
+def test_a_run_that_saved_in_the_background_lets_go_of_its_writer(tmp_path):
+    """TensorFlow's async writer thread holds a copy of every variable until the process
+    exits: each run ends it, so a notebook's runs do not pile up models. A second run
+    of the same Estimator saves in the background again, whole."""
+    import threading
+
+    import trainer
+
+    def writers():
+        return [t for t in threading.enumerate() if "_async_save" in t.name]
+
+    def input_fn(mode, params):
+        x = tf.random.stateless_normal([64, 3], seed=[1, 2])
+        return tf.data.Dataset.from_tensor_slices(({"x": x}, x[:, 0])).batch(8).repeat()
+
+    before = len(writers())
+    estimator = trainer.Estimator(
+        Two(), str(tmp_path), global_batch_size=8, steps_per_loop=5, progress=False,
+        checkpoints=trainer.Checkpoints(every_steps=5, background=True, input=False),
+    )  # fmt: skip
+    for steps in (10, 20):
+        estimator.train(input_fn, steps)
+        assert len(writers()) == before
+        assert checkpoint_steps(tmp_path)[-1] == steps
+    restored = checkpoint_writer.Checkpointer(str(tmp_path), model=built())
+    assert restored.restore_latest(partial=True).endswith("ckpt-20")

@@ -5,6 +5,7 @@ removes or changes one fails here, naming it, before the framework misbehaves.
 """
 
 import os
+import threading
 
 import gin
 import keras
@@ -154,6 +155,34 @@ def test_tensorflow_context_key_value_store():
 
 def test_tensorflow_config_is_op_determinism_enabled():
     assert internals.op_determinism_enabled() is False
+
+
+def writer_threads() -> list:
+    """TensorFlow's async checkpoint writer threads alive (named for their target)."""
+    return [t for t in threading.enumerate() if "_async_save" in t.name]
+
+
+def test_tensorflow_checkpoint__async_checkpointer_impl__join_async_save_thread(tmp_path):
+    """Released, the writer thread ends and the checkpoint keeps no helper; a later
+    async write starts a new one, and its file is whole."""
+    before = len(writer_threads())
+    variable = tf.Variable(1.0)
+    checkpoint = tf.train.Checkpoint(v=variable)
+    options = tf.train.CheckpointOptions(enable_async=True)
+    checkpoint.write(str(tmp_path / "a"), options=options)
+    checkpoint.sync()
+    assert len(writer_threads()) == before + 1
+    internals.release_async_checkpoint(checkpoint)
+    assert len(writer_threads()) == before and checkpoint._async_checkpointer_impl is None
+    variable.assign(2.0)
+    checkpoint.write(str(tmp_path / "b"), options=options)
+    checkpoint.sync()
+    internals.release_async_checkpoint(checkpoint)
+    assert len(writer_threads()) == before
+    assert (
+        tf.train.load_checkpoint(str(tmp_path / "b")).get_tensor("v/.ATTRIBUTES/VARIABLE_VALUE")
+        == 2.0
+    )
 
 
 def test_tensorflow_graph_view_descendants():

@@ -184,6 +184,13 @@ class Background:
         if error is not None:
             raise error
 
+    def close(self) -> None:
+        """Lets go of TensorFlow's writer thread, and the copy of the variables it holds.
+
+        Called with no write in flight (after ``wait``).
+        """
+        internals.release_async_checkpoint(self.checkpoint)
+
 
 class Checkpointer:
     """Saves every named trackable together and restores the newest checkpoint.
@@ -241,6 +248,11 @@ class Checkpointer:
             self.background.wait()
         except (tf.errors.OpError, OSError) as error:
             raise self._failed(error) from None
+
+    def close(self) -> None:
+        """After the run's last save and ``wait``: the background writer let go."""
+        if self.background is not None:
+            self.background.close()
 
     def restore_latest(self, partial: bool = False, step: int | None = None) -> str | None:
         """Restores the newest checkpoint (or that of ``step``), if any; returns its path.

@@ -10,6 +10,7 @@ twice) raises here instead.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 from collections.abc import Callable, Mapping
 
@@ -193,6 +194,23 @@ def op_determinism_enabled() -> bool:
     from tensorflow.python.framework import config  # noqa: PLC0415
 
     return bool(config.is_op_determinism_enabled())
+
+
+def release_async_checkpoint(checkpoint: tf.train.Checkpoint) -> None:
+    """Ends the writer thread TensorFlow's async checkpointing keeps for ``checkpoint``.
+
+    TF 2.21 starts it at the first write with ``enable_async`` and joins it only at
+    exit (an ``atexit`` hook), so until then it holds the checkpoint's objects and a
+    CPU copy of every variable: each training run kept its model and optimizer, twice
+    over, for the life of the process. No public call ends it. Call it with no write
+    in flight; a later async write starts a new one.
+    """
+    helper = getattr(checkpoint, "_async_checkpointer_impl", None)
+    if helper is None:
+        return
+    helper._join_async_save_thread()
+    atexit.unregister(helper._join_async_save_thread)
+    checkpoint._async_checkpointer_impl = None
 
 
 def checkpoint_descendants(checkpoint: tf.train.Checkpoint) -> list:

@@ -175,6 +175,7 @@ class TrainingRun:
                 log.progress.close()
                 with contextlib.suppress(UserError):  # the error on its way says more
                     self.checkpointer.wait()
+                self.checkpointer.close()  # held until exit, it keeps a copy of the weights
             self.input_wait.report()
             return step
 
