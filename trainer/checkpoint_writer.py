@@ -16,6 +16,7 @@ it is whole, so a process killed mid-save resumes from the one before.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging as pylogging
 import os
@@ -187,9 +188,11 @@ class Background:
     def close(self) -> None:
         """Lets go of TensorFlow's writer thread, and the copy of the variables it holds.
 
-        Called with no write in flight (after ``wait``).
+        Called with no write in flight (after ``wait``, which said any write that failed:
+        TensorFlow raises it again here, so it is not said twice).
         """
-        internals.release_async_checkpoint(self.checkpoint)
+        with contextlib.suppress(tf.errors.OpError, OSError):
+            internals.release_async_checkpoint(self.checkpoint)
 
 
 class Checkpointer:
