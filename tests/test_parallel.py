@@ -567,7 +567,8 @@ def test_cost_model_counts_what_towers_and_the_ring_move():
     assert two.towers_bytes == two.ring_bytes == g  # alike at 2 devices
     rows = costs.table([mlp])
     assert len(rows) == 2 + 5 and rows[4].startswith("| MLP | 8 | NVLink 4 | 18.8 MB / 4.7 MB")
-    shown = costs.table(costs.networks())  # what benchmarks/devices.py prints
+    networks = costs.networks()  # ImageNet's AlexNet and ResNet-50 traced, once
+    shown = costs.table(networks)  # what benchmarks/devices.py prints
     assert "\n".join(shown) in guides.text()
-    alexnet = costs.networks()[0]
+    alexnet = networks[0]
     assert alexnet.parameters == 62_378_344  # experiments/alexnet_imagenet.gin's count
