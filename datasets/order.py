@@ -147,9 +147,17 @@ def pipeline_positions(elements: tf.Tensor, params: InputParams) -> tf.Tensor:
     step ``k // L``. Positions count from ``params.start_example``.
     """
     b = params.batch_size
-    global_batch = params.global_batch_size
-    replicas = max(global_batch // b, 1)
-    local = max(replicas // params.num_input_pipelines, 1)
+    _, local, first = replica_shares(params)
     k, o = elements // b, elements % b
-    replica = params.input_pipeline_id * local + k % local
-    return params.start_example + (k // local) * global_batch + replica * b + o
+    replica = first + k % local
+    return params.start_example + (k // local) * params.global_batch_size + replica * b + o
+
+
+def replica_shares(params: InputParams) -> tuple[int, int, int]:
+    """``(R, L, first)``: a step's replicas, this pipeline's share, its first replica.
+
+    Pipeline ``i`` of ``P`` serves ``L = R / P`` replicas, from replica ``i * L``.
+    """
+    replicas = max(params.global_batch_size // params.batch_size, 1)
+    local = max(replicas // params.num_input_pipelines, 1)
+    return replicas, local, params.input_pipeline_id * local

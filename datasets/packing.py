@@ -39,7 +39,7 @@ import gin
 import numpy as np
 import tensorflow as tf
 
-from datasets.order import Order
+from datasets.order import Order, replica_shares
 from datasets.sources import ArraySource
 from trainer import InputParams, UserError
 from trainer.tokens import SEGMENTS
@@ -308,10 +308,9 @@ def step_shares(elements: tf.Tensor, params: InputParams) -> tuple[tf.Tensor, tf
     ``[replicas, b]``, and which of them this pipeline's batch is (as
     ``order.pipeline_positions`` deals them out).
     """
-    b, global_batch = params.batch_size, params.global_batch_size
-    replicas = max(global_batch // b, 1)
-    local = max(replicas // params.num_input_pipelines, 1)
+    b = params.batch_size
+    replicas, local, first = replica_shares(params)
     k = tf.cast(elements[0], tf.int64) // b
-    start = params.start_example + (k // local) * global_batch
+    start = params.start_example + (k // local) * params.global_batch_size
     positions = start + tf.reshape(tf.range(replicas * b, dtype=tf.int64), [replicas, b])
-    return positions, params.input_pipeline_id * local + k % local
+    return positions, first + k % local

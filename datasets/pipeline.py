@@ -41,7 +41,7 @@ from absl import logging
 
 from datasets import lengths, mixing, packing, token_budget
 from datasets.lengths import padded
-from datasets.order import Order, pipeline_positions
+from datasets.order import Order, pipeline_positions, replica_shares
 from datasets.sources import (  # noqa: F401 - users name them pipeline.ArraySource, ...
     ArraySource,
     Preprocess,
@@ -287,7 +287,7 @@ def _budgeted(
     found = lengths.example_lengths(examples if examples is not None else data)
     most = params.global_batch_size
     budget = token_budget.Budget(order, found, shapes.token_budget, shapes.buckets, most, name)
-    budget.check_replicas(max(most // params.batch_size, 1), name)
+    budget.check_replicas(replica_shares(params)[0], name)
     if examples is not None and augment is None:  # a whole batch in one gather
 
         def batch_of(positions, rows):

@@ -37,6 +37,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from datasets.order import replica_shares
 from trainer import InputParams, UserError
 
 
@@ -147,9 +148,7 @@ def stream(
     ``batch_of(positions, rows)`` with its examples that vary in length padded to the
     step's length.
     """
-    replicas = max(params.global_batch_size // params.batch_size, 1)
-    local = max(replicas // params.num_input_pipelines, 1)
-    first = params.input_pipeline_id * local
+    replicas, local, first = replica_shares(params)
 
     def cut(start, _):
         positions, rows, length = budget.cut(start)
