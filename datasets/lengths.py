@@ -279,15 +279,22 @@ def padded(batch, buckets: Sequence[int] = ()):
 def _dense(ragged: tf.RaggedTensor, buckets: Sequence[int]) -> tf.Tensor:
     if not buckets:
         return ragged.to_tensor()
-    shape = ragged.bounding_shape()
     bounds = tf.constant(buckets, tf.int64)
-    fits = tf.debugging.assert_less_equal(
-        shape[1],
-        bounds[-1],
-        message=f"an example is longer than the last of lengths.buckets ({buckets[-1]})",
-    )
+    longest = ragged.bounding_shape()[1]
+    length = tf.gather(bounds, tf.searchsorted(bounds, tf.minimum(longest, bounds[-1])[None])[0])
+    message = f"an example is longer than the last of lengths.buckets ({buckets[-1]})"
+    return padded_to(ragged, length, message)
+
+
+@tf.autograph.experimental.do_not_convert
+def padded_to(ragged: tf.RaggedTensor, length: tf.Tensor, message: str) -> tf.Tensor:
+    """``ragged`` padded with zeros to ``length``; an example longer fails, with ``message``.
+
+    Its static dimensions are kept (the pipeline sets the batch size).
+    """
+    shape = ragged.bounding_shape()
+    fits = tf.debugging.assert_less_equal(shape[1], length, message=message)
     with tf.control_dependencies([fits]):
-        length = tf.gather(bounds, tf.searchsorted(bounds, shape[1:2])[0])
-    dense = ragged.to_tensor(shape=tf.tensor_scatter_nd_update(shape, [[1]], [length]))
+        dense = ragged.to_tensor(shape=tf.tensor_scatter_nd_update(shape, [[1]], [length]))
     dense.set_shape(ragged.shape[:1].concatenate([None]).concatenate(ragged.shape[2:]))
-    return dense  # its static dimensions kept (the pipeline sets the batch size)
+    return dense

@@ -37,6 +37,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from datasets.lengths import padded_to
 from datasets.order import replica_shares
 from trainer import InputParams, UserError
 
@@ -181,17 +182,13 @@ def _padded_to(t, length: tf.Tensor):
     """
     if not isinstance(t, tf.RaggedTensor):
         return t
-    shape = t.bounding_shape()
-    fits = tf.debugging.assert_less_equal(
-        shape[1],
-        length,
-        message="an example is longer than its length lengths.token_budget sized its batch "
-        "by (kept before preprocess, which lengthened it)",
-    )
-    with tf.control_dependencies([fits]):
-        dense = t.to_tensor(shape=tf.tensor_scatter_nd_update(shape, [[1]], [length]))
-    dense.set_shape(t.shape[:1].concatenate([None]).concatenate(t.shape[2:]))
-    return dense
+    return padded_to(t, length, LENGTHENED)
+
+
+LENGTHENED = (
+    "an example is longer than its length lengths.token_budget sized its batch by (kept "
+    "before preprocess, which lengthened it)"
+)
 
 
 def check(knobs, packed: bool, mixed: bool, name: str) -> None:
