@@ -147,11 +147,16 @@ def build(
         packer = _packer(packs, shapes, lengths_of, augment, order if training else None, params)
     if training:
         token_budget.check(shapes, packer is not None, mixing.options().active, name)
+        sorted_or_sized = shapes.group_batches or shapes.token_budget
+        found = lengths.example_lengths(as_batched) if sorted_or_sized else None
         if shapes.group_batches:
             window = shapes.group_batches * params.global_batch_size
-            order = lengths.Grouped(order, lengths.example_lengths(as_batched), window, name)
+            order = lengths.Grouped(order, found, window, name)
         if shapes.token_budget:
-            return _budgeted(order, params, data, examples, preprocess, augment, knobs, name)
+            budget = token_budget.Budget(
+                order, found, shapes.token_budget, shapes.buckets, params.global_batch_size, name
+            )
+            return _budgeted(budget, params, data, examples, preprocess, augment, knobs, name)
         return _by_index(order, params, data, examples, preprocess, augment, knobs, shapes, packer)
     rows = tf.data.Dataset.range(len(data))
     if params.num_input_pipelines > 1:
@@ -273,7 +278,7 @@ def _one_example(data, examples, preprocess, augment, seed: int | None) -> Calla
 
 
 def _budgeted(
-    order: Order | lengths.Grouped,
+    budget: token_budget.Budget,
     params: InputParams,
     data: ArraySource | RecordExamples,
     examples: ArraySource | None,
@@ -283,10 +288,6 @@ def _budgeted(
     name: str,
 ) -> tf.data.Dataset:
     """The endless training stream in batches sized by ``lengths.token_budget``."""
-    shapes = lengths.knobs()
-    found = lengths.example_lengths(examples if examples is not None else data)
-    most = params.global_batch_size
-    budget = token_budget.Budget(order, found, shapes.token_budget, shapes.buckets, most, name)
     budget.check_replicas(replica_shares(params)[0], name)
     if examples is not None and augment is None:  # a whole batch in one gather
 
@@ -294,12 +295,12 @@ def _budgeted(
             return examples.gather(rows)
 
     else:
-        example = _one_example(data, examples, preprocess, augment, order.seed)
+        example = _one_example(data, examples, preprocess, augment, budget.order.seed)
 
         def batch_of(positions, rows):  # its examples one by one, then as one batch
             items = data.records.read(rows) if isinstance(data, RecordExamples) else rows
             single = tf.data.Dataset.from_tensor_slices((positions, items)).map(example)
-            return single.ragged_batch(most).get_single_element()
+            return single.ragged_batch(budget.most).get_single_element()
 
     dataset = token_budget.stream(budget, params, batch_of)
     return sized_by(positioned(_finish(dataset, knobs, symbolic=True)), budget.after)
