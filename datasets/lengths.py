@@ -40,7 +40,7 @@ from absl import logging
 
 from datasets.order import Order
 from datasets.sources import ArraySource, RecordExamples
-from trainer import UserError
+from trainer import UserError, errors
 
 PROBED = 4096  # records on disk read before training to check their length (at most)
 
@@ -83,6 +83,14 @@ def geometric(shortest: int = 8, longest: int = 512, ratio: float = 1.15, multip
     (0.15: 25 buckets from 8 to 320). Each length is rounded up to a ``multiple``,
     and ``longest`` is the last. In gin: ``lengths.buckets = @lengths.geometric()``.
     """
+    errors.check_count("lengths.geometric.shortest", shortest)
+    errors.check_count("lengths.geometric.longest", longest, minimum=shortest)
+    errors.check_count("lengths.geometric.multiple", multiple)
+    if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not ratio > 1:
+        raise UserError(
+            f"lengths.geometric.ratio must be a number > 1 (each length that times the last), "
+            f"got {ratio!r}"
+        )
     found, length = [], float(shortest)
     while length < longest:
         rounded = int(-(-length // multiple) * multiple)

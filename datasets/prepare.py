@@ -33,7 +33,8 @@ import tensorflow as tf  # noqa: E402
 import tensorflow_datasets as tfds  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from trainer import UserError, errors, logs  # noqa: E402
+from datasets import shards  # noqa: E402
+from trainer import UserError, errors, logs, owned_dirs  # noqa: E402
 
 flags.DEFINE_string("images", None, "A folder of images, one subfolder per class.")
 flags.DEFINE_string("tfrecords", None, "A glob of TFRecord shards to index where they lie.")
@@ -97,6 +98,8 @@ def main(argv: list[str]) -> None:
             raise UserError(
                 "give --out and one of --images, --dataset, --tfrecords or --text (or --verify DIR)"
             )
+        check_flags()
+        owned_dirs.check(FLAGS.out, shards.OWNER)
         if FLAGS.text:
             from datasets import text
 
@@ -106,7 +109,7 @@ def main(argv: list[str]) -> None:
                 FLAGS.tokenizer,
                 FLAGS.vocab_size,
                 FLAGS.text_field,
-                FLAGS.label_field,
+                FLAGS.label_field if FLAGS["label_field"].present else None,
                 FLAGS.eval_fraction,
                 FLAGS.shards or 4,
                 FLAGS.vocab,
@@ -139,9 +142,36 @@ def main(argv: list[str]) -> None:
         sys.exit(2)
 
 
+def check_flags() -> None:
+    """Refuses numbers out of range, and options that the chosen kind of data ignores."""
+    for name in ("shards", "max_side"):
+        if FLAGS[name].value is not None:
+            errors.check_count(f"--{name}", FLAGS[name].value)
+    if not 0 <= FLAGS.eval_fraction < 1:
+        raise UserError(
+            f"--eval_fraction is the share of the documents held out, from 0 (none) to below 1, "
+            f"got {FLAGS.eval_fraction:g}"
+        )
+    text_only = ("tokenizer", "vocab", "vocab_size", "text_field", "label_field")
+    given = [name for name in text_only if FLAGS[name].present]
+    if given and not FLAGS.text:
+        raise UserError(f"--{given[0]} applies to --text only: drop it")
+    tokenizer = FLAGS.tokenizer
+    if FLAGS.vocab and tokenizer not in ("wordpiece", "sentencepiece"):
+        raise UserError(
+            f"--vocab is read by --tokenizer wordpiece (a vocab.txt) or sentencepiece (a .model), "
+            f"not {tokenizer}: add --tokenizer wordpiece or --tokenizer sentencepiece"
+        )
+    if FLAGS["vocab_size"].present and tokenizer != "words":
+        raise UserError(
+            f"--vocab_size applies to --tokenizer words (a vocabulary learned from the file); "
+            f"{tokenizer}'s is fixed: drop it, or add --tokenizer words"
+        )
+
+
 def write_dataset() -> dict:
     """Writes ``--dataset``'s splits; returns the ``dataset.json`` written."""
-    from datasets import shards, tfds_images
+    from datasets import tfds_images
 
     encoded = FLAGS.dataset != "digits" and tfds_images.varies_in_size(
         FLAGS.dataset, FLAGS.data_dir
@@ -161,8 +191,6 @@ def write_dataset() -> dict:
 
 def verify(data_dir: str) -> int:
     """Reads every record; prints what is damaged; 1 if anything is, else 0."""
-    from datasets import shards
-
     metadata = shards.read_metadata(data_dir)
     problems = [p for split in metadata["splits"] for p in shards.verify(data_dir, split)]
     for problem in problems:

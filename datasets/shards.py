@@ -18,9 +18,10 @@ import numpy as np
 import tensorflow as tf
 
 from datasets import records
-from trainer import UserError, whole_files
+from trainer import UserError, owned_dirs, whole_files
 
 METADATA = "dataset.json"
+VOCABULARIES = ("vocab.txt", "sentencepiece.model")  # a text tokenizer's, kept beside
 FORMATS = ("png", "raw")
 
 
@@ -122,6 +123,28 @@ def read_metadata(data_dir: str, missing_ok: bool = False) -> dict | None:
             f"`python3 -m datasets.prepare --out {data_dir} ...`"
         )
     return metadata
+
+
+def files_of(data_dir: str) -> set[str]:
+    """The names of the files ``prepare`` wrote in ``data_dir``, as its ``dataset.json`` lists.
+
+    Shards (and their indexes), each split's kept lengths and token stream, a kept
+    vocabulary, the resume records of a split being written, and ``dataset.json``: only
+    plain names in ``data_dir`` (shards indexed where they lie are not its own).
+    """
+    metadata = read_metadata(data_dir, missing_ok=True) or {}
+    names = {METADATA, *VOCABULARIES}
+    for split, entry in metadata.get("splits", {}).items():
+        names.add(f"{split}.progress.json")
+        for shard in entry.get("shards", []):
+            names.update({shard["file"], shard["file"] + records.INDEX_SUFFIX})
+        names.update({entry.get("lengths", ""), entry.get("stream", {}).get("file", "")})
+    present = {name.rstrip("/") for name in tf.io.gfile.listdir(data_dir)}
+    return {name for name in names if name and os.sep not in name} & present
+
+
+# prepare, as the writer of the directories --out names (trainer/owned_dirs.py)
+OWNER = owned_dirs.Owner("prepare", "--out", METADATA, files_of, ".progress.json")
 
 
 def count_readable(path: str, compression: str | None) -> tuple[int, bool]:

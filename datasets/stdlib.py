@@ -33,7 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from datasets import pipeline, text
-from trainer import InputParams, Mode, UserError
+from trainer import InputParams, Mode, UserError, errors
 
 
 def modules(split: str) -> list[str]:
@@ -84,7 +84,13 @@ def input_fn(
     ``train``, by index forever; EVAL: ``test``'s windows once; PREDICT: ``prompts``
     as ``{'tokens'}``, padded with 0, for a model that continues them.
     """
+    errors.check_count("stdlib.input_fn.length", length)
     if mode == Mode.PREDICT:
+        if isinstance(prompts, str) or not prompts:
+            raise UserError(
+                f"stdlib.input_fn.prompts must be a list of strings to continue, got "
+                f"{prompts!r}: write ['def main(']"
+            )
         ids = tf.ragged.constant([[b + 1 for b in p.encode()] for p in prompts], tf.int64)
         source = pipeline.ArraySource({"tokens": ids}, "prompts")
         dataset = pipeline.build(source, mode, params, lambda e: ({"tokens": e["tokens"]}, {}))
@@ -95,7 +101,8 @@ def input_fn(
             _WINDOWS[split, length] = text.windows(tokens, length, f"stdlib-{split}")
         windows = _WINDOWS[split, length]
         dataset = pipeline.build(windows, mode, params, text.next_tokens, name=f"stdlib-{split}")
-    return text.tokenized_by(dataset, text.bytes_tokenizer())  # an export takes strings
+    # An export takes strings, the last ``length`` bytes of each continued.
+    return text.tokenized_by(dataset, text.bytes_tokenizer(), length, keep_last=True)
 
 
 PACKAGES = ("asyncio", "email", "http", "logging", "multiprocessing", "unittest", "urllib", "xml")

@@ -23,15 +23,16 @@ them, are class names (or numbers), made class ids in sorted order. Tokenizers:
 The vocabulary is kept beside the shards (``vocab.txt``, ``sentencepiece.model``):
 an export tokenizes strings with it, in the same ops (``served``).
 
-A tenth of the documents (``--eval_fraction``; every k-th, so the split is the same
-on every run) is held out as ``test``. Each document is one record, its token ids a
-variable-length ``tokens`` feature (and ``label``), in uncompressed shards with their
-offsets indexed, each split's lengths in tokens (``train-lengths.npy``, 4 bytes a
-document), and its documents end to end (``train-tokens.bin``, 2 bytes a token, for a
-language model's windows); ``dataset.json`` says how they were made. ``input_fn`` reads them: held
-in memory as a ``tf.RaggedTensor`` when they fit (``pipeline.memory_limit_mb``), else
-by offset from the files, and batched by length as ``datasets/lengths.py`` says (from
-the kept lengths alone when they are on disk).
+A tenth of the documents (``--eval_fraction``, exactly, spread evenly: the 10th,
+20th, ..., so the split is the same on every run) is held out as ``test``. Each
+document is one record, its token ids a variable-length ``tokens`` feature (and
+``label``), in uncompressed shards with their offsets indexed, each split's lengths
+in tokens (``train-lengths.npy``, 4 bytes a document), and its documents end to end
+(``train-tokens.bin``, 2 bytes a token, for a language model's windows);
+``dataset.json`` says how they were made. ``input_fn`` reads them: held in memory as
+a ``tf.RaggedTensor`` when they fit (``pipeline.memory_limit_mb``), else by offset
+from the files, and batched by length as ``datasets/lengths.py`` says (from the kept
+lengths alone when they are on disk).
 
 Nothing is written until the whole file has been read and checked: an empty
 document, a row without the text field, or a label missing from some rows is one
@@ -47,7 +48,6 @@ import collections
 import functools
 import io
 import os
-import shutil
 from collections.abc import Iterable
 
 import gin
@@ -57,10 +57,11 @@ from absl import logging
 
 from datasets import packing, pipeline, records, shards, text_writing
 from datasets.sources import memory_limit
-from trainer import InputParams, Mode, UserError, errors, serving, whole_files
+from trainer import InputParams, Mode, UserError, errors, owned_dirs, serving, whole_files
 
 TOKENIZERS = ("bytes", "words", "wordpiece", "sentencepiece")
-KEPT = {"words": "vocab.txt", "wordpiece": "vocab.txt", "sentencepiece": "sentencepiece.model"}
+VOCAB, PIECES = shards.VOCABULARIES
+KEPT = {"words": VOCAB, "wordpiece": VOCAB, "sentencepiece": PIECES}
 PAD, UNKNOWN = 0, 1
 
 
@@ -149,11 +150,17 @@ def split_words(texts: tf.Tensor) -> tf.RaggedTensor:
     r"""The words of a batch of strings, lower-cased.
 
     Runs of letters, digits and ``_``, and single other characters that are not
-    spaces: Python's ``re.findall(r"\w+|[^\w\s]")``, in RE2.
+    spaces (``SPACES``): Python's ``re.findall(r"\w+|[^\w\s]")``, in RE2.
     """
     lowered = tf.strings.lower(texts, encoding="utf-8")
-    spaced = tf.strings.regex_replace(lowered, r"([\pL\pN_]+|[^\pL\pN_\s\pZ])", r" \1 ")
-    return tf.strings.split(tf.strings.regex_replace(spaced, r"[\s\pZ]+", " "))
+    spaced = tf.strings.regex_replace(lowered, rf"([\pL\pN_]+|[^\pL\pN_{SPACES}])", r" \1 ")
+    return tf.strings.split(tf.strings.regex_replace(spaced, rf"[{SPACES}]+", " "))
+
+
+# What Python's str.isspace() calls a space, in RE2: \s and \pZ miss the vertical tab,
+# the separators \x1c-\x1f and NEL, which would be words that a vocab.txt, one per
+# line as Python reads it, cannot hold.
+SPACES = r"\s\pZ\x{0b}\x{1c}-\x{1f}\x{85}"
 
 
 def read_vocabulary(path: str | None) -> list[str]:
@@ -172,6 +179,8 @@ def read_vocabulary(path: str | None) -> list[str]:
             tokens = f.read().splitlines()
     except FileNotFoundError:
         raise UserError(f"--vocab {path}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"--vocab {path} is a folder: name the vocabulary file in it") from None
     except UnicodeDecodeError:
         raise UserError(f"--vocab {path}: not UTF-8 text, so not a vocabulary") from None
     seen: dict[str, int] = {}
@@ -198,6 +207,8 @@ def sentencepiece(path: str | None) -> Tokenizer:
             model = f.read()
     except FileNotFoundError:
         raise UserError(f"--vocab {path}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"--vocab {path} is a folder: name the .model file in it") from None
     try:
         tokenizer = Tokenizer("sentencepiece", model)
         tokenizer.tokenize(tf.constant(["a"]))
@@ -238,30 +249,50 @@ def prepare(
     tokenizer: str = "bytes",
     vocab_size: int = 8000,
     text_field: str = "text",
-    label_field: str = "label",
+    label_field: str | None = None,
     eval_fraction: float = 0.1,
     num_shards: int = 4,
     vocab: str | None = None,
 ) -> dict:
     """Tokenizes the file's documents and writes them as shards; returns ``dataset.json``.
 
-    Written into a temporary directory beside ``out_dir`` and renamed when whole: a
-    failure leaves ``out_dir`` as it was.
+    ``label_field``: the rows' field holding their class; None: 'label', if rows have it.
+
+    ``out_dir`` must be new, empty, or prepared before (``trainer/owned_dirs.py``):
+    written into a temporary directory beside it and put in place when whole, so a
+    failure leaves it as it was, and only files prepare wrote are ever replaced.
     """
-    found = text_writing.survey(path, text_field, label_field)
+    owned_dirs.check(out_dir, shards.OWNER)
+    if not 0 <= eval_fraction < 1:
+        raise UserError(
+            f"--eval_fraction is the share of the documents held out, from 0 (none) to below 1, "
+            f"got {eval_fraction:g}"
+        )
+    errors.check_count("--shards", num_shards)
+    named, label_field = label_field is not None, label_field or "label"
+    found = text_writing.survey(path, text_field, label_field, named)
     documents = functools.partial(text_writing.chunks, path, text_field, label_field)
     tokens = Tokenizer.learned(tokenizer, (t for t, _ in documents()), vocab_size, vocab)
-    every = max(int(round(1 / eval_fraction)), 2) if eval_fraction > 0 else 0
-    staging = f"{out_dir.rstrip('/')}.tmp-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    os.makedirs(staging)
+    staging = owned_dirs.staging(out_dir, shards.OWNER)
     try:
         splits = text_writing.write_splits(
-            staging, documents(), tokens.all_ids, found, every, num_shards, tokens.vocab_size
+            staging,
+            documents(),
+            tokens.all_ids,
+            found,
+            eval_fraction,
+            num_shards,
+            tokens.vocab_size,
         )
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        _write_description(staging, tokens, found, splits)
+        owned_dirs.put_in_place(staging, out_dir, shards.OWNER)
+    finally:
+        owned_dirs.discard(staging)
+    return shards.read_metadata(out_dir)
+
+
+def _write_description(staging: str, tokens: Tokenizer, found, splits: dict) -> None:
+    """Writes the kept vocabulary and ``dataset.json`` of the prepared text."""
     classes = found.classes
     metadata = {
         "kind": "text",
@@ -269,7 +300,7 @@ def prepare(
         "vocab_size": tokens.vocab_size,
         "num_classes": len(classes),
         "classes": classes,
-        "source": os.path.basename(path),
+        "source": os.path.basename(found.path),
         "compression": None,
         "eval_split": "test" if "test" in splits else "train",
         "splits": splits,
@@ -279,9 +310,6 @@ def prepare(
             kept = tokens.vocabulary
             f.write(kept if isinstance(kept, bytes) else ("\n".join(kept) + "\n").encode())
     whole_files.write_json(os.path.join(staging, shards.METADATA), metadata)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    os.replace(staging, out_dir)
-    return metadata
 
 
 def kept_lengths(data_dir: str, entry: dict) -> np.ndarray | None:
@@ -342,7 +370,7 @@ def input_fn(
     """
     source, split = _documents_of(data_dir, train_split if mode == Mode.TRAIN else eval_split)
     dataset = pipeline.build(source, mode, params, features_and_label, name=f"text-{split}")
-    return served(dataset, data_dir)
+    return served(dataset, data_dir, longest_prepared(data_dir))
 
 
 @gin.configurable("text.documents_input_fn")
@@ -363,7 +391,16 @@ def documents_input_fn(
     wanted = train_split if mode == Mode.TRAIN else eval_split
     source, split = _documents_of(data_dir, wanted, example_of=next_of_document, shift=1)
     dataset = pipeline.build(source, mode, params, next_tokens, name=f"documents-{split}")
-    return served(dataset, data_dir)
+    return served(dataset, data_dir, longest_prepared(data_dir), keep_last=True)
+
+
+def longest_prepared(data_dir: str) -> int:
+    """The most tokens of a prepared document (of any split): what an export keeps of a text."""
+    splits = shards.read_metadata(data_dir)["splits"].values()
+    return max((entry.get("longest", 0) for entry in splits), default=0) or LONGEST_UNKNOWN
+
+
+LONGEST_UNKNOWN = 4096  # data prepared before the longest document was kept
 
 
 def _documents_of(data_dir: str, wanted: str | None, example_of=None, shift: int = 0):
@@ -406,23 +443,45 @@ class TextFeatures(tf.Module):
 
     Tokenized as ``prepare`` tokenized the file, padded with 0 to the batch's longest
     (with ``segment_ids`` and ``positions`` when training packs, one example a row).
+    Each text is cut to ``longest`` tokens, the longest that training read: its first
+    ones (a classifier's), or with ``keep_last`` its last ones (a prompt a language
+    model continues). A request's cost is bounded so: one 1 MB string would otherwise
+    ask a classifier for an attention of 350,000 x 350,000 positions. The string is
+    cut before it is tokenized too (to ``longest`` bytes, or 16 bytes a token for a
+    vocabulary), so that tokenizing it costs no more.
     """
 
-    def __init__(self, tokenizer: Tokenizer, packed: bool = False):
+    def __init__(
+        self, tokenizer: Tokenizer, longest: int, packed: bool = False, keep_last: bool = False
+    ):
         super().__init__(name="text_features")
         self.tokenizer, self.packed = tokenizer, packed
+        self.longest, self.keep_last = longest, keep_last
 
     @tf.autograph.experimental.do_not_convert
     def __call__(self, stored: dict) -> dict:
         """The model's features of a batch of strings."""
-        ids = self.tokenizer.tokenize(stored["text"])
+        ids = self.tokenizer.tokenize(self._cut(stored["text"]))
+        ids = ids[:, -self.longest :] if self.keep_last else ids[:, : self.longest]
         if self.packed:
             return packing.Packer.prediction(({"tokens": ids}, {}))[0]
         return {"tokens": ids.to_tensor()}
 
+    def _cut(self, texts: tf.Tensor) -> tf.Tensor:
+        """Each string's first (or last) bytes, at most as many as its kept tokens take."""
+        most = self.longest * (1 if self.tokenizer.kind == "bytes" else 16)
+        length = tf.strings.length(texts)
+        start = tf.maximum(length - most, 0) if self.keep_last else tf.zeros_like(length)
+        return tf.strings.substr(texts, start, tf.fill(tf.shape(length), most))
 
-def served(dataset: tf.data.Dataset, data_dir: str) -> tf.data.Dataset:
-    """``dataset``, marked so that an export takes strings, tokenized inside as prepared."""
+
+def served(
+    dataset: tf.data.Dataset, data_dir: str, longest: int, keep_last: bool = False
+) -> tf.data.Dataset:
+    """``dataset``, marked so that an export takes strings, tokenized inside as prepared.
+
+    ``longest``: the most tokens of a text the export keeps (``TextFeatures``).
+    """
     key = os.path.abspath(data_dir)
     if key not in _TOKENIZERS:  # made once a process: its tables are captured
         metadata = shards.read_metadata(data_dir)
@@ -432,14 +491,20 @@ def served(dataset: tf.data.Dataset, data_dir: str) -> tf.data.Dataset:
             _TOKENIZERS[key] = sentencepiece(kept)
         else:
             _TOKENIZERS[key] = Tokenizer(kind, read_vocabulary(kept) if kind in KEPT else None)
-    return tokenized_by(dataset, _TOKENIZERS[key])
+    return tokenized_by(dataset, _TOKENIZERS[key], longest, keep_last)
 
 
-def tokenized_by(dataset: tf.data.Dataset, tokenizer: Tokenizer) -> tf.data.Dataset:
-    """``dataset``, marked so that an export takes strings and ``tokenizer`` tokenizes them."""
+def tokenized_by(
+    dataset: tf.data.Dataset, tokenizer: Tokenizer, longest: int, keep_last: bool = False
+) -> tf.data.Dataset:
+    """``dataset``, marked so that an export takes strings and ``tokenizer`` tokenizes them.
+
+    At most ``longest`` tokens of each string: its first, or with ``keep_last`` its last.
+    """
+    features = TextFeatures(tokenizer, longest, packing.options().active, keep_last)
     return serving.serves(
         dataset,
-        TextFeatures(tokenizer, packing.options().active),
+        features,
         STORED,
         batched=True,
         imports=("tensorflow_text",) if tokenizer.kind in ("wordpiece", "sentencepiece") else (),
@@ -594,6 +659,7 @@ def windows_input_fn(
     Held in memory when they fit ``pipeline.memory_limit_mb``; else each window is
     read from the split's token stream on disk by its offset (``TokenWindows``).
     """
+    errors.check_count("text.windows_input_fn.length", length)
     wanted = train_split if mode == Mode.TRAIN else eval_split
     metadata, _ = shards.check_shards(data_dir, wanted)
     split = wanted or shards.eval_split(metadata)
@@ -602,7 +668,7 @@ def windows_input_fn(
     if key not in _WINDOWS:  # made once a process: every later input_fn call reuses it
         _WINDOWS[key] = _windows_of(data_dir, metadata["splits"][split], split, length, limit)
     dataset = pipeline.build(_WINDOWS[key], mode, params, next_tokens, name=f"windows-{split}")
-    return served(dataset, data_dir)
+    return served(dataset, data_dir, length, keep_last=True)
 
 
 def _windows_of(data_dir: str, entry: dict, split: str, length: int, limit: float):

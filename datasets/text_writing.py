@@ -14,6 +14,7 @@ from __future__ import annotations
 import array
 import csv
 import dataclasses
+import fractions
 import json
 import os
 import re
@@ -39,13 +40,17 @@ class Survey:
     classes: list[str]  # in order (numbers by value, then names); empty: unlabelled
 
 
-def survey(path: str, text_field: str, label_field: str) -> Survey:
+def survey(path: str, text_field: str, label_field: str, named: bool = False) -> Survey:
     """Counts the file's documents and classes, checking every row.
+
+    ``named``: the label field was named by the user, so rows must have it.
 
     Raises:
       UserError: naming the file and row of an empty document, a row without the
-        text field, or a label that some rows have and this one lacks.
+        text field, a label that some rows have and this one lacks, or (``named``) a
+        label field that no row has.
     """
+    _check_readable_twice(path)
     count, classes, unlabelled, empty = 0, set(), None, None
     for number, text, label in rows(path, text_field, label_field):
         count += 1
@@ -57,6 +62,17 @@ def survey(path: str, text_field: str, label_field: str) -> Survey:
             empty = empty or number
     if not count:
         raise UserError(f"--text {path}: the file holds no documents")
+    if named and not classes:
+        kind = kind_of(path)
+        if kind == "lines":
+            raise UserError(
+                f"--label_field {label_field}: {path} is plain text, one document a line, "
+                "with no fields: drop --label_field, or give JSON lines or CSV"
+            )
+        raise UserError(
+            f"--label_field {label_field}: no row of {path} has it (row 1 has "
+            f"{', '.join(map(repr, _fields_of_first(path)))}): name the labels' field"
+        )
     if classes and unlabelled:
         raise UserError(
             f"{path}:{unlabelled}: no {label_field!r} where other rows have one: give every "
@@ -80,6 +96,14 @@ def chunks(path: str, text_field: str, label_field: str) -> Iterator[tuple[list,
         yield texts, labels
 
 
+def kind_of(path: str) -> str:
+    """'jsonl', 'csv' or 'lines', by the file's extension in any case (DOCS.JSONL too)."""
+    lowered = path.lower()
+    if lowered.endswith((".jsonl", ".json")):
+        return "jsonl"
+    return "csv" if lowered.endswith(".csv") else "lines"
+
+
 def rows(path: str, text_field: str, label_field: str):
     """``(line number, text, label or None)`` of each row, by the file's kind."""
     try:
@@ -87,14 +111,43 @@ def rows(path: str, text_field: str, label_field: str):
             yield from _rows(_decoded(f, path), path, text_field, label_field)
     except FileNotFoundError:
         raise UserError(f"--text {path}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"--text {path} is a folder: name the file of documents") from None
+    except PermissionError:
+        raise UserError(f"--text {path}: not readable (permission denied)") from None
+
+
+def _check_readable_twice(path: str) -> None:
+    """Refuses a pipe or stdin: the file is read twice, to check it and then to write."""
+    special = os.path.exists(path) and not (os.path.isdir(path) or os.path.isfile(path))
+    if path == "-" or special:
+        raise UserError(
+            f"--text {path} is not a regular file (a pipe or stdin?): prepare reads the file "
+            "twice, to check every row and then to write; save it to a file first"
+        )
+
+
+def _fields_of_first(path: str) -> list[str]:
+    """The fields of the file's first row (JSON lines or CSV), for a line about them."""
+    with open(path, "rb") as f:
+        for line in _decoded(f, path):
+            if kind_of(path) == "csv":
+                return next(csv.reader([line]), [])
+            if line.strip():
+                row = json.loads(line)
+                return list(row) if isinstance(row, dict) else []
+    return []
 
 
 def _decoded(lines, path: str):
-    """The file's lines as text; one that is not UTF-8 is refused, naming it and its byte."""
+    """The file's lines as text; one that is not UTF-8 is refused, naming it and its byte.
+
+    A byte-order mark at the start (as Windows editors write) is not text.
+    """
     offset = 0
     for number, line in enumerate(lines, 1):
         try:
-            yield line.decode("utf-8")
+            yield line.decode("utf-8-sig" if number == 1 else "utf-8")
         except UnicodeDecodeError as error:
             raise UserError(
                 f"--text {path}:{number}: not UTF-8 text ({error.reason} at byte "
@@ -104,7 +157,8 @@ def _decoded(lines, path: str):
 
 
 def _rows(lines, path: str, text_field: str, label_field: str):
-    if path.endswith((".jsonl", ".json")):
+    kind = kind_of(path)
+    if kind == "jsonl":
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
@@ -112,14 +166,35 @@ def _rows(lines, path: str, text_field: str, label_field: str):
                 row = json.loads(line)
             except json.JSONDecodeError as error:
                 raise UserError(f"{path}:{number}: not a JSON object ({error.msg})") from None
-            yield number, _field(row, text_field, path, number), _label(row.get(label_field))
-    elif path.endswith(".csv"):
-        reader = csv.DictReader(lines)
-        for number, row in enumerate(reader, 2):  # the header is line 1
-            yield number, _field(row, text_field, path, number), _label(row.get(label_field))
+            label = _label(row.get(label_field) if isinstance(row, dict) else None, path, number)
+            yield number, _field(row, text_field, path, number), label
+    elif kind == "csv":
+        yield from _csv_rows(lines, path, text_field, label_field)
     else:
         for number, line in enumerate(lines, 1):
-            yield number, line.rstrip("\n"), None
+            yield number, line.rstrip("\r\n"), None  # Windows line ends too
+
+
+def _csv_rows(lines, path: str, text_field: str, label_field: str):
+    """A CSV file's rows after its header row; a ragged or unreadable row is one line."""
+    csv.field_size_limit(2**31 - 1)  # a document may be longer than csv's 128 KB default
+    reader = csv.reader(lines)
+    header = next(reader, None) or []
+    try:
+        for row in reader:
+            number = reader.line_num
+            if not row:
+                continue
+            if len(row) != len(header):
+                raise UserError(
+                    f"{path}:{number}: {len(row)} fields where the header row has "
+                    f"{len(header)}: quote a field that holds a comma"
+                )
+            fields = dict(zip(header, row, strict=True))
+            label = _label(fields.get(label_field), path, number)
+            yield number, _field(fields, text_field, path, number), label
+    except csv.Error as error:
+        raise UserError(f"{path}:{reader.line_num}: not CSV ({error})") from None
 
 
 def _field(row, field: str, path: str, number: int) -> str:
@@ -130,8 +205,19 @@ def _field(row, field: str, path: str, number: int) -> str:
     return row[field]
 
 
-def _label(value) -> str | None:
-    return None if value is None or value == "" else str(value)
+def _label(value, path: str, number: int) -> str | None:
+    """A row's class name: a string, or a number written one way (1, 1.0 and "1" are 1)."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise UserError(
+            f"{path}:{number}: the label {json.dumps(value)[:40]} is not a class: give a name "
+            "or a number"
+        )
+    if isinstance(value, str) and not re.fullmatch(r"\s*-?\d+(\.\d*)?\s*", value):
+        return value
+    number_ = float(value)
+    return str(int(number_)) if number_.is_integer() else repr(number_)
 
 
 def _class_order(name: str):
@@ -142,35 +228,53 @@ def _class_order(name: str):
 def write_splits(
     out_dir: str,
     documents: Iterator[tuple[list, list]],
-    tokenize: Callable[[list[str]], list[list[int]]],
+    tokenize: Callable[[list[str]], list],
     found: Survey,
-    every: int,
+    eval_fraction: float,
     num_shards: int,
     vocab_size: int,
 ) -> dict:
     """Writes the surveyed file's ``documents`` (``chunks``) as splits; their entries.
 
-    Every ``every``-th document is held out as ``test`` (0: none), the same on every run.
+    ``eval_fraction`` of the documents, spread evenly (``held_out``), are the ``test``
+    split, the same on every run.
 
     Raises:
       UserError: a document the tokenizer gives no token.
     """
-    held_out = found.count // every if every else 0
+    held = held_out(eval_fraction)
+    tested = held.count(found.count)
     writers = {
         split: SplitWriter(out_dir, split, count, num_shards, vocab_size)
-        for split, count in (("train", found.count - held_out), ("test", held_out))
+        for split, count in (("train", found.count - tested), ("test", tested))
         if count
     }
     classes = {name: i for i, name in enumerate(found.classes)}
     number = 0
     for texts, labels in documents:
         for ids, label in zip(tokenize(texts), labels, strict=True):
-            if not ids:
+            if not len(ids):
                 raise UserError(f"{found.path}: document {number + 1} has no tokens: give it text")
-            split = "test" if every and number % every == every - 1 else "train"
+            split = "test" if held(number) else "train"
             writers[split].add(ids, classes[label] if classes else None)
             number += 1
     return {split: writer.close() for split, writer in writers.items()}
+
+
+def held_out(fraction: float) -> Callable[[int], bool]:
+    """Whether document ``n`` is held out: ``floor(n * fraction)`` of the first ``n`` are.
+
+    Exactly the fraction, spread evenly (0.1: the 10th, 20th, ... document; 0.4: 2 of
+    every 5), as a function of the document's number alone.
+    """
+    ratio = fractions.Fraction(fraction).limit_denominator(10**6)
+    p, q = ratio.numerator, ratio.denominator
+
+    def held(n: int) -> bool:
+        return (n + 1) * p // q > n * p // q
+
+    held.count = lambda documents: documents * p // q  # how many of so many are held out
+    return held
 
 
 class SplitWriter:

@@ -41,13 +41,14 @@ def greedy(
     eos: int | None = None,
     state=None,
     temperature: float = 0.0,
-    seed: tf.Tensor | int = 0,
+    keys: tf.Tensor | None = None,
 ) -> tf.Tensor:
     """``[batch, length]`` tokens after ``start`` (``[batch]``), each the most likely.
 
     With ``temperature > 0`` each is drawn from ``softmax(logits / temperature)``
-    instead, seeded by ``(seed, step)``: the same seed draws the same text, in any
-    process, on any device.
+    instead, each row seeded by ``(its key, step)`` (``keys`` ``[batch]`` int64, e.g.
+    ``row_keys``): a row draws the same text whatever else is in its batch, in any
+    order, in any process, on any device.
     """
     start = tf.cast(start, tf.int64)
     batch = tf.shape(start)[0]
@@ -59,8 +60,7 @@ def greedy(
         state = tf.nest.map_structure(_shaped, state, given)
         logits = tf.cast(logits, tf.float32)
         if temperature > 0:
-            pair = tf.stack([tf.cast(seed, tf.int64), tf.cast(i, tf.int64)])
-            token = tf.random.stateless_categorical(logits / temperature, 1, pair)[:, 0]
+            token = _sampled(logits / temperature, keys, i)
         else:
             token = tf.argmax(logits, axis=-1)
         token = tf.where(done, tf.zeros_like(token), token)
@@ -72,6 +72,27 @@ def greedy(
     loop = (tf.constant(0), ids, done, () if state is None else state)
     _, ids, _, _ = tf.while_loop(lambda i, *_: i < length, body, loop)
     return ids[:, 1:]
+
+
+def row_keys(tokens: tf.Tensor, seed: int) -> tf.Tensor:
+    """``[batch]`` int64 sampling keys: each row's from ``seed`` and its tokens alone.
+
+    Padding (0) is left out, so a prompt has its key however wide its batch is padded.
+    """
+    kept = tf.ragged.boolean_mask(tokens, tf.not_equal(tokens, 0))
+    text = tf.strings.reduce_join(tf.strings.as_string(kept), axis=-1, separator=" ")
+    return tf.strings.to_hash_bucket_fast(tf.strings.join([str(int(seed)), text], ":"), 2**62)
+
+
+def _sampled(logits: tf.Tensor, keys: tf.Tensor, i: tf.Tensor) -> tf.Tensor:
+    """A token drawn from each row's ``logits`` ``[batch, vocab]``, seeded by its key and ``i``."""
+    seeds = tf.stack([keys, tf.fill(tf.shape(keys), tf.cast(i, tf.int64))], axis=1)
+
+    def draw(row):
+        row_logits, seed = row
+        return tf.random.stateless_categorical(row_logits[None], 1, seed)[0, 0]
+
+    return tf.map_fn(draw, (logits, seeds), fn_output_signature=tf.int64)
 
 
 @tf.autograph.experimental.do_not_convert

@@ -45,13 +45,15 @@ def hub_task(
         architecture the preset holds), ``"CausalLM"``, ``"BertTextClassifier"``, ...
       preset: a preset's name, ``hf://owner/model``, or a directory.
       sequence_length: the preprocessor's length, if not the preset's (often 512).
-      lora_rank: train only LoRA adapters of this rank in the backbone (keras-hub's
-        ``enable_lora``); None trains every weight.
+      lora_rank: train only LoRA adapters of this rank (>= 1) in the backbone
+        (keras-hub's ``enable_lora``); None trains every weight.
       sampler: a causal LM's way of choosing each token when it continues prompts
         (``--schedule predict``, the export): ``'greedy'``, ``'top_k'`` (keras-hub's
         default), ``'top_p'``, ``'beam'``, ...; keras-hub's ``compile(sampler=...)``.
       **kwargs: for ``from_preset`` and the task (``num_classes``, ``dropout``, ...).
     """
+    errors.check_count("hub_task.sequence_length", sequence_length, optional=True)
+    errors.check_count("hub_task.lora_rank", lora_rank, optional=True)
     try:
         import keras_hub
     except ImportError:
@@ -74,7 +76,7 @@ def hub_task(
             "(a name needs internet; offline, give a directory written by save_to_preset or "
             "in Hugging Face's layout)"
         ) from None
-    if lora_rank:
+    if lora_rank is not None:
         model.backbone.enable_lora(lora_rank)
     if sampler is not None:
         _set_sampler(keras_hub, model, sampler)

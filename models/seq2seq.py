@@ -16,7 +16,7 @@ import keras
 import tensorflow as tf
 
 from models import decoding
-from trainer import Mode, ModelFn, Spec, token_mean, token_metric
+from trainer import Mode, ModelFn, Spec, errors, token_mean, token_metric
 
 BOS, EOS = 1, 2
 
@@ -47,6 +47,12 @@ class Seq2Seq(ModelFn):
         alpha: float = 0.0,
     ):
         super().__init__(name="seq2seq")
+        errors.check_count("Seq2Seq.vocab_size", vocab_size, minimum=3)
+        errors.check_count("Seq2Seq.width", width)
+        errors.check_number("Seq2Seq.dropout", dropout, 0, below=1)
+        errors.check_count("Seq2Seq.beam", beam)
+        errors.check_count("Seq2Seq.max_length", max_length)
+        errors.check_number("Seq2Seq.alpha", alpha, 0)
         self.beam, self.max_length, self.alpha = beam, max_length, alpha
         self.source_embedding = keras.layers.Embedding(
             vocab_size, width, mask_zero=True, name="source"

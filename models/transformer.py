@@ -33,7 +33,7 @@ import keras
 import tensorflow as tf
 
 from models import decoding, heads
-from trainer import Mode, ModelFn, Spec, UserError, token_mean, token_metric
+from trainer import Mode, ModelFn, Spec, UserError, errors, token_mean, token_metric
 
 NEG = -1e9  # an attention logit that softmax makes 0 (finite: a row of padding stays finite)
 
@@ -55,6 +55,26 @@ def positions_of(features: dict, tokens: tf.Tensor) -> tf.Tensor:
 
 
 @tf.autograph.experimental.do_not_convert
+def checked_ids(tokens: tf.Tensor) -> tf.Tensor:
+    """``tokens``, once they are known to hold no negative id.
+
+    An Embedding takes a negative id as numpy takes a negative index, from its last
+    rows: a wrong input that would train without a word. An id past the last row is
+    refused by the lookup itself (``errors.outside_a_table``).
+    """
+    smallest = tf.reduce_min(tokens) if tokens.shape.rank else tokens
+    check = tf.debugging.Assert(
+        smallest >= 0,
+        [
+            "token ids must be >= 0 (0 pads); a negative one would look up the embedding's "
+            "last rows: fix the input_fn's ids; the smallest",
+            smallest,
+        ],
+    )
+    with tf.control_dependencies([check]):
+        return tf.identity(tokens)
+
+
 def attention_bias(segments: tf.Tensor, causal: bool) -> tf.Tensor:
     """``[batch, 1, query, key]`` float32: 0 where a query may attend a key, else ``NEG``."""
     same = tf.equal(segments[:, :, None], segments[:, None, :]) & tf.not_equal(
@@ -225,6 +245,17 @@ class Transformer(keras.layers.Layer):
         super().__init__(**kw)
         if positions not in ("learned", "rotary"):
             raise UserError(f"positions must be 'learned' or 'rotary', got {positions!r}")
+        for name, value in (("width", width), ("depth", depth), ("heads", heads)):
+            errors.check_count(f"Transformer.{name}", value)
+        errors.check_count("Transformer.hidden", hidden, optional=True)
+        errors.check_count("Transformer.max_length", max_length)
+        errors.check_number("Transformer.dropout", dropout, 0, below=1)
+        errors.check_flag("Transformer.cross", cross)
+        if width % heads:
+            raise UserError(
+                f"Transformer.width = {width} does not split into {heads} heads: make width a "
+                "multiple of heads"
+            )
         self.width, self.max_length, self.rotary = width, max_length, positions == "rotary"
         self.position_embedding = (
             None if self.rotary else keras.layers.Embedding(max_length, width, name="positions")
@@ -253,7 +284,18 @@ class Transformer(keras.layers.Layer):
     def _placed(self, x, positions, training=False):
         """``x`` with its learned positions added (rotary ones turn in attention)."""
         if self.position_embedding is not None:
-            x = x + tf.cast(self.position_embedding(positions), x.dtype)
+            longest = tf.reduce_max(positions) + 1
+            learned = tf.debugging.Assert(
+                longest <= self.max_length,
+                [
+                    f"a sequence is longer than Transformer.max_length = {self.max_length}, the "
+                    "positions it learns: raise max_length to the longest (and what generation "
+                    "adds), or cut the examples shorter; the length",
+                    longest,
+                ],
+            )
+            with tf.control_dependencies([learned]):
+                x = x + tf.cast(self.position_embedding(positions), x.dtype)
         return self.dropout(x, training=training)
 
     def cache(self, x, segments, positions, length: int) -> list:
@@ -321,7 +363,9 @@ class LanguageModel(ModelFn):
       stack: the blocks (``Transformer``), causal.
       generate: new tokens per row in PREDICT; 0 predicts each position's logits.
       beam: hypotheses kept when generating; 1 is greedy.
-      temperature: > 0 samples from the softmax at this temperature, seeded.
+      temperature: > 0 samples from the softmax at this temperature, each prompt
+        seeded by ``seed`` and its own tokens (``decoding.row_keys``): the same
+        text in any batch, in any order.
       eos: a token that ends a generated sequence, if any.
       seed: sampling's seed.
       bytes: its tokens are bytes (id = byte + 1, as ``--tokenizer bytes`` makes
@@ -340,9 +384,27 @@ class LanguageModel(ModelFn):
         bytes: bool = False,
     ):
         super().__init__(name="language_model")
+        errors.check_count("LanguageModel.vocab_size", vocab_size, minimum=2)
+        errors.check_count("LanguageModel.generate", generate, minimum=0)
+        errors.check_count("LanguageModel.beam", beam)
+        errors.check_number("LanguageModel.temperature", temperature, 0)
+        errors.check_count("LanguageModel.eos", eos, minimum=0, optional=True)
+        errors.check_count("LanguageModel.seed", seed, minimum=0)
+        errors.check_flag("LanguageModel.bytes", bytes)
+        if beam > 1 and temperature > 0:
+            raise UserError(
+                f"LanguageModel.beam = {beam} searches and temperature = {temperature:g} samples: "
+                "choose one (beam = 1 to sample, temperature = 0 to search)"
+            )
         self.vocab_size, self.generate, self.beam = int(vocab_size), generate, beam
         self.temperature, self.eos, self.seed, self.bytes = temperature, eos, seed, bytes
         self.stack = stack or Transformer()
+        if not self.stack.rotary and generate >= self.stack.max_length:
+            raise UserError(
+                f"LanguageModel.generate = {generate} new tokens do not fit the "
+                f"Transformer.max_length = {self.stack.max_length} positions it learns (the "
+                "prompt's too): raise max_length, or generate fewer"
+            )
         self.embedding = keras.layers.Embedding(self.vocab_size, self.stack.width, name="tokens")
 
     def logits(self, tokens, segments, positions, training=False) -> tf.Tensor:
@@ -355,7 +417,7 @@ class LanguageModel(ModelFn):
 
     def __call__(self, features, labels, mode):
         """The next token's logits at each position; generated tokens in PREDICT."""
-        tokens = features["tokens"]
+        tokens = checked_ids(features["tokens"])
         segments, positions = segments_of(features, tokens), positions_of(features, tokens)
         if mode == Mode.PREDICT and self.generate:
             return Spec(self._generated(tokens, segments))
@@ -377,15 +439,19 @@ class LanguageModel(ModelFn):
 
         The prompt's keys and values are computed once (``Transformer.cache``); each new
         token then runs the blocks alone against that cache (``Transformer.cached``).
+        An empty prompt starts from the padding token; an empty batch gives no rows.
         """
-        lengths = tf.reduce_sum(tf.cast(tf.not_equal(segments, 0), tf.int32), axis=1)
+        wider = [[0, 0], [0, tf.maximum(1 - tf.shape(tokens)[1], 0)]]  # one column at least
+        tokens, segments = tf.pad(tokens, wider), tf.pad(segments, wider)
+        real = tf.reduce_sum(tf.cast(tf.not_equal(segments, 0), tf.int32), axis=1)
+        lengths = tf.maximum(real, 1)  # an empty prompt: its padding token is its start
         total = tf.shape(tokens)[1] + self.generate  # the prompt's columns, then the new
         caches = self.stack.cache(self.embedding(tokens), segments, positions_of({}, tokens), total)
-        last = tf.gather(tokens, tf.maximum(lengths - 1, 0), batch_dims=1)
+        last = tf.gather(tokens, lengths - 1, batch_dims=1)
         table = tf.cast(self.embedding.embeddings, tf.float32)
 
         def step(ids, i, caches):
-            copies = tf.shape(ids)[0] // tf.shape(tokens)[0]  # beam rows, by example
+            copies = tf.shape(ids)[0] // tf.maximum(tf.shape(tokens)[0], 1)  # beam rows, by example
             columns = tf.repeat(lengths, copies, axis=0) + i - 1  # where ids' last one is
             newest = self.embedding(ids[:, -1:])
             hidden, caches = self.stack.cached(newest, columns[:, None], caches, columns)
@@ -398,8 +464,9 @@ class LanguageModel(ModelFn):
             )
             found, extra = found[:, 0], {"score": scores[:, 0]}
         else:
+            keys = decoding.row_keys(tokens, self.seed)
             found = decoding.greedy(
-                step, last, self.generate, self.eos, caches, self.temperature, self.seed
+                step, last, self.generate, self.eos, caches, self.temperature, keys
             )
         if self.bytes:
             extra["text"] = bytes_text(found)
@@ -433,13 +500,15 @@ class TextClassifier(ModelFn):
         self, vocab_size: int = gin.REQUIRED, num_classes: int = 2, stack: Transformer | None = None
     ):
         super().__init__(name="text_classifier")
+        errors.check_count("TextClassifier.vocab_size", vocab_size, minimum=2)
+        errors.check_count("TextClassifier.num_classes", num_classes)
         self.stack = stack or Transformer()
         self.embedding = keras.layers.Embedding(int(vocab_size), self.stack.width, name="tokens")
         self.classes = keras.layers.Dense(num_classes, name="logits", dtype="float32")
 
     def __call__(self, features, labels, mode):
         """The classes' logits of each example's tokens."""
-        tokens = features["tokens"]
+        tokens = checked_ids(features["tokens"])
         segments = segments_of(features, tokens)
         hidden = self.stack(
             self.embedding(tokens),
@@ -467,12 +536,22 @@ class ViT(ModelFn):
 
     def __init__(self, num_classes: int = 10, patch: int = 2, stack: Transformer | None = None):
         super().__init__(name="vit")
+        errors.check_count("ViT.num_classes", num_classes)
+        errors.check_count("ViT.patch", patch)
+        self.patch = patch
         self.stack = stack or Transformer(positions="learned")
         self.patches = keras.layers.Conv2D(self.stack.width, patch, strides=patch, name="patches")
         self.classes = keras.layers.Dense(num_classes, name="logits", dtype="float32")
 
     def __call__(self, features, labels, mode):
         """The classes' logits of each image."""
+        height, width = features["image"].shape[1:3]
+        if any(side is not None and side % self.patch for side in (height, width)):
+            raise UserError(
+                f"ViT.patch = {self.patch} does not divide the {height}x{width} images, so their "
+                f"last rows or columns would be left out: choose a patch that divides both "
+                f"sides, e.g. {math.gcd(height or 0, width or 0)}"
+            )
         grid = self.patches(features["image"])
         shape = tf.shape(grid)
         tokens = tf.reshape(grid, [shape[0], shape[1] * shape[2], self.stack.width])

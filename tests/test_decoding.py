@@ -84,16 +84,28 @@ def test_greedy_takes_the_most_likely_token_and_stops_at_eos():
         assert greedy[row].tolist() == expected
 
 
-def test_sampling_is_a_function_of_its_seed():
-    start = tf.zeros([64], tf.int64)
-    batch = tf.constant(0)
+def test_sampling_is_a_function_of_its_seed_and_its_own_prompt():
+    """Each row draws from its own key (the seed and its prompt's tokens): the same text
+    whatever else is in its batch, alone or in another order, padded or not."""
+    prompts = tf.constant(np.arange(1, 65)[:, None], tf.int64)  # 64 one-token prompts
 
     def uniform(ids, i, state):
-        return tf.zeros([tf.shape(ids)[0], VOCAB]) + tf.cast(batch, tf.float32), state
+        return tf.zeros([tf.shape(ids)[0], VOCAB]), state
 
-    drawn = [decoding.greedy(uniform, start, 6, temperature=1.0, seed=s).numpy() for s in (7, 7, 8)]
-    np.testing.assert_array_equal(drawn[0], drawn[1])
-    assert (drawn[0] != drawn[2]).mean() > 0.5
-    assert set(np.unique(drawn[0])) == set(range(VOCAB))  # every token drawn
-    traced = tf.function(lambda: decoding.greedy(uniform, start, 6, temperature=1.0, seed=7))
-    np.testing.assert_array_equal(traced(), drawn[0])
+    def drawn(seed, rows=np.arange(64), pad=0):
+        chosen = tf.pad(tf.gather(prompts, rows), [[0, 0], [0, pad]])
+        keys = decoding.row_keys(chosen, seed)
+        return decoding.greedy(uniform, chosen[:, 0], 6, temperature=1.0, keys=keys).numpy()
+
+    first = drawn(7)
+    np.testing.assert_array_equal(drawn(7), first)
+    assert (first != drawn(8)).mean() > 0.5
+    assert set(np.unique(first)) == set(range(VOCAB))  # every token drawn
+    backwards = np.arange(64)[::-1]
+    np.testing.assert_array_equal(drawn(7, backwards), first[backwards])
+    np.testing.assert_array_equal(drawn(7, [5], pad=3), first[[5]])
+    keys = decoding.row_keys(prompts, 7)
+    traced = tf.function(
+        lambda: decoding.greedy(uniform, prompts[:, 0], 6, temperature=1.0, keys=keys)
+    )
+    np.testing.assert_array_equal(traced(), first)

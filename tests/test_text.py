@@ -288,7 +288,8 @@ assert "tensorflow_text" not in sys.modules
 loaded = trainer.load_export(sys.argv[1])  # imports it first
 texts = tf.constant(["The cats sat", "the dog sat on the cat"])
 (served,) = loaded.signatures["serving_default"](text=texts).values()
-tokens = tf.constant([[4, 5, 6, 7, 0, 0], [4, 1, 7, 1, 4, 5]], tf.int64)  # as prepare does
+# As prepare does, each cut to the 4 tokens of the longest document prepared.
+tokens = tf.constant([[4, 5, 6, 7], [4, 1, 7, 1]], tf.int64)
 (features,) = loaded.signatures["serving_features"](tokens=tokens).values()
 print("same:", np.abs(served.numpy() - features.numpy()).max())
 """

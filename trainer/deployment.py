@@ -36,9 +36,8 @@ from absl import logging
 
 from trainer import errors, whole_files
 from trainer.errors import UserError
-from trainer.export_formats import FORMATS, SAVED_MODEL
+from trainer.export_formats import FORMATS, RECORD, SAVED_MODEL
 
-RECORD = "deployment.json"
 DEFAULT, FEATURES = "serving_default", "serving_features"
 ONNX_OPSET = 17
 CALIBRATION_EXAMPLES = 512  # int8's representative data: TFLite asks for a few hundred

@@ -25,7 +25,34 @@ def check_count(name: str, value, minimum: int = 1, optional: bool = False) -> N
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         allowed = f"a whole number >= {minimum}" + (" or None" if optional else "")
-        raise UserError(f"{name} must be {allowed}, got {value!r}")
+        quoted = isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value)
+        fix = f" (in gin, write {value.strip()} without quotes)" if quoted else ""
+        raise UserError(f"{name} must be {allowed}, got {value!r}{fix}")
+
+
+def check_flag(name: str, value) -> None:
+    """Refuses a setting that must be True or False: gin's quoted ``'False'`` is true."""
+    if isinstance(value, bool):
+        return
+    meant = {"true": "True", "false": "False"}.get(str(value).strip().lower())
+    fix = f" (in gin, write {meant} without quotes)" if isinstance(value, str) and meant else ""
+    raise UserError(f"{name} must be True or False, got {value!r}{fix}")
+
+
+def check_number(
+    name: str, value, minimum: float | None = None, below: float | None = None
+) -> None:
+    """Refuses a setting that must be a number >= ``minimum`` (and < ``below``)."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if number and (minimum is None or value >= minimum) and (below is None or value < below):
+        return
+    bounds = [f">= {minimum:g}" if minimum is not None else "", f"< {below:g}" if below else ""]
+    allowed = " and ".join(b for b in bounds if b)
+    quoted = isinstance(value, str) and re.fullmatch(r"\s*-?[\d.]+(e-?\d+)?\s*", value)
+    fix = f" (in gin, write {value.strip()} without quotes)" if quoted else ""
+    raise UserError(
+        f"{name} must be a number{' ' + allowed if allowed else ''}, got {value!r}{fix}"
+    )
 
 
 def check_seconds(name: str, value) -> None:

@@ -20,8 +20,9 @@ from collections.abc import Callable
 import tensorflow as tf
 from absl import logging
 
-from trainer import whole_files
+from trainer import owned_dirs, whole_files
 from trainer.errors import UserError
+from trainer.export_formats import FORMATS, RECORD
 from trainer.model_fn import Mode, ModelFn
 from trainer.serving import Serving
 
@@ -173,9 +174,12 @@ def save(
 
     ``serving``: how the input_fn's stored examples become features, if it declares it.
     ``extras(directory)`` adds files of the saved SavedModel (``trainer.deployment``).
-    It is written under a temporary name beside it and renamed when complete. Such
-    leftovers of exports that were killed on this host are removed first.
+    It is written under a temporary name beside it and put in place when complete
+    (``trainer/owned_dirs.py``): a folder that holds anything but an export is
+    refused, and of an export only its own files are replaced. Leftovers of exports
+    that were killed on this host are removed first.
     """
+    owned_dirs.check(export_dir, OWNER)
     parent = os.path.dirname(export_dir.rstrip("/")) or "."
     tf.io.gfile.makedirs(parent)
     _remove_abandoned(parent)
@@ -196,9 +200,10 @@ def save(
         raise
     finally:
         logging.get_absl_logger().setLevel(level)  # the save sets WARNING, silencing the rest
-    if tf.io.gfile.exists(export_dir):
-        tf.io.gfile.rmtree(export_dir)
-    tf.io.gfile.rename(tmp, export_dir)
+    try:
+        owned_dirs.put_in_place(tmp, export_dir, OWNER)
+    finally:
+        owned_dirs.discard(tmp)
     logging.info("Exported SavedModel to %s; %s", export_dir, _described(module))
     return export_dir
 
@@ -227,6 +232,21 @@ def _described(module: _Serving) -> str:
 
 
 _TMP = ".tmp-"  # then the writing process's host and pid
+
+
+def export_files(directory: str) -> set[str]:
+    """The names of the files an export wrote in ``directory``.
+
+    The SavedModel's, and the deployment files with their record.
+    """
+    ours = {"saved_model.pb", "fingerprint.pb", "variables", "assets", IMPORTS.split("/")[0]}
+    ours |= {RECORD} | {spec.file for spec in FORMATS.values()}
+    present = {name.rstrip("/") for name in tf.io.gfile.listdir(directory)}
+    return ours & present
+
+
+# An export, as the writer of the directories export_dir names (trainer/owned_dirs.py)
+OWNER = owned_dirs.Owner("an export", "export_dir", "saved_model.pb", export_files)
 
 
 def _remove_abandoned(parent: str) -> None:

@@ -30,3 +30,4 @@ FORMATS = {
     ),
 }
 SAVED_MODEL = "saved_model"  # always written; the flag's default
+RECORD = "deployment.json"  # beside them: each file's check, in a line and figures

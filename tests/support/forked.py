@@ -30,14 +30,28 @@ import textwrap
 
 from tests.support.commands import ENV, REPO
 
-# The server: imports as the command line does, then forks once per request line.
-SERVER = textwrap.dedent(
-    """
-    import json, os, runpy, sys
+# What each command's server imports before it forks: what the command imports, but
+# never the module it runs (whose flags are defined as it runs).
+IMPORTS = {
+    "trainer": """
     from trainer import console
     from trainer.cli import flags  # noqa: F401 - the command line's flags, defined once
     console.quiet_start(command_line=True)
     from trainer.cli import experiment  # noqa: F401
+    """,
+    "datasets.prepare": """
+    from trainer import console
+    console.quiet_start(command_line=True)
+    import tensorflow_datasets  # noqa: F401
+    from datasets import shards, text  # noqa: F401
+    """,
+}
+
+# The server: imports as the command line does, then forks once per request line.
+SERVER = textwrap.dedent(
+    """
+    import json, os, runpy, sys
+    {imports}
     requests = os.fdopen(0, "r")
     replies = os.fdopen(os.dup(1), "w")
     for line in requests:
@@ -60,16 +74,20 @@ SERVER = textwrap.dedent(
     os.environ.clear()
     os.environ.update(request["env"])
     sys.path[0] = request["cwd"]  # as `python -m` puts the working directory first
-    sys.argv = ["trainer", *request["args"]]
-    runpy.run_module("trainer", run_name="__main__", alter_sys=True)
+    sys.argv = [{module!r}, *request["args"]]
+    runpy.run_module({module!r}, run_name="__main__", alter_sys=True)
     """
 )
 
 
 class Commands:
-    """Runs ``python -m trainer ARGS`` as forks of one process that has imported it."""
+    """Runs ``python -m MODULE ARGS`` as forks of one process that has imported it.
 
-    def __init__(self):
+    ``module``: ``trainer`` or ``datasets.prepare`` (``IMPORTS``).
+    """
+
+    def __init__(self, module: str = "trainer"):
+        self.module = module
         self._server, self._read = None, b""
 
     def run(self, *args, cwd=REPO, env=None, timeout=300) -> subprocess.CompletedProcess:
@@ -97,7 +115,7 @@ class Commands:
     def _started(self) -> subprocess.Popen:
         if self._server is None or self._server.poll() is not None:
             self._server = subprocess.Popen(
-                [sys.executable, "-c", SERVER],
+                [sys.executable, "-c", self._program()],
                 cwd=REPO,
                 env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **ENV),
                 stdin=subprocess.PIPE,
@@ -108,15 +126,19 @@ class Commands:
             self._read = b""
         return self._server
 
+    def _program(self) -> str:
+        imports = textwrap.dedent(IMPORTS[self.module]).strip()
+        return SERVER.replace("{imports}", imports).replace("{module!r}", repr(self.module))
+
     def _reply(self, server: subprocess.Popen, timeout: float) -> str:
         """The server's next line, read unbuffered so that select sees what is pending."""
         while b"\n" not in self._read:
             ready, _, _ = select.select([server.stdout], [], [], timeout)
             if not ready:
-                raise subprocess.TimeoutExpired("python -m trainer (forked)", timeout)
+                raise subprocess.TimeoutExpired(f"python -m {self.module} (forked)", timeout)
             data = os.read(server.stdout.fileno(), 4096)
             if not data:
-                raise RuntimeError("the forking server of python -m trainer ended")
+                raise RuntimeError(f"the forking server of python -m {self.module} ended")
             self._read += data
         line, self._read = self._read.split(b"\n", 1)
         return line.decode()
