@@ -60,6 +60,14 @@ def forked_cli():
     commands.close()
 
 
+@pytest.fixture(scope="session")
+def forked_prepare():
+    """``python -m datasets.prepare`` forked the same way: ``forked_prepare.run(*args)``."""
+    commands = Commands("datasets.prepare")
+    yield commands
+    commands.close()
+
+
 @pytest.fixture
 def clone(tmp_path):
     """A copy of the repository's files as a fresh clone has them, to run commands in."""

@@ -573,3 +573,31 @@ def test_text_on_disk_in_batches_by_a_token_budget_is_the_text_held_in_memory(tm
     dataset = pipeline.build(source, Mode.TRAIN, params, lengthened, name="lengthened")
     with pytest.raises(tf.errors.InvalidArgumentError, match="an example is longer than its"):
         list(dataset.take(3).as_numpy_iterator())  # failed, not cut
+
+
+@pytest.mark.slow
+def test_an_exported_classifier_keeps_of_a_text_the_longest_that_training_read(tmp_path):
+    """One megabyte sent to an exported text classifier costs what its longest training
+    document costs: the export keeps that many tokens of each text, its first."""
+    import trainer
+    from models.transformer import TextClassifier, Transformer
+
+    rows = functions(3)
+    data_dir = str(tmp_path / "data")
+    text.prepare(write_jsonl(tmp_path / "f.jsonl", rows), data_dir)
+    longest = text.longest_prepared(data_dir)  # of every split, in bytes
+    assert longest == max(len(row["text"].encode()) for row in rows) < 400
+
+    def input_fn(mode, params):
+        return text.input_fn(mode, params, data_dir=data_dir)
+
+    model = TextClassifier(257, 4, Transformer(width=16, depth=1, heads=2))
+    estimator = trainer.Estimator(model, str(tmp_path / "run"), global_batch_size=4, progress=False)
+    estimator.train(input_fn, 2)
+    serve = tf.saved_model.load(estimator.export(input_fn)).signatures["serving_default"]
+    huge = "def f():\n" + "    x = 1\n" * 100_000  # 1 MB
+    served = serve(text=tf.constant([huge, "def g(): pass"]))
+    cut = serve(text=tf.constant([huge[:longest], "def g(): pass"]))
+    assert served["probabilities"].shape == (2, 4)
+    for name, values in served.items():
+        np.testing.assert_allclose(values.numpy(), cut[name].numpy(), atol=1e-6)

@@ -33,11 +33,15 @@ def check_types(group) -> None:
     """
     hints = typing.get_type_hints(type(group))
     for field in dataclasses.fields(group):
-        value = getattr(group, field.name)
-        if _accepts(hints[field.name], value):
-            continue
-        said = f"{type(group).__name__}.{field.name} must be {_described(hints[field.name])}"
-        raise UserError(f"{said}, got {value!r}{_fix(hints[field.name], value)}")
+        check_type(
+            f"{type(group).__name__}.{field.name}", hints[field.name], getattr(group, field.name)
+        )
+
+
+def check_type(name: str, hint, value) -> None:
+    """Refuses ``value`` if it is not of the type ``hint`` says, naming ``name``."""
+    if not _accepts(hint, value):
+        raise UserError(f"{name} must be {_described(hint)}, got {value!r}{_fix(hint, value)}")
 
 
 def _fix(hint, value) -> str:
@@ -73,6 +77,8 @@ def _accepts(hint, value) -> bool:
         )
     if origin is collections.abc.Sequence:
         return isinstance(value, list | tuple) and all(_accepts(args[0], v) for v in value)
+    if origin is tuple and args[-1:] == (Ellipsis,):  # tuple[str, ...]: gin writes a list
+        return isinstance(value, list | tuple) and all(_accepts(args[0], v) for v in value)
     if origin is tuple:
         return (
             isinstance(value, tuple)
@@ -90,7 +96,7 @@ def _described(hint) -> str:
         return " or ".join(_described(arg) for arg in args)
     if origin is collections.abc.Mapping:
         return f"a dict of {_plural(args[0])} to {_plural(args[1])}"
-    if origin is collections.abc.Sequence:
+    if origin is collections.abc.Sequence or (origin is tuple and args[-1:] == (Ellipsis,)):
         return f"a list of {_plural(args[0])}"
     if origin is tuple:
         return f"({', '.join(_described(a) for a in args)})"

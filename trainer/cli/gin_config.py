@@ -156,6 +156,7 @@ def parse(files: list[str], params: list[str], swept: list[str] = ()) -> None:
     unused = gin_errors.unused_macro([*params, *swept])
     if unused:
         raise UserError(unused)
+    gin_errors.check_binding_types()
 
 
 def _above(files: list[str]) -> list[str]:

@@ -15,9 +15,48 @@ import inspect
 import os
 import re
 import tokenize
+import typing
 
 from trainer import errors, internals, settings
 from trainer.cli import gin_syntax
+
+
+def check_binding_types() -> None:
+    """Refuses a binding whose value is not of its parameter's annotated type.
+
+    Every configurable's: models, input_fns, recipes, the settings groups. Gin binds a
+    quoted ``'False'`` as a string, which Python reads as true, and ``'4'`` as a string
+    a model then fails on far from the gin file. Values gin makes later (references,
+    macros) and parameters with no annotation are left to their configurable.
+
+    Raises:
+      UserError: ``Configurable.param must be ..., got ...`` and how to write it.
+    """
+    registry = internals.gin_registry()
+    for (_, selector), bindings in internals.gin_bindings().items():
+        found = registry.get_match(selector)
+        hints = _hints(found.wrapped) if found is not None else {}
+        for param, value in bindings.items():
+            if param in hints and not _made_by_gin(value):
+                settings.check_type(f"{found.name}.{param}", hints[param], value)
+
+
+def _hints(wrapped) -> dict:
+    """A function's or a class's constructor's annotations, resolved; {} if they cannot be."""
+    function = wrapped.__init__ if inspect.isclass(wrapped) else wrapped
+    try:
+        return typing.get_type_hints(function)
+    except Exception:  # a name only a type checker imports: nothing to check by
+        return {}
+
+
+def _made_by_gin(value) -> bool:
+    """Whether ``value`` holds a reference or a macro, which gin makes when it is called."""
+    if isinstance(value, dict):
+        return any(_made_by_gin(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_made_by_gin(v) for v in value)
+    return hasattr(value, "_scoped_selector") or type(value).__name__.endswith("Reference")
 
 
 def unused_macro(params: list[str]) -> str | None:
