@@ -92,8 +92,9 @@ def test_sampling_is_a_function_of_its_seed_and_its_own_prompt():
     def uniform(ids, i, state):
         return tf.zeros([tf.shape(ids)[0], VOCAB]), state
 
-    def drawn(seed, rows=np.arange(64), pad=0):
-        chosen = tf.pad(tf.gather(prompts, rows), [[0, 0], [0, pad]])
+    def drawn(seed, rows=None, pad=0):
+        chosen = prompts if rows is None else tf.gather(prompts, rows)
+        chosen = tf.pad(chosen, [[0, 0], [0, pad]])
         keys = decoding.row_keys(chosen, seed)
         return decoding.greedy(uniform, chosen[:, 0], 6, temperature=1.0, keys=keys).numpy()
 
