@@ -135,13 +135,20 @@ class Tokenizer(tf.Module):
 
     def ids(self, text: str) -> list[int]:
         """The token ids of ``text``."""
-        return self.all_ids([text])[0]
+        return self.all_ids([text])[0].tolist()
 
-    def all_ids(self, texts: list[str]) -> list[list[int]]:
-        """The token ids of each of ``texts``, a thousand at a time."""
+    def all_ids(self, texts: list[str]) -> list[np.ndarray]:
+        """The token ids (int64) of each of ``texts``, a thousand at a time.
+
+        Bytes are their own ids plus one, in numpy: a document of 10 MB takes 90 MB
+        to tokenize, not the 400 MB of a string tensor of its bytes and a list of ints.
+        """
+        if self.kind == "bytes":
+            return [np.frombuffer(t.encode(), np.uint8).astype(np.int64) + 1 for t in texts]
         found = []
         for start in range(0, len(texts), 1000):
-            found += self.tokenize(tf.constant(texts[start : start + 1000])).to_list()
+            ragged = self.tokenize(tf.constant(texts[start : start + 1000]))
+            found += np.split(ragged.flat_values.numpy(), ragged.row_splits.numpy()[1:-1])
         return found
 
 

@@ -192,7 +192,7 @@ ROWS = {
     ),
     "wrong_value_type": (
         gin("experiment.max_steps = 'many'"),
-        r"experiment\.max_steps must be a whole number >= 0, got 'many'",
+        r"experiment\.max_steps must be a whole number, got 'many'",
     ),
     "zero_steps_per_loop": (
         gin("Estimator.steps_per_loop = 0"),
@@ -214,9 +214,17 @@ ROWS = {
         r"\(in gin, write @MLP\(\) with parentheses\)",
     ),
     "constructor_refuses_a_setting": (
-        changed("MLP.hidden_units = 256"),
-        r"MLP\(num_classes=10, hidden_units=256, dropout_rate=0\.1\) failed: "
-        r"'int' object is not iterable",
+        changed("MLP.hidden_units = [-5]"),
+        r"MLP\(num_classes=10, hidden_units=\[-5\], dropout_rate=0\.1\) failed: Received an "
+        r"invalid value for `units`, expected a positive integer\. Received: units=-5",
+    ),
+    "one_value_for_a_list": (
+        gin("MLP.hidden_units = 256"),
+        r"MLP\.hidden_units must be a list of whole numbers, got 256: write \[256\]",
+    ),
+    "quoted_number_of_a_model": (
+        gin("MLP.l2 = '1e-4'"),
+        r"MLP\.l2 must be a number, got '1e-4' \(in gin, write 1e-4 without quotes\)",
     ),
     "input_fn_not_a_function": (
         changed("experiment.input_fn = 3"),

@@ -45,15 +45,16 @@ def check_type(name: str, hint, value) -> None:
 
 
 def _fix(hint, value) -> str:
-    """How to write what was meant: a quoted literal unquoted, one string as a list."""
-    if not isinstance(value, str):
-        return ""
+    """How to write what was meant: a quoted literal unquoted, one value as a list."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         hints = typing.get_args(hint)
     else:
         hints = (hint,)
-    if any(typing.get_origin(h) is collections.abc.Sequence for h in hints):
+    listed = any(typing.get_origin(h) in (collections.abc.Sequence, tuple) for h in hints)
+    if listed and not isinstance(value, list | tuple | dict):
         return f": write [{value!r}]"
+    if not isinstance(value, str):
+        return ""
     meant = _unquoted(value)
     return f" (in gin, write {meant} without quotes)" if meant else ""
 
@@ -79,9 +80,9 @@ def _accepts(hint, value) -> bool:
         return isinstance(value, list | tuple) and all(_accepts(args[0], v) for v in value)
     if origin is tuple and args[-1:] == (Ellipsis,):  # tuple[str, ...]: gin writes a list
         return isinstance(value, list | tuple) and all(_accepts(args[0], v) for v in value)
-    if origin is tuple:
+    if origin is tuple:  # a gin file writes [a, b] as often as (a, b)
         return (
-            isinstance(value, tuple)
+            isinstance(value, tuple | list)
             and len(value) == len(args)
             and all(_accepts(a, v) for a, v in zip(args, value, strict=True))
         )
