@@ -4,10 +4,11 @@ Its top-level modules (``*.py`` beside ``os.py``, found through ``sysconfig``), 
 order of name; every tenth is held out as ``test``, the rest are ``train``. Text no
 one here wrote, and the same on every machine with the same Python (3.11: 168
 modules, 4.7 MB). Each byte is a token, ids 1 to 256 (0 pads), as
-``datasets.prepare --text`` makes them with ``--tokenizer bytes``.
+``datasets.prepare --text`` makes them with ``--tokenizer bytes``, and 257 (``END``)
+ends a module: a model of them has 258 ids (``VOCAB_SIZE``).
 
 ``input_fn`` reads a language model's windows of a split (``text.windows``): the
-modules end to end, cut into windows of ``length`` bytes, each with its next bytes as
+modules end to end, each followed by ``END``, cut into windows of ``length`` bytes, each with its next bytes as
 ``targets``; an in-memory source, read by index and resumed exactly. In PREDICT it
 gives ``prompts``, so that ``--schedule predict`` continues them; an export takes
 strings (``text``), as bytes.
@@ -69,6 +70,8 @@ def bigram_bits_per_byte() -> dict[str, float]:
 
 
 _WINDOWS: dict = {}
+END = 257  # after each module: a byte's id is its value + 1, 0 pads
+VOCAB_SIZE = 258  # an Embedding's rows for these windows
 
 
 @gin.configurable("stdlib.input_fn")
@@ -98,7 +101,7 @@ def input_fn(
         split = "train" if mode == Mode.TRAIN else "test"
         if (split, length) not in _WINDOWS:  # read once a process
             tokens = byte_ids(modules(split))
-            _WINDOWS[split, length] = text.windows(tokens, length, f"stdlib-{split}")
+            _WINDOWS[split, length] = text.windows(tokens, length, f"stdlib-{split}", END)
         windows = _WINDOWS[split, length]
         dataset = pipeline.build(windows, mode, params, text.next_tokens, name=f"stdlib-{split}")
     # An export takes strings, the last ``length`` bytes of each continued.

@@ -10,7 +10,7 @@ them, are class names (or numbers), made class ids in sorted order. Tokenizers:
 
 * ``bytes``: each UTF-8 byte is a token, ids 1 to 256 (0 pads): no vocabulary to
   learn, nothing unknown, and a loss per token is a loss per byte;
-* ``words``: a vocabulary learned from the file: its ``vocab_size - 2`` most frequent
+* ``words``: a vocabulary learned from the file: its ``vocab_size - 3`` most frequent
   words (lower-cased runs of letters and digits, or single other characters), id 1
   for any other word, 0 for padding; saved as ``vocab.txt`` beside the shards;
 * ``wordpiece``: a WordPiece vocabulary you give (``--vocab``, one token per line,
@@ -21,14 +21,18 @@ them, are class names (or numbers), made class ids in sorted order. Tokenizers:
   that 0 pads whatever the model's own padding is.
 
 The vocabulary is kept beside the shards (``vocab.txt``, ``sentencepiece.model``):
-an export tokenizes strings with it, in the same ops (``served``).
+an export tokenizes strings with it, in the same ops (``served``). One id more than
+the tokenizer gives ends each document in the token stream (``end_of_document`` in
+``dataset.json``: 257 for bytes, so ``vocab_size`` is 258): a language model's
+windows see where one document ends and the next begins, and learn to end one.
 
 A tenth of the documents (``--eval_fraction``, exactly, spread evenly: the 10th,
 20th, ..., so the split is the same on every run) is held out as ``test``. Each
 document is one record, its token ids a variable-length ``tokens`` feature (and
 ``label``), in uncompressed shards with their offsets indexed, each split's lengths
-in tokens (``train-lengths.npy``, 4 bytes a document), and its documents end to end
-(``train-tokens.bin``, 2 bytes a token, for a language model's windows);
+in tokens (``train-lengths.npy``, 4 bytes a document), and its documents end to end,
+each followed by the end-of-document id (``train-tokens.bin``, 2 bytes a token, for a
+language model's windows);
 ``dataset.json`` says how they were made. ``input_fn`` reads them: held in memory as
 a ``tf.RaggedTensor`` when they fit (``pipeline.memory_limit_mb``), else by offset
 from the files, and batched by length as ``datasets/lengths.py`` says (from the kept
@@ -96,8 +100,10 @@ class Tokenizer(tf.Module):
     ) -> Tokenizer:
         """A tokenizer of ``kind``, its vocabulary learned or read.
 
-        ``words`` learns the most frequent ones of ``texts`` (lists of documents, read
-        one list at a time); ``wordpiece`` reads the vocabulary file ``vocab``.
+        ``words`` learns the ``vocab_size - 3`` most frequent ones of ``texts`` (lists
+        of documents, read one list at a time): ``vocab_size`` counts every id, and
+        padding, unknown and a document's end are the other three. ``wordpiece`` reads
+        the vocabulary file ``vocab``.
         """
         if kind == "wordpiece":
             return cls(kind, read_vocabulary(vocab))
@@ -105,15 +111,16 @@ class Tokenizer(tf.Module):
             return sentencepiece(vocab)
         if kind != "words":
             return cls(kind)
-        if vocab_size < 3:
+        if vocab_size < 4:
             raise UserError(
-                f"--vocab_size must be at least 3 (padding, unknown, a word), got {vocab_size}"
+                f"--vocab_size must be at least 4 (padding, unknown, a word, a document's end), "
+                f"got {vocab_size}"
             )
         counts = collections.Counter()
         for chunk in texts:
             found = split_words(tf.constant(chunk)).flat_values.numpy()
             counts.update(word.decode() for word in found)
-        frequent = sorted(counts, key=lambda w: (-counts[w], w))[: vocab_size - 2]
+        frequent = sorted(counts, key=lambda w: (-counts[w], w))[: vocab_size - 3]
         return cls(kind, ["[PAD]", "[UNK]", *frequent])
 
     @property
@@ -289,7 +296,8 @@ def prepare(
             found,
             eval_fraction,
             num_shards,
-            tokens.vocab_size,
+            tokens.vocab_size + 1,
+            tokens.vocab_size,  # the id after the tokenizer's ends a document
         )
         _write_description(staging, tokens, found, splits)
         owned_dirs.put_in_place(staging, out_dir, shards.OWNER)
@@ -304,7 +312,8 @@ def _write_description(staging: str, tokens: Tokenizer, found, splits: dict) -> 
     metadata = {
         "kind": "text",
         "tokenizer": tokens.kind,
-        "vocab_size": tokens.vocab_size,
+        "vocab_size": tokens.vocab_size + 1,  # the end of a document's id last
+        "end_of_document": tokens.vocab_size,
         "num_classes": len(classes),
         "classes": classes,
         "source": os.path.basename(found.path),
@@ -559,13 +568,19 @@ def bag_of_words_accuracy(data_dir: str) -> float:
     return float((fitted.predict(x_test) == y_test).mean())
 
 
-def windows(tokens: list[np.ndarray], length: int, name: str = "text") -> pipeline.ArraySource:
+def windows(
+    tokens: list[np.ndarray], length: int, name: str = "text", end: int | None = None
+) -> pipeline.ArraySource:
     """A causal language model's examples: the documents end to end, cut into windows.
 
-    Window ``i`` is ``tokens[i * length : (i + 1) * length]`` of the concatenation, its
+    Each document followed by ``end``, the id that says it ended, if given (a stream
+    that holds them already, as prepare writes it, is given as one document). Window
+    ``i`` is ``tokens[i * length : (i + 1) * length]`` of the concatenation, its
     targets the same shifted by one; the tail too short for a window is left out (the
     log says how many tokens). An ``ArraySource``: read by index, resumed exactly.
     """
+    if end is not None:
+        tokens = [part for document in tokens for part in (document, np.asarray([end]))]
     stream = np.concatenate(tokens) if tokens else np.zeros([0], np.int64)
     stream = stream.astype(np.int64, copy=False)  # a kept stream's ids are 2 bytes
     count = window_count(len(stream), length, name)
@@ -688,8 +703,15 @@ def _windows_of(data_dir: str, entry: dict, split: str, length: int, limit: floa
     if "stream" not in entry:
         return windows(documents(data_dir, split), length, name)
     stream = entry["stream"]
+    if "end" not in stream:
+        logging.warning(
+            "%s was prepared before each document's end was marked: a language model's "
+            "windows run from one document into the next unmarked; prepare it again",
+            data_dir,
+        )
     path = os.path.join(data_dir, stream["file"])
-    on_disk = TokenWindows(path, stream["dtype"], entry["tokens"], length, name)
+    tokens = stream.get("tokens", entry["tokens"])  # the documents' and their ends
+    on_disk = TokenWindows(path, stream["dtype"], tokens, length, name)
     if on_disk.nbytes > limit:
         return pipeline.RecordExamples(on_disk, on_disk.parse, name)
     return windows([on_disk.stream()], length, name)

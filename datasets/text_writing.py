@@ -233,8 +233,11 @@ def write_splits(
     eval_fraction: float,
     num_shards: int,
     vocab_size: int,
+    end: int,
 ) -> dict:
     """Writes the surveyed file's ``documents`` (``chunks``) as splits; their entries.
+
+    ``vocab_size``: the ids written, ``end`` (ending each document in the stream) too.
 
     ``eval_fraction`` of the documents, spread evenly (``held_out``), are the ``test``
     split, the same on every run.
@@ -245,7 +248,7 @@ def write_splits(
     held = held_out(eval_fraction)
     tested = held.count(found.count)
     writers = {
-        split: SplitWriter(out_dir, split, count, num_shards, vocab_size)
+        split: SplitWriter(out_dir, split, count, num_shards, vocab_size, end)
         for split, count in (("train", found.count - tested), ("test", tested))
         if count
     }
@@ -285,11 +288,15 @@ class SplitWriter:
       split: the split's name.
       count: its documents, dealt to ``num_shards`` shards as ``np.array_split`` deals.
       num_shards: shards to write (fewer if there are fewer documents).
-      vocab_size: ids the tokenizer gives: the stream's ids take 2 bytes, 4 past 65,536.
+      vocab_size: ids written: the stream's ids take 2 bytes, 4 past 65,536.
+      end: the id that ends each document in the stream, so that a language model's
+        windows, which cut the stream, see where one document ends and the next begins.
     """
 
-    def __init__(self, out_dir: str, split: str, count: int, num_shards: int, vocab_size: int):
-        self.out_dir, self.split, self.count = out_dir, split, count
+    def __init__(
+        self, out_dir: str, split: str, count: int, num_shards: int, vocab_size: int, end: int
+    ):
+        self.out_dir, self.split, self.count, self.end = out_dir, split, count, end
         shard_count = min(num_shards, count)
         least, extra = divmod(count, shard_count)
         self.sizes = [least + 1] * extra + [least] * (shard_count - extra)
@@ -309,6 +316,7 @@ class SplitWriter:
         self.offset += len(data) + records.HEADER + 4
         self.lengths.append(len(ids))
         np.asarray(ids, self.dtype).tofile(self.stream)
+        np.asarray([self.end], self.dtype).tofile(self.stream)
 
     def _next_shard(self) -> None:
         if self.writer is not None:
@@ -339,7 +347,12 @@ class SplitWriter:
             "tokens": int(lengths.sum(dtype=np.int64)),
             "longest": int(lengths.max()),
             "lengths": f"{self.split}{LENGTHS}",
-            "stream": {"file": f"{self.split}{STREAM}", "dtype": self.dtype},
+            "stream": {
+                "file": f"{self.split}{STREAM}",
+                "dtype": self.dtype,
+                "tokens": int(lengths.sum(dtype=np.int64)) + len(lengths),  # an end each
+                "end": self.end,
+            },
         }
 
 
@@ -354,20 +367,20 @@ def example_bytes(ids: np.ndarray, label: int | None = None) -> bytes:
     features = _map_entry(b"tokens", _int64_list(ids))
     if label is not None:
         features = _map_entry(b"label", _int64_list(np.asarray([label]))) + features
-    return _field(1, features)  # Example.features
+    return _delimited(1, features)  # Example.features
 
 
 def _int64_list(values: np.ndarray) -> bytes:
     """A ``Feature`` holding ``Int64List(value=values)``, packed."""
-    return _field(3, _field(1, _varints(np.asarray(values, np.int64))))
+    return _delimited(3, _delimited(1, _varints(np.asarray(values, np.int64))))
 
 
 def _map_entry(key: bytes, feature: bytes) -> bytes:
     """One entry of ``Features.feature``: the key, then its ``Feature``."""
-    return _field(1, _field(1, key) + _field(2, feature))
+    return _delimited(1, _delimited(1, key) + _delimited(2, feature))
 
 
-def _field(number: int, payload: bytes) -> bytes:
+def _delimited(number: int, payload: bytes) -> bytes:
     """A length-delimited field: its tag (wire type 2), its length, its bytes."""
     return _varints(np.asarray([number << 3 | 2, len(payload)], np.int64)) + payload
 

@@ -38,6 +38,11 @@ def functions(count_per_package: int = 12) -> list[dict]:
     return rows
 
 
+def stream_of(texts: list[str]) -> list[int]:
+    """Byte ids of the documents end to end, each followed by the end of a document."""
+    return [i for t in texts for i in [*(b + 1 for b in t.encode()), 257]]
+
+
 def write_jsonl(path, rows) -> str:
     with open(path, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(row) + "\n" for row in rows)
@@ -57,7 +62,7 @@ def test_prepare_text_as_a_user_types_it_then_read_by_index(tmp_path):
     assert f"test: {held_out} examples in 4 shards" in proc.stdout
     data_dir = str(tmp_path / "data" / "functions")
     metadata = json.loads(open(os.path.join(data_dir, "dataset.json")).read())
-    assert metadata["classes"] == sorted(PACKAGES) and metadata["vocab_size"] == 257
+    assert metadata["classes"] == sorted(PACKAGES) and metadata["vocab_size"] == 258
     # Evaluation reads the held-out tenth once, in order: bytes + 1, padded with 0.
     params = InputParams(4, 4, seed=0)
     evaluated = list(text.input_fn(Mode.EVAL, params, data_dir=data_dir).as_numpy_iterator())
@@ -92,10 +97,11 @@ def test_prepare_text_as_a_user_types_it_then_read_by_index(tmp_path):
 def test_a_vocabulary_of_words_is_learned_from_the_file(tmp_path):
     path = tmp_path / "corpus.txt"
     path.write_text("the cat sat\nthe dog sat on the mat\nthe cat ran\n")
-    metadata = text.prepare(str(path), str(tmp_path / "out"), "words", vocab_size=6)
+    metadata = text.prepare(str(path), str(tmp_path / "out"), "words", vocab_size=7)
     vocabulary = (tmp_path / "out" / "vocab.txt").read_text().split()
     assert vocabulary == ["[PAD]", "[UNK]", "the", "cat", "sat", "dog"]
-    assert metadata["vocab_size"] == 6 and metadata["num_classes"] == 0
+    assert metadata["vocab_size"] == 7 and metadata["end_of_document"] == 6  # every id
+    assert metadata["num_classes"] == 0
     tokenizer = text.Tokenizer("words", vocabulary)
     assert tokenizer.ids("The cat ran!") == [2, 3, 1, 1]
     with pytest.raises(
@@ -147,22 +153,22 @@ def test_a_bad_file_is_one_line_naming_the_row_and_nothing_is_written(
 
 
 def test_a_language_models_windows_cut_the_documents_end_to_end(tmp_path):
-    """Windows of 16 bytes over the training documents, each target its input's next
-    byte; every window once an epoch, read by index, resumed exactly."""
+    """Windows of 16 bytes over the training documents, each ended by its own id (257),
+    each target its input's next byte; every window once an epoch, read by index,
+    resumed exactly."""
     rows = functions(3)
     text.prepare(write_jsonl(tmp_path / "f.jsonl", rows), str(tmp_path / "data"))
-    training = "".join(row["text"] for i, row in enumerate(rows) if i % 10 != 9).encode()
+    training = stream_of([row["text"] for i, row in enumerate(rows) if i % 10 != 9])
     data_dir, params = str(tmp_path / "data"), InputParams(4, 4, seed=1)
     dataset = text.windows_input_fn(Mode.TRAIN, params, data_dir=data_dir, length=16)
     count = (len(training) - 1) // 16
     batches = list(dataset.take(count // 4).as_numpy_iterator())
-    expected = [training[k * 16 : k * 16 + 17] for k in range(count)]  # inputs + next
+    expected = [tuple(training[k * 16 : k * 16 + 17]) for k in range(count)]  # inputs + next
     seen = []
     for features, labels in batches:
         for tokens, targets in zip(features["tokens"], labels["targets"], strict=True):
-            window = bytes(int(i) - 1 for i in tokens) + bytes([int(targets[-1]) - 1])
-            assert bytes(int(i) - 1 for i in targets) == window[1:]
-            seen.append(window)
+            np.testing.assert_array_equal(targets[:-1], tokens[1:])
+            seen.append(tuple(tokens.tolist()) + (int(targets[-1]),))
     assert len(seen) == count // 4 * 4 and not Counter(seen) - Counter(expected)  # each once
     resumed = text.windows_input_fn(
         Mode.TRAIN, InputParams(4, 4, seed=1, start_example=12), data_dir=data_dir, length=16
@@ -183,10 +189,15 @@ def test_windows_of_text_too_large_for_memory_are_read_from_its_token_stream_by_
     rows = functions(3)
     data_dir = str(tmp_path / "data")
     metadata = text.prepare(write_jsonl(tmp_path / "f.jsonl", rows), data_dir)
-    training = "".join(row["text"] for i, row in enumerate(rows) if i % 10 != 9).encode()
+    training = stream_of([row["text"] for i, row in enumerate(rows) if i % 10 != 9])
     stream = np.fromfile(os.path.join(data_dir, "train-tokens.bin"), np.uint16)
-    assert metadata["splits"]["train"]["stream"] == {"file": "train-tokens.bin", "dtype": "uint16"}
-    assert bytes((stream - 1).astype(np.uint8).tolist()) == training
+    assert metadata["splits"]["train"]["stream"] == {
+        "file": "train-tokens.bin",
+        "dtype": "uint16",
+        "tokens": len(training),
+        "end": 257,
+    }
+    np.testing.assert_array_equal(stream, training)
 
     def batches(mode, memory_limit_mb=None, start=0, count=9):
         gin.bind_parameter("pipeline.memory_limit_mb", memory_limit_mb)
@@ -223,7 +234,7 @@ def test_a_wordpiece_vocabulary_given_tokenizes_through_tensorflow_text(tmp_path
     path = tmp_path / "corpus.txt"
     path.write_text("The cats sat\nthe dog\n")
     metadata = text.prepare(str(path), str(tmp_path / "out"), "wordpiece", vocab=str(vocab))
-    assert metadata["tokenizer"] == "wordpiece" and metadata["vocab_size"] == 8
+    assert metadata["tokenizer"] == "wordpiece" and metadata["vocab_size"] == 8 + 1  # + end
     tokenizer = text.Tokenizer("wordpiece", text.read_vocabulary(str(vocab)))
     assert [ids.tolist() for ids in tokenizer.all_ids(["The cats sat", "the dog"])] == [
         [4, 5, 6, 7],
@@ -357,7 +368,7 @@ def test_a_sentencepiece_model_given_tokenizes_through_tensorflow_text(tmp_path)
     out = tmp_path / "out"
     metadata = text.prepare(corpus, str(out), "sentencepiece", vocab=str(model))
     own = spm.SentencePieceProcessor(model_file=str(model))
-    assert metadata["vocab_size"] == 121 and (out / "sentencepiece.model").exists()
+    assert metadata["vocab_size"] == 122 and (out / "sentencepiece.model").exists()  # + end
     params = InputParams(4, 4, seed=0)
     read = text.input_fn(Mode.EVAL, params, data_dir=str(out)).as_numpy_iterator()
     documents = [row[row > 0].tolist() for features, _ in read for row in features["tokens"]]
@@ -441,7 +452,7 @@ def test_a_file_longer_than_a_chunk_is_written_as_it_is_read(tmp_path):
         lengths = np.load(os.path.join(data_dir, entry["lengths"]))
         assert lengths.tolist() == [len(line) for line in expected]
         stream = np.fromfile(os.path.join(data_dir, entry["stream"]["file"]), np.uint16)
-        assert bytes((stream - 1).tolist()).decode() == "".join(expected)
+        assert stream.tolist() == stream_of(expected)
 
 
 def test_documents_too_large_for_memory_are_packed_from_the_lengths_kept(tmp_path):
