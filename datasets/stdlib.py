@@ -8,10 +8,10 @@ modules, 4.7 MB). Each byte is a token, ids 1 to 256 (0 pads), as
 ends a module: a model of them has 258 ids (``VOCAB_SIZE``).
 
 ``input_fn`` reads a language model's windows of a split (``text.windows``): the
-modules end to end, each followed by ``END``, cut into windows of ``length`` bytes, each with its next bytes as
-``targets``; an in-memory source, read by index and resumed exactly. In PREDICT it
-gives ``prompts``, so that ``--schedule predict`` continues them; an export takes
-strings (``text``), as bytes.
+modules end to end, each followed by ``END``, cut into windows of ``length`` bytes,
+each with its next bytes as ``targets``; an in-memory source, read by index and
+resumed exactly. In PREDICT it gives ``prompts``, so that ``--schedule predict``
+continues them; an export takes strings (``text``), as bytes.
 ``bigram_bits_per_byte`` is the baseline a model must beat.
 
 ``functions`` are a classifier's examples: the source of each function (``def``) of
