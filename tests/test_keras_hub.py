@@ -8,6 +8,7 @@ strings, and trains only its LoRA adapters when they are enabled.
 
 import json
 import logging
+import os
 
 import gin
 import keras
@@ -338,6 +339,27 @@ def test_a_causal_lm_bound_in_gin_generates_with_its_sampler_and_a_wrong_one_is_
         with pytest.raises(trainer.UserError) as caught:
             gin_task(*bindings)
         assert says in first_line(caught.value)  # the line the command line prints
+
+
+def test_token_ids_given_to_a_task_that_tokenizes_text_itself_are_one_line(tmp_path):
+    """Prepared text (token ids) given to a keras-hub task, whose preprocessor takes
+    strings: refused before the first step, not a traceback deep in keras-hub."""
+    ids = np.array([[5, 6, 7, 0], [8, 9, 0, 0]] * 4, np.int64)
+
+    def input_fn(mode, params):
+        dataset = tf.data.Dataset.from_tensor_slices(({"tokens": ids}, np.arange(8) % 2))
+        return dataset.repeat().batch(params.batch_size)
+
+    estimator = trainer.Estimator(classifier(), str(tmp_path / "run"), global_batch_size=4)
+    with pytest.raises(trainer.UserError) as caught:
+        estimator.train(input_fn, 1)
+    assert first_line(caught.value) == (
+        "BertTextClassifier tokenizes text itself (BertTextClassifierPreprocessor takes "
+        "strings), but the input_fn gives token ids (int64 [?, 4]): give it the text as "
+        "strings, or load the task without its preprocessor (hub_task.preprocessor = None) "
+        "and give it the inputs its backbone takes"
+    )
+    assert not os.path.exists(tmp_path / "run" / "checkpoint")
 
 
 def test_a_masked_lm_is_said_to_draw_its_masks_anew_on_resume(caplog):

@@ -87,6 +87,7 @@ def input_map(model: keras.Model) -> Callable[[tf.data.Dataset, Mode], tf.data.D
             return model.preprocess_samples(*element)
 
         features_spec, _ = split_element(dataset.element_spec, mode)
+        _check_takes_text(model, features_spec)
         exported = exported_serving(model, features_spec, serving.declared(dataset))
         if mode == Mode.PREDICT and is_generator(model):  # prompts, as generate takes them
             preprocess = model.preprocessor.generate_preprocess
@@ -130,6 +131,24 @@ def generator(model: keras.Model) -> Callable[[dict], dict] | None:
         return {"token_ids": outputs["token_ids"], "text": text}
 
     return generate
+
+
+def _check_takes_text(model: keras.Model, features_spec) -> None:
+    """Refuses token ids given to a task whose preprocessor tokenizes text itself.
+
+    keras-hub's tokenizers take strings; given ids (text prepared by
+    ``datasets.prepare``), they failed deep inside keras-hub.
+    """
+    specs = tf.nest.flatten(features_spec)
+    if not specs or not all(spec.dtype.is_integer for spec in specs):
+        return
+    given = ", ".join(f"{s.dtype.name} {s.shape.as_list()}".replace("None", "?") for s in specs)
+    raise UserError(
+        f"{type(model).__name__} tokenizes text itself ({type(model.preprocessor).__name__} "
+        f"takes strings), but the input_fn gives token ids ({given}): give it the text as "
+        "strings, or load the task without its preprocessor (hub_task.preprocessor = None) "
+        "and give it the inputs its backbone takes"
+    )
 
 
 def _check_lengths(model: keras.Model) -> None:
