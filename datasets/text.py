@@ -474,6 +474,11 @@ class TextFeatures(tf.Module):
         self.tokenizer, self.packed = tokenizer, packed
         self.longest, self.keep_last = longest, keep_last
 
+    @property
+    def limit(self) -> str:
+        """What an export says of its bound, in words."""
+        return f"each text cut to its {'last' if self.keep_last else 'first'} {self.longest} tokens"
+
     @tf.autograph.experimental.do_not_convert
     def __call__(self, stored: dict) -> dict:
         """The model's features of a batch of strings."""

@@ -174,3 +174,32 @@ def test_a_sampled_continuation_is_the_prompts_own_in_any_batch():
     none = model({"tokens": tf.zeros([0, 4], tf.int64)}, None, Mode.PREDICT)
     assert none.predictions["generated"].shape == (0, 12)
     np.testing.assert_array_equal(_generated(model, [[]]), _generated(model, [[]]))
+
+
+@pytest.mark.slow
+def test_a_generating_export_takes_an_empty_prompt_and_an_empty_batch(tmp_path):
+    """The exported language model continues an empty string beside others, and answers
+    a batch of no strings with no rows; the last bytes of a long prompt are kept."""
+    import trainer
+
+    model = transformer.LanguageModel(
+        stdlib.VOCAB_SIZE, stack=transformer.Transformer(**TINY), generate=4, bytes=True
+    )
+    estimator = trainer.Estimator(model, str(tmp_path / "run"), global_batch_size=4, progress=False)
+
+    def input_fn(mode, params):
+        return stdlib.input_fn(mode, params, length=32)
+
+    estimator.train(input_fn, 1)
+    serve = tf.saved_model.load(estimator.export(input_fn)).signatures["serving_default"]
+    served = serve(text=tf.constant(["def f(", "", "import os"]))
+    assert served["generated"].shape == (3, 4) and served["text"].shape == (3,)
+    alone = serve(text=tf.constant(["def f("]))
+    np.testing.assert_array_equal(alone["generated"][0], served["generated"][0])
+    nothing = serve(text=tf.zeros([0], tf.string))
+    assert nothing["generated"].shape == (0, 4)
+    long = "x = 1\n" * 1000 + "def f("  # kept: its last 32 bytes, the window's length
+    np.testing.assert_array_equal(
+        serve(text=tf.constant([long]))["generated"],
+        serve(text=tf.constant([long[-32:]]))["generated"],
+    )

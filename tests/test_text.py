@@ -590,7 +590,9 @@ def test_text_on_disk_in_batches_by_a_token_budget_is_the_text_held_in_memory(tm
 
 
 @pytest.mark.slow
-def test_an_exported_classifier_keeps_of_a_text_the_longest_that_training_read(tmp_path):
+def test_an_exported_classifier_keeps_of_a_text_the_longest_that_training_read(
+    tmp_path, caplog
+):
     """One megabyte sent to an exported text classifier costs what its longest training
     document costs: the export keeps that many tokens of each text, its first."""
     import trainer
@@ -608,7 +610,10 @@ def test_an_exported_classifier_keeps_of_a_text_the_longest_that_training_read(t
     model = TextClassifier(257, 4, Transformer(width=16, depth=1, heads=2))
     estimator = trainer.Estimator(model, str(tmp_path / "run"), global_batch_size=4, progress=False)
     estimator.train(input_fn, 2)
+    caplog.set_level(logging.INFO)
     serve = tf.saved_model.load(estimator.export(input_fn)).signatures["serving_default"]
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Exported")]
+    assert f"(text string [?]) (each text cut to its first {longest} tokens)" in said[0]
     huge = "def f():\n" + "    x = 1\n" * 100_000  # 1 MB
     served = serve(text=tf.constant([huge, "def g(): pass"]))
     cut = serve(text=tf.constant([huge[:longest], "def g(): pass"]))

@@ -225,9 +225,10 @@ def _described(module: _Serving) -> str:
             "preprocesses as the input_fn does"
         )
     extra = ", serving_examples serialized tf.Examples" if module.serving.parse_examples else ""
+    limit = getattr(module.serving.features_of, "limit", "")  # what a request may cost
     return (
-        f"serving_default takes examples as stored ({inputs(module.serving.signature())}){extra}, "
-        f"serving_features the model's features ({features})"
+        f"serving_default takes examples as stored ({inputs(module.serving.signature())}){extra}"
+        f"{f' ({limit})' if limit else ''}, serving_features the model's features ({features})"
     )
 
 
