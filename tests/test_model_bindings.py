@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from datasets import lengths, stdlib, text
 from models import hub, seq2seq, transformer
+from tests.support import guides
 from trainer import InputParams, Mode, UserError, errors
 
 TINY = dict(width=16, depth=1, heads=2)
@@ -203,3 +204,11 @@ def test_a_generating_export_takes_an_empty_prompt_and_an_empty_batch(tmp_path):
         serve(text=tf.constant([long]))["generated"],
         serve(text=tf.constant([long[-32:]]))["generated"],
     )
+
+
+def test_the_guides_table_and_the_rows_agree():
+    section = guides.text().split("\n## A setting's values, checked where it is bound\n", 1)[1]
+    rows = re.findall(
+        r"^\|.*\| ((?:`\w+`(?:, )?)+|\(in the data\)) \|$", section.split("\n## ")[0], re.M
+    )
+    assert sorted(re.findall(r"`(\w+)`", "\n".join(rows))) == sorted(ROWS)

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from datasets import text, text_writing
+from tests.support import guides
 from tests.support.helpers import dir_hash
 from trainer import UserError
 
@@ -244,3 +245,9 @@ def test_the_api_refuses_what_the_command_refuses(tmp_path):
     with pytest.raises(UserError, match=r"--shards must be a whole number >= 1, got 0"):
         text.prepare("x.jsonl", str(tmp_path / "out"), num_shards=0)
     assert os.listdir(tmp_path) == []
+
+
+def test_the_guides_table_and_the_rows_agree():
+    section = guides.text().split("\n## Preparing data, one line\n", 1)[1].split("\n## ")[0]
+    named = re.findall(r"`(\w+)`", "\n".join(re.findall(r"^\|.*\| (`.*`) \|$", section, re.M)))
+    assert sorted(named) == sorted(ROWS)

@@ -590,9 +590,7 @@ def test_text_on_disk_in_batches_by_a_token_budget_is_the_text_held_in_memory(tm
 
 
 @pytest.mark.slow
-def test_an_exported_classifier_keeps_of_a_text_the_longest_that_training_read(
-    tmp_path, caplog
-):
+def test_an_exported_classifier_keeps_of_a_text_the_longest_that_training_read(tmp_path, caplog):
     """One megabyte sent to an exported text classifier costs what its longest training
     document costs: the export keeps that many tokens of each text, its first."""
     import trainer
