@@ -616,5 +616,18 @@ def test_an_exported_classifier_keeps_of_a_text_the_longest_that_training_read(t
     served = serve(text=tf.constant([huge, "def g(): pass"]))
     cut = serve(text=tf.constant([huge[:longest], "def g(): pass"]))
     assert served["probabilities"].shape == (2, 4)
+    # An export is written only where exports are: never over the data, say.
+    with pytest.raises(UserError) as refused:
+        estimator.export(input_fn, data_dir)
+    assert str(refused.value) == (
+        f"export_dir {data_dir} holds files an export did not write (dataset.json, "
+        "test-00000-of-00001.tfrecord, test-00000-of-00001.tfrecord.index and 12 more): name "
+        "a new or empty folder; nothing was written"
+    )
+    again = str(tmp_path / "again")
+    estimator.export(input_fn, again)
+    (tmp_path / "again" / "NOTES.md").write_text("served since Monday\n")
+    estimator.export(input_fn, again)
+    assert "NOTES.md" in os.listdir(again) and "saved_model.pb" in os.listdir(again)
     for name, values in served.items():
         np.testing.assert_allclose(values.numpy(), cut[name].numpy(), atol=1e-6)
