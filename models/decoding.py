@@ -24,8 +24,17 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+from trainer import errors
+
 Step = Callable[[tf.Tensor, tf.Tensor, object], tuple[tf.Tensor, object]]
 NEG_INF = -1e9  # a score no hypothesis reaches (finite: -inf - -inf would be NaN)
+
+
+def check_settings(owner: str, beam, max_length, alpha) -> None:
+    """Refuses a decoder's settings that mean nothing, naming ``owner``'s bindings."""
+    errors.check_count(f"{owner}.beam", beam)
+    errors.check_count(f"{owner}.max_length", max_length)
+    errors.check_number(f"{owner}.alpha", alpha, 0)
 
 
 def length_penalty(length: tf.Tensor, alpha: float) -> tf.Tensor:

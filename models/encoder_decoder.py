@@ -25,7 +25,7 @@ import tensorflow as tf
 from models import decoding
 from models.seq2seq import BOS, EOS, exact_match
 from models.transformer import Transformer, positions_of, segments_of
-from trainer import Mode, ModelFn, Spec, token_mean, token_metric
+from trainer import Mode, ModelFn, Spec, errors, token_mean, token_metric
 
 
 @gin.configurable
@@ -53,6 +53,8 @@ class EncoderDecoder(ModelFn):
         alpha: float = 0.0,
     ):
         super().__init__(name="encoder_decoder")
+        errors.check_count("EncoderDecoder.vocab_size", vocab_size, minimum=3)
+        decoding.check_settings("EncoderDecoder", beam, max_length, alpha)
         self.beam, self.max_length, self.alpha = beam, max_length, alpha
         stack = dict(width=width, depth=depth, heads=heads, dropout=dropout, positions=positions)
         self.embedding = keras.layers.Embedding(vocab_size, width, name="tokens")

@@ -50,9 +50,7 @@ class Seq2Seq(ModelFn):
         errors.check_count("Seq2Seq.vocab_size", vocab_size, minimum=3)
         errors.check_count("Seq2Seq.width", width)
         errors.check_number("Seq2Seq.dropout", dropout, 0, below=1)
-        errors.check_count("Seq2Seq.beam", beam)
-        errors.check_count("Seq2Seq.max_length", max_length)
-        errors.check_number("Seq2Seq.alpha", alpha, 0)
+        decoding.check_settings("Seq2Seq", beam, max_length, alpha)
         self.beam, self.max_length, self.alpha = beam, max_length, alpha
         self.source_embedding = keras.layers.Embedding(
             vocab_size, width, mask_zero=True, name="source"

@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 from datasets import lengths, stdlib, text
-from models import hub, seq2seq, transformer
+from models import encoder_decoder, hub, seq2seq, transformer
 from tests.support import guides
 from trainer import InputParams, Mode, UserError, errors
 
@@ -71,6 +71,10 @@ ROWS = {
     "seq2seq_max_length_negative": (
         lambda: seq2seq.Seq2Seq(20, max_length=-1),
         r"Seq2Seq\.max_length must be a whole number >= 1, got -1",
+    ),
+    "encoder_decoder_alpha_negative": (
+        lambda: encoder_decoder.EncoderDecoder(20, alpha=-1.0),
+        r"EncoderDecoder\.alpha must be a number >= 0, got -1\.0",
     ),
     "lora_rank_zero": (
         lambda: hub.hub_task("CausalLM", "preset", lora_rank=0),
