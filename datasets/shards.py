@@ -68,6 +68,7 @@ def write(
     if not count:
         raise UserError(f"split {split!r} has no examples to write")
     stream = iter(examples)
+    owned_dirs.check(out_dir, OWNER)
     tf.io.gfile.makedirs(out_dir)
     options = tf.io.TFRecordOptions(compression_type=compression or "")
     sizes = [len(block) for block in np.array_split(np.arange(count), num_shards)]

@@ -32,7 +32,7 @@ import tensorflow as tf
 from absl import logging
 
 from datasets import images, records, shards
-from trainer import UserError, console, errors, whole_files
+from trainer import UserError, console, errors, owned_dirs, whole_files
 
 JPEG_QUALITY = 90  # of images resized by max_side (ImageNet's own JPEGs are ~90)
 LINES_FROM = 1000  # images between progress lines off a terminal, at least
@@ -91,7 +91,11 @@ def check(source: str | bytes, max_side: int | None = None) -> Checked:
 
 
 def start(out_dir: str) -> dict:
-    """The ``dataset.json`` of ``out_dir`` so far (``{}`` if new); refuses other data."""
+    """The ``dataset.json`` of ``out_dir`` so far (``{}`` if new); refuses other data.
+
+    A folder that holds files prepare did not write is refused (``shards.OWNER``).
+    """
+    owned_dirs.check(out_dir, shards.OWNER)
     os.makedirs(out_dir, exist_ok=True)
     metadata = shards.read_metadata(out_dir, missing_ok=True) or {}
     if metadata and metadata.get("image_format") != images.ENCODED:
