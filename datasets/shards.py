@@ -137,8 +137,9 @@ def files_of(data_dir: str) -> set[str]:
     names = {METADATA, *VOCABULARIES}
     for split, entry in metadata.get("splits", {}).items():
         names.add(f"{split}.progress.json")
-        for shard in entry.get("shards", []):
+        for shard in entry.get("shards", []):  # an index beside it, or named (indexed in place)
             names.update({shard["file"], shard["file"] + records.INDEX_SUFFIX})
+            names.add(shard.get("index", ""))
         names.update({entry.get("lengths", ""), entry.get("stream", {}).get("file", "")})
     present = {name.rstrip("/") for name in tf.io.gfile.listdir(data_dir)}
     return {name for name in names if name and os.sep not in name} & present
