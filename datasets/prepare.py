@@ -33,7 +33,7 @@ import tensorflow as tf  # noqa: E402
 import tensorflow_datasets as tfds  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from datasets import shards  # noqa: E402
+from datasets import shards, text_writing  # noqa: E402
 from trainer import UserError, errors, logs, owned_dirs  # noqa: E402
 
 flags.DEFINE_string("images", None, "A folder of images, one subfolder per class.")
@@ -147,11 +147,7 @@ def check_flags() -> None:
     for name in ("shards", "max_side"):
         if FLAGS[name].value is not None:
             errors.check_count(f"--{name}", FLAGS[name].value)
-    if not 0 <= FLAGS.eval_fraction < 1:
-        raise UserError(
-            f"--eval_fraction is the share of the documents held out, from 0 (none) to below 1, "
-            f"got {FLAGS.eval_fraction:g}"
-        )
+    text_writing.check_fraction(FLAGS.eval_fraction)
     text_only = ("tokenizer", "vocab", "vocab_size", "text_field", "label_field")
     given = [name for name in text_only if FLAGS[name].present]
     if given and not FLAGS.text:

@@ -277,11 +277,7 @@ def prepare(
     failure leaves it as it was, and only files prepare wrote are ever replaced.
     """
     owned_dirs.check(out_dir, shards.OWNER)
-    if not 0 <= eval_fraction < 1:
-        raise UserError(
-            f"--eval_fraction is the share of the documents held out, from 0 (none) to below 1, "
-            f"got {eval_fraction:g}"
-        )
+    text_writing.check_fraction(eval_fraction)
     errors.check_count("--shards", num_shards)
     named, label_field = label_field is not None, label_field or "label"
     found = text_writing.survey(path, text_field, label_field, named)

@@ -264,6 +264,15 @@ def write_splits(
     return {split: writer.close() for split, writer in writers.items()}
 
 
+def check_fraction(fraction) -> None:
+    """Refuses an ``--eval_fraction`` that is not a share below 1."""
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 <= fraction < 1:
+        raise UserError(
+            f"--eval_fraction is the share of the documents held out, from 0 (none) to below 1, "
+            f"got {fraction!r}"
+        )
+
+
 def held_out(fraction: float) -> Callable[[int], bool]:
     """Whether document ``n`` is held out: ``floor(n * fraction)`` of the first ``n`` are.
 
