@@ -25,18 +25,14 @@ def check_count(name: str, value, minimum: int = 1, optional: bool = False) -> N
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         allowed = f"a whole number >= {minimum}" + (" or None" if optional else "")
-        quoted = isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value)
-        fix = f" (in gin, write {value.strip()} without quotes)" if quoted else ""
-        raise UserError(f"{name} must be {allowed}, got {value!r}{fix}")
+        raise UserError(f"{name} must be {allowed}, got {value!r}{unquoted(value)}")
 
 
 def check_flag(name: str, value) -> None:
     """Refuses a setting that must be True or False: gin's quoted ``'False'`` is true."""
     if isinstance(value, bool):
         return
-    meant = {"true": "True", "false": "False"}.get(str(value).strip().lower())
-    fix = f" (in gin, write {meant} without quotes)" if isinstance(value, str) and meant else ""
-    raise UserError(f"{name} must be True or False, got {value!r}{fix}")
+    raise UserError(f"{name} must be True or False, got {value!r}{unquoted(value)}")
 
 
 def check_number(
@@ -48,11 +44,27 @@ def check_number(
         return
     bounds = [f">= {minimum:g}" if minimum is not None else "", f"< {below:g}" if below else ""]
     allowed = " and ".join(b for b in bounds if b)
-    quoted = isinstance(value, str) and re.fullmatch(r"\s*-?[\d.]+(e-?\d+)?\s*", value)
-    fix = f" (in gin, write {value.strip()} without quotes)" if quoted else ""
     raise UserError(
-        f"{name} must be a number{' ' + allowed if allowed else ''}, got {value!r}{fix}"
+        f"{name} must be a number{' ' + allowed if allowed else ''}, got {value!r}{unquoted(value)}"
     )
+
+
+def unquoted(value) -> str:
+    """How to write a number or a bool that gin was given in quotes; '' for anything else.
+
+    ``'false'`` gives `` (in gin, write False without quotes)``, ``'0.99'`` likewise.
+    """
+    if not isinstance(value, str):
+        return ""
+    words = {"true": "True", "false": "False", "none": "None"}
+    meant = words.get(value.strip().lower())
+    if meant is None:
+        try:
+            float(value)
+        except ValueError:
+            return ""
+        meant = value.strip()
+    return f" (in gin, write {meant} without quotes)"
 
 
 def check_seconds(name: str, value) -> None:

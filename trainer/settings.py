@@ -55,8 +55,7 @@ def _fix(hint, value) -> str:
         return f": write [{value!r}]"
     if not isinstance(value, str):
         return ""
-    meant = _unquoted(value)
-    return f" (in gin, write {meant} without quotes)" if meant else ""
+    return errors.unquoted(value)
 
 
 def _accepts(hint, value) -> bool:
@@ -108,18 +107,6 @@ def _described(hint) -> str:
 
 def _plural(hint) -> str:
     return {str: "strings", int: "whole numbers", float: "numbers"}.get(hint, _described(hint))
-
-
-def _unquoted(text: str) -> str | None:
-    """The literal a quoted value meant: 'false' -> False, '0.99' -> 0.99; else None."""
-    words = {"true": "True", "false": "False", "none": "None"}
-    if text.strip().lower() in words:
-        return words[text.strip().lower()]
-    try:
-        float(text)
-    except ValueError:
-        return None
-    return text.strip()
 
 
 @dataclasses.dataclass(frozen=True)
