@@ -127,6 +127,15 @@ def optimizer(model: keras.Model, given_optimizer):
     return given_optimizer
 
 
+def scored(given: Given, names: list[str]) -> list[str]:
+    """The outputs that have a loss: only they take a label, as under ``fit``.
+
+    ``loss=[fn, None]`` leaves the second output out.
+    """
+    losses = _per_output("loss", given.loss, names)
+    return [n for n in names if losses[n] is not None]
+
+
 def resolve(given: Given, targets, predictions) -> list[Output]:
     """Each output's loss, weight, reduction and metrics (outputs without a loss left out)."""
     names = list(predictions)

@@ -107,7 +107,8 @@ class KerasModel(ModelFn):
             labels, weights, mean_weights = labels
         if not isinstance(labels, Mapping):  # Keras's habit: one bare label tensor
             labels = {"label": labels}
-        targets = self._targets(labels, list(predictions))
+        scored = keras_compile.scored(self._given, list(predictions))
+        targets = self._targets(labels, scored)
         resolved = self._resolve(targets, predictions)
         sequence = self._sequence_output(resolved, predictions, weights)
         if sequence is not None:
@@ -118,7 +119,7 @@ class KerasModel(ModelFn):
             w = self._weights(weights, output.name, p)
             # The loss takes an eval set's class ids one-hot (metrics resolve to ids).
             as_scored = y if mode == Mode.TRAIN else _distributions_for(output.loss, y, p)
-            values = self._loss_of(output.name, output.loss, as_scored, p)  # per example
+            values, _ = self._loss_of(output.name, output.loss, as_scored, p)  # per example
             mean_weight = _of_output(mean_weights, output.name)
             output_loss, per_example = _reduced(values, w, output.reduction, mean_weight)
             loss += output.weight * output_loss
@@ -138,20 +139,23 @@ class KerasModel(ModelFn):
     def _sequence_output(self, resolved, predictions, weights):
         """The one output whose loss is a mean over tokens, or None.
 
-        So is an output that carries a Keras mask (``Embedding(mask_zero=True)``), or
-        whose sample weights are one per token (``[batch, length]``), as under ``fit``.
+        So is an output that carries a Keras mask (``Embedding(mask_zero=True)``), whose
+        sample weights are one per token (``[batch, length]``), or whose loss leaves a
+        class out (``ignore_class``), as under ``fit``.
         """
         found = [
             o
             for o in resolved
             if internals.keras_mask(predictions[o.name]) is not None
             or _per_token(_of_output(weights, o.name))
+            or _ignored_class(o.loss) is not None
         ]
         if found and len(resolved) > 1:
             raise UserError(
                 f"Keras model {self.model.name!r}: output {found[0].name!r} takes a loss per "
-                "token (masked, or weighted per token), which is taken for a model of one "
-                "output only: give the sequence output a model of its own"
+                "token (masked, weighted per token, or leaving a class out), which is taken "
+                "for a model of one scored output only: give the sequence output a model of "
+                "its own"
             )
         return found[0] if found else None
 
@@ -160,20 +164,27 @@ class KerasModel(ModelFn):
 
         Each position weighs its mask times its sample weight, as Keras's losses and
         metrics weigh it; the mean is over the mask (``'mean_with_sample_weight'``: over
-        the weights), over the step's whole batch (``trainer.tokens``).
+        the weights), over the step's whole batch (``trainer.tokens``). The loss's own
+        mask (the positions ``ignore_class`` keeps) masks the loss, not the metrics, as
+        in Keras's ``Loss.__call__``.
         """
         mask = internals.keras_mask(predictions[output.name])
         y, p = _same_rank(targets[output.name], predictions[output.name])
         as_scored = y if mode == Mode.TRAIN else _distributions_for(output.loss, y, p)
-        values = self._loss_of(output.name, output.loss, as_scored, p, per_token=True)
+        values, kept = self._loss_of(output.name, output.loss, as_scored, p, per_token=True)
         shown = tf.ones_like(values) if mask is None else tf.cast(mask, tf.float32)
         given = _of_output(weights, output.name)
         weighted = shown if given is None else shown * _per_position(given, values)
-        sums = tf.reduce_sum(values * weighted, axis=1)
+        scored, counted = weighted, shown
+        if kept is not None:  # the loss's own mask
+            kept = tf.reshape(tf.cast(kept, tf.float32), tf.shape(values))
+            scored, counted = weighted * kept, shown * kept
+        sums = tf.reduce_sum(values * scored, axis=1)
         if output.reduction == "sum":
             loss, reduction = tf.reduce_sum(sums) * output.weight, "sum"
         else:
-            counted = weighted if output.reduction == "weighted mean" else shown
+            if output.reduction == "weighted mean":
+                counted = scored
             entropy = "crossentropy" in _name_of(output.loss).replace("_", "")
             positions = tokens.positions_of(values)
             loss = TokenMean(sums * output.weight, tf.reduce_sum(counted, 1), entropy, positions)
@@ -197,12 +208,15 @@ class KerasModel(ModelFn):
             )
         return tf.reshape(tf.cast(weights, tf.float32), [tf.shape(p)[0]])
 
-    def _loss_of(self, name: str, loss_fn, y, p, per_token: bool = False) -> tf.Tensor:
-        """The loss of each example of output ``name`` (``per_token``: of each position).
+    def _loss_of(self, name: str, loss_fn, y, p, per_token: bool = False):
+        """``(values, the loss's own mask or None)`` of output ``name``.
 
+        The values are one per example (``per_token``: per position).
         A ``keras.losses.Loss`` gives its values before its reduction: Keras's own
         divides by the replicas of a strategy in scope, and the framework weights
         each replica's loss itself. Labels are cast to the loss's type, as Keras does.
+        The mask is the one Keras's loss sets on its values (``ignore_class``'s kept
+        positions), which its ``__call__`` reads.
         """
         given, shape = y.dtype.name, tuple(y.shape)
         loss_name = _name_of(loss_fn)
@@ -210,9 +224,10 @@ class KerasModel(ModelFn):
         y, p = tf.cast(y, dtype), tf.cast(p, dtype)
         try:
             values = loss_fn.call(y, p) if isinstance(loss_fn, keras.losses.Loss) else loss_fn(y, p)
+            kept = internals.keras_mask(values)
             if per_token:
-                return tf.reshape(tf.cast(values, tf.float32), [tf.shape(p)[0], -1])
-            return _per_example(values, p)
+                return tf.reshape(tf.cast(values, tf.float32), [tf.shape(p)[0], -1]), kept
+            return _per_example(values, p), kept
         except (ValueError, TypeError, tf.errors.InvalidArgumentError):
             takes = (
                 "class distributions (MixUp, CutMix, soft labels) take categorical_crossentropy"
@@ -291,13 +306,18 @@ class KerasModel(ModelFn):
         return re.fullmatch(rf"{re.escape(made_up)}(_\d+)?", name) is not None
 
     def _targets(self, labels: Mapping[str, tf.Tensor], outputs: list[str]):
+        """Each of ``outputs`` (those with a loss) and its label.
+
+        One output takes the one label, as ``fit`` gives it ``y``; else each takes the
+        label of its name.
+        """
         if len(outputs) == 1 and len(labels) == 1:
             return {outputs[0]: next(iter(labels.values()))}
         missing = [n for n in outputs if n not in labels]
         if missing:
             raise UserError(
-                f"Keras model {self.model.name!r} has outputs {outputs}, but the input_fn "
-                f"gives labels {sorted(labels)}: name each output like its label"
+                f"Keras model {self.model.name!r} has outputs {outputs} with a loss, but the "
+                f"input_fn gives labels {sorted(labels)}: name each such output like its label"
             )
         return {n: labels[n] for n in outputs}
 
@@ -344,6 +364,12 @@ def _reduced(values: tf.Tensor, weights: tf.Tensor | None, reduction: str, mean_
         mean_weight = tf.reduce_mean(weights) if mean_weight is None else mean_weight
         return tf.math.divide_no_nan(tf.reduce_mean(weighted), mean_weight), (values, weights)
     return tf.reduce_mean(weighted), weighted
+
+
+def _ignored_class(loss_fn):
+    """The class a Keras loss leaves out of its mean (``ignore_class``), or None."""
+    get_config = getattr(loss_fn, "get_config", None)
+    return get_config().get("ignore_class") if callable(get_config) else None
 
 
 def _metric_value(fn, y: tf.Tensor, p: tf.Tensor, weights: tf.Tensor | None):

@@ -745,25 +745,28 @@ class CalledTwice(trainer.ModelFn):
         return _spec(logits, labels)
 
 
-def tokens(metrics=(), adam: type | None = None) -> keras.Model:
+def tokens(metrics=(), adam: type | None = None, mask=True, ignore_class=None) -> keras.Model:
     """A per-token classifier whose padding is masked (``mask_zero``): Keras's compiled
     loss (and ``metrics``) is then the mean over the batch's real tokens.
 
     SGD with momentum unless an ``adam`` class is given (rate 0.01): SGD's update is
     linear in the gradient, so an embedding's sparse gradient gives the same update
-    however its rows are summed.
+    however its rows are summed. ``ignore_class``: the loss leaves the tokens of that
+    label out, of the mask's (or, with ``mask=False``, of every position).
     """
     return _seeded(
         lambda: keras.Sequential(
             [
                 keras.Input((12,), dtype="int64"),
-                keras.layers.Embedding(VOCABULARY, 6, mask_zero=True),
+                keras.layers.Embedding(VOCABULARY, 6, mask_zero=mask),
                 keras.layers.Dense(8, activation="relu"),
                 keras.layers.Dense(VOCABULARY),
             ]
         ),
         optimizer=adam(0.01) if adam else keras.optimizers.SGD(0.5, momentum=0.9),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        loss=keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True, ignore_class=ignore_class
+        ),
         metrics=list(metrics),
     )
 
@@ -880,6 +883,13 @@ ROWS = {
         reference=functools.partial(tokens, ["accuracy"], AdamOfDenseGradients),
     ),
     "part_token_means": Row(tokens, model_fn=PartTokenMeansOf, tokens=True),
+    # A loss that leaves a class out (keras-io's translation example): the mean is over
+    # the tokens both the mask and the loss keep (label 1 is a real token's), or, with
+    # no mask, over the positions the loss keeps (label 0 is padding's).
+    "ignore_class": Row(functools.partial(tokens, ["accuracy"], ignore_class=1), tokens=True),
+    "ignore_class_unmasked": Row(
+        functools.partial(tokens, mask=False, ignore_class=0), tokens=True
+    ),
 }
 # Models of the zoo, ModelFns against fit of their own layers: the columns they are
 # tested in are their own (tests/test_resnet.py), not the whole grid.

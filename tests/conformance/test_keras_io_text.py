@@ -1,0 +1,243 @@
+"""keras-io's text examples as written, trained by the Estimator and by ``fit``.
+
+Each example's model, compile and data pipeline are kept as published (Keras 3.15);
+only the download is replaced by synthetic text of the same shape, and the sizes are
+made small. What changes, and why:
+
+* dropout is 0: its draws differ between ``fit`` and the framework's step;
+* the shuffle is left out, so that both read the same batches in the same order;
+* where an embedding meets Adam, ``fit`` runs Keras's Adam of the dense gradient
+  (``AdamOfDenseGradients``, the framework's update by design: docs/guide/keras.md);
+* ``ops.tile(mask, mult)`` given a symbolic multiple does not build under Keras 3.15:
+  ``ops.tile(mask, [batch_size, 1, 1])`` stands in its place.
+"""
+
+import string
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from keras import layers, ops
+
+from tests.support.parity import AdamOfDenseGradients
+from trainer import Checkpoints, Estimator
+
+WORDS = [f"w{i}" for i in range(100)]
+STEPS = 4
+BATCH = 8
+
+
+def sentences(count, seed=0):
+    """Lines of 3 to 14 words, a few with the review's ``<br />`` and punctuation."""
+    rng = np.random.default_rng(seed)
+    lines = []
+    for i in range(count):
+        words = rng.choice(WORDS, size=rng.integers(3, 15))
+        lines.append(" ".join(words) + ("<br />!" if i % 5 == 0 else "."))
+    return lines
+
+
+# ------------------------------------------------ text_generation_with_miniature_gpt
+
+vocab_size = 60
+maxlen = 12
+embed_dim = 16
+num_heads = 2
+feed_forward_dim = 16
+
+
+def causal_attention_mask(batch_size, n_dest, n_src, dtype):
+    i = ops.arange(n_dest)[:, None]
+    j = ops.arange(n_src)
+    m = i >= j - n_src + n_dest
+    mask = ops.cast(m, dtype)
+    mask = ops.reshape(mask, [1, n_dest, n_src])
+    return ops.tile(mask, [batch_size, 1, 1])  # as published: a symbolic multiple
+
+
+class TransformerBlock(layers.Layer):
+    def __init__(self, embed_dim, num_heads, ff_dim, rate=0.0):  # published: 0.1
+        super().__init__()
+        self.att = layers.MultiHeadAttention(num_heads, embed_dim)
+        self.ffn = keras.Sequential(
+            [layers.Dense(ff_dim, activation="relu"), layers.Dense(embed_dim)]
+        )
+        self.layernorm1 = layers.LayerNormalization(epsilon=1e-6)
+        self.layernorm2 = layers.LayerNormalization(epsilon=1e-6)
+        self.dropout1 = layers.Dropout(rate)
+        self.dropout2 = layers.Dropout(rate)
+
+    def call(self, inputs):
+        input_shape = ops.shape(inputs)
+        batch_size = input_shape[0]
+        seq_len = input_shape[1]
+        causal_mask = causal_attention_mask(batch_size, seq_len, seq_len, "bool")
+        attention_output = self.att(inputs, inputs, attention_mask=causal_mask)
+        attention_output = self.dropout1(attention_output)
+        out1 = self.layernorm1(inputs + attention_output)
+        ffn_output = self.ffn(out1)
+        ffn_output = self.dropout2(ffn_output)
+        return self.layernorm2(out1 + ffn_output)
+
+
+class TokenAndPositionEmbedding(layers.Layer):
+    def __init__(self, maxlen, vocab_size, embed_dim):
+        super().__init__()
+        self.token_emb = layers.Embedding(input_dim=vocab_size, output_dim=embed_dim)
+        self.pos_emb = layers.Embedding(input_dim=maxlen, output_dim=embed_dim)
+
+    def call(self, x):
+        maxlen = ops.shape(x)[-1]
+        positions = ops.arange(0, maxlen, 1)
+        positions = self.pos_emb(positions)
+        x = self.token_emb(x)
+        return x + positions
+
+
+def create_model(optimizer="adam"):
+    keras.utils.set_random_seed(1)
+    inputs = layers.Input(shape=(maxlen,), dtype="int32")
+    embedding_layer = TokenAndPositionEmbedding(maxlen, vocab_size, embed_dim)
+    x = embedding_layer(inputs)
+    transformer_block = TransformerBlock(embed_dim, num_heads, feed_forward_dim)
+    x = transformer_block(x)
+    outputs = layers.Dense(vocab_size)(x)
+    model = keras.Model(inputs=inputs, outputs=[outputs, x])
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model.compile(
+        optimizer,
+        loss=[loss_fn, None],
+    )  # No loss and optimization based on word embeddings from transformer block
+    return model
+
+
+def custom_standardization(input_string):
+    """Remove html line-break tags and handle punctuation"""
+    lowercased = tf.strings.lower(input_string)
+    stripped_html = tf.strings.regex_replace(lowercased, "<br />", " ")
+    return tf.strings.regex_replace(stripped_html, f"([{string.punctuation}])", r" \1")
+
+
+def gpt_pipeline():
+    """The example's text_ds and its vectorize_layer (adapted to the text)."""
+    lines = sentences(BATCH * STEPS)
+    vectorize_layer = layers.TextVectorization(
+        standardize=custom_standardization,
+        max_tokens=vocab_size - 1,
+        output_mode="int",
+        output_sequence_length=maxlen + 1,
+    )
+    vectorize_layer.adapt(tf.data.Dataset.from_tensor_slices(lines).batch(BATCH))
+
+    def prepare_lm_inputs_labels(text):
+        text = tf.expand_dims(text, -1)
+        tokenized_sentences = vectorize_layer(text)
+        x = tokenized_sentences[:, :-1]
+        y = tokenized_sentences[:, 1:]
+        return x, y
+
+    def text_ds(batch_size):
+        ds = tf.data.Dataset.from_tensor_slices(lines).batch(batch_size)
+        return ds.map(prepare_lm_inputs_labels, num_parallel_calls=tf.data.AUTOTUNE)
+
+    return text_ds, vectorize_layer.get_vocabulary()
+
+
+class TextGenerator(keras.callbacks.Callback):
+    """The example's callback, as written (its print kept in ``self.printed``)."""
+
+    def __init__(self, max_tokens, start_tokens, index_to_word, top_k=10, print_every=1):
+        self.max_tokens = max_tokens
+        self.start_tokens = start_tokens
+        self.index_to_word = index_to_word
+        self.print_every = print_every
+        self.k = top_k
+        self.printed = []
+
+    def sample_from(self, logits):
+        logits, indices = ops.top_k(logits, k=self.k, sorted=True)
+        indices = np.asarray(indices).astype("int32")
+        preds = keras.activations.softmax(ops.expand_dims(logits, 0))[0]
+        preds = np.asarray(preds).astype("float32")
+        return np.random.choice(indices, p=preds)
+
+    def detokenize(self, number):
+        return self.index_to_word[number]
+
+    def on_epoch_end(self, epoch, logs=None):
+        start_tokens = [_ for _ in self.start_tokens]
+        if (epoch + 1) % self.print_every != 0:
+            return
+        num_tokens_generated = 0
+        tokens_generated = []
+        while num_tokens_generated <= self.max_tokens:
+            pad_len = maxlen - len(start_tokens)
+            sample_index = len(start_tokens) - 1
+            if pad_len < 0:
+                x = start_tokens[:maxlen]
+                sample_index = maxlen - 1
+            elif pad_len > 0:
+                x = start_tokens + [0] * pad_len
+            else:
+                x = start_tokens
+            x = np.array([x])
+            y, _ = self.model.predict(x, verbose=0)
+            sample_token = self.sample_from(y[0][sample_index])
+            tokens_generated.append(sample_token)
+            start_tokens.append(sample_token)
+            num_tokens_generated = len(tokens_generated)
+        txt = " ".join([self.detokenize(_) for _ in self.start_tokens + tokens_generated])
+        self.printed.append(f"generated text:\n{txt}\n")
+
+
+def weights_apart(ours: keras.Model, theirs: keras.Model) -> float:
+    return max(
+        float(np.max(np.abs(a - b)))
+        for a, b in zip(ours.get_weights(), theirs.get_weights(), strict=True)
+    )
+
+
+def test_miniature_gpt_with_an_output_of_no_loss_trains_as_fit_does(tmp_path):
+    """``outputs=[logits, x]``, ``loss=[loss_fn, None]``: the one label is the logits'
+    target, as ``fit`` gives it; its TextGenerator callback predicts as written."""
+    text_ds, vocab = gpt_pipeline()
+    word_to_index = {word: index for index, word in enumerate(vocab)}
+    start_tokens = [word_to_index.get(_, 1) for _ in "w1 w2 w3".split()]
+
+    theirs = create_model(AdamOfDenseGradients())
+    fit_generator = TextGenerator(3, start_tokens, vocab)
+    history = theirs.fit(text_ds(BATCH), verbose=0, epochs=1, callbacks=[fit_generator])
+
+    ours = create_model()
+    generator = TextGenerator(3, start_tokens, vocab)
+    estimator = Estimator(
+        ours,
+        str(tmp_path),
+        global_batch_size=BATCH,
+        steps_per_loop=STEPS,
+        log_every_steps=STEPS,  # an epoch
+        checkpoints=Checkpoints(every_steps=None),
+        progress=False,
+    )
+    estimator.train(lambda mode, params: text_ds(params.batch_size).repeat(), STEPS, [generator])
+    assert weights_apart(ours, theirs) < 2e-5
+    assert [len(p.split()) for p in generator.printed] == [2 + 3 + 4]
+    assert len(generator.printed) == len(fit_generator.printed) == 1
+    assert history.history["loss"][0] == pytest.approx(np.log(vocab_size), rel=0.1)
+
+
+def test_miniature_gpt_evaluates_and_predicts_both_outputs(tmp_path):
+    text_ds, _ = gpt_pipeline()
+    model = create_model()
+    estimator = Estimator(
+        model, str(tmp_path), global_batch_size=BATCH, eval_batch_size=BATCH, progress=False
+    )
+    estimator.train(lambda mode, params: text_ds(params.batch_size).repeat(), 2)
+    found = estimator.evaluate(lambda mode, params: text_ds(params.batch_size))
+    expected = model.evaluate(text_ds(BATCH), verbose=0, return_dict=True)
+    assert found["loss"] == pytest.approx(expected["loss"], rel=1e-5)
+    predicted = next(iter(estimator.predict(lambda mode, params: text_ds(params.batch_size))))
+    logits, x = model.output_names  # Keras's names of the two outputs
+    assert predicted[logits].shape == (maxlen, vocab_size)
+    assert predicted[x].shape == (maxlen, embed_dim)
