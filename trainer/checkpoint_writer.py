@@ -195,6 +195,17 @@ class Background:
             internals.release_async_checkpoint(self.checkpoint)
 
 
+def input_changed(path: str) -> str:
+    """What a checkpoint whose saved input iterator no longer fits its input_fn says."""
+    return (
+        f"checkpoint {path} holds the training input's tf.data iterator, which does not fit "
+        "this input_fn's pipeline (changed since it was saved: a map, a source, an order); "
+        "its weights, optimizer and step are intact: go on from them with "
+        "Checkpoints.input = False (the input starts again at its first batch), or train "
+        "with the input_fn it was saved with"
+    )
+
+
 class Checkpointer:
     """Saves every named trackable together and restores the newest checkpoint.
 
@@ -223,6 +234,7 @@ class Checkpointer:
         self.model_dir = model_dir
         self.scratch = save_dir if save_dir not in (None, model_dir) else None
         self.checkpoint = tf.train.Checkpoint(**trackables)
+        self._trackables = trackables
         model = trackables.get("model")
         self._variables = [  # to name a mismatched variable by its Keras path
             *getattr(model, "trainable_variables", []),
@@ -279,8 +291,12 @@ class Checkpointer:
                 status.expect_partial()
             status.assert_existing_objects_matched()
         except READ_ERRORS as error:
+            if self._fits_but_the_input(path):
+                raise UserError(input_changed(path)) from None
             raise Damaged(path, checkpoints.read_error(error)) from None
         except (AssertionError, ValueError, tf.errors.OpError) as error:
+            if self._fits_but_the_input(path):
+                raise UserError(input_changed(path)) from None
             raise UserError(
                 f"checkpoint {path} does not fit this model: {_mismatch(error, self._variables)}; "
                 "train in a "
@@ -288,6 +304,19 @@ class Checkpointer:
             ) from None
         logging.info("Restored %s", path)
         return path
+
+    def _fits_but_the_input(self, path: str) -> bool:
+        """Whether all but the saved input iterator restores from ``path``."""
+        others = {key: value for key, value in self._trackables.items() if key != "input"}
+        if len(others) == len(self._trackables):
+            return False
+        try:
+            status = tf.train.Checkpoint(**others).restore(path)
+            status.expect_partial()
+            status.assert_existing_objects_matched()
+        except (*READ_ERRORS, AssertionError, ValueError, tf.errors.OpError):
+            return False
+        return True
 
     def _listed_at(self, step: int) -> str:
         """The listed checkpoint of ``step``; refused, naming those listed, if none is."""

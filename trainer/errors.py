@@ -19,6 +19,14 @@ class UserError(Exception):
     exit_code = exit_codes.USER_ERROR
 
 
+class KerasValueError(UserError, ValueError):
+    """A ``UserError`` where Keras raises ``ValueError`` for the same input.
+
+    A model with no loss, a loss or metric Keras does not know: the code that catches
+    Keras's error catches this one.
+    """
+
+
 def check_count(name: str, value, minimum: int = 1, optional: bool = False) -> None:
     """Refuses a setting that must be a whole number >= ``minimum`` (or None if optional)."""
     if value is None and optional:

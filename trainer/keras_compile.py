@@ -31,7 +31,7 @@ import keras
 from absl import logging
 
 from trainer import internals, keras_step
-from trainer.errors import UserError
+from trainer.errors import KerasValueError
 
 OWN_STEPS = {  # a method the framework does not call: what it does instead
     "test_step": "it evaluates with the model's call and its compiled loss and metrics",
@@ -82,13 +82,13 @@ def given(model: keras.Model, loss, metrics, weighted_metrics, loss_weights) -> 
         if own and method == "compute_loss":
             continue
         if getattr(type(model), method) is not getattr(keras.Model, method):
-            raise UserError(
+            raise KerasValueError(
                 f"Keras model {model.name!r} overrides {method}, which the framework never "
                 f"calls ({instead}): write it as a trainer.ModelFn, or use model.fit"
             )
     loss = compiled.get("loss") if loss is None else loss
     if loss is None and not own:
-        raise UserError(
+        raise KerasValueError(
             f"Keras model {model.name!r} has no loss: compile it with "
             "model.compile(loss=...), or pass trainer.KerasModel(model, loss=...)"
         )
@@ -157,7 +157,7 @@ def resolve(given: Given, targets, predictions) -> list[Output]:
         outputs.append(Output(n, loss, float(weights[n]), _reduction(loss), metrics))
     if len({o.reduction == "sum" for o in outputs}) > 1:
         found = {o.name: getattr(o.loss, "reduction", "sum_over_batch_size") for o in outputs}
-        raise UserError(
+        raise KerasValueError(
             f"the outputs' losses are reduced differently ({found}): give every output's "
             "loss the same reduction, 'sum' or a mean"
         )
@@ -174,7 +174,7 @@ def _compiled(model: keras.Model) -> dict:
 def _reduction(loss) -> str:
     reduction = getattr(loss, "reduction", "sum_over_batch_size")
     if reduction not in REDUCTIONS:
-        raise UserError(
+        raise KerasValueError(
             f"loss {getattr(loss, 'name', loss)!r} has reduction={reduction!r}, which leaves "
             "a value per example for Keras to add up unsaid: give it reduction='sum' or "
             "'sum_over_batch_size' (the mean)"
@@ -192,7 +192,7 @@ def _check_shared(*metric_lists: Mapping[str, list]) -> None:
                     continue
                 where = f"{output!r}"
                 if id(metric) in seen:
-                    raise UserError(
+                    raise KerasValueError(
                         f"one {type(metric).__name__} object, {metric.name!r}, is given for "
                         f"{seen[id(metric)]} and again for {where}: it would add both up in "
                         "one state; give each place its own metric object"
@@ -207,13 +207,15 @@ def _per_output(what: str, given, names: list[str], default=None, listed=False) 
     if isinstance(given, Mapping):
         unknown = sorted(set(given) - set(names))
         if unknown:
-            raise UserError(f"{what} names outputs {unknown}; the model's outputs are {names}")
+            raise KerasValueError(
+                f"{what} names outputs {unknown}; the model's outputs are {names}"
+            )
         return {n: given.get(n, default) for n in names}
     if listed and len(names) == 1:
         return {names[0]: list(given) if isinstance(given, list | tuple) else [given]}
     if isinstance(given, list | tuple):
         if len(given) != len(names):
-            raise UserError(
+            raise KerasValueError(
                 f"{what} has {len(given)} entries for the model's {len(names)} outputs "
                 f"{names}: give one per output, or a dict by output name"
             )
@@ -267,7 +269,7 @@ def _loss(identifier, y_true, y_pred):
     try:
         return keras.losses.get(identifier)
     except ValueError as error:
-        raise UserError(f"loss {identifier!r} is not a Keras loss: {error}") from None
+        raise KerasValueError(f"loss {identifier!r} is not a Keras loss: {error}") from None
 
 
 def _metric(identifier, y_true, y_pred) -> tuple[str, Any]:
@@ -289,7 +291,7 @@ def _metric(identifier, y_true, y_pred) -> tuple[str, Any]:
         known = [n for n in dir(keras.metrics) if not n.startswith("_") and n != "get"]
         close = difflib.get_close_matches(str(identifier), known + ["accuracy"], n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
-        raise UserError(
+        raise KerasValueError(
             f"metric {identifier!r} is not a Keras metric: {hint}(name a keras.metrics "
             "function or class, or pass a keras.metrics.Metric)"
         ) from None

@@ -65,7 +65,9 @@ def is_task(model: keras.Model) -> bool:
     )
 
 
-def input_map(model: keras.Model) -> Callable[[tf.data.Dataset, Mode], tf.data.Dataset] | None:
+def input_map(
+    model: keras.Model, generates: bool = True
+) -> Callable[[tf.data.Dataset, Mode], tf.data.Dataset] | None:
     """How an input_fn's dataset reaches ``model``: its preprocessor mapped; None for others."""
     if not is_task(model):
         return None
@@ -88,8 +90,8 @@ def input_map(model: keras.Model) -> Callable[[tf.data.Dataset, Mode], tf.data.D
 
         features_spec, _ = split_element(dataset.element_spec, mode)
         _check_takes_text(model, features_spec)
-        exported = exported_serving(model, features_spec, serving.declared(dataset))
-        if mode == Mode.PREDICT and is_generator(model):  # prompts, as generate takes them
+        exported = exported_serving(model, features_spec, serving.declared(dataset), generates)
+        if mode == Mode.PREDICT and generates and is_generator(model):  # generate's prompts
             preprocess = model.preprocessor.generate_preprocess
         preprocessed = dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
         return dataset_marks.put(preprocessed.with_options(_SAVABLE), "serving", exported)
@@ -110,7 +112,8 @@ def generator(model: keras.Model) -> Callable[[dict], dict] | None:
     """PREDICT's outputs of a causal LM, as its ``generate`` makes them; None for others.
 
     ``generate(features)`` takes ``generate_preprocess``'s prompts and returns
-    ``{'token_ids': [b, sequence_length], 'text': [b]}``: each prompt continued by the
+    ``{'token_ids': [b, sequence_length], 'padding_mask': [b, sequence_length],
+    'text': [b]}``: each prompt continued by the
     compiled sampler (``compile(sampler=...)``, keras-hub's default ``'top_k'``) until
     the tokenizer's end token, the text as ``generate`` returns it (the prompt, then
     what follows). keras-hub 0.32's ``generate_postprocess`` reads numpy and cannot run
@@ -128,7 +131,7 @@ def generator(model: keras.Model) -> Callable[[dict], dict] | None:
         for special in getattr(tokenizer, "special_token_ids", []):
             shown &= outputs["token_ids"] != special
         text = tokenizer.detokenize(tf.ragged.boolean_mask(outputs["token_ids"], shown))
-        return {"token_ids": outputs["token_ids"], "text": text}
+        return {**outputs, "text": text}
 
     return generate
 
@@ -168,17 +171,21 @@ def _check_lengths(model: keras.Model) -> None:
         )
 
 
-def exported_serving(model: keras.Model, features_spec, declared: Serving | None) -> Serving:
+def exported_serving(
+    model: keras.Model, features_spec, declared: Serving | None, generates: bool = True
+) -> Serving:
     """What an export of ``model`` takes: the input_fn's features, preprocessed inside.
 
     ``features_spec`` is the input_fn's (not the preprocessed) batch of features;
     ``declared``, what its dataset was marked with (``trainer.serves``), if anything:
     then the export takes the stored examples it declares, and runs its
-    ``features_of`` before the preprocessor.
+    ``features_of`` before the preprocessor. ``generates``: a causal LM's export
+    continues prompts (else it gives the task's outputs, its logits).
     """
+    generates = generates and is_generator(model)
     if declared is not None:
         return Serving(
-            _Preprocessed(model, declared.features),
+            _Preprocessed(model, generates, declared.features),
             declared.stored,
             declared.parse_examples,
             batched=True,
@@ -186,9 +193,10 @@ def exported_serving(model: keras.Model, features_spec, declared: Serving | None
         )
     if isinstance(features_spec, dict):
         stored = {name: _one_example(spec) for name, spec in features_spec.items()}
-        return Serving(_Preprocessed(model), stored, batched=True, imports=IMPORTS)
+        return Serving(_Preprocessed(model, generates), stored, batched=True, imports=IMPORTS)
     stored = {"x": _one_example(features_spec)}
-    return Serving(_Preprocessed(model, lambda s: s["x"]), stored, batched=True, imports=IMPORTS)
+    preprocessed = _Preprocessed(model, generates, lambda s: s["x"])
+    return Serving(preprocessed, stored, batched=True, imports=IMPORTS)
 
 
 class _Preprocessed(tf.Module):
@@ -197,18 +205,18 @@ class _Preprocessed(tf.Module):
     A module, so that the export tracks the preprocessor: its vocabulary's tables are saved.
     """
 
-    def __init__(self, model: keras.Model, features_of: Callable | None = None):
+    def __init__(self, model: keras.Model, generates: bool, features_of: Callable | None = None):
         super().__init__(name="task_preprocessing")
         self.preprocessor = model.preprocessor
-        self._task, self._features_of = model, features_of
+        self._task, self._generates, self._features_of = model, generates, features_of
         # A causal LM's sampler (top_k's seed state): the export generates, and saves
         # only the variables something in it tracks.
-        sampler = getattr(model, "sampler", None) if is_generator(model) else None
+        sampler = getattr(model, "sampler", None) if generates else None
         self.sampler_variables = list(getattr(sampler, "variables", []))
 
     def __call__(self, stored: dict):
         x = stored if self._features_of is None else self._features_of(stored)
-        if is_generator(self._task):  # prompts, continued in the export
+        if self._generates:  # prompts, continued in the export
             return self.preprocessor.generate_preprocess(x)
         features, _, _ = keras.utils.unpack_x_y_sample_weight(self._task.preprocess_samples(x))
         return features  # a causal LM's preprocessor makes its labels too

@@ -61,6 +61,9 @@ class KerasModel(ModelFn):
         ``compile``'s, else 1 each.
       weighted_metrics: metrics weighted by the input's sample weights, given as
         ``metrics`` is; None takes ``compile``'s.
+      generates: a keras-hub causal LM predicts by continuing its prompts, as its
+        ``generate`` does; False: it predicts its outputs (the logits), as its
+        ``predict`` does.
     """
 
     takes_sample_weights = True  # an input_fn may yield (features, labels, sample_weight)
@@ -72,14 +75,18 @@ class KerasModel(ModelFn):
         metrics: Any = None,
         loss_weights: Sequence[float] | Mapping[str, float] | None = None,
         weighted_metrics: Any = None,
+        generates: bool = True,
     ):
         super().__init__(name="keras_model")
         if not isinstance(model, keras.Model):
             raise UserError(f"KerasModel takes a keras.Model, got {type(model).__name__}")
         self.model = model
+        # Built already (a keras-hub task, a model of keras.Input): predict, evaluate
+        # and export take its weights as they are where no checkpoint is, as Keras does.
+        self.holds_own_weights = model.built
         self.own_keras_step = keras_step.overrides(model)  # run by trainer.keras_step
-        self.input_map = keras_hub_tasks.input_map(model)  # a keras-hub task's preprocessor
-        self.generate = keras_hub_tasks.generator(model)  # a causal LM's PREDICT
+        self.input_map = keras_hub_tasks.input_map(model, generates)  # a task's preprocessor
+        self.generate = keras_hub_tasks.generator(model) if generates else None  # a causal LM's
         # Kept out of the checkpoint's reach (a plain object is not tracked): compiled
         # metrics hold state of their own, which is not the model's.
         self._given = keras_compile.given(model, loss, metrics, weighted_metrics, loss_weights)
@@ -329,8 +336,8 @@ class KerasModel(ModelFn):
         if given.outputs is None:
             try:
                 given.outputs = keras_compile.resolve(given, targets, predictions)
-            except UserError as error:
-                raise UserError(f"Keras model {self.model.name!r}: {error}") from None
+            except UserError as error:  # of its kind: a KerasValueError stays one
+                raise type(error)(f"Keras model {self.model.name!r}: {error}") from None
         return given.outputs
 
 

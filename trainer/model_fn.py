@@ -157,9 +157,12 @@ def labeled(element_spec) -> bool:
 def split_element(element, mode: Mode):
     """Splits a dataset element into ``(features, labels)``; labels are None in PREDICT.
 
-    An element ``(features, labels, sample_weight)`` gives ``Weighted`` labels.
+    An element ``(features, labels, sample_weight)`` gives ``Weighted`` labels; a
+    1-tuple ``(features,)`` is its features, as ``fit`` takes it.
     """
-    if isinstance(element, tuple) and len(element) == 3:
+    if isinstance(element, tuple) and len(element) == 1:
+        features, labels = element[0], None
+    elif isinstance(element, tuple) and len(element) == 3:
         features, labels = element[0], Weighted(*element[1:])
     elif isinstance(element, tuple) and len(element) == 2:
         features, labels = element
@@ -273,6 +276,9 @@ class ModelFn(tf.Module):
     """
 
     takes_sample_weights = False
+    # Its weights as made are worth predicting with before any training, as a Keras
+    # model's own (pretrained, or as its user made it) are to ``model.predict``.
+    holds_own_weights = False
     input_map: Callable[[tf.data.Dataset, Mode], tf.data.Dataset] | None = None
 
     def __call__(

@@ -20,6 +20,7 @@ from typing import Any
 
 import keras
 import tensorflow as tf
+from absl import logging
 
 from trainer import (
     checkpoint_writer,
@@ -247,7 +248,13 @@ class ModelState:
                 f"{another}: evaluate, predict or export it with the config it was trained "
                 f"with ({os.path.join(model_dir, checkpoints.OPERATIVE_CONFIG)})"
             ) from None
-        if restored is None:
+        if restored is None and getattr(self.model_fn, "holds_own_weights", False):
+            logging.info(
+                "No checkpoint in %s: %s as it was made, as Keras's predict and evaluate do",
+                model_dir,
+                self.model_fn,
+            )
+        elif restored is None:
             raise UserError(
                 f"no checkpoint in {model_dir}: train first "
                 "(--schedule train) or point --model_dir at a trained run"

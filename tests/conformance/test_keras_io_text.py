@@ -198,6 +198,7 @@ def weights_apart(ours: keras.Model, theirs: keras.Model) -> float:
     )
 
 
+@pytest.mark.slow
 def test_miniature_gpt_with_an_output_of_no_loss_trains_as_fit_does(tmp_path):
     """``outputs=[logits, x]``, ``loss=[loss_fn, None]``: the one label is the logits'
     target, as ``fit`` gives it; its TextGenerator callback predicts as written."""
