@@ -293,6 +293,7 @@ class Events:
         self.epoch = _EpochLogs()
         self.logged_at = -1  # the last log step
         self.last_epoch: dict = {}  # the last epoch's logs: on_train_end's
+        self.nan_step: int | None = None  # the step whose loss was NaN, which ended it
         self.ema = None  # the weights' moving average (Optimization.ema_decay), or None
         self.best_averages: dict[str, dict] = {}  # by EarlyStopping: its best epoch's
         self.streamed = EpochMetrics()  # the epoch's streamed training metrics (AUC)
@@ -389,8 +390,9 @@ class Events:
         if not self.callbacks or self.model is None:
             return
         logs = self.running()  # every worker reads (a collective under multi_worker)
-        if nan_loss:
-            logs = {**logs, "loss": float("nan")}
+        if nan_loss:  # the batch is that of the step not counted, as fit numbers it
+            logs, step = {**logs, "loss": float("nan")}, step + 1
+            self.nan_step = step
         if self.live:
             self._call("on_train_batch_end", self._batch_of(step), logs)
 
@@ -434,7 +436,11 @@ class Events:
             prefix = "val_" if i == 0 else f"val_{name}_"
             logs.update({prefix + k: float(v) for k, v in metrics.items()})
         self.epoch = _EpochLogs(at=step)
-        self._call("on_epoch_end", self._epoch_of(step), logs)
+        epoch = self._epoch_of(step)
+        if self.nan_step is not None:  # the epoch of the NaN step, whose loss it ends with
+            epoch, logs = self._epoch_of(self.nan_step), {**logs, "loss": float("nan")}
+            self.nan_step = None
+        self._call("on_epoch_end", epoch, logs)
         self.last_epoch = logs
         self._note_best_averages()
         self._keep(step)

@@ -218,6 +218,10 @@ def speaking(on: bool = True):
     for handler in handlers[:2]:
         handler.addFilter(lambda record: record.name == absl_logger.name)
     root = pylogging.getLogger()  # where the user's handlers (and pytest's) see them too
+    shown_twice = [h for h in root.handlers if _on_console(h)]  # absl's basicConfig()
+    hidden = _From(absl_logger.name)
+    for handler in shown_twice:
+        handler.addFilter(hidden)
     for handler in handlers:
         root.addHandler(handler)
     absl_logger.setLevel(pylogging.INFO)
@@ -230,6 +234,30 @@ def speaking(on: bool = True):
         for handler in handlers:
             root.removeHandler(handler)
             handler.close()
+        for handler in shown_twice:
+            handler.removeFilter(hidden)
+
+
+def _on_console(handler: pylogging.Handler) -> bool:
+    """Whether ``handler`` writes to the console (stdout or stderr).
+
+    absl calls ``logging.basicConfig()`` at its first line if the root logger has no
+    handler, which then writes every line again, ``INFO:absl:``-prefixed, to stderr.
+    While the framework speaks, the console has its lines once, from ``_concise``.
+    """
+    console = (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
+    return isinstance(handler, pylogging.StreamHandler) and handler.stream in console
+
+
+class _From(pylogging.Filter):
+    """Drops the records of one logger (absl's: the framework's and its libraries')."""
+
+    def __init__(self, name: str):
+        super().__init__()
+        self.logger = name
+
+    def filter(self, record: pylogging.LogRecord) -> bool:
+        return record.name != self.logger
 
 
 class _NotAProblem(pylogging.Filter):

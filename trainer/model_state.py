@@ -326,6 +326,8 @@ class ModelState:
             self.placement.create_variables(self.model_fn, features_spec, labels_spec)
             with self.placement.scope():
                 tf.function(trace).get_concrete_function(*args)
+        except UserError:  # already one line (a KerasValueError is a ValueError too)
+            raise
         except (ValueError, TypeError) as error:
             keyed = not isinstance(self.model_fn, KerasModel)  # a Keras model takes bare x too
             raise UserError(_cannot_take(name, features_spec, labels_spec, error, keyed)) from None
