@@ -28,6 +28,7 @@ from trainer import (
     confusion,
     custom_step,
     errors,
+    internals,
     keras_step,
     microbatch,
     optimizer_groups,
@@ -396,13 +397,19 @@ class ModelState:
         """Refuses a model a checkpoint could not save whole, or one that cannot train."""
         name = type(self.model_fn).__name__
         keras_model = getattr(self.model_fn, "model", None)
-        if not variables and isinstance(keras_model, keras.Model):
+        if not variables and isinstance(keras_model, keras.Model) and _frozen(keras_model):
             raise UserError(
                 f"Keras model {keras_model.name!r} has no trainable variables (every layer is "
                 "frozen): training would change nothing (fit runs it all the same); set "
                 "trainable = True on the layers to train"
             )
-        if not variables:
+        if not variables and isinstance(keras_model, keras.Model):
+            logging.warning(
+                "Keras model %r has no trainable variables: training runs its call, which "
+                "updates only its own state, as fit does",
+                keras_model.name,
+            )
+        elif not variables:
             raise UserError(
                 f"{name} has no trainable variables: create its Keras layers as attributes "
                 "in __init__"
@@ -423,6 +430,18 @@ def _missing_key(error: KeyError):
     key = error.args[0] if error.args else None
     quoted = re.search(r"KeyError: (['\"].*['\"])\s*$", str(key), re.M)
     return ast.literal_eval(quoted.group(1)) if quoted else key
+
+
+def _frozen(model: keras.Model) -> bool:
+    """Whether every layer that holds variables of its own is set ``trainable = False``.
+
+    A model whose call updates a variable of its own (a counter, a running statistic)
+    has state that training changes, with no trainable variable: ``fit`` runs it.
+    """
+    return not any(
+        layer.trainable and (layer._trainable_variables or layer._non_trainable_variables)
+        for layer in internals.sublayers(model)
+    )
 
 
 def _cannot_take(name: str, features_spec, labels_spec, error: Exception, keyed=True) -> str:

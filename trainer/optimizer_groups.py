@@ -230,8 +230,12 @@ def plan(
     """The units of ``model_fn``'s variables: one per group, split further by the rules.
 
     A unit's scaled learning rate follows its group's step, counted from ``global_step``.
+    A model of no trainable variable has one unit that updates none (a Keras model whose
+    only state is what its call updates: its step runs, as ``fit``'s does).
     """
     variables = model_fn.trainable_variables
+    if not variables and groups is None:
+        return Plan([Unit("model", None, optimizers[None], [])])
     if groups is None:
         members = {None: variables}
     else:
