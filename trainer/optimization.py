@@ -236,14 +236,46 @@ def keras_update(optimizer, gradients, variables) -> None:
     JAX does (and tf.keras 2, which summed the rows of one id first); see
     docs/guide/keras.md.
     """
+    say_dense_tables(optimizer, gradients, variables)
     dense = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients]
     optimizer.apply_gradients(zip(dense, variables, strict=True))
+
+
+_SAID: set[str] = set()  # the tables whose dense update the log has named
+
+
+def say_dense_tables(optimizer, gradients, variables) -> None:
+    """Names, once, the tables whose update differs from ``fit``'s on TensorFlow by design.
+
+    Under an update not linear in the gradient (Adam, RMSprop, Adagrad: not SGD), an
+    embedding's sparse gradient taken dense gives another update than Keras 3 on
+    TensorFlow, which updates each looked-up row apart (``keras_update``).
+    """
+    if isinstance(optimizer, keras.optimizers.SGD):
+        return
+    tables = [
+        getattr(v, "path", v.name)
+        for g, v in zip(gradients, variables, strict=True)
+        if isinstance(g, tf.IndexedSlices) and getattr(v, "path", v.name) not in _SAID
+    ]
+    if not tables:
+        return
+    _SAID.update(tables)
+    logging.info(
+        "Embedding tables %s take %s's update of their dense gradient (the rows of one id "
+        "summed first, as Keras on JAX and tf.keras 2 do); Keras 3's fit on TensorFlow "
+        "updates each looked-up row apart, so its runs of this model differ from these by "
+        "design (docs/guide/keras.md, 'Same numbers as Keras', note 7)",
+        ", ".join(tables),
+        type(optimizer).__name__,
+    )
 
 
 def _fused(optimizer, kernel, gradients, variables) -> None:
     """Runs ``kernel`` on each variable at the current learning rate; counts the step."""
     if any(getattr(v, "overwrite_with_gradient", False) for v in variables):  # float8 scales
         return keras_update(optimizer, gradients, variables)
+    say_dense_tables(optimizer, gradients, variables)
     learning_rate = tf.convert_to_tensor(optimizer.learning_rate)  # the schedule's, now
     for gradient, variable in zip(gradients, variables, strict=True):
         slot = internals.slot_index(optimizer, variable)

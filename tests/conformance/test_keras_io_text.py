@@ -21,7 +21,7 @@ import tensorflow as tf
 from keras import layers, ops
 
 from tests.support.parity import AdamOfDenseGradients
-from trainer import Checkpoints, Estimator
+from trainer import Checkpoints, Estimator, Mode
 
 WORDS = [f"w{i}" for i in range(100)]
 STEPS = 4
@@ -242,3 +242,103 @@ def test_miniature_gpt_evaluates_and_predicts_both_outputs(tmp_path):
     logits, x = model.output_names  # Keras's names of the two outputs
     assert predicted[logits].shape == (maxlen, vocab_size)
     assert predicted[x].shape == (maxlen, embed_dim)
+
+
+# ------------------------------------------------ text_classification_with_transformer
+
+
+class ClassifierBlock(layers.Layer):
+    """The example's TransformerBlock."""
+
+    def __init__(self, embed_dim, num_heads, ff_dim, rate=0.0):  # published: 0.1
+        super().__init__()
+        self.att = layers.MultiHeadAttention(num_heads=num_heads, key_dim=embed_dim)
+        self.ffn = keras.Sequential(
+            [layers.Dense(ff_dim, activation="relu"), layers.Dense(embed_dim)]
+        )
+        self.layernorm1 = layers.LayerNormalization(epsilon=1e-6)
+        self.layernorm2 = layers.LayerNormalization(epsilon=1e-6)
+        self.dropout1 = layers.Dropout(rate)
+        self.dropout2 = layers.Dropout(rate)
+
+    def call(self, inputs):
+        attn_output = self.att(inputs, inputs)
+        attn_output = self.dropout1(attn_output)
+        out1 = self.layernorm1(inputs + attn_output)
+        ffn_output = self.ffn(out1)
+        ffn_output = self.dropout2(ffn_output)
+        return self.layernorm2(out1 + ffn_output)
+
+
+CLASSIFIER_VOCABULARY = 200  # published: 20000 words, 200 tokens, 32 wide
+CLASSIFIER_LENGTH = 20
+
+
+def text_classifier(optimizer="adam"):
+    """The example's model and compile, small (and its dropout 0)."""
+    keras.utils.set_random_seed(2)
+    embed_dim, num_heads, ff_dim = 8, 2, 8
+    inputs = layers.Input(shape=(CLASSIFIER_LENGTH,))
+    embedding_layer = TokenAndPositionEmbedding(CLASSIFIER_LENGTH, CLASSIFIER_VOCABULARY, embed_dim)
+    x = embedding_layer(inputs)
+    transformer_block = ClassifierBlock(embed_dim, num_heads, ff_dim)
+    x = transformer_block(x)
+    x = layers.GlobalAveragePooling1D()(x)
+    x = layers.Dropout(0.0)(x)
+    x = layers.Dense(20, activation="relu")(x)
+    x = layers.Dropout(0.0)(x)
+    outputs = layers.Dense(2, activation="softmax")(x)
+    model = keras.Model(inputs=inputs, outputs=outputs)
+    model.compile(optimizer, "sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def reviews(count, seed):
+    """IMDB's shape after ``pad_sequences``: word ids, zeros before each review (Keras
+    pads at the front), a label that some words tell."""
+    rng = np.random.default_rng(seed)
+    x = np.zeros((count, CLASSIFIER_LENGTH), "int32")
+    y = rng.integers(0, 2, size=count)
+    for row, label in zip(x, y, strict=True):
+        length = rng.integers(5, CLASSIFIER_LENGTH + 1)
+        words = rng.integers(10, CLASSIFIER_VOCABULARY, size=length)
+        words[rng.random(length) < 0.3] = 2 + label  # the telling words
+        row[-length:] = words
+    return x, y
+
+
+@pytest.mark.slow
+def test_text_classifier_trains_as_fit_with_adam_of_the_dense_gradient(tmp_path, caplog):
+    """keras-io's text classifier (Adam, as written), 20 steps of 32: every weight as
+    ``fit``'s under Adam of the dense gradient; the log names the tables whose update
+    differs from ``fit``'s as it is (docs/guide/keras.md, note 7)."""
+    x_train, y_train = reviews(640, seed=0)
+    x_val, y_val = reviews(256, seed=1)
+    theirs = text_classifier(AdamOfDenseGradients())
+    theirs.fit(x_train, y_train, batch_size=32, epochs=1, shuffle=False, verbose=0)
+    ours = text_classifier()
+
+    def input_fn(mode, params):
+        data = (x_train, y_train) if mode == Mode.TRAIN else (x_val, y_val)
+        dataset = tf.data.Dataset.from_tensor_slices(data)
+        return (dataset.repeat() if mode == Mode.TRAIN else dataset).batch(params.batch_size)
+
+    estimator = Estimator(
+        ours,
+        str(tmp_path),
+        global_batch_size=32,
+        eval_batch_size=32,
+        steps_per_loop=20,
+        checkpoints=Checkpoints(every_steps=None),
+        progress=False,
+    )
+    with caplog.at_level("INFO"):
+        estimator.train(input_fn, 20)
+    assert weights_apart(ours, theirs) < 5e-5
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Embedding")]
+    assert len(said) == 1
+    assert said[0].startswith("Embedding tables ") and "take Adam's update" in said[0]
+    assert "token_and_position_embedding" in said[0]
+    expected = theirs.evaluate(x_val, y_val, batch_size=32, verbose=0, return_dict=True)
+    found = estimator.evaluate(input_fn)
+    assert found["accuracy"] == pytest.approx(expected["accuracy"], abs=1e-6)
