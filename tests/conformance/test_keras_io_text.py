@@ -342,3 +342,174 @@ def test_text_classifier_trains_as_fit_with_adam_of_the_dense_gradient(tmp_path,
     expected = theirs.evaluate(x_val, y_val, batch_size=32, verbose=0, return_dict=True)
     found = estimator.evaluate(input_fn)
     assert found["accuracy"] == pytest.approx(expected["accuracy"], abs=1e-6)
+
+
+# ------------------------------------------------ neural_machine_translation_with_transformer
+
+
+class TransformerEncoder(layers.Layer):
+    def __init__(self, embed_dim, dense_dim, num_heads, **kwargs):
+        super().__init__(**kwargs)
+        self.attention = layers.MultiHeadAttention(num_heads=num_heads, key_dim=embed_dim)
+        self.dense_proj = keras.Sequential(
+            [layers.Dense(dense_dim, activation="relu"), layers.Dense(embed_dim)]
+        )
+        self.layernorm_1 = layers.LayerNormalization()
+        self.layernorm_2 = layers.LayerNormalization()
+        self.supports_masking = True
+
+    def call(self, inputs, mask=None):
+        padding_mask = None if mask is None else ops.cast(mask[:, None, :], dtype="int32")
+        attention_output = self.attention(
+            query=inputs, value=inputs, key=inputs, attention_mask=padding_mask
+        )
+        proj_input = self.layernorm_1(inputs + attention_output)
+        proj_output = self.dense_proj(proj_input)
+        return self.layernorm_2(proj_input + proj_output)
+
+
+class PositionalEmbedding(layers.Layer):
+    def __init__(self, sequence_length, vocab_size, embed_dim, **kwargs):
+        super().__init__(**kwargs)
+        self.token_embeddings = layers.Embedding(input_dim=vocab_size, output_dim=embed_dim)
+        self.position_embeddings = layers.Embedding(input_dim=sequence_length, output_dim=embed_dim)
+
+    def call(self, inputs):
+        length = ops.shape(inputs)[-1]
+        positions = ops.arange(0, length, 1)
+        return self.token_embeddings(inputs) + self.position_embeddings(positions)
+
+    def compute_mask(self, inputs, mask=None):
+        return ops.not_equal(inputs, 0)
+
+
+class TransformerDecoder(layers.Layer):
+    def __init__(self, embed_dim, latent_dim, num_heads, **kwargs):
+        super().__init__(**kwargs)
+        self.attention_1 = layers.MultiHeadAttention(num_heads=num_heads, key_dim=embed_dim)
+        self.attention_2 = layers.MultiHeadAttention(num_heads=num_heads, key_dim=embed_dim)
+        self.dense_proj = keras.Sequential(
+            [layers.Dense(latent_dim, activation="relu"), layers.Dense(embed_dim)]
+        )
+        self.layernorm_1 = layers.LayerNormalization()
+        self.layernorm_2 = layers.LayerNormalization()
+        self.layernorm_3 = layers.LayerNormalization()
+        self.supports_masking = True
+
+    def call(self, inputs, mask=None):
+        inputs, encoder_outputs = inputs
+        causal_mask = self.get_causal_attention_mask(inputs)
+        if mask is None:
+            inputs_padding_mask, encoder_outputs_padding_mask = None, None
+        else:
+            inputs_padding_mask, encoder_outputs_padding_mask = mask
+        attention_output_1 = self.attention_1(
+            query=inputs,
+            value=inputs,
+            key=inputs,
+            attention_mask=causal_mask,
+            query_mask=inputs_padding_mask,
+        )
+        out_1 = self.layernorm_1(inputs + attention_output_1)
+        attention_output_2 = self.attention_2(
+            query=out_1,
+            value=encoder_outputs,
+            key=encoder_outputs,
+            query_mask=inputs_padding_mask,
+            key_mask=encoder_outputs_padding_mask,
+        )
+        out_2 = self.layernorm_2(out_1 + attention_output_2)
+        proj_output = self.dense_proj(out_2)
+        return self.layernorm_3(out_2 + proj_output)
+
+    def get_causal_attention_mask(self, inputs):
+        input_shape = ops.shape(inputs)
+        batch_size, sequence_length = input_shape[0], input_shape[1]
+        i = ops.arange(sequence_length)[:, None]
+        j = ops.arange(sequence_length)
+        mask = ops.cast(i >= j, dtype="int32")
+        mask = ops.reshape(mask, (1, input_shape[1], input_shape[1]))
+        return ops.tile(mask, [batch_size, 1, 1])  # as published: a symbolic multiple
+
+
+class RMSpropOfDenseGradients(keras.optimizers.RMSprop):
+    """Keras's RMSprop given an embedding's gradient as the dense tensor it stands for
+    (as ``AdamOfDenseGradients``: the framework's update by design)."""
+
+    def update_step(self, gradient, variable, learning_rate):
+        super().update_step(tf.convert_to_tensor(gradient), variable, learning_rate)
+
+
+TRANSLATION_VOCABULARY, TRANSLATION_LENGTH = 40, 8  # published: 15000, 20
+
+
+def transformer(optimizer="rmsprop"):
+    """The example's model and compile (RMSprop, ``ignore_class=0``), small, dropout 0."""
+    keras.utils.set_random_seed(3)
+    vocab_size, sequence_length = TRANSLATION_VOCABULARY, TRANSLATION_LENGTH
+    embed_dim, latent_dim, num_heads = 8, 16, 2  # published: 256, 2048, 8
+    encoder_inputs = keras.Input(shape=(None,), dtype="int64", name="encoder_inputs")
+    x = PositionalEmbedding(sequence_length, vocab_size, embed_dim)(encoder_inputs)
+    encoder_outputs = TransformerEncoder(embed_dim, latent_dim, num_heads)(x)
+    decoder_inputs = keras.Input(shape=(None,), dtype="int64", name="decoder_inputs")
+    x = PositionalEmbedding(sequence_length, vocab_size, embed_dim)(decoder_inputs)
+    x = TransformerDecoder(embed_dim, latent_dim, num_heads)([x, encoder_outputs])
+    x = layers.Dropout(0.0)(x)  # published: 0.5
+    decoder_outputs = layers.Dense(vocab_size, activation="softmax")(x)
+    model = keras.Model(
+        {"encoder_inputs": encoder_inputs, "decoder_inputs": decoder_inputs},
+        decoder_outputs,
+        name="transformer",
+    )
+    model.compile(
+        optimizer,
+        loss=keras.losses.SparseCategoricalCrossentropy(ignore_class=0),
+        metrics=["accuracy"],
+    )
+    return model
+
+
+def sentence_pairs(count):
+    """What ``format_dataset`` makes of the pairs: word ids padded with 0 at the end,
+    the Spanish side one longer, between its start (2) and end (3) ids."""
+    rng = np.random.default_rng(4)
+    eng = np.zeros((count, TRANSLATION_LENGTH), "int64")
+    spa = np.zeros((count, TRANSLATION_LENGTH + 1), "int64")
+    for e, s in zip(eng, spa, strict=True):
+        words = rng.integers(4, TRANSLATION_VOCABULARY, size=rng.integers(2, TRANSLATION_LENGTH))
+        e[: len(words)] = words
+        s[: len(words) + 2] = [2, *((words * 7) % (TRANSLATION_VOCABULARY - 4) + 4), 3]
+    return {"encoder_inputs": eng, "decoder_inputs": spa[:, :-1]}, spa[:, 1:]
+
+
+@pytest.mark.slow
+def test_translation_transformer_leaves_the_padding_out_as_fit_does(tmp_path):
+    """keras-io's translation Transformer: its loss leaves class 0 out and its outputs
+    carry the decoder's mask; 3 steps of RMSprop from the same weights as ``fit``'s,
+    under RMSprop of the dense gradient (the framework's update: note 7)."""
+    inputs, targets = sentence_pairs(3 * 16)
+    theirs = transformer(RMSpropOfDenseGradients())
+    history = theirs.fit(inputs, targets, batch_size=16, shuffle=False, verbose=0)
+    ours = transformer()
+    estimator = Estimator(
+        ours,
+        str(tmp_path),
+        global_batch_size=16,
+        steps_per_loop=3,
+        log_every_steps=3,
+        checkpoints=Checkpoints(every_steps=None),
+        progress=False,
+    )
+    dataset = tf.data.Dataset.from_tensor_slices((inputs, targets)).repeat().batch(16)
+    estimator.train(lambda mode, params: dataset, 3)
+    assert weights_apart(ours, theirs) < 5e-5
+    evaluated = estimator.evaluate(lambda mode, params: dataset.take(3))
+    expected = theirs.evaluate(inputs, targets, batch_size=16, verbose=0, return_dict=True)
+    # The token mean of the whole set (Keras's evaluate: the mean of its batches' means,
+    # docs/guide/keras.md note 6); the mask keeps no position the loss leaves out.
+    probabilities = theirs.predict(inputs, batch_size=16, verbose=0)
+    whole = keras.losses.SparseCategoricalCrossentropy(ignore_class=0)(targets, probabilities)
+    assert evaluated["loss"] == pytest.approx(float(whole), rel=1e-5)
+    assert evaluated["loss"] != pytest.approx(expected["loss"], rel=1e-4)
+    assert evaluated["accuracy"] == pytest.approx(expected["accuracy"], abs=1e-6)
+    assert history.history["loss"][0] == pytest.approx(np.log(TRANSLATION_VOCABULARY), rel=0.2)
