@@ -179,7 +179,9 @@ class KerasModel(ModelFn):
         y, p = _same_rank(targets[output.name], predictions[output.name])
         as_scored = y if mode == Mode.TRAIN else _distributions_for(output.loss, y, p)
         values, kept = self._loss_of(output.name, output.loss, as_scored, p, per_token=True)
-        shown = tf.ones_like(values) if mask is None else tf.cast(mask, tf.float32)
+        shown = tf.ones_like(values)
+        if mask is not None:  # a mask per example (an output of rank 1) too
+            shown = tf.reshape(tf.cast(mask, tf.float32), tf.shape(values))
         given = _of_output(weights, output.name)
         weighted = shown if given is None else shown * _per_position(given, values)
         scored, counted = weighted, shown

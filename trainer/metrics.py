@@ -196,7 +196,8 @@ class MetricSums:
         means = {n: float(self.sums[n].numpy()) / count for n in self.per_batch}
         for n in self.per_example:
             weights = float(self.weights[n].numpy())
-            means[n] = float(self.sums[n].numpy()) / weights if weights else float("nan")
+            # No weight at all (every token masked): 0, as Keras's divide_no_nan gives.
+            means[n] = float(self.sums[n].numpy()) / weights if weights else 0.0
         return means | {n: _scalar(n, m) for n, m in self.streamed.items()}
 
     def reset(self) -> None:

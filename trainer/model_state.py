@@ -157,7 +157,7 @@ class ModelState:
         self.placement.adopt_metrics(streamed.values())
         self.seconds["building"] += time.perf_counter() - started
         variables = self.model_fn.trainable_variables
-        self._check_variables(variables)
+        self._check_variables(variables, mode)
         with self.placement.scope():
             self.plan = optimizer_groups.plan(
                 self.model_fn, self.groups, self.optimizers, self.optimization, self.global_step
@@ -393,17 +393,22 @@ class ModelState:
             f"input_fn{fix}"
         )
 
-    def _check_variables(self, variables: list) -> None:
-        """Refuses a model a checkpoint could not save whole, or one that cannot train."""
+    def _check_variables(self, variables: list, mode: Mode) -> None:
+        """Refuses a model a checkpoint could not save whole, or one that cannot train.
+
+        A Keras model of no trainable variable evaluates and predicts, as Keras's does.
+        """
         name = type(self.model_fn).__name__
         keras_model = getattr(self.model_fn, "model", None)
-        if not variables and isinstance(keras_model, keras.Model) and _frozen(keras_model):
+        if not variables and isinstance(keras_model, keras.Model) and mode != Mode.TRAIN:
+            pass
+        elif not variables and isinstance(keras_model, keras.Model) and _frozen(keras_model):
             raise UserError(
                 f"Keras model {keras_model.name!r} has no trainable variables (every layer is "
                 "frozen): training would change nothing (fit runs it all the same); set "
                 "trainable = True on the layers to train"
             )
-        if not variables and isinstance(keras_model, keras.Model):
+        elif not variables and isinstance(keras_model, keras.Model):
             logging.warning(
                 "Keras model %r has no trainable variables: training runs its call, which "
                 "updates only its own state, as fit does",
