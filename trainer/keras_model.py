@@ -112,6 +112,10 @@ class KerasModel(ModelFn):
         weights = mean_weights = None
         if isinstance(labels, Weighted):  # the input_fn's (features, labels, sample_weight)
             labels, weights, mean_weights = labels
+        # A list of labels (and of weights) for a list of outputs, as fit takes y.
+        labels, weights, mean_weights = (
+            _by_position(value, list(predictions)) for value in (labels, weights, mean_weights)
+        )
         if not isinstance(labels, Mapping):  # Keras's habit: one bare label tensor
             labels = {"label": labels}
         scored = keras_compile.scored(self._given, list(predictions))
@@ -341,6 +345,13 @@ class KerasModel(ModelFn):
             except UserError as error:  # of its kind: a KerasValueError stays one
                 raise type(error)(f"Keras model {self.model.name!r}: {error}") from None
         return given.outputs
+
+
+def _by_position(value, outputs: list[str]):
+    """``value`` (labels, weights) given as a list of one per output: a dict by output."""
+    if isinstance(value, list | tuple) and len(outputs) > 1 and len(value) == len(outputs):
+        return dict(zip(outputs, value, strict=True))
+    return value
 
 
 def _of_output(value, output: str):

@@ -138,3 +138,72 @@ def test_a_keras_loss_case_evaluates_to_what_keras_asserts(case, tmp_path):
     loss, y_true, y_pred, sample_weight, mask, expected = CASES[case]
     found = evaluated(loss, y_true, y_pred, sample_weight, mask, tmp_path)
     assert found == pytest.approx(expected, abs=1e-3, rel=1e-5)
+
+
+def evaluated_outputs(loss, y_true, y_pred, sample_weight=None, tmp_path=None):
+    """The Estimator's loss of one batch of several outputs (a list, or a dict by name),
+    each passed through from the input of its name, with their labels as given."""
+    names = sorted(y_pred) if isinstance(y_pred, dict) else ["a", "b"][: len(y_pred)]
+    given = y_pred if isinstance(y_pred, dict) else dict(zip(names, y_pred, strict=True))
+    inputs = {f"x_{n}": keras.Input(np.shape(given[n])[1:], name=f"x_{n}") for n in names}
+    outputs = {n: keras.layers.Identity(name=n)(inputs[f"x_{n}"]) for n in names}
+    if not isinstance(y_pred, dict):
+        outputs = [outputs[n] for n in names]
+    model = keras.Model(inputs, outputs)
+    model.compile("sgd", loss)
+    features = {f"x_{n}": np.asarray(given[n], "float32") for n in names}
+    labels = (
+        {n: np.asarray(v, "float32") for n, v in y_true.items()}
+        if isinstance(y_true, dict)
+        else tuple(np.asarray(v, "float32") for v in y_true)
+    )
+    element = (features, labels)
+    if sample_weight is not None:
+        element += ({n: np.asarray(w, "float32") for n, w in sample_weight.items()},)
+    batch = len(features[f"x_{names[0]}"])
+    dataset = tf.data.Dataset.from_tensor_slices(element).batch(batch)
+    estimator = Estimator(model, str(tmp_path), eval_batch_size=batch, progress=False)
+    return estimator.evaluate(lambda mode, params: dataset)["loss"]
+
+
+A_TRUE = [[0.1, 0.2], [0.3, 0.4], [0.5, 0.6]]
+B_TRUE = [[0.7, 0.8], [0.9, 1.0], [1.1, 1.2]]
+A_PRED = [[1.2, 1.1], [1.0, 0.9], [0.8, 0.7]]
+B_PRED = [[0.6, 0.5], [0.4, 0.3], [0.2, 0.1]]
+COMPILE_CASES = {  # compile_utils_test.CompileLossTest: (loss, y_true, y_pred, weights, value)
+    "test_single_output_case": (
+        keras.losses.MeanSquaredError(), A_TRUE, [[0.4, 0.1], [0.2, 0.6], [0.6, 0.1]], None,
+        0.068333,
+    ),
+    "test_single_output_case_with_crossentropy_loss": (
+        "crossentropy", A_TRUE, [[0.4, 0.1], [0.2, 0.6], [0.6, 0.1]], None, 0.706595,
+    ),
+    "test_list_output_case broadcast": ("mse", [A_TRUE, B_TRUE], [A_PRED, B_PRED], None, 0.953333),
+    "test_list_output_case": (
+        ["mse", "mse"], [A_TRUE, B_TRUE], [A_PRED, B_PRED], None, 0.953333,
+    ),
+    "test_dict_output_case broadcast": (
+        "mse", {"a": A_TRUE, "b": B_TRUE}, {"a": A_PRED, "b": B_PRED},
+        {"a": [1.0, 2.0, 3.0], "b": [3.0, 2.0, 1.0]}, 1.266666,
+    ),
+    "test_dict_output_case": (
+        {"a": "mse", "b": "mse"}, {"a": A_TRUE, "b": B_TRUE}, {"a": A_PRED, "b": B_PRED},
+        {"a": [1.0, 2.0, 3.0], "b": [3.0, 2.0, 1.0]}, 1.266666,
+    ),
+    "test_list_loss_dict_data": (
+        {"b": "mse", "a": "mae"}, {"a": A_TRUE, "b": B_TRUE}, {"a": A_PRED, "b": B_PRED}, None,
+        1.07666,
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(COMPILE_CASES))
+def test_a_compile_loss_case_evaluates_to_what_keras_asserts(case, tmp_path):
+    """Keras's CompileLoss cases, one output or several, through the Estimator."""
+    loss, y_true, y_pred, sample_weight, expected = COMPILE_CASES[case]
+    if not isinstance(y_pred, dict) and not isinstance(y_pred[0][0], list):  # one output
+        found = evaluated(loss, y_true, y_pred, sample_weight, tmp_path=tmp_path)
+    else:
+        found = evaluated_outputs(loss, y_true, y_pred, sample_weight, tmp_path)
+    assert found == pytest.approx(expected, abs=1e-5)
