@@ -201,7 +201,19 @@ def _check_shared(*metric_lists: Mapping[str, list]) -> None:
 
 
 def _per_output(what: str, given, names: list[str], default=None, listed=False) -> dict:
-    """``given`` as a dict by output name: one for all, a list by position, or a dict."""
+    """``given`` as a dict by output name: one for all, a list by position, or a dict.
+
+    ``listed``: each output's value is a list (of metrics): one given alone is listed.
+    """
+    if listed and len(names) == 1 and given is not None and not isinstance(given, Mapping):
+        return {names[0]: list(given) if isinstance(given, list | tuple) else [given]}
+    found = _by_output(what, given, names, default)
+    if listed:
+        found = {n: list(v) if isinstance(v, list | tuple) else [v] for n, v in found.items()}
+    return found
+
+
+def _by_output(what: str, given, names: list[str], default) -> dict:
     if given is None:
         return {n: default for n in names}
     if isinstance(given, Mapping):
@@ -211,8 +223,6 @@ def _per_output(what: str, given, names: list[str], default=None, listed=False) 
                 f"{what} names outputs {unknown}; the model's outputs are {names}"
             )
         return {n: given.get(n, default) for n in names}
-    if listed and len(names) == 1:
-        return {names[0]: list(given) if isinstance(given, list | tuple) else [given]}
     if isinstance(given, list | tuple):
         if len(given) != len(names):
             raise KerasValueError(

@@ -300,13 +300,10 @@ class KerasModel(ModelFn):
         count = len(outputs) if isinstance(outputs, list | tuple) else 1
         if count == 1 and names and self._auto_named(names[0]):
             names = []  # 'dense_2' is Keras's counter, not a name: 'output' every time
-        return (
-            names
-            if len(names) == count
-            else ["output"]
-            if count == 1
-            else [f"output_{i}" for i in range(count)]
-        )
+        if len(names) == count and len(set(names)) == count:
+            return names
+        # One tensor given as several outputs ([x, x, x]) has one name: by position.
+        return ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
 
     def _auto_named(self, name: str) -> bool:
         """Whether a layer's name is the one Keras made up from its class and a count."""

@@ -250,6 +250,7 @@ class ModelState:
                 f"with ({os.path.join(model_dir, checkpoints.OPERATIVE_CONFIG)})"
             ) from None
         if restored is None and getattr(self.model_fn, "holds_own_weights", False):
+            tf.io.gfile.makedirs(model_dir)  # where its evaluations are written
             logging.info(
                 "No checkpoint in %s: %s as it was made, as Keras's predict and evaluate do",
                 model_dir,
