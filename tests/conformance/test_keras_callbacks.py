@@ -16,6 +16,8 @@ import tensorflow as tf
 
 from trainer import Checkpoints, Estimator
 
+pytestmark = pytest.mark.slow  # each trains, or runs Keras beside the Estimator
+
 BATCH, EPOCH = 8, 4  # an epoch of 4 steps
 
 

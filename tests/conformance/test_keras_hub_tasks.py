@@ -36,6 +36,8 @@ from keras_hub.models import (
 
 from trainer import Checkpoints, Estimator, KerasModel, UserError
 
+pytestmark = pytest.mark.slow  # each trains, or runs Keras beside the Estimator
+
 
 def gpt2_setup():
     """``GPT2CausalLMTest.setUp``, as written."""
@@ -151,7 +153,6 @@ def run_task_test(cls, init_kwargs, train_data, expected_output_shape, model_dir
         Estimator(task, str(model_dir / "uncompiled")).train(repeated(ds), 1)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     "setup, cls", [(gpt2_setup, GPT2CausalLM), (bert_setup, BertTextClassifier)]
 )

@@ -23,6 +23,8 @@ from keras import layers, ops
 from tests.support.parity import AdamOfDenseGradients
 from trainer import Checkpoints, Estimator, Mode
 
+pytestmark = pytest.mark.slow  # each trains, or runs Keras beside the Estimator
+
 WORDS = [f"w{i}" for i in range(100)]
 STEPS = 4
 BATCH = 8
@@ -198,7 +200,6 @@ def weights_apart(ours: keras.Model, theirs: keras.Model) -> float:
     )
 
 
-@pytest.mark.slow
 def test_miniature_gpt_with_an_output_of_no_loss_trains_as_fit_does(tmp_path):
     """``outputs=[logits, x]``, ``loss=[loss_fn, None]``: the one label is the logits'
     target, as ``fit`` gives it; its TextGenerator callback predicts as written."""
@@ -307,7 +308,6 @@ def reviews(count, seed):
     return x, y
 
 
-@pytest.mark.slow
 def test_text_classifier_trains_as_fit_with_adam_of_the_dense_gradient(tmp_path, caplog):
     """keras-io's text classifier (Adam, as written), 20 steps of 32: every weight as
     ``fit``'s under Adam of the dense gradient; the log names the tables whose update
@@ -482,7 +482,6 @@ def sentence_pairs(count):
     return {"encoder_inputs": eng, "decoder_inputs": spa[:, :-1]}, spa[:, 1:]
 
 
-@pytest.mark.slow
 def test_translation_transformer_leaves_the_padding_out_as_fit_does(tmp_path):
     """keras-io's translation Transformer: its loss leaves class 0 out and its outputs
     carry the decoder's mask; 3 steps of RMSprop from the same weights as ``fit``'s,

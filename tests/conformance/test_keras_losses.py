@@ -16,6 +16,8 @@ import tensorflow as tf
 
 from trainer import Estimator
 
+pytestmark = pytest.mark.slow  # each trains, or runs Keras beside the Estimator
+
 
 class ExampleLoss(keras.losses.Loss):
     def call(self, y_true, y_pred):
@@ -132,7 +134,6 @@ CASES = {  # Keras's test: (loss, y_true, y_pred, sample_weight, mask, what Kera
 }  # fmt: skip
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_keras_loss_case_evaluates_to_what_keras_asserts(case, tmp_path):
     loss, y_true, y_pred, sample_weight, mask, expected = CASES[case]
@@ -197,7 +198,6 @@ COMPILE_CASES = {  # compile_utils_test.CompileLossTest: (loss, y_true, y_pred, 
 }  # fmt: skip
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(COMPILE_CASES))
 def test_a_compile_loss_case_evaluates_to_what_keras_asserts(case, tmp_path):
     """Keras's CompileLoss cases, one output or several, through the Estimator."""

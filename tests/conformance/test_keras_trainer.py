@@ -15,6 +15,8 @@ from keras import initializers, layers, losses, metrics, optimizers
 
 from trainer import Checkpoints, Estimator
 
+pytestmark = pytest.mark.slow  # each trains, or runs Keras beside the Estimator
+
 
 def ones(units):
     return layers.Dense(units, use_bias=False, kernel_initializer=initializers.Ones())
