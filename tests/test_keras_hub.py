@@ -49,6 +49,7 @@ def assert_same_weights(ours, theirs, atol, skip=()):
 GATHERED = ("token_embedding/embeddings", "segment_embedding/embeddings")
 
 
+@pytest.mark.slow
 def test_a_bert_classifier_trains_as_keras_hub_fit_and_resumes_at_its_batch(tmp_path):
     """Raw strings, the same batches from the same weights: keras-hub's fit within 2e-5.
 
@@ -78,12 +79,14 @@ def test_a_bert_classifier_trains_as_keras_hub_fit_and_resumes_at_its_batch(tmp_
         assert evaluated[name] == pytest.approx(value, rel=1e-4), name
 
 
+@pytest.mark.slow
 def test_a_task_trains_on_two_devices_what_one_trains(tmp_path):
     """Mirrored replicas, each half the batch: keras-hub's fit on one device."""
     apart = on_two_cpus("tests.support.hub_tasks", "mirrored_apart", str(tmp_path))
     assert apart < 2e-5, apart
 
 
+@pytest.mark.slow
 def test_the_guides_snippet_trains_a_preset_that_reloads_and_exports_taking_strings(
     tmp_path, monkeypatch
 ):
@@ -189,6 +192,7 @@ def hugging_face_bert(directory, seed: int = 3) -> dict[str, np.ndarray]:
     return tensors
 
 
+@pytest.mark.slow
 def test_a_hugging_face_directory_loads_and_lora_trains_only_its_adapters(tmp_path):
     """Hugging Face's weights land where keras-hub maps them; with LoRA, only the
     adapters (and the new head) move, and a resume ends bitwise where a straight run does."""
@@ -271,6 +275,7 @@ def causal_lm(optimizer=None) -> keras_hub.models.GPT2CausalLM:
     return model
 
 
+@pytest.mark.slow
 def test_a_gpt2_causal_lm_trains_on_bare_strings_as_fit_and_resumes_through_its_tokenizer(
     tmp_path,
 ):

@@ -138,6 +138,7 @@ class SlicesCounted(packed.TokensOf):
         return super().__call__(features, labels, mode)
 
 
+@pytest.mark.slow
 def test_a_token_budget_slices_long_batches_more_and_trains_as_the_whole_batch(tmp_path):
     """Batches grouped by length and padded to 8, 16 or 24: a budget of 64 positions
     takes each batch of 16 in 2, 4 or 6 slices, and 5 steps end within 1e-6 of the

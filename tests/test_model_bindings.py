@@ -155,6 +155,7 @@ def _generated(model, prompts: list[list[int]]) -> list[bytes]:
     return list(model({"tokens": tokens}, None, Mode.PREDICT).predictions["text"].numpy())
 
 
+@pytest.mark.slow
 def test_a_sampled_continuation_is_the_prompts_own_in_any_batch():
     """One seed: a prompt's sampled text is the same alone, in batches of 3 and 8, in
     another order, and beside an empty prompt; an empty batch gives no rows."""

@@ -92,6 +92,7 @@ def test_a_budget_too_small_or_not_a_count_is_one_line(knobs, message):
         budgeted(long_tailed(COUNT), count=1, **knobs)
 
 
+@pytest.mark.slow
 def test_training_resumes_at_the_exact_batch_and_keeps_where_the_stream_stands(tmp_path):
     """12 steps straight equal 5, then a new Estimator's 7, bit for bit; the checkpoint
     keeps the position the pipeline's own batches reach (not 12 x 16), and examples/s
@@ -119,6 +120,7 @@ def test_training_resumes_at_the_exact_batch_and_keeps_where_the_stream_stands(t
     assert rate == pytest.approx(sum(sizes) / 12, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_under_jit_compile_a_budget_compiles_at_most_once_per_bucket(tmp_path):
     packed.bind_budget()
     model = parity.tokens()

@@ -88,6 +88,7 @@ def test_a_token_mean_takes_a_loss_per_token():
         trainer.token_mean(tf.ones([4]))
 
 
+@pytest.mark.slow
 def test_under_jit_compile_bucketed_batches_compile_once_per_bucket(tmp_path):
     """30 steps over batches of 4 lengths (buckets): XLA compiles the step at most once
     per bucket, batches are fed one at a time, and it trains as without XLA."""

@@ -48,6 +48,7 @@ def test_rotary_positions_make_attention_depend_on_the_offset_alone():
     np.testing.assert_allclose(scores, scores[0], rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("positions", ["rotary", "learned"])
 def test_examples_packed_in_one_row_are_computed_as_if_each_were_alone(positions):
     lm = model(positions)
@@ -83,6 +84,7 @@ def test_under_bfloat16_the_norms_and_the_logits_stay_float32():
     assert np.isfinite(float(tf.reduce_sum(spec.loss.sums)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("positions", ["rotary", "learned"])
 def test_generation_greedy_is_the_argmax_chain_and_beam_scores_at_least_as_well(
     tmp_path, positions
