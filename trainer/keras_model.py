@@ -385,8 +385,10 @@ def _reduced(values: tf.Tensor, weights: tf.Tensor | None, reduction: str, mean_
 
 def _ignored_class(loss_fn):
     """The class a Keras loss leaves out of its mean (``ignore_class``), or None."""
-    get_config = getattr(loss_fn, "get_config", None)
-    return get_config().get("ignore_class") if callable(get_config) else None
+    try:
+        return loss_fn.get_config().get("ignore_class")
+    except (AttributeError, NotImplementedError, TypeError):  # a function, or no config
+        return None
 
 
 def _metric_value(fn, y: tf.Tensor, p: tf.Tensor, weights: tf.Tensor | None):

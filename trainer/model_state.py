@@ -252,7 +252,8 @@ class ModelState:
         if restored is None and getattr(self.model_fn, "holds_own_weights", False):
             tf.io.gfile.makedirs(model_dir)  # where its evaluations are written
             logging.info(
-                "No checkpoint in %s: %s as it was made, as Keras's predict and evaluate do",
+                "No checkpoint in %s: %s predicts and evaluates with its weights as they "
+                "are, as Keras's predict and evaluate do",
                 model_dir,
                 self.model_fn,
             )
@@ -401,20 +402,9 @@ class ModelState:
         """
         name = type(self.model_fn).__name__
         keras_model = getattr(self.model_fn, "model", None)
-        if not variables and isinstance(keras_model, keras.Model) and mode != Mode.TRAIN:
-            pass
-        elif not variables and isinstance(keras_model, keras.Model) and _frozen(keras_model):
-            raise UserError(
-                f"Keras model {keras_model.name!r} has no trainable variables (every layer is "
-                "frozen): training would change nothing (fit runs it all the same); set "
-                "trainable = True on the layers to train"
-            )
-        elif not variables and isinstance(keras_model, keras.Model):
-            logging.warning(
-                "Keras model %r has no trainable variables: training runs its call, which "
-                "updates only its own state, as fit does",
-                keras_model.name,
-            )
+        if not variables and isinstance(keras_model, keras.Model):
+            if mode == Mode.TRAIN:
+                _check_trains(keras_model)
         elif not variables:
             raise UserError(
                 f"{name} has no trainable variables: create its Keras layers as attributes "
@@ -436,6 +426,24 @@ def _missing_key(error: KeyError):
     key = error.args[0] if error.args else None
     quoted = re.search(r"KeyError: (['\"].*['\"])\s*$", str(key), re.M)
     return ast.literal_eval(quoted.group(1)) if quoted else key
+
+
+def _check_trains(model: keras.Model) -> None:
+    """Refuses a Keras model of no trainable variable if it is frozen.
+
+    Else the log says it trains only the state its call updates (``fit`` runs either).
+    """
+    if _frozen(model):
+        raise UserError(
+            f"Keras model {model.name!r} has no trainable variables (every layer is "
+            "frozen): training would change nothing (fit runs it all the same); set "
+            "trainable = True on the layers to train"
+        )
+    logging.warning(
+        "Keras model %r has no trainable variables: training runs its call, which "
+        "updates only its own state, as fit does",
+        model.name,
+    )
 
 
 def _frozen(model: keras.Model) -> bool:
