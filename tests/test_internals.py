@@ -48,6 +48,21 @@ def test_keras_layer__flatten_layers__get_own_losses__clear_losses():
     assert internals.own_losses(inner) == []
 
 
+def test_keras_layer__trainable_variables__non_trainable_variables():
+    class Counting(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.count = self.add_variable(shape=(), initializer="zeros", trainable=False)
+            self.dense = keras.layers.Dense(2)
+
+    model = Counting()
+    model.dense.build((None, 3))
+    assert internals.own_variables(model) == [model.count]  # not its Dense's
+    assert [v.path for v in internals.own_variables(model.dense)] == [
+        v.path for v in model.dense.weights
+    ]
+
+
 def test_keras_layer_call_context_global_state():
     layer = _Penalised()
     layer(tf.ones([1, 2]))

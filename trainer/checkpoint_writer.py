@@ -290,20 +290,21 @@ class Checkpointer:
             if partial:
                 status.expect_partial()
             status.assert_existing_objects_matched()
-        except READ_ERRORS as error:
-            if self._fits_but_the_input(path):
-                raise UserError(input_changed(path)) from None
-            raise Damaged(path, checkpoints.read_error(error)) from None
-        except (AssertionError, ValueError, tf.errors.OpError) as error:
-            if self._fits_but_the_input(path):
-                raise UserError(input_changed(path)) from None
-            raise UserError(
-                f"checkpoint {path} does not fit this model: {_mismatch(error, self._variables)}; "
-                "train in a "
-                "new --model_dir, or restore the config this checkpoint was trained with"
-            ) from None
+        except (*READ_ERRORS, AssertionError, ValueError, tf.errors.OpError) as error:
+            raise self._not_restored(path, error) from None
         logging.info("Restored %s", path)
         return path
+
+    def _not_restored(self, path: str, error: Exception) -> UserError:
+        """Why ``path`` did not restore: its input iterator alone, its files, or its fit."""
+        if self._fits_but_the_input(path):
+            return UserError(input_changed(path))
+        if isinstance(error, READ_ERRORS):
+            return Damaged(path, checkpoints.read_error(error))
+        return UserError(
+            f"checkpoint {path} does not fit this model: {_mismatch(error, self._variables)}; "
+            "train in a new --model_dir, or restore the config this checkpoint was trained with"
+        )
 
     def _fits_but_the_input(self, path: str) -> bool:
         """Whether all but the saved input iterator restores from ``path``."""

@@ -55,6 +55,15 @@ def sublayers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
     return layer._flatten_layers(include_self=True, recursive=True)
 
 
+def own_variables(layer: keras.layers.Layer) -> list:
+    """The variables ``layer`` itself made (``add_weight``), not its sublayers'.
+
+    ``layer.weights`` adds every sublayer's: a model whose call updates a variable of
+    its own is told apart from one whose layers are all frozen (``model_state``).
+    """
+    return [*layer._trainable_variables, *layer._non_trainable_variables]
+
+
 def own_losses(layer: keras.layers.Layer) -> list:
     """The values ``layer`` itself added with ``add_loss`` (activity regularizers too).
 

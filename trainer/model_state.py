@@ -453,8 +453,7 @@ def _frozen(model: keras.Model) -> bool:
     has state that training changes, with no trainable variable: ``fit`` runs it.
     """
     return not any(
-        layer.trainable and (layer._trainable_variables or layer._non_trainable_variables)
-        for layer in internals.sublayers(model)
+        layer.trainable and internals.own_variables(layer) for layer in internals.sublayers(model)
     )
 
 
