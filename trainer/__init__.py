@@ -29,6 +29,7 @@ _HOMES = {
     "serves": "trainer.serving",
     "load_export": "trainer.export",
     "UserError": "trainer.errors",
+    "class_weighted": "trainer.class_weight",
     "set_precision": "trainer.precision",
     "quiet_start": "trainer.console",
     "TokenMean": "trainer.tokens",

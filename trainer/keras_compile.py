@@ -86,12 +86,7 @@ def given(model: keras.Model, loss, metrics, weighted_metrics, loss_weights) -> 
                 f"Keras model {model.name!r} overrides {method}, which the framework never "
                 f"calls ({instead}): write it as a trainer.ModelFn, or use model.fit"
             )
-    loss = compiled.get("loss") if loss is None else loss
-    if loss is None and not own:
-        raise KerasValueError(
-            f"Keras model {model.name!r} has no loss: compile it with "
-            "model.compile(loss=...), or pass trainer.KerasModel(model, loss=...)"
-        )
+    loss = compiled.get("loss") if loss is None else loss  # None: it predicts (no_loss)
     for name, (default, instead) in REPLACED.items():
         if compiled.get(name, default) != default:
             logging.info(
@@ -105,6 +100,23 @@ def given(model: keras.Model, loss, metrics, weighted_metrics, loss_weights) -> 
         _made_now(compiled.get("metrics") if metrics is None else metrics),
         _made_now(weighted_metrics),
         compiled.get("loss_weights") if loss_weights is None else loss_weights,
+    )
+
+
+def no_loss(model: keras.Model, own_step: bool) -> KerasValueError:
+    """The refusal to train or evaluate a model with no loss, as ``fit`` refuses it.
+
+    Its ``predict`` needs none, as Keras's does not.
+    """
+    if own_step:
+        return KerasValueError(
+            f"Keras model {model.name!r} trains with its own train_step and has no "
+            "compiled loss to evaluate with: train it (--schedule train), or compile it "
+            "with a loss"
+        )
+    return KerasValueError(
+        f"Keras model {model.name!r} has no loss: compile it with "
+        "model.compile(loss=...), or pass trainer.KerasModel(model, loss=...)"
     )
 
 

@@ -67,6 +67,10 @@ class KerasModel(ModelFn):
     """
 
     takes_sample_weights = True  # an input_fn may yield (features, labels, sample_weight)
+    # Predict, evaluate and export take its weights as they are where no checkpoint is,
+    # as Keras does: a built model's (a keras-hub task, a model of keras.Input), or those
+    # its initializers make as it is built.
+    holds_own_weights = True
 
     def __init__(
         self,
@@ -81,9 +85,6 @@ class KerasModel(ModelFn):
         if not isinstance(model, keras.Model):
             raise UserError(f"KerasModel takes a keras.Model, got {type(model).__name__}")
         self.model = model
-        # Built already (a keras-hub task, a model of keras.Input): predict, evaluate
-        # and export take its weights as they are where no checkpoint is, as Keras does.
-        self.holds_own_weights = model.built
         self.own_keras_step = keras_step.overrides(model)  # run by trainer.keras_step
         self.input_map = keras_hub_tasks.input_map(model, generates)  # a task's preprocessor
         self.generate = keras_hub_tasks.generator(model) if generates else None  # a causal LM's
@@ -97,12 +98,8 @@ class KerasModel(ModelFn):
     @tf.autograph.experimental.do_not_convert  # plain TensorFlow calls: nothing to convert
     def __call__(self, features, labels, mode: Mode) -> Spec:
         """The model's outputs as predictions; with labels, its loss and metrics."""
-        if labels is not None and self._given.loss is None:  # its own train_step, no loss
-            raise UserError(
-                f"Keras model {self.model.name!r} trains with its own train_step and has no "
-                "compiled loss to evaluate with: train it (--schedule train), or compile it "
-                "with a loss"
-            )
+        if labels is not None and self._given.loss is None:
+            raise keras_compile.no_loss(self.model, self.own_keras_step)
         if mode == Mode.PREDICT and self.generate is not None:
             return Spec(predictions=self.generate(features))
         outputs = self.model(self._inputs(features), training=mode == Mode.TRAIN)
@@ -203,9 +200,13 @@ class KerasModel(ModelFn):
             loss = TokenMean(sums * output.weight, tf.reduce_sum(counted, 1), entropy, positions)
             reduction = "mean"
         metrics = {
-            name: _token_metric(fn, y, p, weighted if is_weighted else shown)
+            # Keras hands a metric weights where an output mask or sample weights are.
+            name: _token_metric(
+                fn, y, p, weighted if is_weighted else shown,
+                weighs=mask is not None or (is_weighted and given is not None),
+            )
             for name, fn, is_weighted in output.metrics
-        }
+        }  # fmt: skip
         return Spec(predictions=predictions, loss=loss, loss_reduction=reduction, metrics=metrics)
 
     def _weights(self, weights, output: str, p: tf.Tensor) -> tf.Tensor | None:
@@ -392,11 +393,20 @@ def _ignored_class(loss_fn):
 
 
 def _metric_value(fn, y: tf.Tensor, p: tf.Tensor, weights: tf.Tensor | None):
-    """A Spec metric: ``(Metric, *args)`` streamed, or per-example values (and weights)."""
+    """A Spec metric: ``(Metric, *args)`` streamed, or per-example values (and weights).
+
+    Where sample weights are, a metric function's own mask on its values (the positions
+    ``ignore_class`` keeps) masks them, as Keras's ``Mean.update_state`` reads it.
+    """
     if isinstance(fn, keras.metrics.Metric):
         return (fn, y, p) if weights is None else (fn, y, p, weights)
-    values = _per_example(fn(y, p), p)
-    return values if weights is None else (values, weights)
+    values = fn(y, p)
+    if weights is None or internals.keras_mask(values) is None:
+        values = _per_example(values, p)
+        return values if weights is None else (values, weights)
+    positions = tf.shape(tf.reshape(values, [tf.shape(p)[0], -1]))
+    per_position = tf.broadcast_to(tf.reshape(weights, [-1, 1]), positions)
+    return _position_mean(values, _kept(values, per_position))
 
 
 def _per_token(weights) -> bool:
@@ -412,23 +422,44 @@ def _per_position(weights: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
     return tf.reshape(weights, [-1, 1])
 
 
-def _token_metric(fn, y: tf.Tensor, p: tf.Tensor, weights: tf.Tensor):
+def _token_metric(fn, y: tf.Tensor, p: tf.Tensor, weights: tf.Tensor, weighs: bool):
     """A metric of a sequence output, each position weighted as its loss is.
 
     A Keras metric object is streamed with the weights per position; a function's
-    values are each example's weighted mean, weighted by its weights' sum.
+    values are each example's weighted mean, weighted by its weights' sum. ``weighs``:
+    whether Keras would give the metric weights (an output mask, or sample weights),
+    beside which it reads the metric's own mask on its values.
     """
     if isinstance(fn, keras.metrics.Metric):
         return fn, y, p, tf.reshape(weights, tf.shape(y))
-    values = tf.reshape(tf.cast(fn(y, p), tf.float32), tf.shape(weights))
+    values = fn(y, p)
+    return _position_mean(values, _kept(values, weights) if weighs else weights)
+
+
+def _kept(values: tf.Tensor, weights: tf.Tensor) -> tf.Tensor:
+    """``weights`` (``[batch, positions]``) times the mask a metric set on its ``values``."""
+    kept = internals.keras_mask(values)
+    if kept is None:
+        return weights
+    return weights * tf.reshape(tf.cast(kept, tf.float32), tf.shape(weights))
+
+
+def _position_mean(values: tf.Tensor, weights: tf.Tensor):
+    """(each example's weighted mean of its positions' ``values``, its weights' sum)."""
+    values = tf.reshape(tf.cast(values, tf.float32), tf.shape(weights))
     total = tf.reduce_sum(weights, axis=1)
     return tf.math.divide_no_nan(tf.reduce_sum(values * weights, axis=1), total), total
 
 
 def _per_example(values: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
-    """``values`` as one float32 value per example: the mean over any other axes."""
-    values = tf.reshape(tf.cast(values, tf.float32), [tf.shape(outputs)[0], -1])
-    return tf.reduce_mean(values, axis=1)
+    """``values`` as one float32 value per example: the mean over any other axes.
+
+    One value for the batch (a metric function returning a constant) is each example's.
+    """
+    values = tf.cast(values, tf.float32)
+    if values.shape.rank == 0:
+        return tf.fill([tf.shape(outputs)[0]], values)
+    return tf.reduce_mean(tf.reshape(values, [tf.shape(outputs)[0], -1]), axis=1)
 
 
 def _name_of(loss_fn) -> str:

@@ -120,6 +120,7 @@ class ModelState:
         self.steps: Steps | None = None  # built on first use, from the data's shapes
         self.traced: set[Mode] = set()  # modes whose metrics the steps know
         self._usable = False  # True once the weights in memory are trained or restored
+        self._spoiled = False  # True while training has left them unusable (NaN, a failure)
         self._graph_written = False  # the compiled step's graph, to TensorBoard once
         self.seconds = seconds
 
@@ -249,7 +250,8 @@ class ModelState:
                 f"{another}: evaluate, predict or export it with the config it was trained "
                 f"with ({os.path.join(model_dir, checkpoints.OPERATIVE_CONFIG)})"
             ) from None
-        if restored is None and getattr(self.model_fn, "holds_own_weights", False):
+        own = getattr(self.model_fn, "holds_own_weights", False) and not self._spoiled
+        if restored is None and own:
             tf.io.gfile.makedirs(model_dir)  # where its evaluations are written
             logging.info(
                 "No checkpoint in %s: %s predicts and evaluates with its weights as they "
@@ -271,6 +273,7 @@ class ModelState:
         export then restore the newest checkpoint.
         """
         self._usable = usable
+        self._spoiled = not usable
 
     def graph_due(self) -> bool:
         """True the first time it is asked: the compiled step's graph goes to TensorBoard once."""
@@ -310,7 +313,7 @@ class ModelState:
             except ValueError as error:
                 raise UserError(str(error)) from None
             per_example, streamed = split_metrics(spec.metrics)
-            found["metrics"] = sorted(per_example)
+            found["metrics"] = list(per_example)  # in the Spec's order, as Keras lists them
             losses = spec.loss if isinstance(spec.loss, Mapping) else {}
             self.by_group = self.by_group or bool(losses)
             self.token_loss = self.token_loss or tokens.kind(spec.loss)

@@ -12,9 +12,8 @@ over the positions kept, which is what ``'sum_over_batch_size'`` gives.
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
-from trainer import Estimator
+from tests.support.pass_through import evaluated, evaluated_outputs
 
 pytestmark = pytest.mark.slow  # each trains, or runs Keras beside the Estimator
 
@@ -22,42 +21,6 @@ pytestmark = pytest.mark.slow  # each trains, or runs Keras beside the Estimator
 class ExampleLoss(keras.losses.Loss):
     def call(self, y_true, y_pred):
         return (y_true - y_pred) ** 2
-
-
-class MaskedBy(keras.layers.Layer):
-    """``y_pred`` with ``mask`` set on it, as the tests' ``backend.set_keras_mask``."""
-
-    def __init__(self):
-        super().__init__()
-        self.supports_masking = True
-
-    def call(self, inputs):
-        return inputs[0]
-
-    def compute_mask(self, inputs, mask=None):
-        return inputs[1]
-
-
-def evaluated(loss, y_true, y_pred, sample_weight=None, mask=None, tmp_path=None):
-    """The Estimator's loss of one batch of ``y_pred`` (a model's output) and ``y_true``."""
-    y_pred = np.asarray(y_pred, "float32")
-    values = keras.Input(y_pred.shape[1:], name="values")
-    if mask is None:
-        model = keras.Model(values, keras.layers.Identity()(values))
-        features = y_pred
-    else:
-        given = keras.Input(y_pred.shape[1:], dtype="bool", name="mask_given")
-        model = keras.Model([values, given], MaskedBy()([values, given]))
-        features = {"values": y_pred, "mask_given": np.asarray(mask)}
-    model.compile("sgd", loss)
-    batch = len(y_pred)
-    element = (features, np.asarray(y_true))
-    if sample_weight is not None:
-        weights = np.asarray(sample_weight, "float32")  # one for all, per example, per step
-        element += (np.broadcast_to(weights, (batch,)) if weights.ndim < 2 else weights,)
-    dataset = tf.data.Dataset.from_tensor_slices(element).batch(batch)
-    estimator = Estimator(model, str(tmp_path), eval_batch_size=batch, progress=False)
-    return estimator.evaluate(lambda mode, params: dataset)["loss"]
 
 
 Y_TRUE = [1.0, 0.0, 1.0, 0.0]
@@ -137,34 +100,8 @@ CASES = {  # Keras's test: (loss, y_true, y_pred, sample_weight, mask, what Kera
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_keras_loss_case_evaluates_to_what_keras_asserts(case, tmp_path):
     loss, y_true, y_pred, sample_weight, mask, expected = CASES[case]
-    found = evaluated(loss, y_true, y_pred, sample_weight, mask, tmp_path)
+    found = evaluated({"loss": loss}, y_true, y_pred, sample_weight, mask, tmp_path)["loss"]
     assert found == pytest.approx(expected, abs=1e-3, rel=1e-5)
-
-
-def evaluated_outputs(loss, y_true, y_pred, sample_weight=None, tmp_path=None):
-    """The Estimator's loss of one batch of several outputs (a list, or a dict by name),
-    each passed through from the input of its name, with their labels as given."""
-    names = sorted(y_pred) if isinstance(y_pred, dict) else ["a", "b"][: len(y_pred)]
-    given = y_pred if isinstance(y_pred, dict) else dict(zip(names, y_pred, strict=True))
-    inputs = {f"x_{n}": keras.Input(np.shape(given[n])[1:], name=f"x_{n}") for n in names}
-    outputs = {n: keras.layers.Identity(name=n)(inputs[f"x_{n}"]) for n in names}
-    if not isinstance(y_pred, dict):
-        outputs = [outputs[n] for n in names]
-    model = keras.Model(inputs, outputs)
-    model.compile("sgd", loss)
-    features = {f"x_{n}": np.asarray(given[n], "float32") for n in names}
-    labels = (
-        {n: np.asarray(v, "float32") for n, v in y_true.items()}
-        if isinstance(y_true, dict)
-        else tuple(np.asarray(v, "float32") for v in y_true)
-    )
-    element = (features, labels)
-    if sample_weight is not None:
-        element += ({n: np.asarray(w, "float32") for n, w in sample_weight.items()},)
-    batch = len(features[f"x_{names[0]}"])
-    dataset = tf.data.Dataset.from_tensor_slices(element).batch(batch)
-    estimator = Estimator(model, str(tmp_path), eval_batch_size=batch, progress=False)
-    return estimator.evaluate(lambda mode, params: dataset)["loss"]
 
 
 A_TRUE = [[0.1, 0.2], [0.3, 0.4], [0.5, 0.6]]
@@ -203,7 +140,7 @@ def test_a_compile_loss_case_evaluates_to_what_keras_asserts(case, tmp_path):
     """Keras's CompileLoss cases, one output or several, through the Estimator."""
     loss, y_true, y_pred, sample_weight, expected = COMPILE_CASES[case]
     if not isinstance(y_pred, dict) and not isinstance(y_pred[0][0], list):  # one output
-        found = evaluated(loss, y_true, y_pred, sample_weight, tmp_path=tmp_path)
+        found = evaluated({"loss": loss}, y_true, y_pred, sample_weight, model_dir=tmp_path)["loss"]
     else:
-        found = evaluated_outputs(loss, y_true, y_pred, sample_weight, tmp_path)
+        found = evaluated_outputs({"loss": loss}, y_true, y_pred, sample_weight, tmp_path)["loss"]
     assert found == pytest.approx(expected, abs=1e-5)
