@@ -43,9 +43,6 @@ one given to a second ``train`` call in the same process begins afresh, as in a 
 from __future__ import annotations
 
 import copy
-import io
-import json
-import os
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
@@ -53,13 +50,10 @@ from typing import Any, NoReturn
 import keras
 import numpy as np
 import tensorflow as tf
-from absl import logging
 
-from trainer import checkpoints, internals, whole_files
+from trainer import callback_state, internals
 from trainer.errors import UserError
 from trainer.metrics import EpochMetrics
-
-STATE_DIR = "callbacks"  # in model_dir: each callback's state, as of a step
 
 REFUSED = {  # Keras callback: what the framework does instead
     "ModelCheckpoint": "the framework checkpoints model_dir itself (Checkpoints.every_steps, "
@@ -72,7 +66,6 @@ REFUSED = {  # Keras callback: what the framework does instead
     "SwapEMAWeights": "Optimization.ema_decay: evaluations and exports use the moving average",
 }
 AUXILIARY = ("gradient_norm", "steps_per_sec", "examples_per_sec", "input_wait_share")
-_CONFIG_ATTRIBUTES = ("model", "params", "_model", "_params")  # set by the framework
 _BEGUN: weakref.WeakSet = weakref.WeakSet()  # the callbacks this process has begun
 
 
@@ -336,7 +329,7 @@ class Events:
             return
         period = self.epoch_steps or max_steps
         params = {"epochs": -(-max_steps // period), "steps": period, "verbose": 0}
-        saved = _read_state(self.model_dir, step)
+        saved = callback_state.read(self.model_dir, step)
         configs = saved.get("__config__", {})
         self.best_averages = dict(saved.get("__best_averages__", {}))
         for key, callback in self._keyed():
@@ -350,8 +343,8 @@ class Events:
             callback.on_train_begin({})
             if hasattr(callback, "monitor"):
                 set_direction(callback)
-            self.fresh[key] = copy.deepcopy(_state_of(callback))
-            if resumed and _same(configs.get(key, self.fresh[key]), self.fresh[key]):
+            self.fresh[key] = copy.deepcopy(callback_state.of(callback))
+            if resumed and callback_state.same(configs.get(key, self.fresh[key]), self.fresh[key]):
                 for name, value in saved[key].items():  # a run stopped part way goes on
                     setattr(callback, name, value)
             else:
@@ -508,13 +501,13 @@ class Events:
     def _keep(self, step: int) -> None:
         """Keeps the callbacks' state as of ``step``; drops what no checkpoint needs."""
         state = {
-            key: _changed(_state_of(callback), self.fresh.get(key, {}))
+            key: callback_state.changed(callback_state.of(callback), self.fresh.get(key, {}))
             for key, callback in self._keyed()
         }
         state["__epoch__"] = self.epoch.state()
         state["__best_averages__"] = self.best_averages
         state["__config__"] = self.fresh  # whose state it is: a callback made alike takes it
-        _write_state(self.model_dir, step, state)
+        callback_state.write(self.model_dir, step, state)
 
     def _agreed(self, stop: int) -> bool:
         """The chief's stop and learning rates, taken by every worker (one all-gather)."""
@@ -561,99 +554,3 @@ class _EpochLogs:
     def state(self) -> dict:
         """What rebuilds it after a resume."""
         return {"at": self.at, "sums": self.sums, "steps": self.steps}
-
-
-def _state_of(callback) -> dict:
-    """A callback's attributes that are data (numbers, strings, arrays, lists of them)."""
-    return {
-        name: value
-        for name, value in vars(callback).items()
-        if name not in _CONFIG_ATTRIBUTES and _is_data(value)
-    }
-
-
-def _changed(state: dict, fresh: dict) -> dict:
-    """What in ``state`` differs from the callback's state once begun (its config does not)."""
-    return {k: v for k, v in state.items() if k not in fresh or not _same(v, fresh[k])}
-
-
-def _same(a, b) -> bool:
-    if isinstance(a, np.ndarray | np.generic) or isinstance(b, np.ndarray | np.generic):
-        return type(a) is type(b) and np.array_equal(a, b)
-    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    return type(a) is type(b) and a == b
-
-
-def _is_data(value) -> bool:
-    if value is None or isinstance(value, bool | int | float | str | np.generic | np.ndarray):
-        return True
-    if isinstance(value, list | tuple):
-        return all(_is_data(v) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _is_data(v) for k, v in value.items())
-    return False
-
-
-def _write_state(model_dir: str, step: int, state: dict) -> None:
-    """``state`` to ``model_dir/callbacks/<step>.npz``: arrays as arrays, the rest as JSON."""
-    arrays: dict[str, np.ndarray] = {}
-
-    def encode(value):
-        if isinstance(value, np.ndarray | np.generic):
-            name = f"a{len(arrays)}"
-            arrays[name] = np.asarray(value)
-            return {"__array__": name}
-        if isinstance(value, list | tuple):
-            return [encode(v) for v in value]
-        if isinstance(value, dict):
-            return {k: encode(v) for k, v in value.items()}
-        return value
-
-    text = json.dumps(encode(state))
-    buffer = io.BytesIO()
-    np.savez(buffer, __json__=np.array(text), **arrays)
-    directory = os.path.join(model_dir, STATE_DIR)
-    tf.io.gfile.makedirs(directory)
-    whole_files.write_atomically(os.path.join(directory, f"{step}.npz"), buffer.getvalue())
-    kept = [checkpoints.step_of(p) for p in checkpoints.all_checkpoints(model_dir)]
-    for old in _saved_steps(directory):
-        if kept and old < min(kept) and old != step:
-            tf.io.gfile.remove(os.path.join(directory, f"{old}.npz"))
-
-
-def _saved_steps(directory: str) -> list[int]:
-    if not tf.io.gfile.isdir(directory):
-        return []
-    names = tf.io.gfile.listdir(directory)
-    return sorted(int(n[:-4]) for n in names if n.endswith(".npz") and n[:-4].isdigit())
-
-
-def _read_state(model_dir: str, step: int) -> dict:
-    """The callbacks' state kept at the newest step up to ``step`` ({} if none)."""
-    directory = os.path.join(model_dir, STATE_DIR)
-    steps = [s for s in _saved_steps(directory) if s <= step]
-    if not steps:
-        return {}
-    path = os.path.join(directory, f"{steps[-1]}.npz")
-    try:
-        with tf.io.gfile.GFile(path, "rb") as f:
-            loaded = np.load(io.BytesIO(f.read()))
-            arrays = {name: loaded[name] for name in loaded.files}
-    except (OSError, ValueError) as error:
-        logging.warning("Callback state %s is unreadable (%s): callbacks start afresh", path, error)
-        return {}
-
-    def decode(value):
-        if isinstance(value, dict):
-            if set(value) == {"__array__"}:
-                array = arrays[value["__array__"]]
-                return array[()] if array.ndim == 0 else array
-            return {k: decode(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [decode(v) for v in value]
-        return value
-
-    return decode(json.loads(str(arrays.pop("__json__"))))
