@@ -23,9 +23,9 @@ import keras
 import tensorflow as tf
 
 from models import decoding
-from models.seq2seq import BOS, EOS, exact_match
+from models.targets import BOS, EOS, scored, teacher_forced
 from models.transformer import Transformer, positions_of, segments_of
-from trainer import Mode, ModelFn, Spec, errors, token_mean, token_metric
+from trainer import Mode, ModelFn, Spec, errors
 
 
 @gin.configurable
@@ -76,7 +76,7 @@ class EncoderDecoder(ModelFn):
         if labels is None:
             return Spec(predictions)
         targets = labels["targets"]
-        before = tf.pad(targets[:, :-1], [[0, 0], [1, 0]], constant_values=BOS)
+        before = teacher_forced(targets)
         hidden = self.decoder(
             self.embedding(before),
             segments_of({}, before),
@@ -85,19 +85,7 @@ class EncoderDecoder(ModelFn):
             context=context,
             training=training,
         )
-        logits = self._logits(hidden)
-        real = tf.not_equal(targets, 0)
-        losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=logits)
-        hits = tf.equal(tf.argmax(logits, -1, output_type=targets.dtype), targets)
-        metrics = {"token_accuracy": token_metric(hits, real)}
-        if predictions:
-            metrics["exact_match"] = exact_match(predictions["decoded"], targets)
-            metrics["greedy_exact_match"] = exact_match(predictions["greedy"], targets)
-        return Spec(
-            {"logits": logits, **predictions},
-            loss=token_mean(losses, real, cross_entropy=True),
-            metrics=metrics,
-        )
+        return scored(self._logits(hidden), targets, predictions)
 
     def _logits(self, hidden: tf.Tensor) -> tf.Tensor:
         """``[..., vocab]`` float32: the hidden states against the token embedding."""

@@ -1,9 +1,9 @@
 """The seed's recurrent encoder-decoder: an LSTM reads the source, another writes the target.
 
-Token ids: 0 pads, ``BOS`` (1) starts the decoder, ``EOS`` (2) ends a target; a
-source's tokens are the other ids. The decoder learns each target token from the
-ones before it (teacher forcing), with a loss per real target token
-(``trainer.token_mean``); in EVAL and PREDICT it writes the target itself, one token
+Token ids as ``models/targets.py`` says (0 pads, ``BOS`` 1, ``EOS`` 2); a source's
+tokens are the other ids. The decoder learns each target token from the ones before
+it (teacher forcing), scored as ``models/targets.py`` scores it (a loss per real
+target token); in EVAL and PREDICT it writes the target itself, one token
 at a time (``models/decoding.py``): greedy, and with ``beam`` > 1 by beam search,
 its LSTM state reordered with the hypotheses. EVAL reports ``exact_match`` (the
 decoded target equals the label, up to its ``EOS``) and ``greedy_exact_match``.
@@ -16,9 +16,8 @@ import keras
 import tensorflow as tf
 
 from models import decoding
-from trainer import Mode, ModelFn, Spec, errors, token_mean, token_metric
-
-BOS, EOS = 1, 2
+from models.targets import BOS, EOS, scored, teacher_forced
+from trainer import Mode, ModelFn, Spec, errors
 
 
 @gin.configurable
@@ -72,26 +71,11 @@ class Seq2Seq(ModelFn):
         if labels is None:
             return Spec(predictions)
         targets = labels["targets"]
-        before = tf.pad(targets[:, :-1], [[0, 0], [1, 0]], constant_values=BOS)
-        inputs = self.dropout(self.target_embedding(before), training=training)
+        inputs = self.dropout(self.target_embedding(teacher_forced(targets)), training=training)
         outputs = self.dropout(
             self.decoder(inputs, initial_state=[h, c], training=training), training=training
         )
-        logits = self.logits(outputs)
-        real = tf.not_equal(targets, 0)
-        losses = tf.nn.sparse_softmax_cross_entropy_with_logits(
-            labels=targets, logits=tf.cast(logits, tf.float32)
-        )
-        hits = tf.equal(tf.argmax(logits, -1, output_type=targets.dtype), targets)
-        metrics = {"token_accuracy": token_metric(hits, real)}
-        if predictions:
-            metrics["exact_match"] = exact_match(predictions["decoded"], targets)
-            metrics["greedy_exact_match"] = exact_match(predictions["greedy"], targets)
-        return Spec(
-            {"logits": logits, **predictions},
-            loss=token_mean(losses, real, cross_entropy=True),
-            metrics=metrics,
-        )
+        return scored(self.logits(outputs), targets, predictions)
 
     def _step(self, ids, i, state):
         """One decoder step: the last token's logits, and the LSTM's next state."""
@@ -105,11 +89,3 @@ class Seq2Seq(ModelFn):
         return decoding.targets(
             self._step, start, self.max_length, self.beam, EOS, (h, c), self.alpha
         )
-
-
-@tf.autograph.experimental.do_not_convert
-def exact_match(decoded: tf.Tensor, targets: tf.Tensor) -> tf.Tensor:
-    """Per example, 1.0 when ``decoded`` equals ``targets`` up to the target's end."""
-    width = tf.maximum(tf.shape(decoded)[1], tf.shape(targets)[1])
-    pad = lambda t: tf.pad(tf.cast(t, tf.int64), [[0, 0], [0, width - tf.shape(t)[1]]])  # noqa: E731
-    return tf.cast(tf.reduce_all(tf.equal(pad(decoded), pad(targets)), axis=1), tf.float32)

@@ -12,7 +12,8 @@ import tensorflow as tf
 import trainer
 from datasets import reversal
 from models.encoder_decoder import EncoderDecoder
-from models.seq2seq import EOS, Seq2Seq
+from models.seq2seq import Seq2Seq
+from models.targets import EOS
 from trainer import Mode
 from trainer.settings import Checkpoints
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from models import seq2seq
+from models.targets import exact_match
 from tests.support.commands import run_cli
 from tests.support.reversal import NO_DROPOUT, SMALL, trained, weights
 
@@ -54,4 +54,4 @@ def test_reverse_lstm_in_four_micro_batches_trains_as_in_one(tmp_path):
 def test_exact_match_counts_a_decoded_target_up_to_its_end():
     decoded = tf.constant([[5, 4, 2, 0, 0], [5, 4, 3, 2, 0], [5, 2, 0, 0, 0]])
     targets = tf.constant([[5, 4, 2, 0], [5, 4, 2, 0], [5, 2, 0, 0]])
-    np.testing.assert_array_equal(seq2seq.exact_match(decoded, targets), [1.0, 0.0, 1.0])
+    np.testing.assert_array_equal(exact_match(decoded, targets), [1.0, 0.0, 1.0])
