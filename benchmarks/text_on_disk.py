@@ -33,7 +33,8 @@ import gin  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import logging  # noqa: E402
 
-from datasets import lengths, text  # noqa: E402
+from datasets import lengths  # noqa: E402
+from datasets.text import input_fns, preparation, windows  # noqa: E402
 from trainer import InputParams, Mode  # noqa: E402
 
 BATCH = 32
@@ -61,8 +62,8 @@ def bind(row: str, on_disk: bool) -> None:
 def dataset(row: str, data_dir: str, start_step: int = 0):
     params = InputParams(BATCH, BATCH, seed=1, start_example=start_step * BATCH)
     if row == "windows":
-        return text.windows_input_fn(Mode.TRAIN, params, data_dir=data_dir, length=256)
-    return text.input_fn(Mode.TRAIN, params, data_dir=data_dir)
+        return windows.windows_input_fn(Mode.TRAIN, params, data_dir=data_dir, length=256)
+    return input_fns.input_fn(Mode.TRAIN, params, data_dir=data_dir)
 
 
 def tokens_per_second(row: str, data_dir: str, batches: int) -> float:
@@ -92,7 +93,7 @@ def main() -> None:
         source = os.path.join(root, "corpus.jsonl")
         corpus(source, args.documents)
         data_dir = os.path.join(root, "data")
-        metadata = text.prepare(source, data_dir, eval_fraction=0)
+        metadata = preparation.prepare(source, data_dir, eval_fraction=0)
         print(f"{args.documents:,} documents, {metadata['splits']['train']['tokens']:,} tokens")
         print(f"{'row':<10} {'held, tokens/s':>15} {'disk, tokens/s':>15} {'ratio':>6}")
         for row in ("windows", "grouped"):

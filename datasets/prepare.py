@@ -16,7 +16,7 @@
 ``--data_dir`` (nothing downloads here); one whose images vary in size (imagenet2012)
 is written encoded, as image folders are. Train with
 ``tfrecord.input_fn.data_dir = 'data/digits'``. ``--text`` is a file of documents
-(JSON lines, CSV, or one per line), tokenized once (``datasets/text.py``); train with
+(JSON lines, CSV, or one per line), tokenized once (``datasets/text/``); train with
 ``text.input_fn.data_dir = 'data/reviews'``.
 """
 
@@ -33,7 +33,8 @@ import tensorflow as tf  # noqa: E402
 import tensorflow_datasets as tfds  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from datasets import shards, text_writing  # noqa: E402
+from datasets import shards  # noqa: E402
+from datasets.text import writing  # noqa: E402
 from trainer import UserError, errors, logs, owned_dirs  # noqa: E402
 
 flags.DEFINE_string("images", None, "A folder of images, one subfolder per class.")
@@ -101,9 +102,9 @@ def main(argv: list[str]) -> None:
         check_flags()
         owned_dirs.check(FLAGS.out, shards.OWNER)
         if FLAGS.text:
-            from datasets import text
+            from datasets.text import preparation
 
-            metadata = text.prepare(
+            metadata = preparation.prepare(
                 FLAGS.text,
                 FLAGS.out,
                 FLAGS.tokenizer,
@@ -147,7 +148,7 @@ def check_flags() -> None:
     for name in ("shards", "max_side"):
         if FLAGS[name].value is not None:
             errors.check_count(f"--{name}", FLAGS[name].value)
-    text_writing.check_fraction(FLAGS.eval_fraction)
+    writing.check_fraction(FLAGS.eval_fraction)
     text_only = ("tokenizer", "vocab", "vocab_size", "text_field", "label_field")
     given = [name for name in text_only if FLAGS[name].present]
     if given and not FLAGS.text:

@@ -7,7 +7,7 @@ modules, 4.7 MB). Each byte is a token, ids 1 to 256 (0 pads), as
 ``datasets.prepare --text`` makes them with ``--tokenizer bytes``, and 257 (``END``)
 ends a module: a model of them has 258 ids (``VOCAB_SIZE``).
 
-``input_fn`` reads a language model's windows of a split (``text.windows``): the
+``input_fn`` reads a language model's windows of a split (``datasets/text/windows.py``): the
 modules end to end, each followed by ``END``, cut into windows of ``length`` bytes,
 each with its next bytes as ``targets``; an in-memory source, read by index and
 resumed exactly. In PREDICT it gives ``prompts``, so that ``--schedule predict``
@@ -33,7 +33,8 @@ import gin
 import numpy as np
 import tensorflow as tf
 
-from datasets import pipeline, text
+from datasets import pipeline
+from datasets.text import input_fns, serving, windows
 from trainer import InputParams, Mode, UserError, errors
 
 
@@ -101,11 +102,13 @@ def input_fn(
         split = "train" if mode == Mode.TRAIN else "test"
         if (split, length) not in _WINDOWS:  # read once a process
             tokens = byte_ids(modules(split))
-            _WINDOWS[split, length] = text.windows(tokens, length, f"stdlib-{split}", END)
-        windows = _WINDOWS[split, length]
-        dataset = pipeline.build(windows, mode, params, text.next_tokens, name=f"stdlib-{split}")
+            _WINDOWS[split, length] = windows.windows(tokens, length, f"stdlib-{split}", END)
+        source = _WINDOWS[split, length]
+        dataset = pipeline.build(
+            source, mode, params, input_fns.next_tokens, name=f"stdlib-{split}"
+        )
     # An export takes strings, the last ``length`` bytes of each continued.
-    return text.tokenized_by(dataset, text.bytes_tokenizer(), length, keep_last=True)
+    return serving.tokenized_by(dataset, serving.bytes_tokenizer(), length, keep_last=True)
 
 
 PACKAGES = ("asyncio", "email", "http", "logging", "multiprocessing", "unittest", "urllib", "xml")

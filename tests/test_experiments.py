@@ -90,7 +90,8 @@ def test_the_text_classifier_recipe_runs_small_on_functions_prepared_as_its_head
     """Its header's three commands, in a working directory: the standard library's
     functions written, prepared (a vocabulary of words), trained small; and the bag of
     words its figure is compared with, on the same split."""
-    from datasets import stdlib, text
+    from datasets import stdlib
+    from datasets.text import input_fns, preparation
 
     gin.parse_config_files_and_bindings(
         [f"{REPO}/experiments/text_classifier.gin", f"{REPO}/experiments/smoke.gin"],
@@ -99,10 +100,10 @@ def test_the_text_classifier_recipe_runs_small_on_functions_prepared_as_its_head
     header = open(f"{REPO}/experiments/text_classifier.gin").read()
     assert "python3 -m datasets.stdlib --functions data/functions.jsonl" in header
     assert stdlib.main(["stdlib", "--functions", str(tmp_path / "data/functions.jsonl")]) == 0
-    metadata = text.prepare(
+    metadata = preparation.prepare(
         str(tmp_path / "data/functions.jsonl"), str(tmp_path / "data/functions"), "words", 8000
     )
     assert metadata["num_classes"] == len(stdlib.PACKAGES) and metadata["vocab_size"] == 8000
     result = experiment.experiment(model_dir=str(tmp_path / "run"), schedule="train_and_evaluate")
     assert result["global_step"] == 10 and 0.0 <= result["metrics"]["eval"]["accuracy"] <= 1.0
-    assert 0.7 < text.bag_of_words_accuracy(str(tmp_path / "data/functions")) < 0.9  # 0.83
+    assert 0.7 < input_fns.bag_of_words_accuracy(str(tmp_path / "data/functions")) < 0.9  # 0.83

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from datasets import lengths, stdlib, text
+from datasets import lengths, stdlib
+from datasets.text import windows
 from models import encoder_decoder, hub, seq2seq, transformer
 from tests.support import guides
 from trainer import InputParams, Mode, UserError, errors
@@ -102,7 +103,7 @@ ROWS = {
         r"stdlib\.input_fn\.length must be a whole number >= 1, got 0",
     ),
     "prepared_window_length_zero": (
-        lambda: text.windows_input_fn(Mode.TRAIN, InputParams(4, 4), "data", length=0),
+        lambda: windows.windows_input_fn(Mode.TRAIN, InputParams(4, 4), "data", length=0),
         r"text\.windows_input_fn\.length must be a whole number >= 1, got 0",
     ),
     "no_prompts": (

@@ -16,7 +16,7 @@ import re
 import numpy as np
 import pytest
 
-from datasets import text, text_writing
+from datasets.text import input_fns, preparation, tokenizers, writing
 from tests.support import guides
 from tests.support.helpers import dir_hash
 from trainer import UserError
@@ -188,7 +188,7 @@ def test_prepare_again_replaces_its_own_files_and_keeps_the_users(forked_prepare
 
 def _texts(data_dir) -> list[bytes]:
     """The prepared training documents, as bytes, in the file's order."""
-    return [bytes(int(i) - 1 for i in ids) for ids in text.documents(str(data_dir), "train")]
+    return [bytes(int(i) - 1 for i in ids) for ids in input_fns.documents(str(data_dir), "train")]
 
 
 def test_files_as_users_write_them_are_read_as_they_mean(tmp_path):
@@ -196,7 +196,7 @@ def test_files_as_users_write_them_are_read_as_they_mean(tmp_path):
     order mark, and a CSV field longer than csv's 128 KB default."""
     crlf = tmp_path / "windows.txt"
     crlf.write_bytes(b"first line\r\nsecond line\r\n")
-    text.prepare(str(crlf), str(tmp_path / "crlf"), eval_fraction=0)
+    preparation.prepare(str(crlf), str(tmp_path / "crlf"), eval_fraction=0)
     assert _texts(tmp_path / "crlf") == [b"first line", b"second line"]
 
     upper = tmp_path / "DOCS.JSONL"
@@ -207,20 +207,20 @@ def test_files_as_users_write_them_are_read_as_they_mean(tmp_path):
         {"text": "four", "label": 2},
     ]
     upper.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r) + "\n" for r in rows).encode())
-    metadata = text.prepare(str(upper), str(tmp_path / "upper"), eval_fraction=0)
+    metadata = preparation.prepare(str(upper), str(tmp_path / "upper"), eval_fraction=0)
     assert metadata["classes"] == ["1", "2"]
     assert _texts(tmp_path / "upper") == [b"one", b"two", b"three", b"four"]
 
     long_field = tmp_path / "long.csv"
     body = "word " * 40_000  # 200 KB
     long_field.write_text(f'text,label\n"{body}",a\nshort,b\n')
-    metadata = text.prepare(str(long_field), str(tmp_path / "long"), eval_fraction=0)
+    metadata = preparation.prepare(str(long_field), str(tmp_path / "long"), eval_fraction=0)
     assert metadata["splits"]["train"]["longest"] == len(body)
 
 
 @pytest.mark.parametrize("fraction, held", [(0.1, 2), (0.25, 5), (0.4, 8), (0.9, 18), (0.0, 0)])
 def test_the_held_out_fraction_is_the_fraction_asked_for(fraction, held):
-    is_held = text_writing.held_out(fraction)
+    is_held = writing.held_out(fraction)
     chosen = [n for n in range(20) if is_held(n)]
     assert len(chosen) == held == is_held.count(20)
     if held:  # spread evenly: the gaps differ by one at most
@@ -233,17 +233,17 @@ def test_a_vocabulary_of_words_learned_from_any_text_is_read_back(tmp_path):
     spaces to the word splitter too, so vocab.txt keeps one word a line."""
     path = tmp_path / "odd.txt"
     path.write_text("the cat\x0bsat\nthe dog\x1csat on\x85 the mat\u2028ran\n", encoding="utf-8")
-    text.prepare(str(path), str(tmp_path / "out"), "words", vocab_size=20, eval_fraction=0)
-    vocabulary = text.read_vocabulary(str(tmp_path / "out" / "vocab.txt"))
+    preparation.prepare(str(path), str(tmp_path / "out"), "words", vocab_size=20, eval_fraction=0)
+    vocabulary = tokenizers.read_vocabulary(str(tmp_path / "out" / "vocab.txt"))
     assert vocabulary[:4] == ["[PAD]", "[UNK]", "the", "sat"]
     assert sorted(vocabulary[4:]) == ["cat", "dog", "mat", "on", "ran"]
 
 
 def test_the_api_refuses_what_the_command_refuses(tmp_path):
     with pytest.raises(UserError, match=r"--eval_fraction is the share"):
-        text.prepare("x.jsonl", str(tmp_path / "out"), eval_fraction=1.0)
+        preparation.prepare("x.jsonl", str(tmp_path / "out"), eval_fraction=1.0)
     with pytest.raises(UserError, match=r"--shards must be a whole number >= 1, got 0"):
-        text.prepare("x.jsonl", str(tmp_path / "out"), num_shards=0)
+        preparation.prepare("x.jsonl", str(tmp_path / "out"), num_shards=0)
     assert os.listdir(tmp_path) == []
 
 

@@ -143,7 +143,7 @@ def test_the_exit_code_table_is_the_one_the_code_uses():
 
 @pytest.mark.slow
 def test_text_snippet_tags_every_real_token(tmp_path, monkeypatch):
-    """README's 'Text and sequences', run as written from a working directory: trained
+    """The guide 'Text and sequences', run as written from a working directory: trained
     in four slices, grouped and bucketed, by a token budget, and packed, evaluated over
     every real token."""
     import json

@@ -1,5 +1,5 @@
 """``python -m datasets.prepare --text``: a file of documents as token ids in shards,
-read back by index (``datasets/text.py``). The documents are real text no one here
+read back by index (``datasets/text/``). The documents are real text no one here
 wrote: functions of the Python standard library's own sources, labelled by package."""
 
 import json
@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from datasets import lengths, pipeline, text
+from datasets import lengths, pipeline
+from datasets.text import input_fns, preparation, tokenizers, windows
 from trainer import InputParams, Mode, UserError
 
 PACKAGES = ("json", "email", "http", "unittest")
@@ -65,7 +66,7 @@ def test_prepare_text_as_a_user_types_it_then_read_by_index(tmp_path):
     assert metadata["classes"] == sorted(PACKAGES) and metadata["vocab_size"] == 258
     # Evaluation reads the held-out tenth once, in order: bytes + 1, padded with 0.
     params = InputParams(4, 4, seed=0)
-    evaluated = list(text.input_fn(Mode.EVAL, params, data_dir=data_dir).as_numpy_iterator())
+    evaluated = list(input_fns.input_fn(Mode.EVAL, params, data_dir=data_dir).as_numpy_iterator())
     read = [row for features, _ in evaluated for row in features["tokens"]]
     expected = [row for i, row in enumerate(rows) if i % 10 == 9]
     assert len(read) == len(expected) == held_out
@@ -74,11 +75,11 @@ def test_prepare_text_as_a_user_types_it_then_read_by_index(tmp_path):
     labels = np.concatenate([labels["label"] for _, labels in evaluated])
     assert labels.tolist() == [sorted(PACKAGES).index(row["label"]) for row in expected]
     # Training: each training document once an epoch, by index, and a resume is exact.
-    trained = text.input_fn(Mode.TRAIN, params, data_dir=data_dir)
+    trained = input_fns.input_fn(Mode.TRAIN, params, data_dir=data_dir)
     epoch = [f["tokens"] for f, _ in trained.take((len(rows) - held_out) // 4).as_numpy_iterator()]
     firsts = {tuple(row[:40]) for batch in epoch for row in batch}
     assert len(firsts) >= (len(rows) - held_out) - 4  # a few functions may begin alike
-    resumed = text.input_fn(
+    resumed = input_fns.input_fn(
         Mode.TRAIN, InputParams(4, 4, seed=0, start_example=8), data_dir=data_dir
     )
     np.testing.assert_array_equal(next(resumed.as_numpy_iterator())[0]["tokens"], epoch[2])
@@ -97,18 +98,18 @@ def test_prepare_text_as_a_user_types_it_then_read_by_index(tmp_path):
 def test_a_vocabulary_of_words_is_learned_from_the_file(tmp_path):
     path = tmp_path / "corpus.txt"
     path.write_text("the cat sat\nthe dog sat on the mat\nthe cat ran\n")
-    metadata = text.prepare(str(path), str(tmp_path / "out"), "words", vocab_size=7)
+    metadata = preparation.prepare(str(path), str(tmp_path / "out"), "words", vocab_size=7)
     vocabulary = (tmp_path / "out" / "vocab.txt").read_text().split()
     assert vocabulary == ["[PAD]", "[UNK]", "the", "cat", "sat", "dog"]
     assert metadata["vocab_size"] == 7 and metadata["end_of_document"] == 6  # every id
     assert metadata["num_classes"] == 0
-    tokenizer = text.Tokenizer("words", vocabulary)
+    tokenizer = tokenizers.Tokenizer("words", vocabulary)
     assert tokenizer.ids("The cat ran!") == [2, 3, 1, 1]
     with pytest.raises(
         UserError,
         match=r"--tokenizer must be one of bytes, words, wordpiece, sentencepiece, got 'bpe'",
     ):
-        text.Tokenizer("bpe")
+        tokenizers.Tokenizer("bpe")
 
 
 @pytest.mark.parametrize(
@@ -146,7 +147,7 @@ def test_a_bad_file_is_one_line_naming_the_row_and_nothing_is_written(
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
     out = tmp_path / "out"
     with pytest.raises(UserError) as raised:
-        text.prepare(str(path), str(out))
+        preparation.prepare(str(path), str(out))
     assert str(raised.value).startswith(message.format(path=path))
     assert "\n" not in str(raised.value) and not out.exists()
     assert os.listdir(tmp_path) == [name]  # no staging directory left either
@@ -157,10 +158,10 @@ def test_a_language_models_windows_cut_the_documents_end_to_end(tmp_path):
     each target its input's next byte; every window once an epoch, read by index,
     resumed exactly."""
     rows = functions(3)
-    text.prepare(write_jsonl(tmp_path / "f.jsonl", rows), str(tmp_path / "data"))
+    preparation.prepare(write_jsonl(tmp_path / "f.jsonl", rows), str(tmp_path / "data"))
     training = stream_of([row["text"] for i, row in enumerate(rows) if i % 10 != 9])
     data_dir, params = str(tmp_path / "data"), InputParams(4, 4, seed=1)
-    dataset = text.windows_input_fn(Mode.TRAIN, params, data_dir=data_dir, length=16)
+    dataset = windows.windows_input_fn(Mode.TRAIN, params, data_dir=data_dir, length=16)
     count = (len(training) - 1) // 16
     batches = list(dataset.take(count // 4).as_numpy_iterator())
     expected = [tuple(training[k * 16 : k * 16 + 17]) for k in range(count)]  # inputs + next
@@ -170,14 +171,14 @@ def test_a_language_models_windows_cut_the_documents_end_to_end(tmp_path):
             np.testing.assert_array_equal(targets[:-1], tokens[1:])
             seen.append(tuple(tokens.tolist()) + (int(targets[-1]),))
     assert len(seen) == count // 4 * 4 and not Counter(seen) - Counter(expected)  # each once
-    resumed = text.windows_input_fn(
+    resumed = windows.windows_input_fn(
         Mode.TRAIN, InputParams(4, 4, seed=1, start_example=12), data_dir=data_dir, length=16
     )
     np.testing.assert_array_equal(
         next(resumed.as_numpy_iterator())[0]["tokens"], batches[3][0]["tokens"]
     )
     with pytest.raises(UserError, match=r"tokens make no window of 100000 \(and its next token\)"):
-        text.windows(text.documents(data_dir, "test"), 100_000)
+        windows.windows(input_fns.documents(data_dir, "test"), 100_000)
 
 
 def test_windows_of_text_too_large_for_memory_are_read_from_its_token_stream_by_offset(
@@ -188,7 +189,7 @@ def test_windows_of_text_too_large_for_memory_are_read_from_its_token_stream_by_
     from step 0 and from a resume, and in evaluation; a stream cut short is one line."""
     rows = functions(3)
     data_dir = str(tmp_path / "data")
-    metadata = text.prepare(write_jsonl(tmp_path / "f.jsonl", rows), data_dir)
+    metadata = preparation.prepare(write_jsonl(tmp_path / "f.jsonl", rows), data_dir)
     training = stream_of([row["text"] for i, row in enumerate(rows) if i % 10 != 9])
     stream = np.fromfile(os.path.join(data_dir, "train-tokens.bin"), np.uint16)
     assert metadata["splits"]["train"]["stream"] == {
@@ -202,7 +203,7 @@ def test_windows_of_text_too_large_for_memory_are_read_from_its_token_stream_by_
     def batches(mode, memory_limit_mb=None, start=0, count=9):
         gin.bind_parameter("pipeline.memory_limit_mb", memory_limit_mb)
         params = InputParams(4, 4, seed=2, start_example=start)
-        dataset = text.windows_input_fn(mode, params, data_dir=data_dir, length=16)
+        dataset = windows.windows_input_fn(mode, params, data_dir=data_dir, length=16)
         return [np.stack([f["tokens"], y["targets"]]) for f, y in dataset.take(count)]
 
     caplog.set_level(logging.INFO)
@@ -220,7 +221,7 @@ def test_windows_of_text_too_large_for_memory_are_read_from_its_token_stream_by_
     with open(os.path.join(data_dir, "train-tokens.bin"), "r+b") as f:
         f.truncate(100)
     with pytest.raises(UserError) as raised:
-        text.windows_input_fn(Mode.TRAIN, InputParams(4, 4, seed=2), data_dir=data_dir, length=8)
+        windows.windows_input_fn(Mode.TRAIN, InputParams(4, 4, seed=2), data_dir=data_dir, length=8)
     assert str(raised.value).splitlines()[0] == (
         f"{data_dir}/train-tokens.bin should hold the {len(training):,} tokens dataset.json "
         "lists, as uint16; it is 100 bytes: re-copy it with the shards, or prepare the data again"
@@ -233,9 +234,9 @@ def test_a_wordpiece_vocabulary_given_tokenizes_through_tensorflow_text(tmp_path
     vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\nthe\ncat\n##s\nsat\n")
     path = tmp_path / "corpus.txt"
     path.write_text("The cats sat\nthe dog\n")
-    metadata = text.prepare(str(path), str(tmp_path / "out"), "wordpiece", vocab=str(vocab))
+    metadata = preparation.prepare(str(path), str(tmp_path / "out"), "wordpiece", vocab=str(vocab))
     assert metadata["tokenizer"] == "wordpiece" and metadata["vocab_size"] == 8 + 1  # + end
-    tokenizer = text.Tokenizer("wordpiece", text.read_vocabulary(str(vocab)))
+    tokenizer = tokenizers.Tokenizer("wordpiece", tokenizers.read_vocabulary(str(vocab)))
     assert [ids.tolist() for ids in tokenizer.all_ids(["The cats sat", "the dog"])] == [
         [4, 5, 6, 7],
         [4, 1],
@@ -247,11 +248,11 @@ def test_a_wordpiece_vocabulary_given_tokenizes_through_tensorflow_text(tmp_path
     ]:
         vocab.write_text(content)
         with pytest.raises(UserError) as raised:
-            text.prepare(str(path), str(tmp_path / "bad"), "wordpiece", vocab=str(vocab))
+            preparation.prepare(str(path), str(tmp_path / "bad"), "wordpiece", vocab=str(vocab))
         assert message in str(raised.value) and not (tmp_path / "bad").exists()
     vocab.write_bytes(b"\xff\xfe\x00")
     with pytest.raises(UserError, match=r"not UTF-8 text, so not a vocabulary"):
-        text.read_vocabulary(str(vocab))
+        tokenizers.read_vocabulary(str(vocab))
 
 
 def test_a_token_id_past_the_vocabulary_is_one_line_and_nothing_is_written(tmp_path):
@@ -326,14 +327,14 @@ def test_an_export_of_prepared_text_takes_strings_and_tokenizes_them_inside(tmp_
         corpus, [{"text": t, "label": t.count("cat")} for t in ("The cats sat", "a cat")] * 8
     )
     data_dir = str(tmp_path / "data")
-    text.prepare(str(corpus), data_dir, "wordpiece", vocab=str(vocab))
+    preparation.prepare(str(corpus), data_dir, "wordpiece", vocab=str(vocab))
     tokens = keras.Input((None,), dtype="int64", name="tokens")
     pooled = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(8, 4)(tokens))
     model = keras.Model(tokens, keras.layers.Dense(2)(pooled))
     model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 
     def input_fn(mode, params):
-        return text.input_fn(mode, params, data_dir=data_dir)
+        return input_fns.input_fn(mode, params, data_dir=data_dir)
 
     estimator = trainer.Estimator(model, str(tmp_path / "run"), global_batch_size=4, progress=False)
     estimator.train(input_fn, 2)
@@ -366,17 +367,17 @@ def test_a_sentencepiece_model_given_tokenizes_through_tensorflow_text(tmp_path)
         )  # fmt: skip
     corpus = write_jsonl(tmp_path / "functions.jsonl", rows)
     out = tmp_path / "out"
-    metadata = text.prepare(corpus, str(out), "sentencepiece", vocab=str(model))
+    metadata = preparation.prepare(corpus, str(out), "sentencepiece", vocab=str(model))
     own = spm.SentencePieceProcessor(model_file=str(model))
     assert metadata["vocab_size"] == 122 and (out / "sentencepiece.model").exists()  # + end
     params = InputParams(4, 4, seed=0)
-    read = text.input_fn(Mode.EVAL, params, data_dir=str(out)).as_numpy_iterator()
+    read = input_fns.input_fn(Mode.EVAL, params, data_dir=str(out)).as_numpy_iterator()
     documents = [row[row > 0].tolist() for features, _ in read for row in features["tokens"]]
     expected = [r["text"] for i, r in enumerate(rows) if i % 10 == 9]
     assert documents == [[i + 1 for i in own.encode(t)] for t in expected]
     (tmp_path / "not.model").write_text("[PAD]\n[UNK]\n")
     with pytest.raises(UserError, match=r"not\.model: not a SentencePiece model \(the \.model"):
-        text.prepare(
+        preparation.prepare(
             corpus, str(tmp_path / "bad"), "sentencepiece", vocab=str(tmp_path / "not.model")
         )
     assert not (tmp_path / "bad").exists()
@@ -390,7 +391,9 @@ def test_prepared_text_too_large_for_memory_is_grouped_by_the_lengths_kept_besid
     lengths, grouping is refused in one line and buckets still pad."""
     rows = functions(8)
     data_dir = str(tmp_path / "functions")
-    metadata = text.prepare(write_jsonl(tmp_path / "f.jsonl", rows), data_dir, eval_fraction=0)
+    metadata = preparation.prepare(
+        write_jsonl(tmp_path / "f.jsonl", rows), data_dir, eval_fraction=0
+    )
     kept = np.load(os.path.join(data_dir, "train-lengths.npy"))
     assert kept.tolist() == [len(row["text"].encode()) for row in rows]  # bytes: one each
     gin.bind_parameter("lengths.group_batches", 3)
@@ -399,7 +402,7 @@ def test_prepared_text_too_large_for_memory_is_grouped_by_the_lengths_kept_besid
     def batches(start=0, count=12, memory_limit_mb=None):
         gin.bind_parameter("pipeline.memory_limit_mb", memory_limit_mb)
         params = InputParams(4, 4, seed=3, start_example=start)
-        dataset = text.input_fn(Mode.TRAIN, params, data_dir=data_dir)
+        dataset = input_fns.input_fn(Mode.TRAIN, params, data_dir=data_dir)
         return [f["tokens"] for f, _ in dataset.take(count).as_numpy_iterator()]
 
     caplog.set_level(logging.INFO)
@@ -441,13 +444,13 @@ def test_a_file_longer_than_a_chunk_is_written_as_it_is_read(tmp_path):
     lines = ["".join(rng.choice(list("abc de"), rng.integers(1, 30))) + "x" for _ in range(2345)]
     (tmp_path / "lines.txt").write_text("\n".join(lines) + "\n")
     data_dir = str(tmp_path / "data")
-    metadata = text.prepare(str(tmp_path / "lines.txt"), data_dir, num_shards=3)
+    metadata = preparation.prepare(str(tmp_path / "lines.txt"), data_dir, num_shards=3)
     for split, chosen in (("train", False), ("test", True)):
         expected = [line for i, line in enumerate(lines) if (i % 10 == 9) == chosen]
         entry = metadata["splits"][split]
         sizes = [len(b) for b in np.array_split(np.arange(len(expected)), 3)]
         assert [shard["count"] for shard in entry["shards"]] == sizes
-        read = [bytes((ids - 1).tolist()).decode() for ids in text.documents(data_dir, split)]
+        read = [bytes((ids - 1).tolist()).decode() for ids in input_fns.documents(data_dir, split)]
         assert read == expected, split
         lengths = np.load(os.path.join(data_dir, entry["lengths"]))
         assert lengths.tolist() == [len(line) for line in expected]
@@ -462,13 +465,13 @@ def test_documents_too_large_for_memory_are_packed_from_the_lengths_kept(tmp_pat
     short for the longest is refused, counted, before anything is read."""
     rows = functions(6)
     data_dir = str(tmp_path / "data")
-    text.prepare(write_jsonl(tmp_path / "f.jsonl", rows), data_dir)
+    preparation.prepare(write_jsonl(tmp_path / "f.jsonl", rows), data_dir)
     gin.bind_parameter("packing.length", 640)
 
     def batches(mode, memory_limit_mb=None, start=0, count=6):
         gin.bind_parameter("pipeline.memory_limit_mb", memory_limit_mb)
         params = InputParams(8, 8, seed=2, start_example=start)
-        dataset = text.documents_input_fn(mode, params, data_dir=data_dir)
+        dataset = input_fns.documents_input_fn(mode, params, data_dir=data_dir)
         return [
             [f["tokens"], y["targets"], f["segment_ids"], f["positions"]]
             for f, y in dataset.take(count).as_numpy_iterator()
@@ -500,7 +503,7 @@ def test_documents_too_large_for_memory_are_packed_from_the_lengths_kept(tmp_pat
     )
     # A preprocess that changes lengths cannot be packed from lengths kept: said, not cut.
     gin.bind_parameter("packing.length", 640)
-    source, _ = text._documents_of(data_dir, "train", text.next_of_document, shift=1)
+    source, _ = input_fns._documents_of(data_dir, "train", input_fns.next_of_document, shift=1)
 
     def cropped(example):
         return {"tokens": example["tokens"][1:]}, {"targets": example["targets"][1:]}
@@ -518,13 +521,13 @@ def test_records_on_disk_too_long_for_every_bucket_are_refused_before_training(
     preprocess, they train. Past ``PROBED``, the count says "at least"."""
     rows = functions(4)
     data_dir = str(tmp_path / "functions")
-    text.prepare(write_jsonl(tmp_path / "f.jsonl", rows), data_dir, eval_fraction=0)
+    preparation.prepare(write_jsonl(tmp_path / "f.jsonl", rows), data_dir, eval_fraction=0)
     sizes = np.array([len(row["text"].encode()) for row in rows])
     gin.bind_parameter("pipeline.memory_limit_mb", 0)
     gin.bind_parameter("lengths.buckets", [64, 128])
     params = InputParams(4, 4, seed=0)
     with pytest.raises(UserError) as raised:
-        text.input_fn(Mode.TRAIN, params, data_dir=data_dir)
+        input_fns.input_fn(Mode.TRAIN, params, data_dir=data_dir)
     assert str(raised.value).splitlines()[0] == (  # the line the command line prints
         f"{(sizes > 128).sum()} examples of text-train are longer than the last of "
         f"lengths.buckets (128; the longest has {sizes.max()}): add a bucket of at least "
@@ -532,13 +535,13 @@ def test_records_on_disk_too_long_for_every_bucket_are_refused_before_training(
     )
     monkeypatch.setattr(lengths, "PROBED", 2)
     with pytest.raises(UserError, match=r"^at least 2 examples of text-train are longer"):
-        text.input_fn(Mode.EVAL, params, data_dir=data_dir, eval_split="train")
+        input_fns.input_fn(Mode.EVAL, params, data_dir=data_dir, eval_split="train")
 
     def cut(example):  # a preprocess that keeps a document's first 100 tokens
-        features, labels = text.features_and_label(example)
+        features, labels = input_fns.features_and_label(example)
         return {"tokens": features["tokens"][:100]}, labels
 
-    source, _ = text._documents_of(data_dir, "train")
+    source, _ = input_fns._documents_of(data_dir, "train")
     caplog.set_level(logging.INFO)
     dataset = pipeline.build(source, Mode.TRAIN, params, cut, name="cut")
     assert "the 2 records kept longer than lengths.buckets' last (128) that were read fit it " \
@@ -554,7 +557,7 @@ def test_text_on_disk_in_batches_by_a_token_budget_is_the_text_held_in_memory(tm
     preprocess that lengthens them fails its batch rather than cut it."""
     rows = [{**row, "text": row["text"][: 20 + i * 37 % 280]} for i, row in enumerate(functions(8))]
     data_dir = str(tmp_path / "functions")
-    text.prepare(write_jsonl(tmp_path / "f.jsonl", rows), data_dir, eval_fraction=0)
+    preparation.prepare(write_jsonl(tmp_path / "f.jsonl", rows), data_dir, eval_fraction=0)
     gin.bind_parameter("lengths.group_batches", 3)
     gin.bind_parameter("lengths.buckets", [64, 128, 320])
     gin.bind_parameter("lengths.token_budget", 1280)  # 16 (the most), 10 and 4 a batch
@@ -562,7 +565,7 @@ def test_text_on_disk_in_batches_by_a_token_budget_is_the_text_held_in_memory(tm
     def batches(start=0, count=10, memory_limit_mb=None):
         gin.bind_parameter("pipeline.memory_limit_mb", memory_limit_mb)
         params = InputParams(16, 16, seed=3, start_example=start)
-        dataset = text.input_fn(Mode.TRAIN, params, data_dir=data_dir)
+        dataset = input_fns.input_fn(Mode.TRAIN, params, data_dir=data_dir)
         return [f["tokens"] for f, _ in dataset.take(count).as_numpy_iterator()]
 
     from_disk, in_memory = batches(memory_limit_mb=0), batches()
@@ -578,11 +581,11 @@ def test_text_on_disk_in_batches_by_a_token_budget_is_the_text_held_in_memory(tm
     assert all((a == b).all() for a, b in zip(resumed, from_disk[4:], strict=True))
 
     def lengthened(example):  # a preprocess that adds a token: the kept lengths fall short
-        features, labels = text.features_and_label(example)
+        features, labels = input_fns.features_and_label(example)
         return {"tokens": tf.concat([[1], features["tokens"]], 0)}, labels
 
     gin.bind_parameter("lengths.buckets", [])  # each batch to the longest it was sized by
-    source, _ = text._documents_of(data_dir, "train")
+    source, _ = input_fns._documents_of(data_dir, "train")
     params = InputParams(16, 16, seed=3)
     dataset = pipeline.build(source, Mode.TRAIN, params, lengthened, name="lengthened")
     with pytest.raises(tf.errors.InvalidArgumentError, match="an example is longer than its"):
@@ -598,12 +601,12 @@ def test_an_exported_classifier_keeps_of_a_text_the_longest_that_training_read(t
 
     rows = functions(3)
     data_dir = str(tmp_path / "data")
-    text.prepare(write_jsonl(tmp_path / "f.jsonl", rows), data_dir)
-    longest = text.longest_prepared(data_dir)  # of every split, in bytes
+    preparation.prepare(write_jsonl(tmp_path / "f.jsonl", rows), data_dir)
+    longest = input_fns.longest_prepared(data_dir)  # of every split, in bytes
     assert longest == max(len(row["text"].encode()) for row in rows) < 400
 
     def input_fn(mode, params):
-        return text.input_fn(mode, params, data_dir=data_dir)
+        return input_fns.input_fn(mode, params, data_dir=data_dir)
 
     model = TextClassifier(257, 4, Transformer(width=16, depth=1, heads=2))
     estimator = trainer.Estimator(model, str(tmp_path / "run"), global_batch_size=4, progress=False)

@@ -18,7 +18,7 @@ has these signatures:
 * ``serving_features``: the features as the model sees them, for a client that
   preprocesses itself.
 
-Text is stored as strings and tokenized inside (``datasets/text.py``): its
+Text is stored as strings and tokenized inside (``datasets/text/``): its
 ``features_of`` takes a whole batch (``batched``), since a batch is padded to its
 longest. An export whose preprocessing runs ops of a library TensorFlow loads on
 import (tensorflow-text's WordPiece) names it (``imports``); ``trainer.load_export``
