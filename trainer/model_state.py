@@ -16,7 +16,6 @@ import os
 import re
 import time
 from collections.abc import Mapping
-from typing import Any
 
 import keras
 import tensorflow as tf
@@ -44,6 +43,7 @@ from trainer.model_fn import Mode, ModelFn, Weighted, check_spec, converted, spl
 from trainer.optimization import WeightAverage, take_ema
 from trainer.settings import Optimization
 from trainer.step import Steps
+from trainer.trace import Trace
 
 
 class ModelState:
@@ -153,9 +153,9 @@ class ModelState:
                 self._find_metrics(element_spec, mode)  # a model's metrics may differ by mode
             return self.steps
         started = time.perf_counter()
-        metrics, streamed, scalars, classifier = self._trace(element_spec, mode)
+        trace = self._trace(element_spec, mode)
         self.traced.add(mode)
-        self.placement.adopt_metrics(streamed.values())
+        self.placement.adopt_metrics(trace.streamed.values())
         self.seconds["building"] += time.perf_counter() - started
         variables = self.model_fn.trainable_variables
         self._check_variables(variables, mode)
@@ -168,22 +168,11 @@ class ModelState:
             if self.ema_decay:
                 self.ema = WeightAverage(variables, self.ema_decay)
             self.steps = Steps(
-                self.model_fn,
-                self.plan,
-                self.global_step,
-                metrics,
-                streamed,
-                mode,
-                self.placement,
-                self.optimization,
-                ema=self.ema,
-                scalar_names=scalars,
-                by_group=self.loss_by_group,
-                token_loss=self.token_loss,
-                padded=tokens.padded_ids(split_element(element_spec, mode)[0]),
-            )
+                self.model_fn, self.plan, self.global_step, trace, self.placement,
+                self.optimization, ema=self.ema,
+            )  # fmt: skip
             if mode == Mode.EVAL:
-                self.steps.observe_evaluation(self._observers(classifier))
+                self.steps.observe_evaluation(self._observers(trace.classifier))
         return self.steps
 
     def _find_metrics(self, element_spec, mode: Mode) -> None:
@@ -193,15 +182,13 @@ class ModelState:
         (an AUC) or in TRAIN only is found here, before that mode's step is traced.
         """
         started = time.perf_counter()
-        metrics, streamed, scalars, classifier = self._trace(element_spec, mode)
+        trace = self._trace(element_spec, mode)
         self.traced.add(mode)
-        self.placement.adopt_metrics(streamed.values())
+        self.placement.adopt_metrics(trace.streamed.values())
         with self.placement.scope():
-            self.steps.take_metrics(
-                mode, metrics, streamed, scalars, self.loss_by_group, self.token_loss
-            )
+            self.steps.take_metrics(trace)
             if mode == Mode.EVAL:
-                self.steps.observe_evaluation(self._observers(classifier))
+                self.steps.observe_evaluation(self._observers(trace.classifier))
         self.seconds["building"] += time.perf_counter() - started
 
     def _observers(self, classifier: confusion.Classifier | None) -> list:
@@ -288,12 +275,13 @@ class ModelState:
         """Within the block the model holds its EMA weights, if an EMA is kept."""
         return self.ema.swapped_in() if self.ema is not None else contextlib.nullcontext()
 
-    def _trace(self, element_spec, mode: Mode) -> tuple[list[str], dict, list[str], Any]:
-        """Calls the model once on symbolic inputs; returns what it reports.
+    def _trace(self, element_spec, mode: Mode) -> Trace:
+        """Calls the model once on symbolic inputs; returns what it reports (``Trace``).
 
         That is the names of its per-example metrics, its streamed metrics (Keras
-        metric objects) by name, the names of its scalars, and in EVAL where its
-        labels and class scores are if it is a classifier (``confusion.Classifier``).
+        metric objects) by name, the names of its scalars, how its loss is given, and
+        in EVAL where its labels and class scores are if it is a classifier
+        (``confusion.Classifier``).
         """
         features_spec, labels_spec = split_element(element_spec, mode)
         name = type(self.model_fn).__name__
@@ -349,11 +337,20 @@ class ModelState:
             raise  # not a feature or label the input_fn lacks: a bug to trace back
         if found.get("unfit"):
             raise UserError(found["unfit"])
-        metrics, streamed = found.get("metrics", []), found.get("streamed", {})
+        streamed = found.get("streamed", {})
         if mode == Mode.TRAIN:  # into copies that epochs reset (evaluation resets its own)
             with self.placement.scope():
                 streamed = training_copies(streamed, found["streamed_specs"])
-        return metrics, streamed, found.get("scalars", []), found.get("classifier")
+        return Trace(
+            mode,
+            metrics=tuple(found.get("metrics", ())),
+            streamed=streamed,
+            scalars=tuple(found.get("scalars", ())),
+            by_group=self.loss_by_group,
+            token_loss=self.token_loss,
+            padded=tokens.padded_ids(features_spec),
+            classifier=found.get("classifier"),
+        )
 
     def _spec_of(self, features, labels, mode: Mode):
         """The Spec the model gives in ``mode``: in TRAIN, its own step's if it has one."""

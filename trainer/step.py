@@ -36,9 +36,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
-import keras
 import tensorflow as tf
 
 from trainer import (
@@ -66,6 +65,7 @@ from trainer.model_fn import Mode, ModelFn, converted, split_element
 from trainer.optimization import WeightAverage
 from trainer.optimizer_groups import Plan, Unit
 from trainer.settings import Optimization
+from trainer.trace import Trace
 
 STACKED_BYTES = 256 * 2**20  # most memory one jit_compile block's stacked batches take
 
@@ -104,10 +104,9 @@ class Steps:
       model_fn: the model.
       plan: its units (built Keras optimizers over their variables) and phases.
       global_step: incremented once per applied training step.
-      metric_names: the per-example metrics the model's Spec returns.
-      streamed_metrics: the Keras metrics it names with their inputs, in ``traced``.
-      traced: the mode the model was traced in (each other mode's metrics are found
-        when it is traced, ``take_metrics``).
+      trace: what the model's first trace found (``trainer.trace.Trace``): its
+        metrics, scalars, how its loss is given; each other mode's metrics are found
+        when it is traced (``take_metrics``).
       placement: where the steps run: towers over this process's devices, a
         strategy's replicas (evaluation is split over them; prediction runs on each
         worker's first device), and the device batches are prefetched to; under its
@@ -117,10 +116,6 @@ class Steps:
         ``clip_gradient_norm``, each batch taken in ``microbatches`` slices
         (``microbatch.py``).
       ema: a WeightAverage to update after each step, or None.
-      scalar_names: the per-batch scalars the model's Spec returns.
-      by_group: whether the model gives one loss per group (``Spec.loss`` a dict).
-      token_loss: its loss's kind of token mean (``trainer.tokens.kind``), or None:
-        each part's gradients are then divided by the step's whole batch's tokens.
     """
 
     def __init__(
@@ -128,20 +123,14 @@ class Steps:
         model_fn: ModelFn,
         plan: Plan,
         global_step: tf.Variable,
-        metric_names: Sequence[str],
-        streamed_metrics: Mapping[str, keras.metrics.Metric],
-        traced: Mode,
+        trace: Trace,
         placement: Placement,
         optimization: Optimization = Optimization(),  # noqa: B008 (frozen)
         ema: WeightAverage | None = None,
-        scalar_names: Sequence[str] = (),
-        by_group: bool = False,
-        token_loss: str | None = None,
-        padded: str | None = None,
     ):
         self.model_fn, self.plan, self.global_step = model_fn, plan, global_step
-        self.placement, self.ema, self.by_group = placement, ema, by_group
-        self.token_loss = token_loss
+        self.placement, self.ema = placement, ema
+        self.by_group, self.token_loss = trace.by_group, trace.token_loss
         self.microbatches = optimization.microbatches
         self.microbatch_tokens = optimization.microbatch_tokens
         self.slicing = optimization.slicing  # how each batch is sliced, or None: whole
@@ -165,11 +154,10 @@ class Steps:
         # model's declared loss, or those its own ModelFn.train_step gave.
         self._replica_step = self._keras_step if self.keras_step else self._step
         self._part = self._own_part if self.own_step else self._declared_part
-        self.padded = padded  # ids whose zeros a loss that counts no tokens reports
+        self.padded = trace.padded  # ids whose zeros a loss that counts no tokens reports
         self.observers: list = []  # of evaluation, once the model is traced in EVAL
         for mode in (Mode.TRAIN, Mode.EVAL):
-            streamed = streamed_metrics if mode == traced else {}
-            self.take_metrics(mode, metric_names, streamed, scalar_names, by_group, token_loss)
+            self.take_metrics(trace, mode)
         self.times_input = not _op_determinism()  # tf.timestamp is refused under it
         with tf.init_scope():
             # A step's loss was NaN or Inf: the block ended there, the step not counted.
@@ -197,27 +185,21 @@ class Steps:
         """
         self.observers = list(observers)
 
-    def take_metrics(
-        self,
-        mode: Mode,
-        names: Sequence[str],
-        streamed: Mapping[str, keras.metrics.Metric],
-        scalars: Sequence[str] = (),
-        by_group: bool = False,
-        token_loss: str | None = None,
-    ) -> None:
-        """What a trace of the model in ``mode`` found, for that mode's steps from now on.
+    def take_metrics(self, trace: Trace, mode: Mode | None = None) -> None:
+        """What a trace of the model found, for ``mode``'s steps (the trace's own by default).
 
-        ``names`` are summed, ``streamed`` metrics updated (in TRAIN, copies that the
-        callbacks' epochs read, ``EpochMetrics``); ``scalars`` are the Spec's
-        per-batch scalars, averaged as the loss is; ``by_group``: a trace with labels
-        showed that ``Spec.loss`` is a dict of one loss per group (a model first built
-        to predict has no loss to show it); ``token_loss``: that it is a token mean,
-        reported as a metric weighted by tokens. Called before that mode's step is
-        first traced: a traced step keeps what it was traced with.
+        Its metric names are summed, its streamed metrics updated (in TRAIN, copies
+        that the callbacks' epochs read, ``EpochMetrics``), its scalars averaged as the
+        loss is; ``by_group`` (a trace with labels showed ``Spec.loss`` a dict of one
+        loss per group: a model first built to predict has no loss to show it) and
+        ``token_loss`` (a token mean, reported as a metric weighted by tokens) hold
+        once any trace showed them. Called before that mode's step is first traced: a
+        traced step keeps what it was traced with.
         """
-        self.by_group = self.by_group or by_group
-        self.token_loss = self.token_loss or token_loss
+        mode = trace.mode if mode is None else mode
+        names, streamed, scalars = trace.metrics, trace.streamed_in(mode), trace.scalars
+        self.by_group = self.by_group or trace.by_group
+        self.token_loss = self.token_loss or trace.token_loss
         self.one_scale = gradients.one_scale_per_loss(self.plan, self.by_group)
         if self.one_scale and self.placement.strategy is not None:
             names_ = ", ".join(u.name for units in self.one_scale.values() for u in units)
