@@ -129,3 +129,10 @@ def test_the_guides_tour_names_every_module_of_the_framework():
         files = {p.name for p in _files(package)} - {"__init__.py"}
         missing = sorted(f for f in files if not re.search(rf"\b{re.escape(f)}\b", entry))
         assert len(files) > 8 and not missing, f"{package}/ in the tour lacks {missing}"
+
+
+def test_the_readme_stays_a_front_page():
+    """README.md is what this is, five minutes, and where the rest is: a subject of its
+    own (text and sequences regrew it to 315 lines) is a guide under docs/guide/."""
+    lines = len((ROOT / "README.md").read_text().splitlines())
+    assert lines < 300, f"README.md is {lines} lines: move a subject into a guide, docs/guide/"
