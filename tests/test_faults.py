@@ -567,3 +567,31 @@ def test_a_batch_size_change_resumes_a_positioned_input_at_its_example(tmp_path,
     reader = tf.train.load_checkpoint(str(model_dir / "ckpt-30"))
     assert reader.get_tensor("input_position/.ATTRIBUTES/VARIABLE_VALUE") == 20 * 128 + 10 * 64
     assert "Estimator.global_batch_size = 64" in (model_dir / "operative_config.gin").read_text()
+
+
+def test_a_signal_whose_exception_an_extension_replaces_still_ends_the_start():
+    """The handler's Interrupted raised in Python code a C++ extension runs while raising
+    an error of its own (TensorFlow making a collective's UnavailableError, on a worker
+    whose peer stopped on the same SIGUSR1) comes out as pybind11's RuntimeError: the
+    start still ends as the signal's, one line and 75, not that error's traceback."""
+
+    def made_by_an_extension():
+        try:
+            os.kill(os.getpid(), signal.SIGUSR1)
+            for _ in range(1000):  # the handler runs here
+                pass
+        except preemption.Interrupted as landed:
+            raise RuntimeError(
+                "pybind11::error_already_set: MISMATCH of original and normalized active "
+                f"exception types: ORIGINAL UnavailableError REPLACED BY Interrupted: {landed}"
+            ) from None
+
+    previous = signal.getsignal(signal.SIGUSR1)
+    with pytest.raises(preemption.Interrupted, match="SIGUSR1") as ended:
+        with preemption.outside_training():
+            made_by_an_extension()
+    assert ended.value.exit_code == 75 and isinstance(ended.value.__cause__, RuntimeError)
+    assert signal.getsignal(signal.SIGUSR1) == previous
+    with pytest.raises(RuntimeError, match="its own"):  # no signal: the error as it is
+        with preemption.outside_training():
+            raise RuntimeError("an error of its own")

@@ -67,13 +67,19 @@ def outside_training():
     module locks have one), whose exceptions Python prints as "Exception ignored in" and
     drops: the command went on, and a worker waited for peers that had stopped. Such an
     ``Interrupted`` is sent again once the callback has returned, or raised on leaving.
+    It may also land in Python code that a C++ extension calls while it raises an error
+    of its own (TensorFlow making the ``UnavailableError`` of a collective whose peer had
+    just stopped on the same signal), which pybind11 then replaces with a RuntimeError:
+    an error that leaves after the handler raised is that ``Interrupted``.
     """
     swallowed: list[Interrupted] = []
+    raised: list[Interrupted] = []
 
     def handler(signum, frame):
         del frame
         swallowed.clear()
-        raise Interrupted(signum)
+        raised.append(Interrupted(signum))
+        raise raised[-1]
 
     def send_again():
         if swallowed:
@@ -89,6 +95,12 @@ def outside_training():
     try:
         with _handled(handler):
             yield
+    except Interrupted:
+        raise
+    except Exception as error:  # not SystemExit: an exit code chosen stays
+        if raised:  # the handler's exception, replaced on its way out
+            raise raised[0] from error
+        raise
     finally:
         sys.unraisablehook = previous_hook
     if swallowed:
