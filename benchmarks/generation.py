@@ -2,7 +2,7 @@
 
     python benchmarks/generation.py [--repeats 3]
 
-The model is ``experiments/stdlib_lm.gin``'s shape (``models/transformer.py``: width
+The model is ``experiments/stdlib_lm.gin``'s shape (``models/transformer/``: width
 128, 2 blocks, 4 heads, rotary positions, 257 byte ids), with random weights; a batch
 of 8 prompts of 64 bytes is continued greedily by 64, 128 and 256 new bytes, each
 generation traced once, then timed (the median of ``--repeats``).

@@ -20,7 +20,7 @@ Tokens/s counts the real (non-pad) tokens of the batches trained between the fir
 and last log step, read again from the same stream; the padding share is the pad
 tokens' share of one epoch of each order's batches.
 
-Then the same examples as a language model's (``models/transformer.py``'s
+Then the same examples as a language model's (``models/transformer/``'s
 ``LanguageModel``: 2 blocks of width 64, a loss per token, each token's next its
 target), whose loss per token lets packing lay several examples in one row: rows
 ``lm padded`` and ``lm bucketed`` as above, and ``lm packed``, each batch's examples

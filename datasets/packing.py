@@ -6,7 +6,7 @@ after another, and the model is told where each one is:
 
 * ``segment_ids``: 1, 2, ... for the first, second, ... example of a row, 0 for
   padding. Two tokens may attend to each other when their ids are equal and not 0:
-  the attention mask is block-diagonal (``models/transformer.py`` builds it).
+  the attention mask is block-diagonal (``models/transformer/blocks.py`` builds it).
 * ``positions``: each token's place in its own example, from 0.
 
 What a step reads does not change: step ``t`` of global batch ``G`` still reads the

@@ -1,6 +1,6 @@
 """A Transformer encoder-decoder: the seed's sequence-to-sequence task on attention.
 
-The contract of ``models/seq2seq.py``'s LSTM, on ``models/transformer.py``'s blocks:
+The contract of ``models/seq2seq.py``'s LSTM, on ``models/transformer/``'s blocks:
 ``features['tokens']`` the source and ``labels['targets']`` the target (ending with
 ``EOS``), both padded with 0. An encoder reads the source; a decoder of blocks with
 cross-attention (``Transformer(cross=True)``) learns each target token from the ones

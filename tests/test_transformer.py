@@ -1,4 +1,4 @@
-"""The Transformer (``models/transformer.py``): masks of padding, causality and packed
+"""The Transformer (``models/transformer/``): masks of padding, causality and packed
 rows; rotary positions that see offsets; packed examples computed as if alone; layer
 norms in float32 under bfloat16; generation greedy, beamed (in an export too) and sampled."""
 
