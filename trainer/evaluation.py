@@ -31,7 +31,6 @@ from trainer import (
     errors,
     export,
     monitoring,
-    tokens,
     whole_files,
 )
 from trainer.errors import UserError
@@ -175,7 +174,7 @@ def evaluate(
     with errors.runtime_errors(f"eval set {name!r}"), model.averaged_weights(), watched:
         compiled.evaluate(placement.eval_input(dataset))
     model.seconds["evaluation"] += time.perf_counter() - start
-    metrics = tokens.derived(compiled.eval_metrics.result(), compiled.token_loss)
+    metrics = compiled.eval_accounting.derived(compiled.eval_metrics.result())
     if not metrics:
         raise UserError(f"eval set {name!r} is empty: its input_fn yielded no batches")
     writers.scalars(f"eval_{name}", model.step, metrics)

@@ -32,8 +32,8 @@ from trainer import (
     microbatch,
     optimizer_groups,
     precision,
-    tokens,
 )
+from trainer.accounting import Examples
 from trainer.distributed.placement import Placement
 from trainer.errors import UserError
 from trainer.keras_model import KerasModel
@@ -43,7 +43,7 @@ from trainer.model_fn import Mode, ModelFn, Weighted, check_spec, converted, spl
 from trainer.optimization import WeightAverage, take_ema
 from trainer.settings import Optimization
 from trainer.step import Steps
-from trainer.trace import Trace
+from trainer.trace import Trace, accounting_of
 
 
 class ModelState:
@@ -112,7 +112,6 @@ class ModelState:
             )
         self.plan: optimizer_groups.Plan | None = None  # the units, once the variables exist
         self.by_group = False  # whether Spec.loss is a dict, one loss per group
-        self.token_loss = None  # a token mean's kind (trainer.tokens.kind), or None
         self.config = config  # the model_dir's record of the config it was trained with
         with placement.scope():
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
@@ -304,7 +303,7 @@ class ModelState:
             found["metrics"] = list(per_example)  # in the Spec's order, as Keras lists them
             losses = spec.loss if isinstance(spec.loss, Mapping) else {}
             self.by_group = self.by_group or bool(losses)
-            self.token_loss = self.token_loss or tokens.kind(spec.loss)
+            found["accounting"] = accounting_of(spec.loss, features_spec)
             found["scalars"] = sorted([*spec.scalars, *map(loss_name, losses)])
             found["streamed"] = {name: value[0] for name, value in streamed.items()}
             found["streamed_specs"] = {
@@ -347,8 +346,7 @@ class ModelState:
             streamed=streamed,
             scalars=tuple(found.get("scalars", ())),
             by_group=self.loss_by_group,
-            token_loss=self.token_loss,
-            padded=tokens.padded_ids(features_spec),
+            accounting=found.get("accounting", Examples()),
             classifier=found.get("classifier"),
         )
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 import tensorflow as tf
 from absl import logging
 
-from trainer import cadence, checkpoints, console, internals, tokens
+from trainer import cadence, checkpoints, console, internals
 from trainer.model_fn import Mode, ModelFn, split_element
 from trainer.step import Steps
 from trainer.summaries import Writers
@@ -138,7 +138,8 @@ class TrainLog:
         if step == self.last_step:  # an epoch's end logged it already
             return
         self.last_step = step
-        logs = tokens.derived(self.steps.train_metrics.result(), self.steps.token_loss)
+        counting = self.steps.train_accounting
+        logs = counting.derived(self.steps.train_metrics.result())
         self.steps.train_metrics.reset()
         # Streamed metrics (AUC, F1) as they stand in the epoch, as Keras's batch logs
         # and TensorBoard have them; the epoch's end reads and resets them.
@@ -146,7 +147,7 @@ class TrainLog:
         if not self.steps.keras_step:  # a Keras model's own step keeps its gradients
             logs["gradient_norm"] = float(self.steps.gradient_norm.numpy())
         logs.update(self.progress.rates(step))
-        logs = tokens.rates(logs)  # a token loss's padding share and tokens/s
+        logs = counting.rates(logs)  # the padding share and tokens/s of counted tokens
         logs.update(self.input_wait.since_last_log())
         for unit in self.units:  # learning_rate, or learning_rate/generator, ...
             name = "learning_rate" if unit.name == "model" else f"learning_rate/{unit.name}"

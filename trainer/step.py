@@ -48,7 +48,6 @@ from trainer import (
     keras_step,
     layer_losses,
     microbatch,
-    tokens,
 )
 from trainer.distributed.placement import Placement
 from trainer.distributed.towers import make_parallel
@@ -130,7 +129,7 @@ class Steps:
     ):
         self.model_fn, self.plan, self.global_step = model_fn, plan, global_step
         self.placement, self.ema = placement, ema
-        self.by_group, self.token_loss = trace.by_group, trace.token_loss
+        self.by_group = trace.by_group
         self.microbatches = optimization.microbatches
         self.microbatch_tokens = optimization.microbatch_tokens
         self.slicing = optimization.slicing  # how each batch is sliced, or None: whole
@@ -154,7 +153,6 @@ class Steps:
         # model's declared loss, or those its own ModelFn.train_step gave.
         self._replica_step = self._keras_step if self.keras_step else self._step
         self._part = self._own_part if self.own_step else self._declared_part
-        self.padded = trace.padded  # ids whose zeros a loss that counts no tokens reports
         self.observers: list = []  # of evaluation, once the model is traced in EVAL
         for mode in (Mode.TRAIN, Mode.EVAL):
             self.take_metrics(trace, mode)
@@ -190,16 +188,15 @@ class Steps:
 
         Its metric names are summed, its streamed metrics updated (in TRAIN, copies
         that the callbacks' epochs read, ``EpochMetrics``), its scalars averaged as the
-        loss is; ``by_group`` (a trace with labels showed ``Spec.loss`` a dict of one
-        loss per group: a model first built to predict has no loss to show it) and
-        ``token_loss`` (a token mean, reported as a metric weighted by tokens) hold
-        once any trace showed them. Called before that mode's step is first traced: a
-        traced step keeps what it was traced with.
+        loss is, and its loss counted as the trace found (``trace.accounting``: per
+        example, per token). ``by_group`` holds once any trace showed it (one with
+        labels showed ``Spec.loss`` a dict of one loss per group: a model first built
+        to predict has no loss to show it). Called before that mode's step is first
+        traced: a traced step keeps what it was traced with.
         """
         mode = trace.mode if mode is None else mode
-        names, streamed, scalars = trace.metrics, trace.streamed_in(mode), trace.scalars
+        streamed, counting = trace.streamed_in(mode), trace.accounting
         self.by_group = self.by_group or trace.by_group
-        self.token_loss = self.token_loss or trace.token_loss
         self.one_scale = gradients.one_scale_per_loss(self.plan, self.by_group)
         if self.one_scale and self.placement.strategy is not None:
             names_ = ", ".join(u.name for units in self.one_scale.values() for u in units)
@@ -208,15 +205,14 @@ class Steps:
                 "scale for them in one process only: under a tf.distribute strategy use "
                 "mixed_bfloat16 (no loss scale), or one optimizer without per-variable rules"
             )
-        per_batch = [*scalars] if self.token_loss else ["loss", *scalars]
-        counts = self.token_loss or self.padded is not None
-        per_batch += list(tokens.COUNTS) if counts and mode == Mode.TRAIN else []
+        names, per_batch = counting.names(trace.metrics, trace.scalars, mode == Mode.TRAIN)
         per_batch += ["regularization_loss"] if self.has_regularization else []
-        names = [*names, "loss"] if self.token_loss else names
         if mode == Mode.TRAIN:
+            self.train_accounting = counting
             self.train_metrics = MetricSums(names, per_batch, self.placement.per_replica)
             self.epoch_metrics = EpochMetrics(streamed)
         else:
+            self.eval_accounting = counting
             self.eval_metrics = MetricSums(
                 names, per_batch, per_replica=self.placement.per_replica, streamed=streamed
             )
@@ -255,7 +251,7 @@ class Steps:
         """
         del last_of_block, phase  # one phase: a Keras model has no optimizer groups
         spec = keras_step.run(self.model_fn.model, features, labels)
-        scalars = {"loss": spec.loss, **spec.scalars, **self._padding(features)}
+        scalars = {"loss": spec.loss, **spec.scalars, **self.train_accounting.padding(features)}
         self.train_metrics.update({}, scalars, batch_size_of(features))
         finite = tf.reduce_all([tf.math.is_finite(value) for value in scalars.values()])
         return self.placement.all_finite(finite), tf.constant(float("nan"))
@@ -278,35 +274,30 @@ class Steps:
             part = functools.partial(self.towers.run, part)
         shared = self.placement.per_replica and self.batch_state.state
         start = self.batch_state.start() if shared else None
+        counting = self.train_accounting
         if self.slicing is None:
             objective, scalars, metrics, grads = part(features, labels)
             self.train_metrics.update(metrics, scalars, batch)
-            finite, counted = gradients.finite(objective), scalars.get(tokens.TOKENS)
+            finite, divisor = gradients.finite(objective), counting.divisor(scalars)
         else:
 
             def slice_(features, labels, fraction):
                 objective, scalars, metrics, grads = part(features, labels, fraction)
                 self.train_metrics.update(metrics, scalars, batch_size_of(features))
-                counted = scalars.get(tokens.TOKENS, 0.0) * fraction
-                return gradients.finite(objective), (grads, counted)
+                divisor = counting.divisor(scalars) * fraction
+                return gradients.finite(objective), (grads, divisor)
 
-            counting = (wanted, tf.TensorSpec([], tf.float32))  # the tokens summed as gradients are
+            summed = (wanted, tf.TensorSpec([], tf.float32))  # the divisor summed as gradients are
             slices = self.microbatches
             if self.microbatch_tokens:
                 slices = microbatch.slices_within(features, self.microbatch_tokens)
-            finite, (grads, counted) = microbatch.accumulate(
-                slice_, features, labels, slices, counting, self.batch_state
+            finite, (grads, divisor) = microbatch.accumulate(
+                slice_, features, labels, slices, summed, self.batch_state
             )
         if shared:  # each replica's statistics moved by its share: made the global batch's
             sums = self.batch_state.add(self.batch_state.zeros(), start, share)
             self.batch_state.finish(self.placement.total(sums), start)
-        if self.token_loss:  # the step's whole batch's tokens per example, over replicas too
-            (counted,) = self.placement.total([tf.cast(counted, tf.float32) * share])
-            per_token = tf.math.divide_no_nan(1.0, counted)  # sparse gradients stay sparse
-            grads = tf.nest.map_structure(
-                lambda g: None if g is None else gradients.scaled(g, per_token), grads
-            )
-        return finite, grads
+        return finite, counting.finish(grads, divisor, self.placement.total, share)
 
     @tf.autograph.experimental.do_not_convert
     def _declared_part(self, wanted, examples, phase, share, replicas) -> Callable:
@@ -318,6 +309,7 @@ class Steps:
         replica's part of the regularization loss, all weighted by the micro-batch's
         ``fraction`` of the step's batch; with a loss per group, a dict of them.
         """
+        counting = self.train_accounting
 
         def part(features, labels, fraction=1.0):
             with tf.GradientTape(persistent=isinstance(wanted, dict)) as tape:
@@ -325,7 +317,7 @@ class Steps:
                 with layer_losses.during_call(layers, variables) as added:
                     spec = converted(self.model_fn)(features, labels, Mode.TRAIN)
                 given = batch_loss(spec, batch_size_of(features), examples)
-                loss, counted = tokens.split(given)  # counted: tokens per example, or None
+                loss, counted = counting.split(given)  # counted: tokens per example, or None
                 scalars = {"loss": total_loss(loss), **reported_scalars(spec, loss)}
                 # In float32, as Keras computes losses: a float16 loss meets float32 penalties.
                 objective = tf.nest.map_structure(
@@ -335,19 +327,14 @@ class Steps:
                 if self.has_regularization:  # in the loss reported, as Keras reports it
                     added_loss = scalars["regularization_loss"] = layer_losses.total(added)
                     scalars["loss"] += added_loss
-                    # Once over the step: the tokens' division (below) undoes their weight.
-                    penalty = added_loss * (
-                        counted * share if counted is not None else 1.0 / replicas
-                    )
+                    penalty = added_loss * counting.penalty_weight(counted, share, replicas)
                     objective = tf.nest.map_structure(lambda o: o + penalty * fraction, objective)
                 # Mixed float16: scaled up so that small gradients survive (else as it is).
                 objective = self._scale_loss(objective, phase)
             per_example, streamed = split_metrics(spec.metrics)
-            if counted is not None:  # reported exactly: each example weighted by its tokens
-                scalars.update(tokens.counts(given, features))  # the steps divide by its TOKENS
-                per_example["loss"] = tokens.reported(given, added_loss)
-            else:
-                scalars.update(self._padding(features))
+            counts, values = counting.reported(given, added_loss, features)
+            scalars.update(counts)
+            per_example.update(values)
             self.epoch_metrics.stream(streamed)
             return (
                 objective,
@@ -380,7 +367,7 @@ class Steps:
             custom_step.check(spec, name, self.plan.groups, optimizers)
             loss = batch_loss(spec, batch_size_of(features), examples)
             scalars = {"loss": total_loss(loss), **reported_scalars(spec, loss)}
-            scalars.update(self._padding(features))
+            scalars.update(self.train_accounting.padding(features))
             if self.has_regularization:
                 scalars["regularization_loss"] = tf.add_n(self.model_fn.regularization_losses)
             per_example, streamed = split_metrics(spec.metrics)
@@ -389,12 +376,6 @@ class Steps:
             return total_loss(loss), scalars, per_example, grads
 
         return part
-
-    def _padding(self, features) -> dict[str, tf.Tensor]:
-        """``tokens.COUNTS`` of the batch's padded ids (``tokens.padded_ids``), if it has some."""
-        if self.padded is None:
-            return {}
-        return tokens.counts_of_ids(features[self.padded] if self.padded else features)
 
     @tf.autograph.experimental.do_not_convert
     def _global_examples(self, batch: tf.Tensor, share=None) -> Callable[[], tf.Tensor]:
@@ -701,22 +682,20 @@ class Steps:
 
         def forward(features, labels):  # of a batch, or of a tower's shard of it
             layers, variables = self.model_fn.layers, self.model_fn.trainable_variables
-            with layer_losses.during_call(layers, variables) as added:
+            with layer_losses.during_call(layers, variables) as added_losses:
                 spec = converted(self.model_fn)(features, labels, Mode.EVAL)
             per_example, streamed = split_metrics(spec.metrics)
             self.eval_metrics.stream(streamed)
             for observer in self.observers:
                 observer.update(spec.predictions, labels)
             given = batch_loss(spec, batch_size_of(features), examples)
-            loss, counted = tokens.split(given)
+            loss, _ = self.eval_accounting.split(given)
             scalars = reported_scalars(spec, loss)
+            added = 0.0
             if self.has_regularization:  # the loss reported is the one trained, as Keras's
-                scalars["regularization_loss"] = layer_losses.total(added)
-                loss = total_loss(loss) + scalars["regularization_loss"]
-            if counted is not None:  # each example's token mean, weighted by its tokens
-                per_example["loss"] = tokens.reported(
-                    given, scalars.get("regularization_loss", 0.0)
-                )
+                added = scalars["regularization_loss"] = layer_losses.total(added_losses)
+                loss = total_loss(loss) + added
+            per_example.update(self.eval_accounting.evaluated(given, added))
             return total_loss(loss), scalars, per_example, None
 
         if self.towers is not None:

@@ -115,13 +115,6 @@ def reported(loss: TokenMean, added: tf.Tensor | float = 0.0) -> tuple[tf.Tensor
     return means + tf.cast(added, tf.float32), tokens
 
 
-def kind(loss) -> str | None:
-    """``'cross_entropy'`` or ``'mean'`` for a Spec's loss that is a token mean, else None."""
-    if not isinstance(loss, TokenMean):
-        return None
-    return "cross_entropy" if loss.cross_entropy else "mean"
-
-
 # A training batch's real tokens, positions and examples per row (an example, unless
 # packed), averaged as the loss is: what its padding share and tokens/s are made of.
 TOKENS = "tokens_per_example"  # what the steps divide the summed gradients by
@@ -185,12 +178,12 @@ def rates(logs: dict[str, float]) -> dict[str, float]:
     return logs
 
 
-def derived(metrics: dict[str, float], loss_kind: str | None) -> dict[str, float]:
-    """``metrics`` with a cross-entropy's perplexity and bits per token added.
+def derived(metrics: dict[str, float]) -> dict[str, float]:
+    """``metrics`` of a cross-entropy's token mean, with its perplexity and bits per token.
 
     Both are of the loss without the regularization the loss reported includes.
     """
-    if loss_kind != "cross_entropy" or "loss" not in metrics:
+    if "loss" not in metrics:
         return metrics
     nats = metrics["loss"] - metrics.get("regularization_loss", 0.0)
     perplexity = math.exp(nats) if nats < 700 else float("inf")

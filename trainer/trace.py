@@ -2,17 +2,34 @@
 
 ``ModelState`` calls the model once on symbolic inputs in a mode (``_trace``) and hands
 the steps this one frozen object, never its parts one by one: the Spec's metric and
-scalar names, its streamed metric objects, how its loss is given (one per group, a
-token mean), and in EVAL where a classifier's labels and scores are.
+scalar names, its streamed metric objects, how its loss is given (one per group) and
+counted (``trainer.accounting``: per example, per token), and in EVAL where a
+classifier's labels and scores are.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from trainer import tokens
+from trainer.accounting import Examples, Tokens
 from trainer.model_fn import Mode
+
+# How a Spec's loss of each type is counted: ``made(loss, padded)``. A new kind is a row.
+KINDS: dict[type, Callable[[Any, str | None], Examples]] = {
+    tokens.TokenMean: Tokens.of,
+}
+
+
+def accounting_of(loss, features_spec) -> Examples:
+    """How the steps count a Spec's ``loss`` (``KINDS``), on features of ``features_spec``."""
+    padded = tokens.padded_ids(features_spec)
+    for kind, made in KINDS.items():
+        if isinstance(loss, kind):
+            return made(loss, padded)
+    return Examples(padded)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,8 +42,7 @@ class Trace:
       streamed: the Keras metric objects it names (in TRAIN, the epochs' copies).
       scalars: the per-batch scalars' names (each group's loss among them).
       by_group: whether ``Spec.loss`` is a dict of one loss per group (in any trace).
-      token_loss: its loss's kind of token mean (``trainer.tokens.kind``), or None.
-      padded: the feature whose zeros pad, which a loss that counts no tokens reports.
+      accounting: how its loss is counted (``accounting_of``): per example, per token.
       classifier: in EVAL, where a classifier's labels and scores are, or None.
     """
 
@@ -35,8 +51,7 @@ class Trace:
     streamed: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     scalars: tuple[str, ...] = ()
     by_group: bool = False
-    token_loss: str | None = None
-    padded: str | None = None
+    accounting: Examples = Examples()
     classifier: Any = None
 
     def streamed_in(self, mode: Mode) -> Mapping[str, Any]:
