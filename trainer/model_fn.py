@@ -29,7 +29,6 @@ from absl import logging
 
 from trainer import dataset_marks, errors, layer_losses
 from trainer.metrics import check_metric
-from trainer.tokens import TokenMean
 
 
 class Mode(str, enum.Enum):
@@ -471,12 +470,8 @@ def _check_loss(where: str, loss, groups: collections.abc.Collection) -> None:
                 f"{where}: Spec.loss names {', '.join(map(repr, sorted(loss)))} but the "
                 f"optimizer groups are {', '.join(map(repr, groups))}: give one loss per group"
             )
-    if isinstance(loss, TokenMean):
-        if loss.sums.shape.rank != 1 or loss.tokens.shape.rank != 1:
-            raise ValueError(
-                f"{where}: Spec.loss is a TokenMean of one sum and one count per example; "
-                "make it with trainer.token_mean(per_token_losses, weights)"
-            )
+    if hasattr(loss, "check"):  # a loss of its own kind (trainer.accounting) checks itself
+        loss.check(where)
         return
     for name, value in loss.items() if isinstance(loss, Mapping) else [("", loss)]:
         if not tf.is_tensor(value) or value.shape.rank != 0:

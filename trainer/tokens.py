@@ -47,6 +47,14 @@ class TokenMean(NamedTuple):
     cross_entropy: bool = False
     positions: tf.Tensor | None = None
 
+    def check(self, where: str) -> None:
+        """Refuses, in one line, a token mean not of one sum and one count per example."""
+        if self.sums.shape.rank != 1 or self.tokens.shape.rank != 1:
+            raise ValueError(
+                f"{where}: Spec.loss is a TokenMean of one sum and one count per example; "
+                "make it with trainer.token_mean(per_token_losses, weights)"
+            )
+
 
 @tf.autograph.experimental.do_not_convert
 def token_mean(
