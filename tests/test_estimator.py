@@ -107,14 +107,14 @@ def test_evaluate_covers_the_whole_eval_set(tmp_path, input_fn):
     estimator.train(input_fn, max_steps=20)
     metrics = estimator.evaluate(input_fn, name="test")  # 360 examples in batches of 100
     assert (
-        estimator.model.steps.eval_metrics.count.numpy() == digits.NUM_EXAMPLES - digits.NUM_TRAIN
+        estimator.model.steps.eval.metrics.count.numpy() == digits.NUM_EXAMPLES - digits.NUM_TRAIN
     )
     predictions = list(estimator.predict(input_fn))
     labels = np.concatenate([y["label"].numpy() for _, y in input_fn(Mode.EVAL, _params(100))])
     accuracy = np.mean([p["classes"] for p in predictions] == labels)
     assert metrics["accuracy"] == pytest.approx(accuracy, abs=1e-9)
     one_batch = estimator.evaluate(input_fn, steps=1, name="test")
-    assert estimator.model.steps.eval_metrics.count.numpy() == 100
+    assert estimator.model.steps.eval.metrics.count.numpy() == 100
     assert one_batch.keys() == metrics.keys()
 
 

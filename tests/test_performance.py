@@ -199,7 +199,7 @@ def test_precision_set_after_the_model_was_made_is_refused(tmp_path):
 
 
 def test_jit_compile_stacks_at_most_256_mb_of_fixed_shape_batches():
-    from trainer.step import stackable_steps
+    from trainer.feeding import stackable_steps
 
     batch = (tf.TensorSpec([128, 28, 28, 1], tf.float32), tf.TensorSpec([128], tf.int64))
     assert stackable_steps(batch) == 256 * 2**20 // (128 * 784 * 4 + 128 * 8)

@@ -91,12 +91,12 @@ def test_every_way_of_fetching_trains_like_reading_on_demand(way):
 
 def test_evaluate_and_predict_read_the_whole_dataset():
     model, steps = compiled()
-    steps.eval_metrics.reset()
-    steps.evaluate(batches(count=3))
-    assert steps.eval_metrics.count.numpy() == 24
-    assert set(steps.eval_metrics.result()) == {"loss", "squared_error"}
+    steps.eval.metrics.reset()
+    steps.eval.evaluate(batches(count=3))
+    assert steps.eval.metrics.count.numpy() == 24
+    assert set(steps.eval.metrics.result()) == {"loss", "squared_error"}
     x = tf.zeros([5, 3])
-    assert steps.predict({"x": x})["y"].shape == (5,)
+    assert steps.eval.predict({"x": x})["y"].shape == (5,)
 
 
 class Branching(Linear):
@@ -128,10 +128,10 @@ def test_a_model_that_branches_on_tensors_trains_evaluates_and_predicts_as_writt
     pairs = zip(plain.model_fn.trainable_variables, model.model_fn.trainable_variables, strict=True)
     for theirs, mine in pairs:
         np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
-    steps.eval_metrics.reset()
-    steps.evaluate(batches(count=2))
-    assert steps.eval_metrics.count.numpy() == 16
-    assert steps.predict({"x": tf.fill([2, 3], 1000.0)})["y"].shape == (2,)
+    steps.eval.metrics.reset()
+    steps.eval.evaluate(batches(count=2))
+    assert steps.eval.metrics.count.numpy() == 16
+    assert steps.eval.predict({"x": tf.fill([2, 3], 1000.0)})["y"].shape == (2,)
 
 
 class Traced(Linear):

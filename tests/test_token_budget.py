@@ -136,7 +136,7 @@ def test_under_jit_compile_a_budget_compiles_at_most_once_per_bucket(tmp_path):
         progress=False,
     )
     estimator.train(packed.input_fn(), 30)
-    assert 2 <= estimator.model.steps.compiled_shapes <= 5
+    assert 2 <= estimator.model.steps.blocks.compiled_shapes <= 5
     packed.bind_budget()
     eager = packed.trained(tmp_path / "without XLA", 30, packed=False)
     for a, b in zip(eager, [w.numpy() for w in model.weights], strict=True):

@@ -129,7 +129,7 @@ def test_under_jit_compile_bucketed_batches_compile_once_per_bucket(tmp_path):
         estimator.train(input_fn, 30)
         runs[jit] = [v.numpy() for v in model.weights]
         if jit:
-            assert 2 <= estimator.model.steps.compiled_shapes <= len(buckets)
+            assert 2 <= estimator.model.steps.blocks.compiled_shapes <= len(buckets)
     for a, b in zip(runs[False], runs[True], strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6)
 

@@ -173,7 +173,7 @@ class ClassCounts:
 
 
 class ConfusionMatrix:
-    """A classifier's counts as an observer of evaluation (``Steps.observe_evaluation``).
+    """A classifier's counts as an observer of evaluation (``EvalSteps.observe``).
 
     The step calls ``update`` with each batch's predictions and labels; evaluation
     calls ``reset`` before and ``written`` after.

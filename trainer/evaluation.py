@@ -162,29 +162,29 @@ def evaluate(
     placement = model.placement
     if bar and sys.stdout.isatty() and not placement.workers.several:  # counted as they come
         # (under multi_worker reading the count is a collective: not from a thread)
-        count = compiled.eval_metrics.count.numpy
+        count = compiled.eval.metrics.count.numpy
         total = _examples(dataset, steps, batch_size)
         watched = console.Watched(count, total, f"eval {name!r}", " examples")
     if steps is not None:
         dataset = dataset.take(steps)
-    compiled.eval_metrics.reset()
-    for observer in compiled.observers:
+    compiled.eval.metrics.reset()
+    for observer in compiled.eval.observers:
         observer.reset()
     start = time.perf_counter()
     with errors.runtime_errors(f"eval set {name!r}"), model.averaged_weights(), watched:
-        compiled.evaluate(placement.eval_input(dataset))
+        compiled.eval.evaluate(placement.eval_input(dataset))
     model.seconds["evaluation"] += time.perf_counter() - start
-    metrics = compiled.eval_accounting.derived(compiled.eval_metrics.result())
+    metrics = compiled.eval.accounting.derived(compiled.eval.metrics.result())
     if not metrics:
         raise UserError(f"eval set {name!r} is empty: its input_fn yielded no batches")
     writers.scalars(f"eval_{name}", model.step, metrics)
-    for observer in compiled.observers:  # read on every worker: the read adds them up
+    for observer in compiled.eval.observers:  # read on every worker: the read adds them up
         model.record_classes(name, observer.written(writers.get(f"eval_{name}"), model.step))
     logging.info(
         "Evaluation of %r at step %d (%.0f examples, %.1fs): %s",
         name,
         model.step,
-        compiled.eval_metrics.count.numpy(),
+        compiled.eval.metrics.count.numpy(),
         time.perf_counter() - start,
         monitoring.format_metrics(metrics),
     )
@@ -208,7 +208,7 @@ def predictions(model: ModelState, dataset: tf.data.Dataset, steps) -> Iterator[
     for element in errors.guarded(dataset, "predict input"):
         features, _ = split_element(element, Mode.PREDICT)
         with errors.runtime_errors("predict"), model.averaged_weights():
-            batch = {k: v.numpy() for k, v in steps.predict(features).items()}
+            batch = {k: v.numpy() for k, v in steps.eval.predict(features).items()}
         for i in range(len(next(iter(batch.values())))):
             yield {k: v[i] for k, v in batch.items()}
 

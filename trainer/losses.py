@@ -76,3 +76,20 @@ def reported_scalars(spec: Spec, loss) -> dict[str, tf.Tensor]:
     if isinstance(loss, Mapping):
         scalars.update({loss_name(group): tf.cast(v, tf.float32) for group, v in loss.items()})
     return scalars
+
+
+@tf.autograph.experimental.do_not_convert
+def global_examples(batch: tf.Tensor, placement, towers, share=None) -> Callable[[], tf.Tensor]:
+    """The examples of the step's global batch, computed only if a summed loss asks.
+
+    Towers see the whole batch; a strategy's replica its ``share`` of it (found by an
+    all-reduce, ``placement.replica_share``, when not given).
+    """
+    if towers is not None:
+        return lambda: batch
+
+    def examples() -> tf.Tensor:
+        found = share if share is not None else placement.replica_share(batch)[0]
+        return batch / tf.cast(found, tf.float64)
+
+    return examples

@@ -171,7 +171,7 @@ class ModelState:
                 self.optimization, ema=self.ema,
             )  # fmt: skip
             if mode == Mode.EVAL:
-                self.steps.observe_evaluation(self._observers(trace.classifier))
+                self.steps.eval.observe(self._observers(trace.classifier))
         return self.steps
 
     def _find_metrics(self, element_spec, mode: Mode) -> None:
@@ -187,7 +187,7 @@ class ModelState:
         with self.placement.scope():
             self.steps.take_metrics(trace)
             if mode == Mode.EVAL:
-                self.steps.observe_evaluation(self._observers(trace.classifier))
+                self.steps.eval.observe(self._observers(trace.classifier))
         self.seconds["building"] += time.perf_counter() - started
 
     def _observers(self, classifier: confusion.Classifier | None) -> list:

@@ -38,7 +38,7 @@ class InputWait:
     """How much of the training time the steps spent waiting for their input.
 
     The compiled loop adds up the seconds each ``next(iterator)`` blocked
-    (``Steps.input_seconds``); this divides them by the wall time of the blocks.
+    (``feeding.Feeder.input_seconds``); this divides them by the wall time of the blocks.
     Blocks that traced the step are left out: tracing is not training.
     """
 
@@ -62,13 +62,13 @@ class InputWait:
     @contextlib.contextmanager
     def timing(self, num_steps: int):
         """Times one block of ``num_steps`` steps run inside the context."""
-        traces = self.steps.train_traces()
+        traces = self.steps.blocks.traces()
         started = time.perf_counter()
         yield
         seconds = time.perf_counter() - started
-        wait = float(self.steps.input_seconds.numpy())
-        self.steps.input_seconds.assign(0.0)
-        if self.steps.train_traces() == traces:
+        wait = float(self.steps.feeder.input_seconds.numpy())
+        self.steps.feeder.input_seconds.assign(0.0)
+        if self.steps.blocks.traces() == traces:
             self.wait, self.time = self.wait + wait, self.time + seconds
             self.steps_timed += num_steps
             self.seconds["training"] += seconds
@@ -79,13 +79,13 @@ class InputWait:
         """``{'input_wait_share': share}`` since the previous call (empty if unknown)."""
         wait, seconds = self.wait - self._at_last_log[0], self.time - self._at_last_log[1]
         self._at_last_log = (self.wait, self.time)
-        if seconds <= 0 or not self.steps.times_input:
+        if seconds <= 0 or not self.steps.feeder.times_input:
             return {}
         return {"input_wait_share": min(wait / seconds, 1.0)}
 
     def report(self) -> None:
         """One line at the end of training; a warning, naming the knobs, if input-bound."""
-        if not self.steps.times_input:
+        if not self.steps.feeder.times_input:
             logging.info("Input wait is not measured under op determinism (no tf.timestamp)")
             return
         if self.time <= 0:
@@ -323,7 +323,7 @@ def image_action(writers: Writers, steps: Steps, features, labels) -> Callable[[
     """
 
     def write(step: int) -> None:
-        predictions = steps.predict(features)
+        predictions = steps.eval.predict(features)
         for name, value in predictions.items():
             if value.shape.rank == 4 and value.shape[-1] in (1, 3) and value.dtype.is_floating:
                 writers.images("train", step, f"predicted/{name}", value.numpy())

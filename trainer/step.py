@@ -17,13 +17,16 @@ one of a strategy's replicas), in two parts.
 
 ``train_loop(iterator, n)`` runs ``n`` steps in one ``tf.function`` call (``_steps``),
 so that per-call overhead is paid once per block of steps, not once per step; the
-Python loop in ``training.py`` picks ``n``. The helpers the step calls take tensors
+Python loop in ``training.py`` picks ``n``. How each step gets its batch, and how a
+block is compiled, is ``feeding.py``'s; evaluation's and prediction's steps are
+``eval_step.py``'s. How the loss is counted (per example, per token) is asked of
+``trace.accounting`` (``accounting.py``). The helpers the step calls take tensors
 and give tensors: ``losses`` (how a loss is weighted and reported), ``gradients``
 (norms, clipping, loss scales), ``microbatch``, ``batch_statistics``. What differs
 between one device, towers and a strategy's replicas is asked of
 ``placement.Placement``.
 
-AutoGraph converts the loops (``_steps``, ``_evaluate``, ``_stacked_train_loop``)
+AutoGraph converts the loops (``_steps``, ``EvalSteps._evaluate``, ``Blocks``')
 and the model, which is called through ``model_fn.converted`` (it may branch on
 tensors, and AutoGraph makes that a ``tf.cond``). Everything between, which branches
 on Python values only, is marked ``tf.autograph.experimental.do_not_convert``, as
@@ -35,7 +38,6 @@ in each process, and a command trains and evaluates the digits MLP after 6 conve
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Callable, Sequence
 
 import tensorflow as tf
@@ -43,18 +45,19 @@ import tensorflow as tf
 from trainer import (
     batch_statistics,
     custom_step,
+    feeding,
     gradients,
-    internals,
     keras_step,
     layer_losses,
     microbatch,
 )
 from trainer.distributed.placement import Placement
-from trainer.distributed.towers import make_parallel
 from trainer.errors import UserError
+from trainer.eval_step import EvalSteps
 from trainer.losses import (
     batch_loss,
     batch_size_of,
+    global_examples,
     reported_scalars,
     total_loss,
     with_mean_weight,
@@ -66,35 +69,15 @@ from trainer.optimizer_groups import Plan, Unit
 from trainer.settings import Optimization
 from trainer.trace import Trace
 
-STACKED_BYTES = 256 * 2**20  # most memory one jit_compile block's stacked batches take
-
-
-def stackable_steps(element_spec) -> int:
-    """How many training batches of this shape fit in ``STACKED_BYTES`` (at least one).
-
-    0 for batches whose lengths vary (padded to buckets, ``datasets/lengths.py``):
-    they are not stacked, and each step is compiled once per shape.
-    """
-    specs = tf.nest.flatten(element_spec)
-    if not all(s.shape.rank and s.shape[:1].is_fully_defined() for s in specs):
-        shapes = [s.shape.as_list() for s in specs]
-        raise UserError(
-            f"Devices.jit_compile needs training batches of one fixed size, got {shapes}: "
-            "batch with drop_remainder=True (the pipelines in datasets/ do)"
-        )
-    if not all(s.shape.is_fully_defined() for s in specs):
-        return 0
-    size = sum(s.shape.num_elements() * s.dtype.size for s in specs)
-    return max(1, STACKED_BYTES // max(size, 1))
-
 
 class Steps:
     """The compiled train, eval and predict functions of one model and its optimizers.
 
     One step function (``_step``) serves one device, towers and a strategy's
-    replicas; one loop (``_steps``) runs it, fed in one of three ways: each batch
-    read when its step needs it, read ahead onto the device (``prefetch_device``), or
-    sliced from a block of batches stacked for XLA (``_stacked_train_loop``). A model
+    replicas; one loop (``_steps``) runs it, fed in one of three ways
+    (``trainer.feeding``): each batch read when its step needs it, read ahead onto the
+    device (``prefetch_device``), or sliced from a block of batches stacked for XLA.
+    Evaluation and prediction are ``eval`` (``eval_step.EvalSteps``). A model
     whose optimizers do not all update at every step (groups taking turns, variables
     frozen until a step) has one step function per phase of its ``plan``, chosen
     from the global step.
@@ -110,7 +93,7 @@ class Steps:
         strategy's replicas (evaluation is split over them; prediction runs on each
         worker's first device), and the device batches are prefetched to; under its
         ``settings.jit_compile`` each block of steps is one XLA computation, fed by the
-        block's batches stacked (``_stacked_train_loop``).
+        block's batches stacked (``feeding.Blocks``).
       optimization: the Estimator's ``Optimization``: each loss's gradients clipped to
         ``clip_gradient_norm``, each batch taken in ``microbatches`` slices
         (``microbatch.py``).
@@ -153,10 +136,9 @@ class Steps:
         # model's declared loss, or those its own ModelFn.train_step gave.
         self._replica_step = self._keras_step if self.keras_step else self._step
         self._part = self._own_part if self.own_step else self._declared_part
-        self.observers: list = []  # of evaluation, once the model is traced in EVAL
+        self.eval = EvalSteps(model_fn, placement, self.towers, self.has_regularization)
         for mode in (Mode.TRAIN, Mode.EVAL):
             self.take_metrics(trace, mode)
-        self.times_input = not _op_determinism()  # tf.timestamp is refused under it
         with tf.init_scope():
             # A step's loss was NaN or Inf: the block ended there, the step not counted.
             self.nonfinite = tf.Variable(False, trainable=False, name="nonfinite")
@@ -164,24 +146,17 @@ class Steps:
             self.nonfinite_weights = tf.Variable(False, trainable=False, name="nonfinite_weights")
             # The global norm of the gradients of each block's last step.
             self.gradient_norm = tf.Variable(float("nan"), trainable=False, name="gradient_norm")
-            self.input_seconds = tf.Variable(
-                0.0, dtype=tf.float64, trainable=False, name="input_wait"
-            )
         self.apply_fns = [placement.update_fn(u.optimizer) for u in plan.units]
         self.jit_compile = placement.settings.jit_compile
-        self._compiled_block = _function(self._train_stacked, jit_compile=True)
-        self.train_loop = _function(self._stacked_train_loop if self.jit_compile else self._steps)
-        self.evaluate = _function(self._evaluate)
-        self.predict = _function(self._predict)
+        self.feeder = feeding.Feeder(placement.prefetch_device, stacked=self.jit_compile)
+        self.blocks = feeding.Blocks(
+            self._steps, self._check_weights, self.nonfinite, self.feeder, self.jit_compile
+        )
 
-    def observe_evaluation(self, observers: Sequence) -> None:
-        """What else each eval batch goes to (a classifier's ``confusion.ConfusionMatrix``).
-
-        Each has ``update(predictions, labels)`` and ``reset()``. Called, as
-        ``take_metrics``, once the model was traced in EVAL and before that mode's step
-        is; evaluation resets and reads them (``evaluation.evaluate``).
-        """
-        self.observers = list(observers)
+    @property
+    def train_loop(self) -> Callable:
+        """``train_loop(iterator, n)``: up to n steps in one compiled call (``feeding.Blocks``)."""
+        return self.blocks.run
 
     def take_metrics(self, trace: Trace, mode: Mode | None = None) -> None:
         """What a trace of the model found, for ``mode``'s steps (the trace's own by default).
@@ -212,10 +187,8 @@ class Steps:
             self.train_metrics = MetricSums(names, per_batch, self.placement.per_replica)
             self.epoch_metrics = EpochMetrics(streamed)
         else:
-            self.eval_accounting = counting
-            self.eval_metrics = MetricSums(
-                names, per_batch, per_replica=self.placement.per_replica, streamed=streamed
-            )
+            per_replica = self.placement.per_replica
+            self.eval.take(MetricSums(names, per_batch, per_replica, streamed), counting)
 
     # ------------------------------------------------------------ the step
 
@@ -268,7 +241,7 @@ class Steps:
         labels = with_mean_weight(labels, self.placement.total)  # before the batch is cut
         wanted = self._wanted(phase)
         share, replicas = self.placement.replica_share(batch)  # (1.0, 1) outside a strategy
-        examples = self._global_examples(batch, share)
+        examples = global_examples(batch, self.placement, self.towers, share)
         part = self._part(wanted, examples, phase, share, replicas)
         if self.towers is not None:
             part = functools.partial(self.towers.run, part)
@@ -378,22 +351,6 @@ class Steps:
         return part
 
     @tf.autograph.experimental.do_not_convert
-    def _global_examples(self, batch: tf.Tensor, share=None) -> Callable[[], tf.Tensor]:
-        """The examples of the step's global batch, computed only if a summed loss asks.
-
-        Towers see the whole batch; a strategy's replica its ``share`` of it (found by
-        an all-reduce when not given).
-        """
-        if self.towers is not None:
-            return lambda: batch
-
-        def examples() -> tf.Tensor:
-            found = share if share is not None else self.placement.replica_share(batch)[0]
-            return batch / tf.cast(found, tf.float64)
-
-        return examples
-
-    @tf.autograph.experimental.do_not_convert
     def _wanted(self, phase: Sequence[int]):
         """The variables to take gradients of: a list, or per group a dict of lists."""
         if not self.by_group:
@@ -493,9 +450,9 @@ class Steps:
         """Runs up to ``num_steps`` steps; stops early, setting ``nonfinite``, on a bad one.
 
         ``source`` is the training iterator, or under jit_compile the block's batches
-        stacked (``_stacked_train_loop``). After the block, the weights are checked.
+        stacked (``feeding.Blocks``). After the block, the weights are checked.
         """
-        fetch, carried = self._fetching(source, num_steps)
+        fetch, carried = self.feeder.fetching(source, num_steps)
         phases = self.plan.phases
         self.nonfinite.assign(False)
         for i in tf.range(num_steps):
@@ -518,7 +475,8 @@ class Steps:
             if self.ema is not None:
                 self.ema.update(first=self.global_step == 0)
             self.global_step.assign_add(tf.cast(finite, tf.int64))
-            self._count_wait(carried)
+            # Read after their updates: the weights, and the step count (after the loss).
+            self.feeder.count_wait(carried, [*self.model_fn.trainable_variables, self.global_step])
             if not finite:
                 self.nonfinite.assign(True)
                 break
@@ -526,232 +484,7 @@ class Steps:
             self._check_weights()
 
     @tf.autograph.experimental.do_not_convert
-    def _fetching(self, source, num_steps: tf.Tensor):
-        """``(fetch, carried)``: how step ``i`` gets its batch, ``fetch(i, carried)``.
-
-        ``carried`` is what one fetch hands the next (a batch read ahead). Three ways:
-        sliced from stacked batches (jit_compile); read onto ``prefetch_device`` while
-        the step before runs; or read when the step needs it.
-        """
-        if self.jit_compile:
-            return lambda i, carried: (tf.nest.map_structure(lambda t: t[i], source), carried), ()
-        if self.placement.prefetch_device:
-            return self._prefetching(source, num_steps)
-        return lambda i, carried: (self._next(source), carried), ()
-
-    @tf.autograph.experimental.do_not_convert
-    def _prefetching(self, iterator, num_steps: tf.Tensor):
-        """Each batch read onto the device while the step before it runs.
-
-        Reading batch i + 1 (and copying it to ``prefetch_device``) does not depend on
-        step i, so the runtime does both at once and the copy is off the step's path.
-        A block still reads exactly its ``num_steps`` batches, so the checkpointed
-        iterator position stays exact (a block that ends at a non-finite loss has read
-        one batch more, but after one the Estimator restores the checkpoint or stops).
-        The wait is counted after each step (``_count_wait``).
-        """
-        begun = self._timestamp()
-        with tf.control_dependencies([begun]):
-            first = self._read_ahead(iterator)
-        self.input_seconds.assign_add(first[1] - begun)  # the block's first batch
-
-        def fetch(i, carried):
-            element, _ = carried
-            if i + 1 < num_steps:
-                carried = self._read_ahead(iterator)
-            return element, carried
-
-        return fetch, first
-
-    @tf.autograph.experimental.do_not_convert
-    def _count_wait(self, carried) -> None:
-        """Adds how long after this step's updates the batch read ahead arrived.
-
-        Timed here, not when the next iteration starts: an iteration of the loop starts
-        only once every op of the one before has run, the read-ahead among them, so its
-        start never precedes the batch. After the block's last step ``carried`` is the
-        batch that step took, which arrived before the update: nothing is added.
-        """
-        if not carried or not self.times_input:  # read when needed: timed in _next
-            return
-        # Read after their updates: the weights, and the step count (after the loss).
-        updated = [tf.identity(v) for v in [*self.model_fn.trainable_variables, self.global_step]]
-        done = self._timestamp(after=updated)
-        self.input_seconds.assign_add(tf.maximum(carried[1] - done, 0.0))
-
-    @tf.autograph.experimental.do_not_convert
-    def _read_ahead(self, iterator):
-        """The next training element, copied to ``prefetch_device``, and when it got there."""
-        element = next(iterator)
-        with tf.device(self.placement.prefetch_device):
-            element = tf.nest.map_structure(tf.identity, element)
-        return element, self._timestamp(after=element)
-
-    def _stacked_train_loop(self, iterator, num_steps: tf.Tensor) -> None:
-        """The block compiled by XLA as one cluster, fed its batches stacked.
-
-        Iterator ops cannot be compiled, so the block's batches are read first and
-        stacked into ``[num_steps, batch, ...]`` tensors; one XLA computation then runs
-        every step of the block, with no executor overhead between steps.
-        """
-        num_steps = tf.cast(num_steps, tf.int32)
-        arrays = tf.nest.map_structure(
-            lambda spec: tf.TensorArray(spec.dtype, size=num_steps, element_shape=spec.shape),
-            iterator.element_spec,
-        )
-        for i in tf.range(num_steps):
-            element = self._next(iterator)
-            arrays = tf.nest.map_structure(lambda array, t, i=i: array.write(i, t), arrays, element)
-        self._compiled_block(tf.nest.map_structure(lambda array: array.stack(), arrays))
-        self._check_weights()  # here rather than in XLA, which reduces on one thread
-
-    def compile_per_shape(self) -> None:
-        """Under jit_compile, for batches whose lengths vary: fed one at a time.
-
-        Each batch goes to the XLA-compiled block as a block of one, so XLA compiles
-        the step once per shape (a few, with ``lengths.buckets``) rather than a block
-        of batches stacked, which one shape needs. ``compiled_shapes`` counts them;
-        TensorFlow's warning of "excessive retracing" is dropped, as each is expected.
-        """
-        self.train_loop = self._train_shape_by_shape
-        logger = tf.get_logger()
-        if not any(isinstance(f, _OneTracePerShape) for f in logger.filters):
-            logger.addFilter(_OneTracePerShape())
-
-    def train_traces(self) -> int:
-        """How many times the training loop was traced (compiled): one block's first run."""
-        if self.train_loop == self._train_shape_by_shape:
-            return self.compiled_shapes
-        return self.train_loop.experimental_get_tracing_count()
-
-    @property
-    def compiled_shapes(self) -> int:
-        """How many batch shapes the XLA-compiled block was compiled for."""
-        return self._compiled_block.experimental_get_tracing_count()
-
-    def _train_shape_by_shape(self, iterator, num_steps: tf.Tensor) -> None:
-        """Up to ``num_steps`` steps, each its batch as a compiled block of one."""
-        for _ in range(int(num_steps)):
-            element = self._next(iterator)
-            self._compiled_block(tf.nest.map_structure(lambda t: t[None], element))
-            if self.nonfinite.numpy():
-                break
-        self._check_weights()
-
-    def _train_stacked(self, stacked) -> None:
-        """Trains on each ``[batch, ...]`` slice of stacked batches in turn (XLA-compiled)."""
-        self._steps(stacked, tf.shape(tf.nest.flatten(stacked)[0])[0])
-
-    @tf.autograph.experimental.do_not_convert
     def _check_weights(self) -> None:
         """Sets ``nonfinite_weights`` if, after a block, any model weight is NaN or Inf."""
         finite = [tf.reduce_all(tf.math.is_finite(v)) for v in self.weights]
         self.nonfinite_weights.assign(tf.logical_not(tf.reduce_all(tf.stack(finite))))
-
-    @tf.autograph.experimental.do_not_convert
-    def _next(self, iterator):
-        """The next training element; the time spent waiting for it goes to ``input_seconds``.
-
-        With a fast pipeline the element is already prefetched and the wait is
-        microseconds; a slow one makes the step wait here, which is what the
-        Estimator reports as the input-bound share of the step time.
-        """
-        if not self.times_input:  # no timestamps to take, nothing to add up
-            return next(iterator)
-        start = self._timestamp()
-        with tf.control_dependencies([start]):
-            element = next(iterator)
-        self.input_seconds.assign_add(self._timestamp(after=element) - start)
-        return element
-
-    @tf.autograph.experimental.do_not_convert
-    def _timestamp(self, after=()) -> tf.Tensor:
-        """``tf.timestamp()`` taken once ``after`` is computed; 0 if input is not timed."""
-        if not self.times_input:
-            return tf.constant(0.0, tf.float64)
-        with tf.control_dependencies(tf.nest.flatten(after, expand_composites=True)):
-            return tf.timestamp()
-
-    # ------------------------------------------------------------ eval and predict
-
-    @tf.autograph.experimental.do_not_convert
-    def _eval_batch(self, features, labels):
-        """``(loss, scalars, per-example metrics)`` of one eval batch, over towers if any."""
-        examples = self._global_examples(batch_size_of(features))
-        labels = with_mean_weight(labels, self.placement.total)  # before towers cut it
-
-        def forward(features, labels):  # of a batch, or of a tower's shard of it
-            layers, variables = self.model_fn.layers, self.model_fn.trainable_variables
-            with layer_losses.during_call(layers, variables) as added_losses:
-                spec = converted(self.model_fn)(features, labels, Mode.EVAL)
-            per_example, streamed = split_metrics(spec.metrics)
-            self.eval_metrics.stream(streamed)
-            for observer in self.observers:
-                observer.update(spec.predictions, labels)
-            given = batch_loss(spec, batch_size_of(features), examples)
-            loss, _ = self.eval_accounting.split(given)
-            scalars = reported_scalars(spec, loss)
-            added = 0.0
-            if self.has_regularization:  # the loss reported is the one trained, as Keras's
-                added = scalars["regularization_loss"] = layer_losses.total(added_losses)
-                loss = total_loss(loss) + added
-            per_example.update(self.eval_accounting.evaluated(given, added))
-            return total_loss(loss), scalars, per_example, None
-
-        if self.towers is not None:
-            loss, scalars, metrics, _ = self.towers.run(forward, features, labels, training=False)
-        else:
-            loss, scalars, metrics, _ = forward(features, labels)
-        return loss, scalars, metrics
-
-    def _evaluate(self, dataset) -> None:
-        """Adds every batch of ``dataset`` to ``eval_metrics``.
-
-        Under a strategy ``dataset`` is distributed (``Placement.eval_input``): each
-        replica evaluates its share of every batch, and keeps its own sums.
-        """
-        for element in dataset:
-            self.placement.run(self._eval_update, (element,))
-
-    @tf.autograph.experimental.do_not_convert
-    def _eval_update(self, element) -> tf.Tensor:
-        features, labels = split_element(element, Mode.EVAL)
-        loss, scalars, metrics = self._eval_batch(features, labels)
-        self.eval_metrics.update(metrics, {"loss": loss, **scalars}, batch_size_of(features))
-        return tf.constant(True)
-
-    @tf.autograph.experimental.do_not_convert
-    def _predict(self, features):
-        def predictions(features):
-            return dict(converted(self.model_fn)(features, None, Mode.PREDICT).predictions)
-
-        if self.towers is not None:
-            return make_parallel(predictions, self.towers.devices, features=features)
-        return predictions(features)
-
-
-class _OneTracePerShape(logging.Filter):
-    """Drops the "excessive retracing" warning of a step compiled once per batch shape."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not ("_train_stacked" in message and "retracing" in message)
-
-
-def _op_determinism() -> bool:
-    """Whether tf.config.experimental.enable_op_determinism() is on (no public getter)."""
-    try:
-        return internals.op_determinism_enabled()
-    except (ImportError, AttributeError):
-        return False
-
-
-def _function(method: Callable, **options) -> Callable:
-    """``tf.function(method)``, its retracing counted for this Steps alone.
-
-    TensorFlow counts the traces of every function sharing a code object together,
-    so the fifth Estimator in one process (a sweep's fifth trial) warned of
-    "excessive retracing" on its first call, though each Steps traces once. A
-    ``functools.partial`` has no code object: TensorFlow counts it by itself.
-    """
-    return tf.function(functools.partial(method), **options)

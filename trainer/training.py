@@ -38,7 +38,7 @@ from trainer.errors import Preempted, TrainingDiverged, UserError
 from trainer.inputs import InputFn, Inputs
 from trainer.model_fn import Mode
 from trainer.model_state import ModelState
-from trainer.step import Steps, stackable_steps
+from trainer.step import Steps
 from trainer.summaries import Writers
 from trainer.training_stream import TrainingStream
 
@@ -299,18 +299,8 @@ class TrainingRun:
             )
         self.model.weights_usable()
         self.writers.metrics.resume(self.model.step)
-        # Under jit_compile a block's batches are stacked: as many as fit in memory.
-        self.block = self.loop.steps_per_loop
-        if self.placement.settings.jit_compile:
-            # Batches sized by a token budget vary in examples by design, a size per bucket.
-            stackable = 0 if self.stream.sizes else stackable_steps(dataset.element_spec)
-            self.block = min(self.block, stackable) if stackable else self.block
-            if not stackable:  # lengths that vary: one compile per shape
-                self.steps.compile_per_shape()
-                logging.info(
-                    "jit_compile: the training batches vary in length, so XLA compiles the "
-                    "step once per shape (bound them with lengths.buckets)"
-                )
+        sized = self.stream.sizes is not None  # examples per batch that vary (sized_by)
+        self.block = self.steps.blocks.fit(dataset.element_spec, sized, self.loop.steps_per_loop)
         self.input_wait = monitoring.InputWait(self.steps, self.model.seconds)
         return self.model.step, restored
 

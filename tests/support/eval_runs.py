@@ -84,7 +84,7 @@ def main(model_dir: str, data_dir: str, train_steps: int) -> None:
     if train_steps:
         estimator.train(input_fn, train_steps)
     metrics = estimator.evaluate(input_fn)
-    sums = estimator.model.steps.eval_metrics
+    sums = estimator.model.steps.eval.metrics
     strategy = estimator.placement.strategy
     counts = strategy.experimental_local_results(sums.count) if strategy else [sums.count]
     result = {"metrics": metrics, "counts": [float(c.numpy()) for c in counts]}
