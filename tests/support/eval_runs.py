@@ -88,7 +88,7 @@ def main(model_dir: str, data_dir: str, train_steps: int) -> None:
     strategy = estimator.placement.strategy
     counts = strategy.experimental_local_results(sums.count) if strategy else [sums.count]
     result = {"metrics": metrics, "counts": [float(c.numpy()) for c in counts]}
-    report = estimator.model.steps.observers[0].counts.report()  # read on every worker
+    report = estimator.model.steps.eval.observers[0].counts.report()  # read on every worker
     result["classes"] = estimator.model.classes["eval"]  # precision, recall, the confusion matrix
     result["pr_curve_3"] = report.pr_curve(3).tolist()
     if train_steps:  # scikit-learn's scores of the framework's own predictions
