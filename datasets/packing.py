@@ -83,11 +83,12 @@ def knobs() -> Packing:
     return found
 
 
-def check(packing: Packing, examples: ArraySource | None, name: str, refused: dict) -> np.ndarray:
+def check(packing: Packing, examples: ArraySource | None, name: str) -> np.ndarray:
     """Each example's length, once the source is found fit to pack; refusals in one line.
 
     ``examples``: the preprocessed ``(features, labels)`` in memory, or None when they
-    are not. ``refused``: other knobs bound that packing cannot go with, by name.
+    are not. Knobs that packing does not go with are refused before
+    (``batching.REFUSED``).
     """
     if examples is None:
         raise UserError(
@@ -95,7 +96,6 @@ def check(packing: Packing, examples: ArraySource | None, name: str, refused: di
             f"lengths were kept; {name}'s are neither: make it an ArraySource, raise "
             "pipeline.memory_limit_mb, or unbind packing.length"
         )
-    _check_knobs(packing, refused)
     features, labels = examples.arrays
     parts = tf.nest.flatten((features, labels))
     per_token = all(isinstance(p, tf.RaggedTensor) and p.ragged_rank == 1 for p in parts)
@@ -109,30 +109,18 @@ def check(packing: Packing, examples: ArraySource | None, name: str, refused: di
     return _fitting(packing, lengths[0], name)
 
 
-def check_records(
-    packing: Packing, spec, lengths: np.ndarray | None, name: str, refused: dict
-) -> np.ndarray:
+def check_records(packing: Packing, spec, lengths: np.ndarray | None, name: str) -> np.ndarray:
     """``check`` for records on disk: ``spec`` one preprocessed example's, ``lengths`` kept.
 
     Each batch is checked as it is laid out: its examples' lengths must be those kept.
     """
     if lengths is None:
-        return check(packing, None, name, refused)
-    _check_knobs(packing, refused)
+        return check(packing, None, name)
     features, _ = spec
     parts = tf.nest.flatten(spec)
     per_token = all(isinstance(p, tf.TensorSpec) and p.shape.rank == 1 for p in parts)
     _check_parts(features, per_token, name)
     return _fitting(packing, np.asarray(lengths, np.int64), name)
-
-
-def _check_knobs(packing: Packing, refused: dict) -> None:
-    for knob, bound in refused.items():
-        if bound:
-            raise UserError(
-                f"packing.length lays examples of every length out in rows of "
-                f"{packing.length}; it does not go with {knob}: unbind one of them"
-            )
 
 
 def _check_parts(features, per_token: bool, name: str) -> None:

@@ -39,7 +39,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from datasets import lengths, mixing, packing, token_budget
+from datasets import batching, lengths, mixing, packing, token_budget
 from datasets.lengths import padded
 from datasets.order import Order, pipeline_positions, replica_shares
 from datasets.sources import (  # noqa: F401 - users name them pipeline.ArraySource, ...
@@ -115,10 +115,11 @@ def build(
       by_index_fix: how this source could be read by index, for the warning when it
         must be read in sequence.
     """
-    knobs, shapes, packs = options(), lengths.knobs(), packing.knobs()
+    training = mode == Mode.TRAIN
+    made = batching.read(options(), name, augmented=training and augment is not None)
+    knobs, shapes, packs = made.pipeline, made.lengths, made.packing
     _check_batch(params)
     sources = list(source) if isinstance(source, list | tuple) else [source]
-    training = mode == Mode.TRAIN
     if training:
         Order([1] * len(sources), weights)  # bad weights are refused before any reading
     held = [in_memory(s, f"{name}-{i}", knobs) for i, s in enumerate(sources)]
@@ -126,10 +127,10 @@ def build(
     if reasons:
         lengths.check(shapes, None, name, len(sources))
         if packs.active:
-            packing.check(packs, None, name, {})
+            packing.check(packs, None, name)
         if training:
             _log_sequential(name, reasons[0], by_index_fix)
-        return _sequential(sources, mode, params, preprocess, augment, weights, name, knobs)
+        return _sequential(sources, mode, params, preprocess, augment, weights, name, made)
     if training:  # an empty source is refused before any work
         order = Order([len(h) for h in held], weights, params.seed)
         _warn_if_over_an_epoch(sum(len(h) for h in held), params, name)
@@ -144,9 +145,8 @@ def build(
     packer = None
     if packs.active:
         lengths_of = _packable(data, examples, preprocess, packs, name)
-        packer = _packer(packs, shapes, lengths_of, augment, order if training else None, params)
+        packer = packing.Packer(packs, lengths_of(), order if training else None, params)
     if training:
-        token_budget.check(shapes, packer is not None, mixing.options().active, name)
         sorted_or_sized = shapes.group_batches or shapes.token_budget
         found = lengths.example_lengths(as_batched) if sorted_or_sized else None
         if shapes.group_batches:
@@ -157,7 +157,7 @@ def build(
                 order, found, shapes.token_budget, shapes.buckets, params.global_batch_size, name
             )
             return _budgeted(budget, params, data, examples, preprocess, augment, knobs, name)
-        return _by_index(order, params, data, examples, preprocess, augment, knobs, shapes, packer)
+        return _by_index(order, params, data, examples, preprocess, augment, made, packer)
     rows = tf.data.Dataset.range(len(data))
     if params.num_input_pipelines > 1:
         rows = rows.shard(params.num_input_pipelines, params.input_pipeline_id)
@@ -178,26 +178,15 @@ def build(
     return counted(_finish(dataset, knobs), int(rows.cardinality()))
 
 
-def _packable(data, examples, preprocess, packs, name) -> Callable[[dict], np.ndarray]:
-    """``lengths_of(refused)``: the examples' lengths, once checked fit to pack.
+def _packable(data, examples, preprocess, packs, name) -> Callable[[], np.ndarray]:
+    """``lengths_of()``: the examples' lengths, once checked fit to pack.
 
     In memory, preprocessed; or records on disk whose lengths were kept.
     """
     if examples is None and isinstance(data, RecordExamples) and data.lengths is not None:
         spec = data.examples(tf.data.Dataset.range(1)).map(preprocess).element_spec
-        return lambda refused: packing.check_records(packs, spec, data.lengths, name, refused)
-    return lambda refused: packing.check(packs, examples, name, refused)
-
-
-def _packer(packs, shapes, lengths_of, augment, order, params) -> packing.Packer:
-    """The packer of a source checked fit to pack (``order``: the training one, or None)."""
-    refused = {
-        "lengths.group_batches": shapes.group_batches,
-        "lengths.buckets": shapes.buckets,
-        "an augment function": augment is not None and order is not None,
-        "mixing": mixing.options().active,
-    }
-    return packing.Packer(packs, lengths_of(refused), order, params)
+        return lambda: packing.check_records(packs, spec, data.lengths, name)
+    return lambda: packing.check(packs, examples, name)
 
 
 def _inference_layout(packer: packing.Packer | None, mode: Mode, buckets) -> Callable:
@@ -214,18 +203,18 @@ def _by_index(
     examples: ArraySource | None,
     preprocess: Preprocess,
     augment: Augment | None,
-    knobs: dict,
-    shapes: lengths.Lengths,
+    made: batching.Batching,
     packer: packing.Packer | None = None,
 ) -> tf.data.Dataset:
     """The endless training stream of this pipeline, from ``params.start_example`` on."""
+    knobs, shapes = made.pipeline, made.lengths
     if packer is not None and examples is None:
         return _packed_records(order, params, data, preprocess, knobs, packer)
     if examples is not None and augment is None:  # a whole batch in one gather
         return _batches_by_index(
             lambda positions: examples.gather(order.rows(positions)),
             params,
-            knobs,
+            made,
             order.seed,
             packer.training if packer else _padding(shapes.buckets, params.batch_size),
         )
@@ -243,7 +232,7 @@ def _by_index(
             num_parallel_calls=tf.data.AUTOTUNE,
         )
     example = _one_example(data, examples, preprocess, augment, order.seed)
-    mixed = _mixed(params, order.seed)
+    mixed = _mixed(made.mixing, params, order.seed)
 
     def augmented(position, item):
         features, labels = example(position, item)
@@ -340,7 +329,7 @@ def _packed_records(
 def _batches_by_index(
     batch: Callable[[tf.Tensor], tuple[dict, dict]],
     params: InputParams,
-    knobs: dict,
+    made: batching.Batching,
     seed: int | None,
     layout: Callable | None = None,
 ) -> tf.data.Dataset:
@@ -350,7 +339,7 @@ def _batches_by_index(
     """
     elements = tf.data.Dataset.range(np.iinfo(np.int64).max)
     dataset = elements.batch(params.batch_size, drop_remainder=True)
-    mixed = _mixed(params, seed)
+    mixed = _mixed(made.mixing, params, seed)
     layout = layout or _padding((), params.batch_size)
 
     def batch_at(batch_of_elements):
@@ -359,7 +348,7 @@ def _batches_by_index(
         return mixed(*element, positions) if mixed else element
 
     dataset = dataset.map(batch_at, num_parallel_calls=tf.data.AUTOTUNE)
-    return positioned(_finish(dataset, knobs, symbolic=True))
+    return positioned(_finish(dataset, made.pipeline, symbolic=True))
 
 
 def _batch(
@@ -393,12 +382,11 @@ def _sized(batch, size: int):
     return tf.nest.map_structure(sized, batch)
 
 
-def _mixed(params: InputParams, seed: int | None) -> Callable | None:
+def _mixed(mix: mixing.Mixing, params: InputParams, seed: int | None) -> Callable | None:
     """The batches' mixing as ``mixing`` is bound, or None when it mixes nothing.
 
     It maps ``(features, labels, stream positions)`` to ``(features, labels)``.
     """
-    mix = mixing.options()
     mixing.check_batch(mix, params.batch_size)
     if not mix.active:
         return None
@@ -424,7 +412,8 @@ def batched(
     one call of ``parse`` (vectorised); ``augment(features, labels, seed)`` then acts
     on whole batches in TRAIN.
     """
-    knobs = options()
+    made = batching.Batching(options(), mixing=mixing.options())  # no lengths, no packing
+    knobs = made.pipeline
     _check_batch(params)
     training = mode == Mode.TRAIN
     if training and isinstance(records, RandomAccess):
@@ -438,7 +427,7 @@ def batched(
                 features, labels = augment(features, labels, seed)
             return features, labels
 
-        return _batches_by_index(batch, params, knobs, order.seed)
+        return _batches_by_index(batch, params, made, order.seed)
     dataset = _cache(records, knobs["cache"], name)
     if training:
         _log_sequential(name, "its records are read in sequence")
@@ -450,7 +439,7 @@ def batched(
             lambda element, seed: augment(*element, seed), num_parallel_calls=tf.data.AUTOTUNE
         )
     if training:
-        dataset = _mixed_in_sequence(dataset, params)
+        dataset = _mixed_in_sequence(dataset, made.mixing, params)
     return _finish(dataset, knobs)
 
 
@@ -487,9 +476,9 @@ def _log_sequential(name: str, reason: str, fix: str | None = None) -> None:
     )
 
 
-def _sequential(sources, mode, params, preprocess, augment, weights, name, knobs):
+def _sequential(sources, mode, params, preprocess, augment, weights, name, made):
     """The pre-index pipeline: map, cache, shuffle buffer, repeat; for sources read in order."""
-    training = mode == Mode.TRAIN
+    training, knobs = mode == Mode.TRAIN, made.pipeline
 
     def prepare(dataset, index):
         if params.num_input_pipelines > 1:
@@ -516,13 +505,13 @@ def _sequential(sources, mode, params, preprocess, augment, weights, name, knobs
         )
     dataset = dataset.batch(params.batch_size, drop_remainder=training)
     if training:
-        dataset = _mixed_in_sequence(dataset, params)
+        dataset = _mixed_in_sequence(dataset, made.mixing, params)
     return _finish(dataset, knobs)
 
 
-def _mixed_in_sequence(dataset: tf.data.Dataset, params: InputParams) -> tf.data.Dataset:
+def _mixed_in_sequence(dataset: tf.data.Dataset, mix, params: InputParams) -> tf.data.Dataset:
     """Training batches read in sequence, mixed: their positions counted from this read."""
-    mixed, size = _mixed(params, params.seed), params.batch_size
+    mixed, size = _mixed(mix, params, params.seed), params.batch_size
     if not mixed:
         return dataset
     return dataset.enumerate().map(

@@ -189,13 +189,3 @@ LENGTHENED = (
     "an example is longer than its length lengths.token_budget sized its batch by (kept "
     "before preprocess, which lengthened it)"
 )
-
-
-def check(knobs, packed: bool, mixed: bool, name: str) -> None:
-    """Refuses a budget with what it cannot serve, in one line."""
-    for what, bound in {"packing.length": packed, "mixing": mixed}.items():
-        if knobs.token_budget and bound:
-            raise UserError(
-                f"lengths.token_budget sizes {name}'s batches by their examples' lengths and "
-                f"cannot be combined with {what}: unbind one of them"
-            )
