@@ -46,11 +46,13 @@ from datasets.sources import (  # noqa: F401 - users name them pipeline.ArraySou
     ArraySource,
     Preprocess,
     RandomAccess,
+    Reader,
     RecordExamples,
     concat,
     fixed_shapes,
     in_memory,
     memory_limit,
+    reader_of,
 )
 from trainer import InputParams, Mode, UserError
 from trainer.model_fn import counted, positioned, sized_by
@@ -147,6 +149,7 @@ def build(
         lengths_of = _packable(data, examples, preprocess, packs, name)
         packer = packing.Packer(packs, lengths_of(), order if training else None, params)
     if training:
+        reader = reader_of(data, examples, preprocess)
         sorted_or_sized = shapes.group_batches or shapes.token_budget
         found = lengths.example_lengths(as_batched) if sorted_or_sized else None
         if shapes.group_batches:
@@ -156,8 +159,16 @@ def build(
             budget = token_budget.Budget(
                 order, found, shapes.token_budget, shapes.buckets, params.global_batch_size, name
             )
-            return _budgeted(budget, params, data, examples, preprocess, augment, knobs, name)
-        return _by_index(order, params, data, examples, preprocess, augment, made, packer)
+            return _budgeted(budget, params, reader, augment, knobs, name)
+        return _training_stream(
+            order,
+            params,
+            reader,
+            knobs,
+            layout=_layout(packer, examples is None, shapes.buckets, params.batch_size),
+            augment=augment,
+            after=_mixed(made.mixing, params, order.seed),
+        )
     rows = tf.data.Dataset.range(len(data))
     if params.num_input_pipelines > 1:
         rows = rows.shard(params.num_input_pipelines, params.input_pipeline_id)
@@ -189,6 +200,16 @@ def _packable(data, examples, preprocess, packs, name) -> Callable[[], np.ndarra
     return lambda: packing.check(packs, examples, name)
 
 
+def _layout(packer: packing.Packer | None, on_disk: bool, buckets, size: int) -> Callable:
+    """``layout(batch, elements)`` of a training batch: packed into rows, or padded.
+
+    Packed from records on disk, each batch is checked against the lengths kept.
+    """
+    if packer is None:
+        return _padding(buckets, size)
+    return functools.partial(packer.training, kept=True) if on_disk else packer.training
+
+
 def _inference_layout(packer: packing.Packer | None, mode: Mode, buckets) -> Callable:
     """How an EVAL or PREDICT batch in memory is laid out: padded, or as packing says."""
     if packer is None:
@@ -196,69 +217,57 @@ def _inference_layout(packer: packing.Packer | None, mode: Mode, buckets) -> Cal
     return packer.prediction if mode == Mode.PREDICT else packer.evaluation
 
 
-def _by_index(
+def _training_stream(
     order: Order | lengths.Grouped,
     params: InputParams,
-    data: ArraySource | RecordExamples,
-    examples: ArraySource | None,
-    preprocess: Preprocess,
-    augment: Augment | None,
-    made: batching.Batching,
-    packer: packing.Packer | None = None,
+    reader: Reader,
+    knobs: dict,
+    layout: Callable,
+    augment: Augment | None = None,
+    after: Callable | None = None,
 ) -> tf.data.Dataset:
-    """The endless training stream of this pipeline, from ``params.start_example`` on."""
-    knobs, shapes = made.pipeline, made.lengths
-    if packer is not None and examples is None:
-        return _packed_records(order, params, data, preprocess, knobs, packer)
-    if examples is not None and augment is None:  # a whole batch in one gather
-        return _batches_by_index(
-            lambda positions: examples.gather(order.rows(positions)),
-            params,
-            made,
-            order.seed,
-            packer.training if packer else _padding(shapes.buckets, params.batch_size),
-        )
+    """The endless training batches of this pipeline, from ``params.start_example`` on.
 
-    def rows(batch_of_elements):  # a batch's rows at once: a grouped order sorts per batch
-        positions = pipeline_positions(batch_of_elements, params)
-        return positions, order.rows(positions)
-
-    elements = tf.data.Dataset.range(np.iinfo(np.int64).max)
-    stream = elements.batch(params.batch_size, drop_remainder=True)
-    stream = stream.map(rows, num_parallel_calls=tf.data.AUTOTUNE)
-    if isinstance(data, RecordExamples):  # a batch of records per read, parsed one by one
-        stream = stream.map(
-            lambda positions, rows: (positions, data.records.read(rows)),
-            num_parallel_calls=tf.data.AUTOTUNE,
-        )
-    example = _one_example(data, examples, preprocess, augment, order.seed)
-    mixed = _mixed(made.mixing, params, order.seed)
-
-    def augmented(position, item):
-        features, labels = example(position, item)
-        return (features, labels, position) if mixed else (features, labels)
-
-    dataset = stream.unbatch().map(augmented, num_parallel_calls=tf.data.AUTOTUNE)
-    dataset = _batch(dataset, params.batch_size, drop_remainder=True, buckets=shapes.buckets)
-    if mixed:
-        dataset = dataset.map(mixed, num_parallel_calls=tf.data.AUTOTUNE)
-    return positioned(_finish(dataset, knobs, symbolic=True))
-
-
-def _one_example(data, examples, preprocess, augment, seed: int | None) -> Callable:
-    """``example(position, item)``: a training example, augmented for its position.
-
-    ``item`` is its row, or its record when ``data`` is records on disk; ``examples``
-    the preprocessed examples held in memory, or None.
+    Each batch: its stream positions, their rows in the training ``order``, read at once
+    (``reader.items``); then its examples, each augmented for its position, or the
+    whole batch in one call (``reader.whole``); then ``layout(batch, elements)``
+    (padded, packed) and ``after(features, labels, positions)`` (mixed), if given.
     """
 
+    def read(elements):
+        positions = pipeline_positions(elements, params)
+        return elements, positions, reader.items(order.rows(positions))
+
+    example_at = _example_at(reader, augment, order.seed)
+
+    def example(element, position, item):
+        return example_at(position, item), element, position
+
+    def laid_out(batch, elements, positions):
+        element = layout(batch, elements)
+        return after(*element, positions) if after else element
+
+    stream = tf.data.Dataset.range(np.iinfo(np.int64).max).batch(params.batch_size, True)
+    stream = stream.map(read, num_parallel_calls=tf.data.AUTOTUNE)
+    if reader.whole is not None and augment is None:  # a whole batch in one call
+        batches = stream.map(
+            lambda elements, positions, items: laid_out(reader.whole(items), elements, positions),
+            num_parallel_calls=tf.data.AUTOTUNE,
+        )
+    else:  # its examples one by one
+        single = stream.unbatch().map(example, num_parallel_calls=tf.data.AUTOTUNE)
+        batch = single.batch if fixed_shapes(single.element_spec) else single.ragged_batch
+        batches = batch(params.batch_size, drop_remainder=True).map(
+            laid_out, num_parallel_calls=tf.data.AUTOTUNE
+        )
+    return positioned(_finish(batches, knobs, symbolic=True))
+
+
+def _example_at(reader: Reader, augment: Augment | None, seed: int | None) -> Callable:
+    """``example(position, item)``: a training example, augmented for its stream position."""
+
     def example(position, item):
-        if isinstance(data, RecordExamples):
-            features, labels = preprocess(data.parse(item))
-        elif examples is not None:
-            features, labels = examples.gather(item)
-        else:
-            features, labels = preprocess(data.gather(item))
+        features, labels = reader.example(item)
         if augment is not None:
             features, labels = augment(features, labels, _stateless_seed(seed, position))
         return features, labels
@@ -269,86 +278,25 @@ def _one_example(data, examples, preprocess, augment, seed: int | None) -> Calla
 def _budgeted(
     budget: token_budget.Budget,
     params: InputParams,
-    data: ArraySource | RecordExamples,
-    examples: ArraySource | None,
-    preprocess: Preprocess,
+    reader: Reader,
     augment: Augment | None,
     knobs: dict,
     name: str,
 ) -> tf.data.Dataset:
     """The endless training stream in batches sized by ``lengths.token_budget``."""
     budget.check_replicas(replica_shares(params)[0], name)
-    if examples is not None and augment is None:  # a whole batch in one gather
 
-        def batch_of(positions, rows):
-            return examples.gather(rows)
+    example = _example_at(reader, augment, budget.order.seed)
 
-    else:
-        example = _one_example(data, examples, preprocess, augment, budget.order.seed)
-
-        def batch_of(positions, rows):  # its examples one by one, then as one batch
-            items = data.records.read(rows) if isinstance(data, RecordExamples) else rows
-            single = tf.data.Dataset.from_tensor_slices((positions, items)).map(example)
-            return single.ragged_batch(budget.most).get_single_element()
+    def batch_of(positions, rows):
+        items = reader.items(rows)
+        if reader.whole is not None and augment is None:  # a whole batch in one call
+            return reader.whole(items)
+        single = tf.data.Dataset.from_tensor_slices((positions, items)).map(example)
+        return single.ragged_batch(budget.most).get_single_element()
 
     dataset = token_budget.stream(budget, params, batch_of)
     return sized_by(positioned(_finish(dataset, knobs, symbolic=True)), budget.after)
-
-
-def _packed_records(
-    order: Order,
-    params: InputParams,
-    data: RecordExamples,
-    preprocess: Preprocess,
-    knobs: dict,
-    packer: packing.Packer,
-) -> tf.data.Dataset:
-    """The endless training stream of records on disk, packed.
-
-    A batch of records per read, each parsed and preprocessed, then the batch laid out
-    in rows as a batch held in memory is.
-    """
-    b = params.batch_size
-
-    def read(batch_of_elements):
-        positions = pipeline_positions(batch_of_elements, params)
-        return batch_of_elements, data.records.read(order.rows(positions))
-
-    def example(element, record):
-        return preprocess(data.parse(record)), element
-
-    elements = tf.data.Dataset.range(np.iinfo(np.int64).max).batch(b, drop_remainder=True)
-    stream = elements.map(read, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
-    stream = stream.map(example, num_parallel_calls=tf.data.AUTOTUNE)
-    batches = stream.ragged_batch(b, drop_remainder=True)
-    checked = functools.partial(packer.training, kept=True)
-    laid_out = batches.map(checked, num_parallel_calls=tf.data.AUTOTUNE)
-    return positioned(_finish(laid_out, knobs, symbolic=True))
-
-
-def _batches_by_index(
-    batch: Callable[[tf.Tensor], tuple[dict, dict]],
-    params: InputParams,
-    made: batching.Batching,
-    seed: int | None,
-    layout: Callable | None = None,
-) -> tf.data.Dataset:
-    """This pipeline's endless batches: ``batch(stream positions of its examples)``.
-
-    ``layout(batch, elements)`` pads (or packs) the batch; default: as it is, sized.
-    """
-    elements = tf.data.Dataset.range(np.iinfo(np.int64).max)
-    dataset = elements.batch(params.batch_size, drop_remainder=True)
-    mixed = _mixed(made.mixing, params, seed)
-    layout = layout or _padding((), params.batch_size)
-
-    def batch_at(batch_of_elements):
-        positions = pipeline_positions(batch_of_elements, params)
-        element = layout(batch(positions), batch_of_elements)
-        return mixed(*element, positions) if mixed else element
-
-    dataset = dataset.map(batch_at, num_parallel_calls=tf.data.AUTOTUNE)
-    return positioned(_finish(dataset, made.pipeline, symbolic=True))
 
 
 def _batch(
@@ -420,14 +368,21 @@ def batched(
         order = Order([len(records)], seed=params.seed)
         _warn_if_over_an_epoch(len(records), params, name)
 
-        def batch(positions):
-            features, labels = parse(records.read(order.rows(positions)))
+        def augmented(features, labels, positions):  # a whole batch, seeded by its first
             if augment is not None:
                 seed = _stateless_seed(order.seed, positions[0])
                 features, labels = augment(features, labels, seed)
-            return features, labels
+            return mixed(features, labels, positions) if mixed else (features, labels)
 
-        return _batches_by_index(batch, params, made, order.seed)
+        mixed = _mixed(made.mixing, params, order.seed)
+        return _training_stream(
+            order,
+            params,
+            Reader(records.read, parse, whole=parse),  # parsed a batch at a time
+            knobs,
+            layout=_padding((), params.batch_size),
+            after=augmented,
+        )
     dataset = _cache(records, knobs["cache"], name)
     if training:
         _log_sequential(name, "its records are read in sequence")

@@ -191,6 +191,37 @@ class RecordExamples:
         return examples.apply(tf.data.experimental.assert_cardinality(len(self)))
 
 
+class Reader:
+    """A source as the training stream reads it by index: a batch of rows at a time.
+
+    ``items(rows)``: what a batch's rows read at once (records on disk: their bytes, in
+    one read; in memory: the rows themselves). ``example(item)``: one example,
+    ``(features, labels)``. ``whole(items)``: the whole batch in one call, or None
+    when its examples are made one by one.
+    """
+
+    def __init__(
+        self,
+        items: Callable[[tf.Tensor], tf.Tensor],
+        example: Callable[[tf.Tensor], tuple[dict, dict]],
+        whole: Callable[[tf.Tensor], tuple[dict, dict]] | None = None,
+    ):
+        self.items, self.example, self.whole = items, example, whole
+
+
+def reader_of(data, examples: ArraySource | None, preprocess: Callable) -> Reader:
+    """How ``data`` (an ``ArraySource`` or ``RecordExamples``) is read by index.
+
+    ``examples``: its examples preprocessed and held in memory, or None: a batch is
+    then one gather; else each example is preprocessed as it is read.
+    """
+    if examples is not None:
+        return Reader(lambda rows: rows, examples.gather, examples.gather)
+    if isinstance(data, RecordExamples):
+        return Reader(data.records.read, lambda record: preprocess(data.parse(record)))
+    return Reader(lambda rows: rows, lambda row: preprocess(data.gather(row)))
+
+
 def in_memory(source, name: str, knobs: dict) -> ArraySource | RecordExamples | str:
     """The source in memory, or records read by index, or why it is read in sequence."""
     if isinstance(source, ArraySource):
