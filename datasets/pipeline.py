@@ -119,61 +119,79 @@ def build(
     """
     training = mode == Mode.TRAIN
     made = batching.read(options(), name, augmented=training and augment is not None)
-    knobs, shapes, packs = made.pipeline, made.lengths, made.packing
     _check_batch(params)
     sources = list(source) if isinstance(source, list | tuple) else [source]
     if training:
         Order([1] * len(sources), weights)  # bad weights are refused before any reading
-    held = [in_memory(s, f"{name}-{i}", knobs) for i, s in enumerate(sources)]
+    held = [in_memory(s, f"{name}-{i}", made.pipeline) for i, s in enumerate(sources)]
     reasons = [h for h in held if isinstance(h, str)]
-    if reasons:
-        lengths.check(shapes, None, name, len(sources))
-        if packs.active:
-            packing.check(packs, None, name)
+    if reasons:  # some source cannot be read by index
+        lengths.check(made.lengths, None, name, len(sources))
+        if made.packing.active:
+            packing.check(made.packing, None, name)
         if training:
             _log_sequential(name, reasons[0], by_index_fix)
         return _sequential(sources, mode, params, preprocess, augment, weights, name, made)
+    order = None
     if training:  # an empty source is refused before any work
         order = Order([len(h) for h in held], weights, params.seed)
         _warn_if_over_an_epoch(sum(len(h) for h in held), params, name)
     data = concat(held, name)
     examples = None  # preprocessed examples in memory, when they fit
-    if isinstance(data, ArraySource) and knobs["cache"] and len(data):
-        examples = data.preprocessed(preprocess, memory_limit(knobs))
+    if isinstance(data, ArraySource) and made.pipeline["cache"] and len(data):
+        examples = data.preprocessed(preprocess, memory_limit(made.pipeline))
+    _check_lengths(made.lengths, data, examples, preprocess, name, len(sources))
+    packer = None
+    if made.packing.active:
+        lengths_of = _packable(data, examples, preprocess, made.packing, name)
+        packer = packing.Packer(made.packing, lengths_of(), order, params)
+    if training:
+        return _training(order, data, examples, packer, preprocess, augment, made, params, name)
+    return _inference(data, examples, packer, mode, params, preprocess, made)
+
+
+def _check_lengths(shapes, data, examples, preprocess, name: str, sources: int) -> None:
+    """Refuses length knobs the source cannot take, and examples no bucket holds."""
     as_batched = examples if examples is not None else data
-    lengths.check(shapes, as_batched, name, len(sources), preprocessed=examples is not None)
+    lengths.check(shapes, as_batched, name, sources, preprocessed=examples is not None)
     if isinstance(as_batched, RecordExamples):
         lengths.check_kept(shapes, as_batched, preprocess, name)
-    packer = None
-    if packs.active:
-        lengths_of = _packable(data, examples, preprocess, packs, name)
-        packer = packing.Packer(packs, lengths_of(), order if training else None, params)
-    if training:
-        reader = reader_of(data, examples, preprocess)
-        sorted_or_sized = shapes.group_batches or shapes.token_budget
-        found = lengths.example_lengths(as_batched) if sorted_or_sized else None
-        if shapes.group_batches:
-            window = shapes.group_batches * params.global_batch_size
-            order = lengths.Grouped(order, found, window, name)
-        if shapes.token_budget:
-            budget = token_budget.Budget(
-                order, found, shapes.token_budget, shapes.buckets, params.global_batch_size, name
-            )
-            return _budgeted(budget, params, reader, augment, knobs, name)
-        return _training_stream(
-            order,
-            params,
-            reader,
-            knobs,
-            layout=_layout(packer, examples is None, shapes.buckets, params.batch_size),
-            augment=augment,
-            after=_mixed(made.mixing, params, order.seed),
+
+
+def _training(order, data, examples, packer, preprocess, augment, made, params, name):
+    """The endless training stream of a source read by index, batched as ``made`` says."""
+    shapes, knobs = made.lengths, made.pipeline
+    reader = reader_of(data, examples, preprocess)
+    sorted_or_sized = shapes.group_batches or shapes.token_budget
+    as_batched = examples if examples is not None else data
+    found = lengths.example_lengths(as_batched) if sorted_or_sized else None
+    if shapes.group_batches:
+        window = shapes.group_batches * params.global_batch_size
+        order = lengths.Grouped(order, found, window, name)
+    if shapes.token_budget:
+        budget = token_budget.Budget(
+            order, found, shapes.token_budget, shapes.buckets, params.global_batch_size, name
         )
+        return _budgeted(budget, params, reader, augment, knobs, name)
+    return _training_stream(
+        order,
+        params,
+        reader,
+        knobs,
+        layout=_layout(packer, examples is None, shapes.buckets, params.batch_size),
+        augment=augment,
+        after=_mixed(made.mixing, params, order.seed),
+    )
+
+
+def _inference(data, examples, packer, mode: Mode, params: InputParams, preprocess, made):
+    """An EVAL or PREDICT pass over a source read by index: each example once, in order."""
     rows = tf.data.Dataset.range(len(data))
     if params.num_input_pipelines > 1:
         rows = rows.shard(params.num_input_pipelines, params.input_pipeline_id)
+    buckets = made.lengths.buckets
     if examples is not None:
-        laid_out = _inference_layout(packer, mode, shapes.buckets)
+        laid_out = _inference_layout(packer, mode, buckets)
         dataset = rows.batch(params.batch_size).map(lambda r: laid_out(examples.gather(r)))
     else:
         if isinstance(data, RecordExamples):
@@ -182,11 +200,11 @@ def build(
             single = rows.map(data.gather, num_parallel_calls=tf.data.AUTOTUNE)
         dataset = single.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
         if packer is None:
-            dataset = _batch(dataset, params.batch_size, buckets=shapes.buckets)
+            dataset = _batch(dataset, params.batch_size, buckets=buckets)
         else:  # records on disk, packed as those in memory are
-            laid_out = _inference_layout(packer, mode, shapes.buckets)
+            laid_out = _inference_layout(packer, mode, buckets)
             dataset = dataset.ragged_batch(params.batch_size).map(lambda *batch: laid_out(batch))
-    return counted(_finish(dataset, knobs), int(rows.cardinality()))
+    return counted(_finish(dataset, made.pipeline), int(rows.cardinality()))
 
 
 def _packable(data, examples, preprocess, packs, name) -> Callable[[], np.ndarray]:
