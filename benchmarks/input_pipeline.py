@@ -43,7 +43,7 @@ import tensorflow as tf  # noqa: E402
 import tensorflow_datasets as tfds  # noqa: E402
 from absl import logging  # noqa: E402
 
-from datasets import pipeline, shards, tfds_images, tfrecord  # noqa: E402
+from datasets import batching, pipeline, shards, tfds_images, tfrecord  # noqa: E402
 from models.alexnet import AlexNet  # noqa: E402
 from trainer import Estimator, InputParams, Mode, ModelFn, Spec  # noqa: E402
 from trainer.settings import Checkpoints, Devices  # noqa: E402
@@ -213,7 +213,7 @@ def _sequential(examples, mode, p):
         None,
         None,
         "old",
-        KNOBS,
+        batching.Batching(KNOBS),
     )
 
 

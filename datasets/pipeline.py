@@ -266,14 +266,16 @@ def _training_stream(
         return after(*element, positions) if after else element
 
     stream = tf.data.Dataset.range(np.iinfo(np.int64).max).batch(params.batch_size, True)
-    stream = stream.map(read, num_parallel_calls=tf.data.AUTOTUNE)
     if reader.whole is not None and augment is None:  # a whole batch in one call
-        batches = stream.map(
-            lambda elements, positions, items: laid_out(reader.whole(items), elements, positions),
-            num_parallel_calls=tf.data.AUTOTUNE,
-        )
+
+        def whole(elements):
+            elements, positions, items = read(elements)
+            return laid_out(reader.whole(items), elements, positions)
+
+        batches = stream.map(whole, num_parallel_calls=tf.data.AUTOTUNE)
     else:  # its examples one by one
-        single = stream.unbatch().map(example, num_parallel_calls=tf.data.AUTOTUNE)
+        single = stream.map(read, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
+        single = single.map(example, num_parallel_calls=tf.data.AUTOTUNE)
         batch = single.batch if fixed_shapes(single.element_spec) else single.ragged_batch
         batches = batch(params.batch_size, drop_remainder=True).map(
             laid_out, num_parallel_calls=tf.data.AUTOTUNE
