@@ -168,7 +168,7 @@ def _training(order, data, examples, packer, preprocess, augment, made, params, 
     if shapes.group_batches:
         window = shapes.group_batches * params.global_batch_size
         order = lengths.Grouped(order, found, window, name)
-    if shapes.token_budget:
+    if made.kind == "budgeted":
         budget = token_budget.Budget(
             order, found, shapes.token_budget, shapes.buckets, params.global_batch_size, name
         )
@@ -388,13 +388,14 @@ def batched(
         order = Order([len(records)], seed=params.seed)
         _warn_if_over_an_epoch(len(records), params, name)
 
+        mixed = _mixed(made.mixing, params, order.seed)
+
         def augmented(features, labels, positions):  # a whole batch, seeded by its first
             if augment is not None:
                 seed = _stateless_seed(order.seed, positions[0])
                 features, labels = augment(features, labels, seed)
             return mixed(features, labels, positions) if mixed else (features, labels)
 
-        mixed = _mixed(made.mixing, params, order.seed)
         return _training_stream(
             order,
             params,
