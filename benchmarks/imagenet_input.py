@@ -43,7 +43,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from absl import logging  # noqa: E402
 
-from datasets import folders, images, shards, tfrecord  # noqa: E402
+from datasets import folders, images  # noqa: E402
+from datasets.records import shards, tfrecord  # noqa: E402
 
 
 def generate(root: str, count: int, seed: int = 0) -> None:

@@ -43,7 +43,8 @@ import tensorflow as tf  # noqa: E402
 import tensorflow_datasets as tfds  # noqa: E402
 from absl import logging  # noqa: E402
 
-from datasets import batching, pipeline, shards, tfds_images, tfrecord  # noqa: E402
+from datasets import batching, pipeline, tfds_images  # noqa: E402
+from datasets.records import shards, tfrecord  # noqa: E402
 from models.alexnet import AlexNet  # noqa: E402
 from trainer import Estimator, InputParams, Mode, ModelFn, Spec  # noqa: E402
 from trainer.settings import Checkpoints, Devices  # noqa: E402

@@ -23,7 +23,8 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 from absl import logging
 
-from datasets import pipeline, tfrecord
+from datasets import pipeline
+from datasets.records import tfrecord
 from trainer import InputParams, Mode, console, errors
 
 NUM_EXAMPLES = 1797

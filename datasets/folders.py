@@ -8,7 +8,7 @@ Two layouts, as Keras's ``image_dataset_from_directory`` and torchvision's
 
 Class ids are the sorted names of the training classes, recorded in
 ``dataset.json`` with the names. Hidden files (``.DS_Store``) are passed over; every
-other file is an image or is skipped and named (``datasets/writing.py``). The
+other file is an image or is skipped and named (``datasets/records/writing.py``). The
 training files are written in an order shuffled once, so that a reader in sequence
 sees classes mixed; evaluation files keep their sorted order.
 """
@@ -19,7 +19,7 @@ import hashlib
 import os
 import random
 
-from datasets import writing
+from datasets.records import writing
 from trainer import UserError
 
 EVAL_FOLDERS = ("test", "validation", "val")  # the first one present is the eval split

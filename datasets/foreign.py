@@ -25,7 +25,8 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from datasets import images, records, shards, writing
+from datasets import images
+from datasets.records import indexed, shards, writing
 from trainer import UserError, errors, whole_files
 
 
@@ -67,8 +68,8 @@ def index(
         )
     entries = []
     for path, name, (offsets, _, _) in zip(paths, names, found, strict=True):
-        index_name = f"{split}-{name}{records.INDEX_SUFFIX}"
-        records.write_index(path, offsets, os.path.join(out_dir, index_name))
+        index_name = f"{split}-{name}{indexed.INDEX_SUFFIX}"
+        indexed.write_index(path, offsets, os.path.join(out_dir, index_name))
         size = tf.io.gfile.stat(path).length
         entries.append({"file": path, "count": len(offsets), "bytes": size, "index": index_name})
     splits = metadata.setdefault("splits", {})
@@ -103,7 +104,7 @@ def _scan(path: str, image_key: str, label_key: str):
         for batch in tf.data.TFRecordDataset(path).batch(1024):
             lengths = tf.strings.length(batch).numpy()
             labels = tf.io.parse_example(batch, features)[label_key].numpy()
-            starts = offset + np.concatenate([[0], np.cumsum(lengths + records.HEADER + 4)])
+            starts = offset + np.concatenate([[0], np.cumsum(lengths + indexed.HEADER + 4)])
             offsets.extend(starts[:-1].tolist())
             offset = int(starts[-1])
             low = int(labels.min()) if low is None else min(low, int(labels.min()))

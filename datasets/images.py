@@ -24,7 +24,8 @@ import functools
 
 import tensorflow as tf
 
-from datasets import pipeline, records
+from datasets import pipeline
+from datasets.records import indexed
 from trainer import InputParams, Mode, UserError
 from trainer.serving import serves
 
@@ -156,7 +157,7 @@ def read(
 ) -> tf.data.Dataset:
     """Batches of ``({'image': float32 [b, S, S, c] in [0, 1]}, {'label': int64 [b]})``.
 
-    Reads by index the records of ``split`` (``records.RecordSource``); see the
+    Reads by index the records of ``split`` (``indexed.RecordSource``); see the
     module's docstring for the crops. Marked with how an export serves them: the
     encoded bytes of one image each (``serving_default``), or the records.
     """
@@ -169,7 +170,7 @@ def read(
     offset = int(metadata.get("label_offset", 0))
     shards = metadata["splits"][split]["shards"]
     offsets = [
-        records.record_offsets(path, shard["count"], skip_corrupt, index_path(data_dir, shard))
+        indexed.record_offsets(path, shard["count"], skip_corrupt, index_path(data_dir, shard))
         for path, shard in zip(paths, shards, strict=True)
     ]
     features = {image_key: tf.io.FixedLenFeature([], tf.string)}
@@ -180,7 +181,7 @@ def read(
         example = tf.io.parse_single_example(record, features)
         return {"image": example[image_key], "label": example[label_key] + offset}
 
-    source = pipeline.RecordExamples(records.RecordSource(paths, offsets), parse, split)
+    source = pipeline.RecordExamples(indexed.RecordSource(paths, offsets), parse, split)
     features_of = functools.partial(
         evaluated, size=size, channels=channels, crop=image_size is not None
     )

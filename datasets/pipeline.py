@@ -10,7 +10,7 @@ devices or workers, in constant time. A source is read by index when it allows i
 * a ``tf.data.Dataset`` of fixed-shape examples whose decoded size fits
   ``pipeline.memory_limit_mb``: read once into memory, then by index;
 * ``RecordExamples``: serialized records read by index from files, for data
-  larger than memory: TFRecord shards with their index (``datasets/tfrecord.py``),
+  larger than memory: TFRecord shards with their index (``datasets/records/tfrecord.py``),
   TFDS datasets prepared as ArrayRecord (``datasets/tfds_images.py``).
 
 A ``tf.data`` source that is too large or of varying shapes is read sequentially

@@ -33,7 +33,7 @@ import tensorflow as tf  # noqa: E402
 import tensorflow_datasets as tfds  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from datasets import shards  # noqa: E402
+from datasets.records import shards  # noqa: E402
 from datasets.text import writing  # noqa: E402
 from trainer import UserError, errors, logs, owned_dirs  # noqa: E402
 

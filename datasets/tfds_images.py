@@ -26,8 +26,9 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from datasets import pipeline, tfrecord
+from datasets import pipeline
 from datasets.images import central_square, pad_crop_flip
+from datasets.records import tfrecord
 from trainer import InputParams, Mode, UserError, console, errors
 from trainer.serving import serves
 
@@ -226,7 +227,7 @@ def prepare_encoded(
 
     Read a shard's slice at a time (``split[start:stop]``), so memory stays flat.
     """
-    from datasets import writing
+    from datasets.records import writing
 
     builder = tfds.builder(name, data_dir=data_dir)
     classes = list(builder.info.features["label"].names)

@@ -13,7 +13,8 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from datasets import digits, prepare, shards, tfrecord  # noqa: F401 (digits: bound in gin below)
+from datasets import digits, prepare  # noqa: F401 (digits: bound in gin below)
+from datasets.records import shards
 from tests.support.commands import REPO, digits_args, run_cli
 from trainer.cli import experiment
 from trainer.settings import Summaries

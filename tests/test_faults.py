@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from datasets import digits, shards
+from datasets import digits
+from datasets.records import shards
 from tests.support.commands import ENV, REPO, digits_args, run_cli
 from tests.support.helpers import (
     STATE_PREFIXES,

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from datasets import folders, tfrecord
+from datasets import folders
+from datasets.records import tfrecord
 from models.mlp import MLP
 from tests.support import image_folders
 from tests.support.commands import REPO
@@ -279,7 +280,8 @@ def test_tfds_imagenet2012_is_prepared_encoded_and_read(tmp_path):
     """TFDS's imagenet2012 (mock data): its JPEG bytes written as they are, then read."""
     import tensorflow_datasets as tfds
 
-    from datasets import shards, tfds_images
+    from datasets import tfds_images
+    from datasets.records import shards
 
     with tfds.testing.mock_data(num_examples=10):
         assert tfds_images.varies_in_size("imagenet2012", None)

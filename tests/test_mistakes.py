@@ -172,6 +172,16 @@ ROWS = {
         gin("import modles.mlp"),
         r"--gin_param: No module named 'modles'; did you mean 'models'.*\?",
     ),
+    "moved_module": (
+        gin("import datasets.tfrecord"),
+        r"--gin_param: No module named 'datasets\.tfrecord'; it is datasets\.records\.tfrecord "
+        r"now: write 'import datasets\.records\.tfrecord' instead",
+    ),
+    "configurable_in_a_package_not_imported": (
+        gin("experiment.input_fn = @text.input_fn"),
+        r"--gin_param: No configurable matching reference '@text\.input_fn'; it is in "
+        r"datasets\.text\.input_fns: add 'import datasets\.text\.input_fns' to the \.gin file",
+    ),
     "missing_gin_file": (
         lambda m: ["--gin_file", "experiments/nope.gin", "--model_dir", str(m.model_dir)],
         r"--gin_file=experiments/nope\.gin: no such file; experiments here: .*digits_mlp.*",

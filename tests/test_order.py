@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from datasets import pipeline, records, shards
+from datasets import pipeline
 from datasets.order import MIX_BLOCK, Order, pipeline_positions
+from datasets.records import indexed, shards
 from models.mlp import MLP
 from tests.support.helpers import finish, resume_run
 from trainer import (
@@ -309,13 +310,13 @@ def test_sources_that_cannot_be_held_or_indexed_are_one_line(tmp_path):
     ]
     shards.write(examples, str(tmp_path), "train", 1, "raw", num_classes=10)
     shard = str(tmp_path / shards.shard_name("train", 0, 1, None))
-    index = shard + records.INDEX_SUFFIX
+    index = shard + indexed.INDEX_SUFFIX
     stale = open(index, "rb").read()
     shards.write(examples[::-1], str(tmp_path), "train", 1, "png", num_classes=10)
     with open(index, "wb") as f:
         f.write(stale)
     os.utime(index, ns=(0, 0))
-    offsets = records.record_offsets(shard, 20)
+    offsets = indexed.record_offsets(shard, 20)
     assert not np.array_equal(offsets, np.load(io.BytesIO(stale)))
 
 

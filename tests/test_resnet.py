@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from datasets import shards
+from datasets.records import shards
 from models.resnet import ResNet
 from tests.support import image_folders, parity
 from tests.support.commands import run_cli

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from datasets import digits, pipeline, records, shards, tfrecord
+from datasets import digits, pipeline
+from datasets.records import indexed, shards, tfrecord
 from models.mlp import MLP
 from tests.support.commands import REPO
 from trainer import Estimator, InputParams, Mode, UserError
@@ -51,7 +52,7 @@ def test_round_trip_is_lossless_and_in_order(tmp_path, num_shards, compression, 
     assert len(entry["shards"]) == num_shards and entry["count"] == 50
     suffix = ".tfrecord.gz" if compression else ".tfrecord"
     names = [f"train-{i:05d}-of-{num_shards:05d}{suffix}" for i in range(num_shards)]
-    indexes = [] if compression else [name + records.INDEX_SUFFIX for name in names]
+    indexes = [] if compression else [name + indexed.INDEX_SUFFIX for name in names]
     assert sorted(os.listdir(tmp_path)) == sorted(["dataset.json", *names, *indexes])
     images, labels = read_all(tmp_path)
     np.testing.assert_array_equal(images, np.stack([e["image"] for e in examples]))
@@ -59,9 +60,9 @@ def test_round_trip_is_lossless_and_in_order(tmp_path, num_shards, compression, 
     if not compression:  # the written offsets are the ones a checked pass finds
         for name, shard in zip(names, entry["shards"], strict=True):
             path = str(tmp_path / name)
-            written = records.record_offsets(path, shard["count"])
-            os.remove(path + records.INDEX_SUFFIX)
-            np.testing.assert_array_equal(written, records.record_offsets(path, shard["count"]))
+            written = indexed.record_offsets(path, shard["count"])
+            os.remove(path + indexed.INDEX_SUFFIX)
+            np.testing.assert_array_equal(written, indexed.record_offsets(path, shard["count"]))
 
 
 def first_labels(data_dir, seed):
@@ -262,7 +263,7 @@ def test_a_damaged_index_is_rebuilt_with_a_warning(tmp_path, caplog):
     """A bit flipped in the .npy header or in an offset: found by the index's checksum."""
     shards.write(random_examples(), str(tmp_path), "train", 1, "raw")
     shard = tmp_path / shards.shard_name("train", 0, 1, None)
-    index = tmp_path / (shard.name + records.INDEX_SUFFIX)
+    index = tmp_path / (shard.name + indexed.INDEX_SUFFIX)
     expected = read_all(tmp_path, mode=Mode.EVAL)
     sound = index.read_bytes()
     # the header's dict opened (numpy's parser then raises TokenError), its shape, an offset
@@ -283,20 +284,20 @@ def test_a_flipped_bit_in_a_records_length_is_a_corrupt_record(tmp_path):
     """The length's own CRC is checked before the length is trusted (no 4 GB read)."""
     shards.write(random_examples(4), str(tmp_path), "train", 1, "raw")
     shard = tmp_path / shards.shard_name("train", 0, 1, None)
-    offsets = records.record_offsets(str(shard), 4)
+    offsets = indexed.record_offsets(str(shard), 4)
     flip(shard, int(offsets[2]) + 6)  # a high byte of record 2's length
-    os.utime(str(shard) + records.INDEX_SUFFIX)  # its index stays the newer
-    source = records.RecordSource([str(shard)], [offsets])
+    os.utime(str(shard) + indexed.INDEX_SUFFIX)  # its index stays the newer
+    source = indexed.RecordSource([str(shard)], [offsets])
     got, problem = source._read(np.arange(4))
     assert problem == f"corrupted record at {offsets[2]} in {shard}"
     assert [len(r) > 0 for r in got] == [True, True, False, False]
 
 
 def test_reads_over_many_shards_keep_a_bounded_number_of_files_open(tmp_path, monkeypatch):
-    monkeypatch.setattr(records, "MAX_OPEN_FILES", 5)
+    monkeypatch.setattr(indexed, "MAX_OPEN_FILES", 5)
     shards.write(random_examples(40), str(tmp_path), "train", 20, "raw")
     metadata, paths = shards.check_shards(str(tmp_path), "train")
-    source = records.RecordSource(paths, [records.record_offsets(p, 2) for p in paths])
+    source = indexed.RecordSource(paths, [indexed.record_offsets(p, 2) for p in paths])
     rows = np.random.default_rng(0).permutation(40)
     got, problem = source._read(rows)
     assert problem == "" and source.files.open_count == 5
@@ -312,7 +313,7 @@ def test_corrupt_shards_are_named_in_training_and_evaluation(digits_records, tmp
     subprocess.run(["cp", "-a", str(digits_records), str(copy)], check=True)
     shard = copy / f"{split}-00001-of-00004.tfrecord"
     flip(shard, shard.stat().st_size // 2)
-    os.utime(copy / (shard.name + records.INDEX_SUFFIX))  # its index stays the newer
+    os.utime(copy / (shard.name + indexed.INDEX_SUFFIX))  # its index stays the newer
     estimator = Estimator(MLP(hidden_units=[8]), str(tmp_path / "run"), global_batch_size=32)
     fn = functools.partial(tfrecord.input_fn, data_dir=str(copy))
     with pytest.raises(UserError, match=rf"corrupted record at \d+ in {shard}\)"):

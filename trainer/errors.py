@@ -161,7 +161,7 @@ def runtime_errors(what: str):
     except tf.errors.InvalidArgumentError as error:
         text = outside_a_table(error) or op_error_text(error)
         corrupt = re.match(r"input data is corrupt \(got (.*)\)$", text)
-        if corrupt:  # a check of the input pipeline's own (datasets.tfrecord.RecordSource)
+        if corrupt:  # a check of the input pipeline's own (datasets.records.indexed.RecordSource)
             raise UserError(
                 f"{what}: input data is corrupt ({corrupt.group(1)}); rebuild or re-copy "
                 "the data files"

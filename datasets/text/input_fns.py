@@ -17,7 +17,8 @@ import gin
 import numpy as np
 import tensorflow as tf
 
-from datasets import pipeline, records, shards
+from datasets import pipeline
+from datasets.records import indexed, shards
 from datasets.text.serving import served
 from trainer import InputParams, Mode, UserError, errors
 
@@ -128,10 +129,10 @@ def _documents_of(data_dir: str, wanted: str | None, example_of=None, shift: int
     split = wanted or shards.eval_split(metadata)
     entry = metadata["splits"][split]
     counts = [shard["count"] for shard in entry["shards"]]
-    offsets = [records.record_offsets(p, n) for p, n in zip(paths, counts, strict=True)]
+    offsets = [indexed.record_offsets(p, n) for p, n in zip(paths, counts, strict=True)]
     lengths = kept_lengths(data_dir, entry)
     source = pipeline.RecordExamples(
-        records.RecordSource(paths, offsets),
+        indexed.RecordSource(paths, offsets),
         example_of or parse,
         f"{os.path.basename(data_dir)}-{split}",
         lengths=None if lengths is None else lengths - shift,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import os
 
-from datasets import shards
+from datasets.records import shards
 from datasets.text import writing
 from datasets.text.tokenizers import KEPT, Tokenizer
 from trainer import errors, owned_dirs, whole_files

@@ -12,7 +12,8 @@ import os
 
 import tensorflow as tf
 
-from datasets import packing, shards
+from datasets import packing
+from datasets.records import shards
 from datasets.text.tokenizers import KEPT, Tokenizer, read_vocabulary, sentencepiece
 from trainer import serving
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 import numpy as np
 import tensorflow as tf
 
-from datasets import shards
+from datasets.records import shards
 from trainer import UserError
 
 TOKENIZERS = ("bytes", "words", "wordpiece", "sentencepiece")

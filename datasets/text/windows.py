@@ -15,7 +15,8 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from datasets import pipeline, shards
+from datasets import pipeline
+from datasets.records import shards
 from datasets.sources import memory_limit
 from datasets.text.input_fns import documents, next_tokens
 from datasets.text.serving import served

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import tensorflow as tf
 
-from datasets import records, shards
+from datasets.records import indexed, shards
 from trainer import UserError
 
 CHUNK = 1000  # documents tokenized at once
@@ -322,7 +322,7 @@ class SplitWriter:
         data = example_bytes(ids, label)
         self.writer.write(data)
         self.offsets.append(self.offset)
-        self.offset += len(data) + records.HEADER + 4
+        self.offset += len(data) + indexed.HEADER + 4
         self.lengths.append(len(ids))
         np.asarray(ids, self.dtype).tofile(self.stream)
         np.asarray([self.end], self.dtype).tofile(self.stream)
@@ -338,7 +338,7 @@ class SplitWriter:
 
     def _close_shard(self) -> None:
         self.writer.close()
-        records.write_index(self.path, np.frombuffer(self.offsets, np.int64))
+        indexed.write_index(self.path, np.frombuffer(self.offsets, np.int64))
         name = os.path.basename(self.path)
         self.written.append(
             {"file": name, "count": len(self.offsets), "bytes": os.path.getsize(self.path)}

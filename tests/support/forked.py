@@ -43,7 +43,8 @@ IMPORTS = {
     from trainer import console
     console.quiet_start(command_line=True)
     import tensorflow_datasets  # noqa: F401
-    from datasets import shards, text  # noqa: F401
+    from datasets import text  # noqa: F401
+    from datasets.records import shards
     """,
 }
 

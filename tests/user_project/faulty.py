@@ -9,7 +9,7 @@ import tensorflow as tf
 from datasets import digits
 from trainer import Mode, ModelFn, Spec
 
-CORRUPT = "input data is corrupt"  # what datasets.records.RecordSource checks say
+CORRUPT = "input data is corrupt"  # what datasets.records.indexed.RecordSource checks say
 
 
 @gin.configurable

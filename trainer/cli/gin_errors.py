@@ -13,6 +13,7 @@ import difflib
 import importlib.util
 import inspect
 import os
+import pathlib
 import re
 import tokenize
 import typing
@@ -141,9 +142,18 @@ def _closest_name_hint(message: str) -> str:
             return close or f"; it takes {', '.join(names)}"
     module = re.search(r"No module named '([\w.]+)'", message)
     if module:
-        modules = sorted({*_project_modules(), "models", "datasets", "trainer"})
-        return _did_you_mean(module.group(1), modules)
+        return _module_hint(module.group(1), sorted(_project_modules()))
     return ""
+
+
+def _module_hint(name: str, modules: list[str]) -> str:
+    """Where a module the .gin file imports is now (``datasets.tfrecord`` became
+    ``datasets.records.tfrecord``), or the nearest names to a misspelt one."""
+    last = name.rsplit(".", 1)[-1]
+    moved = [m for m in modules if m.rsplit(".", 1)[-1] == last and m != name]
+    if len(moved) == 1:
+        return f"; it is {moved[0]} now: write 'import {moved[0]}' instead"
+    return _did_you_mean(name, sorted({*modules, "models", "datasets", "trainer"}))
 
 
 # What the command line gives the Estimator itself, and where the user sets it.
@@ -227,12 +237,14 @@ def _project_modules() -> dict[str, list[str]]:
     found = {}
     for package in ("models", "datasets"):
         spec = importlib.util.find_spec(package)
-        for directory in (spec.submodule_search_locations or []) if spec else []:
-            for filename in sorted(os.listdir(directory)):
-                if filename.endswith(".py") and not filename.startswith("_"):
-                    with open(os.path.join(directory, filename)) as f:
-                        names = CONFIGURABLE.findall(f.read())
-                    found[f"{package}.{filename[:-3]}"] = [a or b for a, b in names]
+        for top in (spec.submodule_search_locations or []) if spec else []:
+            for directory, _, filenames in sorted(os.walk(top)):
+                prefix = ".".join([package, *pathlib.Path(directory).relative_to(top).parts])
+                for filename in sorted(f for f in filenames if f.endswith(".py")):
+                    if not filename.startswith("_"):
+                        with open(os.path.join(directory, filename)) as f:
+                            names = CONFIGURABLE.findall(f.read())
+                        found[f"{prefix}.{filename[:-3]}"] = [a or b for a, b in names]
     return found
 
 

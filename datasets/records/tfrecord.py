@@ -10,14 +10,14 @@ Layout of a prepared directory::
 
 Each record holds ``image`` (PNG-encoded, or raw uint8 bytes) and ``label`` (int64).
 Records of encoded images of varying sizes (``prepare --images``, ``--tfrecords``;
-``image_format`` 'encoded') are read by ``datasets/images.py``; ``datasets/shards.py``
+``image_format`` 'encoded') are read by ``datasets/images.py``; ``datasets/records/shards.py``
 writes the fixed-size ones.
 Examples keep their order: shard k holds the k-th contiguous block. Reading checks
 every shard against ``dataset.json`` first (a missing or truncated file is named at
 once), reads a batch of serialized records at a time and parses it with one
 vectorised ``tf.io.parse_example``.
 
-Training reads records **by index** (``records.RecordSource``): the record offsets
+Training reads records **by index** (``indexed.RecordSource``): the record offsets
 of each shard let one ``pread`` fetch any record, and its CRC is checked, so the
 training order is a global permutation per epoch and a checkpoint holds no input
 state (see ``datasets/order.py``). ``write`` saves the offsets beside each shard,
@@ -37,8 +37,9 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from datasets import images, pipeline, records, shards
-from datasets.shards import METADATA, check_shards, count_readable, read_metadata
+from datasets import images, pipeline
+from datasets.records import indexed, shards
+from datasets.records.shards import METADATA, check_shards, count_readable, read_metadata
 from trainer import InputParams, Mode, UserError
 from trainer.model_fn import check_class_ids
 from trainer.serving import serves
@@ -260,11 +261,11 @@ def read(
 
     if (by_index or not training) and not compression:
         offsets = [
-            records.record_offsets(p, n, skip_corrupt) for p, n in zip(paths, counts, strict=True)
+            indexed.record_offsets(p, n, skip_corrupt) for p, n in zip(paths, counts, strict=True)
         ]
-        source = records.RecordSource(paths, offsets)
+        source = indexed.RecordSource(paths, offsets)
         if not training:  # in order, by offset: a corrupt record is named with its shard
-            source = records.in_order(source, params.num_input_pipelines, params.input_pipeline_id)
+            source = indexed.in_order(source, params.num_input_pipelines, params.input_pipeline_id)
         return batched(source)
     shard_list = metadata["splits"][split]["shards"]
     return batched(_in_sequence(paths, shard_list, compression, params, training, skip_corrupt))

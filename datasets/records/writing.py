@@ -31,7 +31,8 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from datasets import images, records, shards
+from datasets import images
+from datasets.records import indexed, shards
 from trainer import UserError, console, errors, owned_dirs, whole_files
 
 JPEG_QUALITY = 90  # of images resized by max_side (ImageNet's own JPEGs are ~90)
@@ -234,12 +235,12 @@ def _write_shard(path, chunk, start, max_side, name_of, bar) -> dict:
             record = _example(checked.data, label)
             writer.write(record)
             offsets.append(offset)
-            offset += records.HEADER + len(record) + 4
+            offset += indexed.HEADER + len(record) + 4
             encodings[checked.encoding] += 1
             shapes.add(checked.shape[:2])
             channels = max(channels, checked.shape[2])
     tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
-    records.write_index(path, np.asarray(offsets, np.int64))
+    indexed.write_index(path, np.asarray(offsets, np.int64))
     return {
         "file": os.path.basename(path),
         "count": len(offsets),

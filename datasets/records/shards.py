@@ -2,9 +2,9 @@
 
 A prepared directory holds ``dataset.json`` (shapes, format, classes, per-shard
 counts and bytes) and the shards ``SPLIT-0000k-of-0000n.tfrecord`` (``.gz`` with
-GZIP), each with its records' offsets beside it (``records.write_index``). Files are
+GZIP), each with its records' offsets beside it (``indexed.write_index``). Files are
 written under temporary names and renamed when whole; ``dataset.json`` is written
-last. ``datasets/tfrecord.py`` reads them; ``datasets/folders.py`` writes encoded
+last. ``datasets/records/tfrecord.py`` reads them; ``datasets/folders.py`` writes encoded
 images the same way.
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Iterable
 import numpy as np
 import tensorflow as tf
 
-from datasets import records
+from datasets.records import indexed
 from trainer import UserError, owned_dirs, whole_files
 
 METADATA = "dataset.json"
@@ -89,11 +89,11 @@ def write(
                 record = _example(image, int(example["label"]), image_format)
                 writer.write(record)
                 offsets.append(offset)
-                offset += records.HEADER + len(record) + 4
+                offset += indexed.HEADER + len(record) + 4
                 number += 1
         tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
         if not compression:
-            records.write_index(path, np.asarray(offsets, np.int64))
+            indexed.write_index(path, np.asarray(offsets, np.int64))
         shards.append({"file": name, "count": len(offsets), "bytes": tf.io.gfile.stat(path).length})
     entry = {"shards": shards, "count": number}
     metadata = read_metadata(out_dir, missing_ok=True) or {}
@@ -138,7 +138,7 @@ def files_of(data_dir: str) -> set[str]:
     for split, entry in metadata.get("splits", {}).items():
         names.add(f"{split}.progress.json")
         for shard in entry.get("shards", []):  # an index beside it, or named (indexed in place)
-            names.update({shard["file"], shard["file"] + records.INDEX_SUFFIX})
+            names.update({shard["file"], shard["file"] + indexed.INDEX_SUFFIX})
             names.add(shard.get("index", ""))
         names.update({entry.get("lengths", ""), entry.get("stream", {}).get("file", "")})
     present = {name.rstrip("/") for name in tf.io.gfile.listdir(data_dir)}
