@@ -6,7 +6,8 @@ read), ``lengths`` (grouping by length, buckets, a token budget), ``packing`` an
 and refuses the combinations no batch can serve, all of them in one table
 (``REFUSED``), in one line.
 
-Its ``kind`` is how a training batch is made:
+Its ``kind`` is how a training batch is made (``KINDS``; each makes its training
+stream by ``datasets.pipeline.STREAMS``):
 
 * ``'padded'``: ``global_batch_size`` examples, each padded to the batch's longest
   (or to the smallest of ``lengths.buckets`` that holds it);
@@ -36,6 +37,10 @@ _PACKED = (
     "with {other}: unbind one of them"
 )
 
+# The kinds of batch but the default, ``'padded'``, each with the knob that chooses it.
+# A new kind is a row here and its stream in ``datasets.pipeline.STREAMS``.
+KINDS = (("packed", "packing.length"), ("budgeted", "lengths.token_budget"))
+
 # What no batch can serve: (a knob, what it does not go with, the line that says so).
 REFUSED = (
     ("lengths.token_budget", "packing.length", _BUDGET),
@@ -58,10 +63,9 @@ class Batching:
 
     @property
     def kind(self) -> str:
-        """How a training batch is made: ``'padded'``, ``'budgeted'`` or ``'packed'``."""
-        if self.packing.active:
-            return "packed"
-        return "budgeted" if self.lengths.token_budget else "padded"
+        """How a training batch is made: the first of ``KINDS`` whose knob is bound."""
+        bound = self.bound(augmented=False)
+        return next((kind for kind, knob in KINDS if bound[knob]), "padded")
 
     def bound(self, augmented: bool) -> dict[str, bool]:
         """Which of ``REFUSED``'s names are bound; ``augmented``: training augments."""

@@ -236,26 +236,29 @@ class Packer:
       lengths: each example's length, by row of the source (``check``).
       order: the training order (None outside training).
       params: the pipeline's batch, shard and position.
+      kept: ``lengths`` were kept beside records on disk, not measured on the examples:
+        each training batch is checked against them.
     """
 
     def __init__(
-        self, packing: Packing, lengths: np.ndarray, order: Order | None, params: InputParams
+        self,
+        packing: Packing,
+        lengths: np.ndarray,
+        order: Order | None,
+        params: InputParams,
+        kept: bool = False,
     ):
-        self.packing, self.order, self.params = packing, order, params
+        self.packing, self.order, self.params, self.kept = packing, order, params, kept
         with tf.init_scope():  # made once, eagerly: datasets capture it
             self._lengths = tf.constant(lengths, tf.int64)
 
     @tf.autograph.experimental.do_not_convert
-    def training(self, batch, elements: tf.Tensor, kept: bool = False):
-        """A training batch of this pipeline (its ``elements``), as rows its step's shares share.
-
-        ``kept``: the lengths planned from were kept beside records on disk, not measured
-        on these examples: the batch is checked against them.
-        """
+    def training(self, batch, elements: tf.Tensor):
+        """A training batch of this pipeline (its ``elements``), as rows its step's shares share."""
         shares, own = step_shares(elements, self.params)
         rows_of = tf.reshape(self.order.rows(tf.reshape(shares, [-1])), tf.shape(shares))
         needs = tf.gather(self._lengths, rows_of)
-        if kept:
+        if self.kept:
             fits = tf.debugging.assert_equal(
                 tf.nest.flatten(batch)[0].row_lengths(),
                 needs[own],

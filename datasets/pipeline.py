@@ -31,6 +31,7 @@ data once, in order, and keep every example. Augmentation draws its randomness f
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 
@@ -144,7 +145,7 @@ def build(
     packer = None
     if made.packing.active:
         lengths_of = _packable(data, examples, preprocess, made.packing, name)
-        packer = packing.Packer(made.packing, lengths_of(), order, params)
+        packer = packing.Packer(made.packing, lengths_of(), order, params, examples is None)
     if training:
         return _training(order, data, examples, packer, preprocess, augment, made, params, name)
     return _inference(data, examples, packer, mode, params, preprocess, made)
@@ -159,28 +160,54 @@ def _check_lengths(shapes, data, examples, preprocess, name: str, sources: int) 
 
 
 def _training(order, data, examples, packer, preprocess, augment, made, params, name):
-    """The endless training stream of a source read by index, batched as ``made`` says."""
-    shapes, knobs = made.lengths, made.pipeline
-    reader = reader_of(data, examples, preprocess)
-    sorted_or_sized = shapes.group_batches or shapes.token_budget
+    """The endless training stream of a source read by index, batched as ``made.kind`` says."""
     as_batched = examples if examples is not None else data
-    found = lengths.example_lengths(as_batched) if sorted_or_sized else None
-    if shapes.group_batches:
-        window = shapes.group_batches * params.global_batch_size
-        order = lengths.Grouped(order, found, window, name)
-    if made.kind == "budgeted":
-        budget = token_budget.Budget(
-            order, found, shapes.token_budget, shapes.buckets, params.global_batch_size, name
-        )
-        return _budgeted(budget, params, reader, augment, knobs, name)
+    example_lengths = functools.cache(lambda: lengths.example_lengths(as_batched))
+    if made.lengths.group_batches:  # an order over any kind
+        window = made.lengths.group_batches * params.global_batch_size
+        order = lengths.Grouped(order, example_lengths(), window, name)
+    reader = reader_of(data, examples, preprocess)
+    stream = Training(order, reader, params, made, augment, name, example_lengths, packer)
+    return STREAMS[made.kind](stream)
+
+
+@dataclasses.dataclass(frozen=True)
+class Training:
+    """What each kind of batching makes its training stream of."""
+
+    order: Order | lengths.Grouped  # the rows of the stream's positions
+    reader: Reader  # the rows' examples, in memory or on disk
+    params: InputParams
+    made: batching.Batching
+    augment: Augment | None
+    name: str  # names the source in a refusal
+    example_lengths: Callable[[], np.ndarray]  # computed once, when first asked
+    packer: packing.Packer | None  # with packing.length
+
+
+def _padded(stream: Training) -> tf.data.Dataset:
+    """``global_batch_size`` examples a batch, each padded to the longest (or a bucket)."""
+    params, made = stream.params, stream.made
     return _training_stream(
-        order,
+        stream.order,
         params,
-        reader,
-        knobs,
-        layout=_layout(packer, examples is None, shapes.buckets, params.batch_size),
-        augment=augment,
-        after=_mixed(made.mixing, params, order.seed),
+        stream.reader,
+        made.pipeline,
+        layout=_padding(made.lengths.buckets, params.batch_size),
+        augment=stream.augment,
+        after=_mixed(made.mixing, params, stream.order.seed),
+    )
+
+
+def _packed(stream: Training) -> tf.data.Dataset:
+    """Examples end to end in rows of ``packing.length`` (``datasets/packing.py``)."""
+    return _training_stream(
+        stream.order,
+        stream.params,
+        stream.reader,
+        stream.made.pipeline,
+        layout=stream.packer.training,
+        augment=stream.augment,
     )
 
 
@@ -216,16 +243,6 @@ def _packable(data, examples, preprocess, packs, name) -> Callable[[], np.ndarra
         spec = data.examples(tf.data.Dataset.range(1)).map(preprocess).element_spec
         return lambda: packing.check_records(packs, spec, data.lengths, name)
     return lambda: packing.check(packs, examples, name)
-
-
-def _layout(packer: packing.Packer | None, on_disk: bool, buckets, size: int) -> Callable:
-    """``layout(batch, elements)`` of a training batch: packed into rows, or padded.
-
-    Packed from records on disk, each batch is checked against the lengths kept.
-    """
-    if packer is None:
-        return _padding(buckets, size)
-    return functools.partial(packer.training, kept=True) if on_disk else packer.training
 
 
 def _inference_layout(packer: packing.Packer | None, mode: Mode, buckets) -> Callable:
@@ -295,17 +312,23 @@ def _example_at(reader: Reader, augment: Augment | None, seed: int | None) -> Ca
     return example
 
 
-def _budgeted(
-    budget: token_budget.Budget,
-    params: InputParams,
-    reader: Reader,
-    augment: Augment | None,
-    knobs: dict,
-    name: str,
-) -> tf.data.Dataset:
-    """The endless training stream in batches sized by ``lengths.token_budget``."""
-    budget.check_replicas(replica_shares(params)[0], name)
-
+def _budgeted(stream: Training) -> tf.data.Dataset:
+    """As many examples a batch as fit ``lengths.token_budget`` (``datasets/token_budget.py``)."""
+    params, reader, augment, shapes = (
+        stream.params,
+        stream.reader,
+        stream.augment,
+        stream.made.lengths,
+    )
+    budget = token_budget.Budget(
+        stream.order,
+        stream.example_lengths(),
+        shapes.token_budget,
+        shapes.buckets,
+        params.global_batch_size,
+        stream.name,
+    )
+    budget.check_replicas(replica_shares(params)[0], stream.name)
     example = _example_at(reader, augment, budget.order.seed)
 
     def batch_of(positions, rows):
@@ -316,7 +339,12 @@ def _budgeted(
         return single.ragged_batch(budget.most).get_single_element()
 
     dataset = token_budget.stream(budget, params, batch_of)
-    return sized_by(positioned(_finish(dataset, knobs, symbolic=True)), budget.after)
+    finished = _finish(dataset, stream.made.pipeline, symbolic=True)
+    return sized_by(positioned(finished), budget.after)
+
+
+# How each kind of batching (``batching.KINDS``) makes the training stream.
+STREAMS = {"padded": _padded, "budgeted": _budgeted, "packed": _packed}
 
 
 def _batch(

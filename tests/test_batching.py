@@ -45,3 +45,10 @@ def test_the_kind_of_batch_follows_the_knobs():
     gin.bind_parameter("packing.length", 64)
     made = batching.read(options, "text")
     assert made.kind == "packed" and made.packing.length == 64
+
+
+def test_each_kind_of_batch_has_its_training_stream_and_its_knob_is_read():
+    kinds = {"padded", *(kind for kind, _ in batching.KINDS)}
+    assert set(pipeline.STREAMS) == kinds == {"padded", "budgeted", "packed"}
+    bound = batching.read(pipeline.options(), "text").bound(augmented=False)
+    assert {knob for _, knob in batching.KINDS} <= set(bound)

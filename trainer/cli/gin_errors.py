@@ -147,8 +147,11 @@ def _closest_name_hint(message: str) -> str:
 
 
 def _module_hint(name: str, modules: list[str]) -> str:
-    """Where a module the .gin file imports is now (``datasets.tfrecord`` became
-    ``datasets.records.tfrecord``), or the nearest names to a misspelt one."""
+    """Where a module the .gin file imports is now, or the nearest names to a misspelt one.
+
+    ``datasets.tfrecord`` became ``datasets.records.tfrecord``: a module of the same
+    last name, and only one, is where it went.
+    """
     last = name.rsplit(".", 1)[-1]
     moved = [m for m in modules if m.rsplit(".", 1)[-1] == last and m != name]
     if len(moved) == 1:
