@@ -17,6 +17,11 @@ Nothing is replayed and no buffer is saved: every position is a pure function of
   ``k // n``, whose order is a full permutation of ``[0, n)`` keyed by (seed, source,
   epoch): ``tf.random.experimental.index_shuffle``. Each epoch visits every example
   once, in an order that differs between epochs and seeds.
+* **Windows**: a source whose rows are decoded in blocks (Parquet's row groups) gives
+  its blocks' sizes (``Windows``). Its epoch then shuffles the blocks, and the rows
+  within each window of ``window`` consecutive shuffled blocks, each keyed by (seed,
+  source, epoch, window): a block is read in one window of the epoch, and every row
+  once.
 * **Sharding**: pipeline ``i`` of ``P`` (one per worker) serves ``L = R / P`` of the
   ``R`` replicas, each with ``b = G / R`` examples per step. Its ``k``-th batch is
   replica ``i * L + k % L``'s share of step ``k // L``: see ``pipeline_positions``.
@@ -24,6 +29,7 @@ Nothing is replayed and no buffer is saved: every position is a pure function of
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Sequence
 
@@ -34,6 +40,7 @@ from trainer import InputParams, UserError
 
 MIX_BLOCK = 1000  # positions per mixing block: weights hold to 1/MIX_BLOCK
 _SEED_SALT = 0x5EED_0F_DA7A  # keeps the order's seeds apart from other users of the seed
+_WINDOW_SALT = 0x0B10C_5EED  # and a window's permutation apart from its epoch's
 
 
 class Order:
@@ -43,12 +50,18 @@ class Order:
       sizes: how many examples each source holds.
       weights: the share of the stream each source gets (default: equal).
       seed: the run's seed; None draws one (the order is then not reproducible).
+      windows: for each source, its ``Windows``, or None for a full shuffle.
     """
 
     def __init__(
-        self, sizes: Sequence[int], weights: Sequence[float] | None = None, seed: int | None = None
+        self,
+        sizes: Sequence[int],
+        weights: Sequence[float] | None = None,
+        seed: int | None = None,
+        windows: Sequence[Windows | None] | None = None,
     ):
         sizes = [int(n) for n in sizes]
+        self.windows = list(windows) if windows is not None else [None] * len(sizes)
         for i, n in enumerate(sizes):
             if n < 1:
                 raise UserError(
@@ -94,7 +107,19 @@ class Order:
     def _example(self, source: int, k: tf.Tensor) -> tf.Tensor:
         """The example at position ``k`` of ``source``'s own stream: epoch, then permutation."""
         n = self.sizes[source]
+        if self.windows[source] is not None:
+            epoch_seed = functools.partial(self._seed, source)
+            return self.windows[source].example(k, epoch_seed, self._window_seed(source))
         return _shuffle(k % n, self._seed(source, k // n), n)
+
+    def _window_seed(self, source: int):
+        """``seed(epoch, window)``: the key of a window's own permutation."""
+
+        def seed(epoch: tf.Tensor, window: tf.Tensor) -> tf.Tensor:
+            keys = [tf.fill(tf.shape(epoch), tf.constant(self.seed ^ _WINDOW_SALT, tf.int64))]
+            return tf.stack([*keys, (source + 1) * 2**32 + window, epoch], axis=-1)
+
+        return seed
 
     def _seed(self, source: int, epoch: tf.Tensor) -> tf.Tensor:
         """The permutation's key: (run seed, source, epoch); source -1 is the mixing."""
@@ -103,6 +128,68 @@ class Order:
             return tf.fill(tf.shape(epoch), tf.constant(value, tf.int64))
 
         return tf.stack([fill(self.seed ^ _SEED_SALT), fill(source + 1), epoch], axis=-1)
+
+
+class Windows:
+    """An epoch's order over rows decoded in blocks, a window of blocks at a time.
+
+    The blocks are shuffled, then the rows within each window of ``window``
+    consecutive shuffled blocks.
+
+    Args:
+      blocks: each block's number of rows, in the source's order.
+      window: blocks per window; the last window of an epoch may hold fewer.
+
+    Cost per batch: one shuffle of the blocks for each epoch the batch touches (one,
+    or two at an epoch's end), O(blocks), then O(log blocks) per row.
+    """
+
+    def __init__(self, blocks: Sequence[int], window: int):
+        if int(window) < 1:
+            raise UserError(f"a window of {window} blocks: give at least 1")
+        self.sizes = np.asarray(blocks, np.int64)
+        self.window = int(window)
+        self.starts = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
+        self.rows = int(self.sizes.sum())
+
+    def example(self, k: tf.Tensor, epoch_seed, window_seed) -> tf.Tensor:
+        """The row at each position ``k`` of the source's own stream.
+
+        ``epoch_seed(epochs)``: the key of each epoch's shuffle of the blocks;
+        ``window_seed(epochs, windows)``: that of each window's shuffle of its rows.
+        """
+        shape, k = tf.shape(k), tf.reshape(k, [-1])
+        count, n, w = len(self.sizes), self.rows, self.window
+        epoch, j = k // n, k % n
+        epochs, which = tf.unique(epoch, out_idx=tf.int64)  # one, or two at an epoch's end
+        slots = tf.tile(tf.range(count, dtype=tf.int64), [tf.size(epochs)])
+        keys = epoch_seed(tf.repeat(epochs, count))
+        order = tf.reshape(_shuffle(slots, keys, count), [-1, count])  # [epochs, slot]: block
+        ends = tf.cumsum(tf.gather(tf.constant(self.sizes), order), axis=1)
+        starts = ends - tf.gather(tf.constant(self.sizes), order)
+        each = tf.range(tf.size(k, out_type=tf.int64))
+
+        def at(slot):  # (epoch, slot) of each position, to gather by
+            return tf.stack([which, slot], -1)
+
+        def slot_of(offset):  # the slot whose rows hold each offset of its epoch
+            offsets = tf.tile(offset[None], [tf.size(epochs), 1])
+            found = tf.searchsorted(ends, offsets, side="right", out_type=tf.int64)
+            return tf.gather_nd(found, tf.stack([which, each], -1))
+
+        window = slot_of(j) // w
+        first = tf.gather_nd(starts, at(window * w))
+        end = tf.gather_nd(ends, at(tf.minimum(window * w + w, count) - 1))
+        within = _shuffle_sized(j - first, window_seed(epoch, window), end - first)
+        slot = slot_of(first + within)
+        block = tf.gather_nd(order, at(slot))
+        row = tf.gather(self.starts, block) + first + within - tf.gather_nd(starts, at(slot))
+        return tf.reshape(row, shape)
+
+
+def _shuffle_sized(index: tf.Tensor, seed: tf.Tensor, sizes: tf.Tensor) -> tf.Tensor:
+    """Position ``index`` of a permutation of ``[0, size)``, a size per index."""
+    return tf.raw_ops.RandomIndexShuffle(index=index, seed=seed, max_index=sizes - 1, rounds=4)
 
 
 def _shuffle(index: tf.Tensor, seed: tf.Tensor, n: int) -> tf.Tensor:

@@ -154,8 +154,10 @@ class RecordExamples:
     index, and parses each in parallel.
 
     Args:
-      records: the serialized examples, a ``RandomAccess``.
-      parse: one record (a scalar string tensor) to one example (a dict of tensors).
+      records: the serialized examples, a ``RandomAccess``; or a table's rows
+        (``datasets.tables.rows.Rows``), each record then a dict of its columns.
+      parse: one record (a scalar string tensor, or a dict) to one example (a dict of
+        tensors).
       name: names the source in messages.
       lengths: each parsed example's length, by row, when its examples vary in
         length and their lengths were kept when they were written (``prepare --text``
@@ -179,6 +181,11 @@ class RecordExamples:
     def nbytes(self) -> int | None:
         """Bytes the records take, when their source knows (decided before reading)."""
         return getattr(self.records, "nbytes", None)
+
+    @property
+    def windows(self):
+        """The blocks its records are decoded in (``order.Windows``), if any: Parquet's."""
+        return getattr(self.records, "windows", None)
 
     def examples(self, rows: tf.data.Dataset) -> tf.data.Dataset:
         """The examples at ``rows`` (a dataset of row numbers), in their order."""

@@ -31,11 +31,13 @@ import sysconfig
 
 import gin
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import tensorflow as tf
 
 from datasets import pipeline
 from datasets.text import input_fns, serving, windows
-from trainer import InputParams, Mode, UserError, errors
+from trainer import InputParams, Mode, UserError, errors, whole_files
 
 
 def modules(split: str) -> list[str]:
@@ -146,17 +148,33 @@ def _sources(folder: str) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    """``--functions PATH``: writes ``functions()`` as JSON lines to PATH."""
+    """``--functions PATH``: writes ``functions()`` to PATH, as JSON lines or Parquet.
+
+    Parquet (row groups of ``ROW_GROUP`` functions) when PATH ends in ``.parquet``.
+    """
     if len(argv) != 3 or argv[1] != "--functions":
         print("usage: python3 -m datasets.stdlib --functions data/functions.jsonl", file=sys.stderr)
         return 2
     rows = functions()
     os.makedirs(os.path.dirname(argv[2]) or ".", exist_ok=True)
-    with open(argv[2], "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(row) + "\n" for row in rows)
+    if argv[2].endswith(".parquet"):
+        _write_parquet(argv[2], rows)
+    else:
+        whole_files.write_atomically(argv[2], (json.dumps(row) + "\n" for row in rows))
     counts = {p: sum(r["label"] == p for r in rows) for p in PACKAGES}
     print(f"{argv[2]}: {len(rows):,} functions of {len(counts)} packages ({counts})")
     return 0
+
+
+ROW_GROUP = 1000  # functions per Parquet row group: 400 KB or so of text
+
+
+def _write_parquet(path: str, rows: list[dict]) -> None:
+    """``rows`` as one Parquet file, written beside ``path`` and renamed when whole."""
+    table = pa.table({"text": [r["text"] for r in rows], "label": [r["label"] for r in rows]})
+    partial = f"{path}.partial"
+    pq.write_table(table, partial, row_group_size=ROW_GROUP)
+    os.replace(partial, path)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ before TensorFlow starts (and strategies of different sizes cannot share a proce
 
 (several MAX_STEPS: train to each in turn, printing a table at each; CLIP: clip the
 gradient's global norm to it; RESUME_RUNS_INPUT=own in the environment: the input_fn a
-user writes from arrays instead of the framework's indexed one;
+user writes from arrays instead of the framework's indexed one; RESUME_RUNS_INPUT=parquet
+with RESUME_RUNS_PARQUET=FILE: the ids read by index from that Parquet file's ``id``
+column, a window of 2 row groups at a time (``datasets/tables/``);
 RESUME_RUNS_MICROBATCHES=k: each batch in k micro-batches). Under
 ``multi_worker:1`` each worker process runs it with its TF_CONFIG.
 
@@ -32,12 +34,13 @@ strategies.split_cpu(4 if SETUP[0] != "multi_worker" else int(SETUP[2]))
 if SETUP[0] == "multi_worker":
     strategies.make_strategy("multi_worker", [])  # before any op runs
 
+import gin  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from absl import logging  # noqa: E402
 
-from datasets import pipeline  # noqa: E402
+from datasets import pipeline, tables  # noqa: E402
 from trainer import Estimator, ModelFn, Spec  # noqa: E402
 from trainer.settings import Checkpoints, Devices, Optimization, Summaries  # noqa: E402
 
@@ -71,7 +74,15 @@ def own_input_fn(mode, params):
     return dataset.shuffle(EXAMPLES, seed=params.seed).repeat().batch(params.batch_size)
 
 
-INPUT_FNS = {"indexed": input_fn, "own": own_input_fn}
+def parquet_input_fn(mode, params):
+    """The ids read where they lie, by index: the file is larger than memory allows."""
+    gin.bind_parameter("pipeline.memory_limit_mb", 0)
+    rows = tables.input_fns.rows_of(os.environ["RESUME_RUNS_PARQUET"], {"id": "integer"}, window=2)
+    source = pipeline.RecordExamples(rows, lambda row: row, "ids")
+    return pipeline.build(source, mode, params, lambda e: ({"id": e["id"]}, {"id": e["id"]}))
+
+
+INPUT_FNS = {"indexed": input_fn, "own": own_input_fn, "parquet": parquet_input_fn}
 
 
 def main(model_dir: str, stops: list[int]) -> None:

@@ -1,0 +1,221 @@
+"""Tables read where they lie, by index: a text classifier's documents with no ``prepare``.
+
+In gin::
+
+    import datasets.tables
+    experiment.input_fn = @tables.input_fn
+    tables.input_fn.train = 'data/functions/train.parquet'   # a file, a folder or a glob
+    tables.input_fn.eval = 'data/functions/test.parquet'
+    tables.input_fn.tokenizer = 'words'
+    TextClassifier.vocab_size = @tables.vocab_size()
+
+``train`` and ``eval`` are Parquet files (one, a folder of them, or a glob) or a folder
+written by Hugging Face ``datasets``' ``save_to_disk`` (``split`` names one of a
+``DatasetDict``'s). ``text`` names the column of documents and ``label`` that of their
+classes: whole numbers, or class names, made class ids in sorted order of the training
+source's names. Rows are read by index (``datasets/tables/parquet.py``,
+``arrow.py``), held in memory when they fit ``pipeline.memory_limit_mb``, and batched
+as the other input functions are (buckets, grouping, token budgets).
+
+Tokenizers: ``bytes`` (each UTF-8 byte, ids 1 to 256) or ``words``, a vocabulary of
+the ``vocab_size - 3`` most frequent words learned from the training source's text
+column, once a process: one pass over that column (the cost ``prepare`` pays once, paid
+here at each start). An export takes strings and tokenizes them the same way.
+"""
+
+from __future__ import annotations
+
+import os
+
+import gin
+import numpy as np
+import pyarrow as pa
+import tensorflow as tf
+
+from datasets import lengths, packing, pipeline
+from datasets.tables import arrow, files, parquet
+from datasets.tables.rows import Rows, Subset
+from datasets.text.serving import tokenized_by
+from datasets.text.tokenizers import Tokenizer
+from datasets.text.writing import check_fraction, held_out
+from trainer import InputParams, Mode, UserError
+
+_MADE: dict = {}  # by (source, columns, ...): read and learned once a process
+
+
+def rows_of(where: str, columns: dict, split: str | None = None, window: int = 8):
+    """The rows of ``where`` (Parquet, or a ``save_to_disk`` folder), read by index."""
+    key = ("rows", os.path.abspath(where), tuple(columns.items()), split, window)
+    if key not in _MADE:
+        if os.path.isdir(where) and _saved_by_datasets(where):
+            folder = arrow.folder_of(where, split)
+            _MADE[key] = arrow.ArrowRows(arrow.data_files(folder), columns)
+        else:
+            paths = files.paths_of(where, parquet.SUFFIXES, "tables.input_fn's source")
+            _MADE[key] = parquet.ParquetRows(paths, columns, window)
+    return _MADE[key]
+
+
+@gin.configurable("tables.input_fn")
+def input_fn(
+    mode: Mode,
+    params: InputParams,
+    train: str = gin.REQUIRED,
+    eval: str | None = None,
+    text: str = "text",
+    label: str = "label",
+    tokenizer: str = "bytes",
+    vocab_size: int = 8000,
+    longest: int = 512,
+    split: str | None = None,
+    eval_split: str | None = None,
+    eval_fraction: float | None = None,
+    window: int = 8,
+) -> tf.data.Dataset:
+    """Batches of ``({'tokens': int64 [batch, length]}, {'label': int64 [batch]})``.
+
+    ``eval_fraction``: with no ``eval``, the share of ``train``'s rows held out to
+    evaluate on, spread evenly as ``prepare --eval_fraction`` holds them out (0.1: the
+    10th, 20th, ... row), so that both read the same split. ``longest``: the most
+    tokens of a document kept (its first). ``window``: Parquet row groups per window
+    of the training order (``order.Windows``).
+    """
+    training, held = mode == Mode.TRAIN, eval is None and bool(eval_fraction)
+    where, part = (train, split) if training or held else (eval, eval_split)
+    if where is None:
+        raise UserError(
+            f"tables.input_fn has no rows to {mode.value} on: give its eval, or an "
+            "eval_fraction of train's rows to hold out"
+        )
+    classes = classes_of(train, label, split)
+    columns = {text: "text", label: "text" if classes is not None else "integer"}
+    words = tokenizer_of(train, text, split, tokenizer, vocab_size)
+    rows = rows_of(where, columns, part, window)
+    kept = _lengths(where, part, text, words, longest) if _sorted_or_packed() else None
+    if held:
+        rows = _held_out(rows, eval_fraction, keep=not training)
+        kept = None if kept is None else kept[rows.kept]
+    example = _example(words, text, label, classes, longest)
+    name = f"{os.path.basename(os.path.normpath(where))}{'-' + part if part else ''}"
+    source = pipeline.RecordExamples(rows, lambda row: row, name, lengths=kept)
+    return tokenized_by(pipeline.build(source, mode, params, example, name=name), words, longest)
+
+
+@gin.configurable("tables.vocab_size")
+def vocab_size() -> int:
+    """The ids of ``tables.input_fn``'s tokenizer, padding included (an embedding's rows)."""
+    query = gin.query_parameter
+    tokenizer = _bound("tables.input_fn.tokenizer", "bytes")
+    if tokenizer == "bytes":
+        return 257
+    return tokenizer_of(
+        query("tables.input_fn.train"),
+        _bound("tables.input_fn.text", "text"),
+        _bound("tables.input_fn.split", None),
+        tokenizer,
+        _bound("tables.input_fn.vocab_size", 8000),
+    ).vocab_size
+
+
+def tokenizer_of(where: str, text: str, split, kind: str, vocab_size: int) -> Tokenizer:
+    """The tokenizer, its words learned from ``where``'s ``text`` column, once a process."""
+    key = ("tokenizer", os.path.abspath(where), text, split, kind, vocab_size)
+    if key not in _MADE:
+        if kind not in ("bytes", "words"):
+            raise UserError(
+                f"tables.input_fn.tokenizer = {kind!r}: read in place, text is tokenized by "
+                "'bytes' or 'words'; for wordpiece or sentencepiece, prepare the text with "
+                "python3 -m datasets.prepare --text"
+            )
+        rows = rows_of(where, {text: "text"}, split)
+        _MADE[key] = Tokenizer.learned(kind, _chunks(rows, text), vocab_size)
+    return _MADE[key]
+
+
+def classes_of(where: str, label: str, split) -> list[str] | None:
+    """The class names of ``where``'s ``label`` column, sorted, or None for class ids."""
+    key = ("classes", os.path.abspath(where), label, split)
+    if key not in _MADE:
+        _MADE[key] = None  # whole numbers already, or a column the rows' check names
+        if _is_text(rows_of(where, {}, split).schema, label):
+            rows = rows_of(where, {label: "text"}, split)
+            _MADE[key] = sorted({name for chunk in _chunks(rows, label) for name in chunk})
+    return _MADE[key]
+
+
+def _is_text(schema: pa.Schema, name: str) -> bool:
+    index = schema.get_field_index(name)
+    return index >= 0 and pa.types.is_string(schema.field(index).type)
+
+
+def _example(words: Tokenizer, text: str, label: str, classes, longest: int):
+    """``preprocess``: a row's ``({'tokens'}, {'label'})``."""
+    ids = None
+    if classes is not None:
+        with tf.init_scope():  # made once, eagerly: datasets capture it
+            numbered = tf.range(len(classes), dtype=tf.int64)
+            ids = tf.lookup.StaticHashTable(
+                tf.lookup.KeyValueTensorInitializer(classes, numbered), -1
+            )
+
+    def example(row: dict):
+        tokens = words.tokenize(row[text][None])[0][:longest]
+        found = row[label] if ids is None else ids.lookup(row[label])
+        return {"tokens": tokens}, {"label": found}
+
+    return example
+
+
+def _chunks(rows, column: str, size: int = 10_000):
+    """A column's values, ``size`` rows at a time, in order."""
+    for start in range(0, len(rows), size):
+        values, problem = rows._read(np.arange(start, min(start + size, len(rows))))
+        if problem:
+            raise UserError(f"input data is corrupt ({problem})")
+        yield [v.decode() if isinstance(v, bytes) else v for v in values[0]]
+
+
+def _sorted_or_packed() -> bool:
+    """Whether batching reads the examples' lengths before their records."""
+    shapes = lengths.knobs()
+    return bool(shapes.group_batches or shapes.token_budget or packing.knobs().active)
+
+
+def _lengths(where: str, part, text: str, words: Tokenizer, longest: int) -> np.ndarray:
+    """Each row's length in tokens, at most ``longest``: what batches are planned by.
+
+    Grouping, token budgets and packing read them before the records. One pass over
+    ``where``'s text column, once a process (``words`` is kept in ``_MADE`` too, so its
+    ``id`` names it for as long).
+    """
+    key = ("lengths", os.path.abspath(where), part, text, id(words), longest)
+    if key not in _MADE:
+        rows = rows_of(where, {text: "text"}, part)
+        counted = [len(ids) for chunk in _chunks(rows, text) for ids in words.all_ids(chunk)]
+        _MADE[key] = np.minimum(np.asarray(counted, np.int64), longest)
+    return _MADE[key]
+
+
+def _held_out(rows: Rows, fraction: float, keep: bool) -> Subset:
+    """The rows held out (``keep``) or trained on, as ``prepare --eval_fraction`` splits."""
+    check_fraction(fraction)
+    counted = held_out(fraction).count(np.arange(len(rows) + 1, dtype=np.int64))
+    chosen = (np.diff(counted) > 0) == keep  # row n is held out when the count grows at it
+    if not chosen.any():
+        raise UserError(
+            f"tables.input_fn.eval_fraction = {fraction} of {len(rows)} rows holds none out "
+            "or keeps none: give more rows or another share"
+        )
+    return Subset(rows, np.flatnonzero(chosen))
+
+
+def _saved_by_datasets(folder: str) -> bool:
+    names = os.listdir(folder)
+    return arrow.STATE in names or arrow.SPLITS in names
+
+
+def _bound(name: str, default):
+    try:
+        return gin.query_parameter(name)
+    except ValueError:
+        return default
