@@ -75,6 +75,10 @@ NOT_RUN = {
     "--vocab_size 8000 --out data/functions": "test_experiments.py prepares the same file so",
     "python3 -m trainer --gin_file experiments/text_classifier.gin": "75 s whole; "
     "test_experiments.py runs it small on the functions prepared as its header says",
+    "python3 -m datasets.stdlib --functions data/functions.parquet": "test_tables.py runs "
+    "it as a command from a working directory, and its main before the recipe",
+    "python3 -m trainer --gin_file experiments/text_classifier_parquet.gin": "2.5 min whole; "
+    "test_tables.py runs it small from the Parquet file and from a save_to_disk folder",
 }
 # Two machines (host1, host2, /shared): tests/test_parallel.py runs these workers on 127.0.0.1.
 MULTI_WORKER = "TF_CONFIG="
