@@ -163,6 +163,9 @@ class RecordExamples:
         length and their lengths were kept when they were written (``prepare --text``
         keeps them): what ``lengths.group_batches`` sorts by and packing lays rows
         out by, without reading the records.
+      whole: a batch of records (as ``records.read`` gives them) to its examples,
+        parsed and preprocessed in one call: what training reads, faster than one
+        by one (a text column tokenized at once); None: one by one.
     """
 
     def __init__(
@@ -171,8 +174,10 @@ class RecordExamples:
         parse: Callable[[tf.Tensor], dict],
         name: str,
         lengths: np.ndarray | None = None,
+        whole: Callable[[tf.Tensor], tuple[dict, dict]] | None = None,
     ):
         self.records, self.parse, self.name, self.lengths = records, parse, name, lengths
+        self.whole = whole
 
     def __len__(self) -> int:
         return len(self.records)
@@ -225,7 +230,8 @@ def reader_of(data, examples: ArraySource | None, preprocess: Callable) -> Reade
     if examples is not None:
         return Reader(lambda rows: rows, examples.gather, examples.gather)
     if isinstance(data, RecordExamples):
-        return Reader(data.records.read, lambda record: preprocess(data.parse(record)))
+        example = lambda record: preprocess(data.parse(record))  # noqa: E731
+        return Reader(data.records.read, example, data.whole)
     return Reader(lambda rows: rows, lambda row: preprocess(data.gather(row)))
 
 

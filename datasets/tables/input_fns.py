@@ -97,7 +97,7 @@ def input_fn(
         kept = None if kept is None else kept[rows.kept]
     example = _example(words, text, label, classes, longest)
     name = f"{os.path.basename(os.path.normpath(where))}{'-' + part if part else ''}"
-    source = pipeline.RecordExamples(rows, lambda row: row, name, lengths=kept)
+    source = pipeline.RecordExamples(rows, lambda row: row, name, kept, _batched(example))
     return tokenized_by(pipeline.build(source, mode, params, example, name=name), words, longest)
 
 
@@ -148,8 +148,13 @@ def _is_text(schema: pa.Schema, name: str) -> bool:
     return index >= 0 and pa.types.is_string(schema.field(index).type)
 
 
+def _batched(example):
+    """A batch of rows' examples in one call: ``example`` takes one row or many."""
+    return lambda rows: example(rows, batched=True)
+
+
 def _example(words: Tokenizer, text: str, label: str, classes, longest: int):
-    """``preprocess``: a row's ``({'tokens'}, {'label'})``."""
+    """``preprocess``: a row's ``({'tokens'}, {'label'})``, or a batch's (``batched``)."""
     ids = None
     if classes is not None:
         with tf.init_scope():  # made once, eagerly: datasets capture it
@@ -158,10 +163,11 @@ def _example(words: Tokenizer, text: str, label: str, classes, longest: int):
                 tf.lookup.KeyValueTensorInitializer(classes, numbered), -1
             )
 
-    def example(row: dict):
-        tokens = words.tokenize(row[text][None])[0][:longest]
+    def example(row: dict, batched: bool = False):
+        texts = row[text] if batched else row[text][None]
+        tokens = words.tokenize(texts)[:, :longest]
         found = row[label] if ids is None else ids.lookup(row[label])
-        return {"tokens": tokens}, {"label": found}
+        return {"tokens": tokens if batched else tokens[0]}, {"label": found}
 
     return example
 
