@@ -16,8 +16,8 @@
 ``--data_dir`` (nothing downloads here); one whose images vary in size (imagenet2012)
 is written encoded, as image folders are. Train with
 ``tfrecord.input_fn.data_dir = 'data/digits'``. ``--text`` is a file of documents
-(JSON lines, CSV, or one per line), tokenized once (``datasets/text/``); train with
-``text.input_fn.data_dir = 'data/reviews'``.
+(JSON lines, CSV, Parquet, a save_to_disk folder, or one per line), tokenized once
+(``datasets/text/``); train with ``text.input_fn.data_dir = 'data/reviews'``.
 """
 
 from __future__ import annotations
@@ -44,7 +44,12 @@ flags.DEFINE_string("image_key", "image/encoded", "--tfrecords: the encoded imag
 flags.DEFINE_string("label_key", "image/class/label", "--tfrecords: the class id's feature.")
 flags.DEFINE_integer("label_offset", 0, "--tfrecords: added to each label (-1: from 1).")
 flags.DEFINE_string("dataset", None, "'digits', or a TFDS image dataset present in --data_dir.")
-flags.DEFINE_string("text", None, "A file of documents: JSON lines, CSV, or one per line.")
+flags.DEFINE_string(
+    "text",
+    None,
+    "A file of documents: JSON lines, CSV, Parquet, a folder of datasets' save_to_disk, or "
+    "plain text, one per line.",
+)
 flags.DEFINE_string(
     "text_field", "text", "--text: the field of JSON lines or CSV holding the text."
 )

@@ -340,3 +340,48 @@ def test_the_text_classifier_recipe_runs_small_from_parquet_and_a_save_to_disk_f
     serve = trainer.load_export(exported["export_dir"]).signatures["serving_default"]
     served = serve(text=tf.constant(["def main(self):\n    return logging.getLogger()"]))
     assert list(served.values())[0].shape[0] == 1
+
+
+def test_prepare_takes_a_parquet_file_and_a_save_to_disk_folder_as_it_takes_json_lines(tmp_path):
+    """The same rows as JSON lines, Parquet and a save_to_disk folder prepare to the
+    same shards: the same classes, vocabulary, split and bytes."""
+    from datasets.text import preparation
+
+    table = pa.table({"text": TEXTS, "label": LABELS})
+    with open(tmp_path / "rows.jsonl", "w") as f:
+        f.writelines(json.dumps(row) + "\n" for row in table.to_pylist())
+    pq.write_table(table, tmp_path / "rows.parquet", row_group_size=64)
+    sources = {
+        "jsonl": str(tmp_path / "rows.jsonl"),
+        "parquet": str(tmp_path / "rows.parquet"),
+        "arrow": save_to_disk(table, tmp_path / "saved"),
+    }
+    prepared = {}
+    for name, source in sources.items():
+        metadata = preparation.prepare(source, str(tmp_path / name), "words", 40)
+        shards = sorted(p for p in os.listdir(tmp_path / name) if p.endswith(".tfrecord"))
+        data = [(tmp_path / name / shard).read_bytes() for shard in shards]
+        prepared[name] = ({k: v for k, v in metadata.items() if k != "source"}, data)
+    assert prepared["jsonl"][0]["classes"] == ["neg", "pos"]
+    assert prepared["parquet"] == prepared["jsonl"] == prepared["arrow"]
+
+
+def test_prepare_refuses_a_parquet_file_cut_short_in_one_line_and_writes_nothing(tmp_path):
+    path = write_parquet(tmp_path / "rows.parquet", {"text": TEXTS})
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+    proc = subprocess.run(
+        [sys.executable, "-m", "datasets.prepare", "--text", "rows.parquet", "--out", "out"],
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=REPO),
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert lines == [
+        "error: rows.parquet: not a whole Parquet file (Parquet magic bytes not found in "
+        "footer. Either the file is corrupted or this is not a parquet file.); it may be cut "
+        "short: copy or write it again"
+    ]
+    assert sorted(os.listdir(tmp_path)) == ["rows.parquet"]  # nothing written

@@ -7,6 +7,7 @@
 * ``rows``: what both are to the pipeline, a column's values at a batch of rows;
 * ``columns``: the columns read, by name and kind, checked against each file's schema;
 * ``files``: the files a source names (a file, a folder, a glob).
-"""
 
-from datasets.tables import input_fns  # noqa: F401 (registers tables.input_fn for gin)
+A gin file imports ``datasets.tables.input_fns`` (this package imports nothing, so that
+``prepare`` reads tables through ``parquet`` and ``arrow`` alone).
+"""

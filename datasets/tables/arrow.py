@@ -69,7 +69,7 @@ class ArrowRows(Rows):
     def __init__(self, paths: list[str], columns: Mapping[str, str]):
         super().__init__(columns)
         self.paths = paths
-        tables = [_mapped(path) for path in paths]
+        tables = [mapped(path) for path in paths]
         for path, table in zip(paths, tables, strict=True):
             kinds.check(table.schema, self.columns, path)
             kinds.check_same(table.schema, tables[0].schema, self.columns, path, paths[0])
@@ -93,7 +93,8 @@ class ArrowRows(Rows):
         return [kinds.to_numpy(taken.column(n), k) for n, k in self.columns.items()], ""
 
 
-def _mapped(path: str) -> pa.Table:
+def mapped(path: str) -> pa.Table:
+    """The Arrow stream at ``path``, memory-mapped; one cut short is one line."""
     try:
         # Not closed: the table's buffers are the mapped pages.
         return pa.ipc.open_stream(pa.memory_map(path)).read_all()

@@ -2,7 +2,7 @@
 
 In gin::
 
-    import datasets.tables
+    import datasets.tables.input_fns
     experiment.input_fn = @tables.input_fn
     tables.input_fn.train = 'data/functions/train.parquet'   # a file, a folder or a glob
     tables.input_fn.eval = 'data/functions/test.parquet'

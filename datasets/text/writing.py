@@ -21,9 +21,12 @@ import re
 from collections.abc import Callable, Iterator
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import tensorflow as tf
 
 from datasets.records import indexed, shards
+from datasets.tables import arrow, parquet
 from trainer import UserError
 
 CHUNK = 1000  # documents tokenized at once
@@ -97,15 +100,23 @@ def chunks(path: str, text_field: str, label_field: str) -> Iterator[tuple[list,
 
 
 def kind_of(path: str) -> str:
-    """'jsonl', 'csv' or 'lines', by the file's extension in any case (DOCS.JSONL too)."""
+    """'jsonl', 'csv', 'table' or 'lines', by the file's extension in any case.
+
+    'table': Parquet, or a folder written by datasets' save_to_disk.
+    """
     lowered = path.lower()
     if lowered.endswith((".jsonl", ".json")):
         return "jsonl"
+    if lowered.endswith(parquet.SUFFIXES) or os.path.isfile(os.path.join(path, arrow.STATE)):
+        return "table"
     return "csv" if lowered.endswith(".csv") else "lines"
 
 
 def rows(path: str, text_field: str, label_field: str):
-    """``(line number, text, label or None)`` of each row, by the file's kind."""
+    """``(row number, text, label or None)`` of each row, by the file's kind."""
+    if kind_of(path) == "table":
+        yield from _table_rows(path, text_field, label_field)
+        return
     try:
         with open(path, "rb") as f:
             yield from _rows(_decoded(f, path), path, text_field, label_field)
@@ -127,8 +138,48 @@ def _check_readable_twice(path: str) -> None:
         )
 
 
+def _table_rows(path: str, text_field: str, label_field: str):
+    """A Parquet file's or save_to_disk folder's rows, its text column checked first.
+
+    A file cut short, a missing column, one of another type, nulls: one line each.
+    """
+    labelled = label_field in _table(path, {text_field: "text"}).schema.names
+    columns = [text_field] + [label_field] * labelled
+    number = 0
+    for batch in _batches(path, columns):
+        texts = batch.column(0).to_pylist()
+        labels = batch.column(1).to_pylist() if labelled else [None] * len(texts)
+        for text, label in zip(texts, labels, strict=True):
+            number += 1
+            yield number, text, _label(label, path, number)
+
+
+def _table(path: str, columns: dict):
+    """The rows of a Parquet file, or of a save_to_disk folder, ``columns`` checked."""
+    if os.path.isdir(path):
+        return arrow.ArrowRows(arrow.data_files(path), columns)
+    return parquet.ParquetRows([path], columns)
+
+
+def _batches(path: str, columns: list[str]):
+    """The table's ``columns``, ``CHUNK`` rows at a time.
+
+    A row group that fails to decode is one line naming the file.
+    """
+    if os.path.isdir(path):
+        for file in arrow.data_files(path):
+            yield from arrow.mapped(file).select(columns).to_batches(CHUNK)
+        return
+    try:
+        yield from pq.ParquetFile(path).iter_batches(CHUNK, columns=columns)
+    except (OSError, pa.ArrowException) as error:
+        raise UserError(f"{path}: a row group could not be decoded ({error})") from None
+
+
 def _fields_of_first(path: str) -> list[str]:
     """The fields of the file's first row (JSON lines or CSV), for a line about them."""
+    if kind_of(path) == "table":
+        return _table(path, {}).schema.names
     with open(path, "rb") as f:
         for line in _decoded(f, path):
             if kind_of(path) == "csv":

@@ -40,7 +40,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from absl import logging  # noqa: E402
 
-from datasets import pipeline, tables  # noqa: E402
+from datasets import pipeline  # noqa: E402
+from datasets.tables import input_fns as tables  # noqa: E402
 from trainer import Estimator, ModelFn, Spec  # noqa: E402
 from trainer.settings import Checkpoints, Devices, Optimization, Summaries  # noqa: E402
 
@@ -77,7 +78,7 @@ def own_input_fn(mode, params):
 def parquet_input_fn(mode, params):
     """The ids read where they lie, by index: the file is larger than memory allows."""
     gin.bind_parameter("pipeline.memory_limit_mb", 0)
-    rows = tables.input_fns.rows_of(os.environ["RESUME_RUNS_PARQUET"], {"id": "integer"}, window=2)
+    rows = tables.rows_of(os.environ["RESUME_RUNS_PARQUET"], {"id": "integer"}, window=2)
     source = pipeline.RecordExamples(rows, lambda row: row, "ids")
     return pipeline.build(source, mode, params, lambda e: ({"id": e["id"]}, {"id": e["id"]}))
 
