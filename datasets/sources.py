@@ -40,6 +40,8 @@ class ArraySource:
       name: names the source in messages.
     """
 
+    windows = None  # the blocks of the records it was read from (``RecordExamples.windows``)
+
     def __init__(self, arrays: Mapping | tuple, name: str = "source"):
         self.name = name
         self.arrays = tf.nest.map_structure(_held, arrays)
@@ -246,6 +248,7 @@ def in_memory(source, name: str, knobs: dict) -> ArraySource | RecordExamples | 
         else:
             held = in_memory(source.dataset(), name, knobs)
         if not isinstance(held, str):
+            held.windows = source.windows  # the same order in memory as on disk
             return held
         logging.info(
             "Reading %s by index from its records (%d examples; not in memory: %s)",

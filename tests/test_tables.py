@@ -385,3 +385,29 @@ def test_prepare_refuses_a_parquet_file_cut_short_in_one_line_and_writes_nothing
         "short: copy or write it again"
     ]
     assert sorted(os.listdir(tmp_path)) == ["rows.parquet"]  # nothing written
+
+
+def test_parquet_on_disk_makes_the_batches_it_makes_held_in_memory(tmp_path):
+    """Grouped by length into buckets and sized by a token budget: the rows read from
+    the file, by the window order, make the very batches the same rows held in memory
+    make (in the same order), from step 0 and from a resume."""
+    path = write_parquet(tmp_path / "t.parquet", {"text": TEXTS, "label": LABELS}, 32)
+    gin.bind_parameter("lengths.group_batches", 3)
+    gin.bind_parameter("lengths.buckets", [16, 32, 64])
+    gin.bind_parameter("lengths.token_budget", 256)
+
+    def read(memory_limit_mb, start=0, count=8):
+        input_fns._MADE.clear()
+        gin.bind_parameter("pipeline.memory_limit_mb", memory_limit_mb)
+        params = InputParams(8, 8, seed=4, start_example=start)
+        dataset = input_fns.input_fn(Mode.TRAIN, params, train=path, eval=path, longest=60)
+        return batches(dataset, count)
+
+    from_disk, in_memory = read(0), read(None)
+    for disk, memory in zip(from_disk, in_memory, strict=True):
+        tf.nest.map_structure(np.testing.assert_array_equal, disk, memory)
+    assert len({b[0]["tokens"].shape for b in from_disk}) > 1  # batches of several shapes
+    start = sum(len(b[1]["label"]) for b in from_disk[:3])
+    resumed = read(0, start, 5)
+    for again, straight in zip(resumed, from_disk[3:], strict=True):
+        tf.nest.map_structure(np.testing.assert_array_equal, again, straight)
