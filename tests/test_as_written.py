@@ -38,6 +38,8 @@ NOT_RUN = {
     'python3 -m pip install -e ".[docs]"': "CI's own install (the test extra has the docs')",
     "python3 -m datasets.prepare --text functions.jsonl --out data/functions": "a user's "
     "file: tests/test_text.py writes one (the standard library's functions) and runs it so",
+    "python3 -m datasets.prepare --text FILE.parquet": "a user's file: tests/test_tables.py "
+    "prepares a Parquet file and a save_to_disk folder so, and a cut-short one as a command",
     "python3 -m datasets.prepare --text reviews.jsonl --out data/reviews": "a user's file: "
     "tests/test_text.py runs the same command on a file of the standard library's functions",
     "python3 -m mlflow server --host 127.0.0.1 --port 5000 --backend-store-uri "
