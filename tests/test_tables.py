@@ -411,3 +411,17 @@ def test_parquet_on_disk_makes_the_batches_it_makes_held_in_memory(tmp_path):
     resumed = read(0, start, 5)
     for again, straight in zip(resumed, from_disk[3:], strict=True):
         tf.nest.map_structure(np.testing.assert_array_equal, again, straight)
+
+
+def test_eval_rows_with_a_class_the_training_rows_lack_are_refused_naming_it(tmp_path):
+    train = write_parquet(tmp_path / "train.parquet", {"text": TEXTS, "label": LABELS})
+    held = write_parquet(
+        tmp_path / "eval.parquet", {"text": TEXTS[:3], "label": ["pos", "neu", "neg"]}
+    )
+    params = InputParams(8, 8)
+    with pytest.raises(
+        UserError,
+        match=rf"^{held}: column 'label' holds 1 class name\(s\) the "
+        r"training rows do not have \('neu'; they have 'neg', 'pos'\)",
+    ):
+        input_fns.input_fn(Mode.EVAL, params, train=train, eval=held)

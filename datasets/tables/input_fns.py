@@ -88,6 +88,8 @@ def input_fn(
             "eval_fraction of train's rows to hold out"
         )
     classes = classes_of(train, label, split)
+    if classes is not None and where != train:
+        _check_known(classes_of(where, label, part), classes, where, label)
     columns = {text: "text", label: "text" if classes is not None else "integer"}
     words = tokenizer_of(train, text, split, tokenizer, vocab_size)
     rows = rows_of(where, columns, part, window)
@@ -141,6 +143,17 @@ def classes_of(where: str, label: str, split) -> list[str] | None:
             rows = rows_of(where, {label: "text"}, split)
             _MADE[key] = sorted({name for chunk in _chunks(rows, label) for name in chunk})
     return _MADE[key]
+
+
+def _check_known(found: list[str], classes: list[str], where: str, label: str) -> None:
+    """Refuses class names of ``where`` that the training rows do not have."""
+    unknown = sorted(set(found) - set(classes))
+    if unknown:
+        raise UserError(
+            f"{where}: column {label!r} holds {len(unknown)} class name(s) the training rows "
+            f"do not have ({', '.join(map(repr, unknown[:3]))}; they have "
+            f"{', '.join(map(repr, classes[:8]))}): evaluate on rows of the same classes"
+        )
 
 
 def _is_text(schema: pa.Schema, name: str) -> bool:
