@@ -425,3 +425,46 @@ def test_eval_rows_with_a_class_the_training_rows_lack_are_refused_naming_it(tmp
         r"training rows do not have \('neu'; they have 'neg', 'pos'\)",
     ):
         input_fns.input_fn(Mode.EVAL, params, train=train, eval=held)
+
+
+def test_two_workers_each_read_their_share_of_a_parquet_file_and_together_the_whole(tmp_path):
+    """Two input pipelines (one a worker) over a file read from disk: each yields its
+    replica's share of every step, and the two shares are the steps one pipeline reads
+    (evaluation: each reads every other row, together every row once)."""
+    path = write_parquet(tmp_path / "ids.parquet", {"id": np.arange(300)}, row_group_size=25)
+    gin.bind_parameter("pipeline.memory_limit_mb", 0)
+    rows = input_fns.rows_of(path, {"id": "integer"}, window=2)
+    source = pipeline.RecordExamples(rows, lambda row: row, "ids")
+    ids = lambda e: ({"id": e["id"]}, {})  # noqa: E731
+
+    def read(mode, count, **params):
+        dataset = pipeline.build(source, mode, InputParams(seed=6, **params), ids)
+        return [b[0]["id"] for b in batches(dataset, count)]
+
+    one = read(Mode.TRAIN, 12, batch_size=8, global_batch_size=16)  # replica 0, 1, 0, 1, ...
+    shares = [
+        read(
+            Mode.TRAIN,
+            6,
+            batch_size=8,
+            global_batch_size=16,
+            num_input_pipelines=2,
+            input_pipeline_id=worker,
+        )
+        for worker in (0, 1)
+    ]
+    for step in range(6):
+        assert shares[0][step].tolist() == one[2 * step].tolist()
+        assert shares[1][step].tolist() == one[2 * step + 1].tolist()
+    evaluated = [
+        read(
+            Mode.EVAL,
+            10,
+            batch_size=50,
+            global_batch_size=100,
+            num_input_pipelines=2,
+            input_pipeline_id=worker,
+        )
+        for worker in (0, 1)
+    ]
+    assert sorted(np.concatenate(evaluated[0] + evaluated[1]).tolist()) == list(range(300))
