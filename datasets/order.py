@@ -165,8 +165,9 @@ class Windows:
         slots = tf.tile(tf.range(count, dtype=tf.int64), [tf.size(epochs)])
         keys = epoch_seed(tf.repeat(epochs, count))
         order = tf.reshape(_shuffle(slots, keys, count), [-1, count])  # [epochs, slot]: block
-        ends = tf.cumsum(tf.gather(tf.constant(self.sizes), order), axis=1)
-        starts = ends - tf.gather(tf.constant(self.sizes), order)
+        sizes = tf.gather(tf.constant(self.sizes), order)  # each slot's block's rows
+        ends = tf.cumsum(sizes, axis=1)
+        starts = ends - sizes
         each = tf.range(tf.size(k, out_type=tf.int64))
 
         def at(slot):  # (epoch, slot) of each position, to gather by

@@ -135,7 +135,7 @@ def build(
         return _sequential(sources, mode, params, preprocess, augment, weights, name, made)
     order = None
     if training:  # an empty source is refused before any work
-        windows = [getattr(h, "windows", None) for h in held]  # read a window at a time
+        windows = [h.windows for h in held]  # Parquet's row groups: read a window at a time
         order = Order([len(h) for h in held], weights, params.seed, windows)
         _warn_if_over_an_epoch(sum(len(h) for h in held), params, name)
     data = concat(held, name)

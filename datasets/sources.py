@@ -192,7 +192,7 @@ class RecordExamples:
     @property
     def windows(self):
         """The blocks its records are decoded in (``order.Windows``), if any: Parquet's."""
-        return getattr(self.records, "windows", None)
+        return getattr(self.records, "windows", None)  # a user's records may not say
 
     def examples(self, rows: tf.data.Dataset) -> tf.data.Dataset:
         """The examples at ``rows`` (a dataset of row numbers), in their order."""

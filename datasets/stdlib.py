@@ -173,8 +173,12 @@ def _write_parquet(path: str, rows: list[dict]) -> None:
     """``rows`` as one Parquet file, written beside ``path`` and renamed when whole."""
     table = pa.table({"text": [r["text"] for r in rows], "label": [r["label"] for r in rows]})
     partial = f"{path}.partial"
-    pq.write_table(table, partial, row_group_size=ROW_GROUP)
-    os.replace(partial, path)
+    try:
+        pq.write_table(table, partial, row_group_size=ROW_GROUP)
+        os.replace(partial, path)
+    finally:
+        if os.path.exists(partial):  # a failed write leaves nothing beside the file
+            os.remove(partial)
 
 
 if __name__ == "__main__":
