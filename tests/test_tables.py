@@ -250,7 +250,8 @@ def test_empty_files_and_folders_without_tables_are_refused(tmp_path):
         input_fns.rows_of(str(tmp_path / "empty.parquet"), {"text": "text"})
     os.makedirs(tmp_path / "none")
     (tmp_path / "none" / "notes.txt").write_text("x")
-    with pytest.raises(UserError, match=r"no \.parquet or \.pq file there; name a file"):
+    expected = r"no \.parquet, \.pq, \.jsonl, \.json or \.csv file there; name a file"
+    with pytest.raises(UserError, match=expected):
         input_fns.rows_of(str(tmp_path / "none"), {"text": "text"})
     with pytest.raises(UserError, match=r"'.*nowhere': no such file or folder"):
         input_fns.rows_of(str(tmp_path / "nowhere"), {"text": "text"})
@@ -287,7 +288,8 @@ def test_a_row_group_that_fails_to_decode_mid_epoch_is_named_with_its_group(tmp_
     gin.bind_parameter("pipeline.memory_limit_mb", 0)
     params = InputParams(batch_size=50, global_batch_size=50)
     dataset = pipeline.build(source, Mode.EVAL, params, lambda e: ({"text": e["text"]}, {}))
-    with pytest.raises(UserError, match=rf"input data is corrupt \({path}, row group 2: "):
+    expected = rf"^evaluation: {path}, row group 2: input data is corrupt \(.*\); re-copy"
+    with pytest.raises(UserError, match=expected):
         with errors.runtime_errors("evaluation"):
             batches(dataset, 10)
 

@@ -163,10 +163,18 @@ def runtime_errors(what: str):
         corrupt = re.match(r"input data is corrupt \(got (.*)\)$", text)
         if corrupt:  # a check of the input pipeline's own (datasets.records.indexed.RecordSource)
             raise UserError(
-                f"{what}: input data is corrupt ({corrupt.group(1)}); rebuild or re-copy "
-                "the data files"
+                f"{what}: input data is corrupt ({_unescaped(corrupt.group(1))}); rebuild or "
+                "re-copy the data files"
             ) from None
+        unread = re.match(r"input data cannot be read \(got (.*)\)$", text)
+        if unread:  # a table's row (datasets.tables.rows.Rows), what is wrong said whole
+            raise UserError(f"{what}: {_unescaped(unread.group(1))}") from None
         raise UserError(f"{what} failed: {text}") from None
+
+
+def _unescaped(text: str) -> str:
+    """A string tensor's value as TensorFlow prints it (quotes escaped), as written."""
+    return text.replace("\\'", "'").replace('\\"', '"')
 
 
 def outside_a_table(error: tf.errors.OpError) -> str | None:

@@ -64,7 +64,7 @@ def record_offsets(
       UserError: a corrupt record, or a shard holding other than ``expected`` records.
     """
     index_path = index_path or path + INDEX_SUFFIX
-    offsets = None if skip_corrupt else _saved_offsets(path, index_path)
+    offsets = None if skip_corrupt else saved_offsets(path, index_path)
     if offsets is None:
         offsets = _index(path, expected, skip_corrupt, index_path)
     if len(offsets) != expected and not skip_corrupt:
@@ -75,12 +75,12 @@ def record_offsets(
     return offsets
 
 
-def _saved_offsets(path: str, index: str) -> np.ndarray | None:
+def saved_offsets(path: str, index: str) -> np.ndarray | None:
     """The offsets in the shard's index, or None when it has none that can be trusted."""
     if not tf.io.gfile.exists(index):
         return None
     if tf.io.gfile.stat(index).mtime_nsec < tf.io.gfile.stat(path).mtime_nsec:
-        logging.info("%s is older than its shard; indexing again", index)
+        logging.warning("%s changed since its index %s was made; indexing it again", path, index)
         return None
     try:
         with tf.io.gfile.GFile(index, "rb") as f:

@@ -93,6 +93,13 @@ def to_numpy(array: pa.Array | pa.ChunkedArray, kind: str) -> np.ndarray:
     return array.to_numpy().astype(np.int64 if kind == "integer" else np.float32)
 
 
+def empty(count: int, kind: str) -> np.ndarray:
+    """A column's values to fill, of its tensor's type (a failed read returns them so)."""
+    if kind in ("text", "bytes"):
+        return np.full(count, b"", object)
+    return np.zeros(count, np.int64 if kind == "integer" else np.float32)
+
+
 def _type(schema: pa.Schema, name: str):
     index = schema.get_field_index(name)
     return schema.field(index).type if index >= 0 else "missing"

@@ -33,7 +33,7 @@ import pyarrow as pa
 import tensorflow as tf
 
 from datasets import lengths, packing, pipeline
-from datasets.tables import arrow, files, parquet
+from datasets.tables import arrow, files, lines, parquet
 from datasets.tables.rows import Rows, Subset
 from datasets.text.serving import tokenized_by
 from datasets.text.tokenizers import Tokenizer
@@ -51,9 +51,25 @@ def rows_of(where: str, columns: dict, split: str | None = None, window: int = 8
             folder = arrow.folder_of(where, split)
             _MADE[key] = arrow.ArrowRows(arrow.data_files(folder), columns)
         else:
-            paths = files.paths_of(where, parquet.SUFFIXES, "tables.input_fn's source")
-            _MADE[key] = parquet.ParquetRows(paths, columns, window)
+            paths = files.paths_of(where, SUFFIXES, "tables.input_fn's source")
+            _MADE[key] = _rows(where, paths, columns, window)
     return _MADE[key]
+
+
+SUFFIXES = parquet.SUFFIXES + lines.SUFFIXES
+
+
+def _rows(where: str, paths: list[str], columns: dict, window: int) -> Rows:
+    """Parquet's rows, or JSON lines' and CSV's, by the files' suffixes."""
+    in_lines = [p.lower().endswith(lines.SUFFIXES) for p in paths]
+    if all(in_lines):
+        return lines.LineRows(paths, columns)
+    if any(in_lines):
+        raise UserError(
+            f"{where} holds Parquet files and JSON lines or CSV files: one source is one "
+            "kind of file; give each kind as its own source"
+        )
+    return parquet.ParquetRows(paths, columns, window)
 
 
 @gin.configurable("tables.input_fn")
@@ -190,7 +206,7 @@ def _chunks(rows, column: str, size: int = 10_000):
     for start in range(0, len(rows), size):
         values, problem = rows._read(np.arange(start, min(start + size, len(rows))))
         if problem:
-            raise UserError(f"input data is corrupt ({problem})")
+            raise UserError(problem)
         yield [v.decode() if isinstance(v, bytes) else v for v in values[0]]
 
 

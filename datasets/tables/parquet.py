@@ -81,7 +81,7 @@ class ParquetRows(Rows):
 
     def _read(self, rows: np.ndarray) -> tuple[list[np.ndarray], str]:
         group_of = np.searchsorted(self.starts, rows, side="right") - 1
-        values = {name: _empty(len(rows), kind) for name, kind in self.columns.items()}
+        values = {name: kinds.empty(len(rows), kind) for name, kind in self.columns.items()}
         for group in np.unique(group_of).tolist():
             at = np.flatnonzero(group_of == group)
             table = self.decoded.get(group)
@@ -99,7 +99,10 @@ class ParquetRows(Rows):
             opened = pq.ParquetFile(self.paths[file], metadata=self.footers[file])
             return opened.read_row_group(index, columns=list(self.columns))
         except (OSError, pa.ArrowException) as error:
-            return f"{self.paths[file]}, row group {index}: {error}"
+            return (
+                f"{self.paths[file]}, row group {index}: input data is corrupt ({error}); "
+                "re-copy the file, or write it again"
+            )
 
 
 class Decoded:
@@ -151,10 +154,3 @@ def _check_nulls(footer: pq.FileMetaData, columns, path: str) -> None:
             if chunk.path_in_schema in columns and stats is not None and stats.has_null_count:
                 where = f"{path}, row group {g}"
                 kinds.check_no_nulls(stats.null_count, chunk.path_in_schema, where)
-
-
-def _empty(count: int, kind: str) -> np.ndarray:
-    """A column's values to fill, of its tensor's type (a failed read returns them so)."""
-    if kind in ("text", "bytes"):
-        return np.full(count, b"", object)
-    return np.zeros(count, np.int64 if kind == "integer" else np.float32)

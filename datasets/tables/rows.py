@@ -40,12 +40,16 @@ class Rows:
 
     @tf.autograph.experimental.do_not_convert
     def read(self, rows: tf.Tensor) -> dict[str, tf.Tensor]:
-        """``{column: values at rows}`` (``rows`` a vector); a failed read fails in one line."""
+        """``{column: values at rows}`` (``rows`` a vector); a failed read fails in one line.
+
+        What ``_read`` says went wrong is the line (``trainer.errors.runtime_errors``):
+        where, what, and how to fix it.
+        """
         out = tf.numpy_function(
             self._numpy, [rows], (*kinds.dtypes(self.columns), tf.string), stateful=False
         )
         *values, problem = out
-        check = tf.debugging.Assert(tf.equal(problem, ""), ["input data is corrupt", problem])
+        check = tf.debugging.Assert(tf.equal(problem, ""), ["input data cannot be read", problem])
         with tf.control_dependencies([check]):
             values = [tf.identity(v) for v in values]
         for v in values:

@@ -1,0 +1,247 @@
+"""JSON lines and CSV read in place (datasets/tables/lines.py): each row by its byte
+offsets, the offsets kept beside the file; a changed file, a line that is not JSON, a
+ragged CSV row: one line each, naming the file, the line and the byte."""
+
+import csv
+import json
+import os
+
+import gin
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import tensorflow as tf
+
+from datasets import pipeline
+from datasets.records import indexed
+from datasets.tables import input_fns, lines
+from trainer import InputParams, Mode, UserError, errors
+
+# Text a CSV must quote: commas, quotes, line breaks (Windows' too), and not ASCII.
+TEXTS = [f'doc {i}, "said" {"good " * (i % 5)}\nnext line\r\nlast é{i}' for i in range(240)]
+LABELS = ["pos" if i % 3 else "neg" for i in range(240)]
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    input_fns._MADE.clear()
+    lines._INDEXED.clear()
+    yield
+    input_fns._MADE.clear()
+    lines._INDEXED.clear()
+    gin.clear_config()
+
+
+def write_jsonl(path, rows, blank_every=50):
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        for i, row in enumerate(rows):
+            f.write(json.dumps(row, ensure_ascii=False) + ("\r\n" if i % 2 else "\n"))
+            if i % blank_every == 7:
+                f.write("\n")  # blank lines are no rows
+    return str(path)
+
+
+def write_csv(path, rows, bom=True):
+    with open(path, "w", encoding="utf-8-sig" if bom else "utf-8", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))  # Excel's dialect: "\r\n"
+        writer.writeheader()
+        writer.writerows(rows)
+    return str(path)
+
+
+def rows_of(texts=TEXTS, labels=LABELS):
+    return [{"text": t, "label": label} for t, label in zip(texts, labels, strict=True)]
+
+
+def batches(dataset, count):
+    return [tf.nest.map_structure(lambda t: t.numpy(), b) for b in dataset.take(count)]
+
+
+def test_json_lines_and_csv_give_the_batches_parquet_gives(tmp_path):
+    """The same rows three ways, quoted line breaks, a byte-order mark, Windows line
+    ends and blank lines among them: evaluation's batches are equal, and training read
+    by index from disk makes the batches it makes with the rows held in memory."""
+    table = pa.Table.from_pylist(rows_of())
+    parquet = str(tmp_path / "t.parquet")
+    pq.write_table(table, parquet, row_group_size=60)
+    sources = {
+        "parquet": parquet,
+        "jsonl": write_jsonl(tmp_path / "t.jsonl", rows_of()),
+        "csv": write_csv(tmp_path / "t.csv", rows_of()),
+    }
+    params = InputParams(batch_size=64, global_batch_size=64)
+    found = {}
+    for name, where in sources.items():
+        dataset = input_fns.input_fn(Mode.EVAL, params, train=where, eval=where, longest=80)
+        found[name] = batches(dataset, 10)
+    assert sum(len(b[1]["label"]) for b in found["jsonl"]) == 240
+    for name in ("jsonl", "csv"):
+        for theirs, parquets in zip(found[name], found["parquet"], strict=True):
+            tf.nest.map_structure(np.testing.assert_array_equal, theirs, parquets)
+    first = bytes(int(t) - 1 for t in found["csv"][0][0]["tokens"][0] if t).decode()
+    assert first == TEXTS[0][:80].encode()[:80].decode()
+    assert os.path.isfile(sources["csv"] + indexed.INDEX_SUFFIX)  # kept beside the file
+
+    def train(memory_limit_mb):
+        input_fns._MADE.clear()
+        gin.bind_parameter("pipeline.memory_limit_mb", memory_limit_mb)
+        read = InputParams(batch_size=32, global_batch_size=32, seed=3)
+        return batches(input_fns.input_fn(Mode.TRAIN, read, train=sources["jsonl"]), 9)
+
+    for disk, memory in zip(train(0), train(None), strict=True):
+        tf.nest.map_structure(np.testing.assert_array_equal, disk, memory)
+
+
+def test_the_index_is_made_once_and_made_again_when_the_file_changes(tmp_path, caplog):
+    """The second start reads the index kept beside the file; a file rewritten since is
+    indexed again, with a warning, and its new rows are read."""
+    path = write_jsonl(tmp_path / "t.jsonl", rows_of())
+    index = path + indexed.INDEX_SUFFIX
+    assert len(lines.LineRows([path], {"text": "text"})) == 240
+    made = os.stat(index).st_mtime_ns
+    lines._INDEXED.clear()
+    with caplog.at_level("INFO"):
+        again = lines.LineRows([path], {"text": "text"})
+    assert len(again) == 240 and os.stat(index).st_mtime_ns == made
+    assert not [r for r in caplog.records if "Indexing" in r.getMessage()]
+    write_jsonl(path, rows_of(TEXTS[:100], LABELS[:100]))
+    os.utime(index, ns=(made - 10**9, made - 10**9))  # older than the file
+    lines._INDEXED.clear()
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        rewritten = lines.LineRows([path], {"text": "text", "label": "text"})
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warned == [f"{path} changed since its index {index} was made; indexing it again"]
+    values, problem = rewritten._read(np.array([99, 0]))
+    assert problem == "" and values[0][0].decode() == TEXTS[99]
+
+
+def test_a_file_changed_during_training_fails_its_next_read_in_one_line(tmp_path):
+    path = write_jsonl(tmp_path / "t.jsonl", rows_of())
+    gin.bind_parameter("pipeline.memory_limit_mb", 0)
+    params = InputParams(batch_size=16, global_batch_size=16, seed=1)
+    dataset = iter(input_fns.input_fn(Mode.TRAIN, params, train=path))
+    next(dataset)
+    size = os.path.getsize(path)
+    with open(path, "a") as f:
+        f.write(json.dumps({"text": "one more", "label": "pos"}) + "\n")
+    expected = (
+        rf"^training: {path} changed since it was indexed "
+        rf"\({size:,} bytes then, {size + 37:,} now\): its rows' offsets are stale; restart the "
+        "run to index it again, or leave the file alone while training reads it$"
+    )
+    with pytest.raises(UserError, match=expected):
+        with errors.runtime_errors("training"):
+            for _ in range(40):  # past the batches read ahead before the change
+                next(dataset)
+
+
+def test_a_folder_that_cannot_be_written_to_is_indexed_at_each_start(tmp_path, monkeypatch):
+    """(Run as root here, no folder is read-only: the save is made to fail instead.)"""
+    path = write_csv(tmp_path / "t.csv", rows_of())
+
+    def refused(*_):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(indexed, "write_index", refused)
+    rows = lines.LineRows([path], {"text": "text", "label": "text"})
+    assert len(rows) == 240 and not os.path.exists(path + indexed.INDEX_SUFFIX)
+    assert rows._read(np.array([5]))[0][0][0].decode() == TEXTS[5]
+
+
+# ---------------------------------------------------------------- bad input, one line each
+
+
+def _line_and_byte(path, row_text):
+    data = open(path, "rb").read()
+    at = data.index(row_text.encode())
+    return data[:at].count(b"\n") + 1, at
+
+
+def test_a_json_line_that_is_not_json_is_named_by_its_line_and_byte(tmp_path):
+    """In the rows checked at the start, it stops the start; further on, the read of it,
+    mid-epoch."""
+    rows = [json.dumps(r) for r in rows_of()]
+    rows[3] = '{"text": "cut short", "label": "pos"'
+    path = tmp_path / "early.jsonl"
+    path.write_text("\n".join(rows) + "\n")
+    line, at = _line_and_byte(path, rows[3])
+    with pytest.raises(UserError, match=rf"^{path}:{line} \(byte {at:,}\): not JSON \("):
+        lines.LineRows([str(path)], {"text": "text"})
+    rows[3], rows[200] = rows[4], "[1, 2]"
+    path = tmp_path / "late.jsonl"
+    path.write_text("\n".join(rows) + "\n")
+    line, at = _line_and_byte(path, rows[200])
+    gin.bind_parameter("pipeline.memory_limit_mb", 0)
+    source = lines.LineRows([str(path)], {"text": "text"})
+    read = pipeline.RecordExamples(source, lambda row: row, "late")
+    params = InputParams(batch_size=50, global_batch_size=50)
+    dataset = pipeline.build(read, Mode.EVAL, params, lambda e: ({"text": e["text"]}, {}))
+    expected = rf"{path}:{line} \(byte {at:,}\): a JSON list, not an object of columns"
+    with pytest.raises(UserError, match=rf"^evaluation: {expected}: a JSON lines file holds"):
+        with errors.runtime_errors("evaluation"):
+            batches(dataset, 10)
+    assert line == 201
+
+
+def test_a_ragged_csv_row_is_named_by_its_line_and_byte(tmp_path):
+    path = tmp_path / "t.csv"
+    body = "text,label\n" + "".join(f"row {i},pos\n" for i in range(150))
+    path.write_text(body.replace("row 120,pos", "row 120,with, a comma,pos"))
+    line, at = _line_and_byte(path, "row 120,")
+    rows = lines.LineRows([str(path)], {"text": "text", "label": "text"})
+    values, problem = rows._read(np.array([119, 120]))
+    assert problem == (
+        f"{path}:{line} (byte {at:,}): 4 fields where the header row has 2: quote a field "
+        "that holds a comma"
+    )
+    assert line == 122
+
+
+@pytest.mark.parametrize(
+    "case, row, columns, expected",
+    [
+        ("missing", {"txt": "a"}, {"text": "text"}, r"{p}: no column 'text' \(it has txt\)"),
+        (
+            "a list as text",
+            {"text": [{"role": "user", "content": "hi"}]},
+            {"text": "text"},
+            r"{p}: column 'text' is list<.*>, not text \(string\): a list \(chat messages",
+        ),
+        (
+            "nulls",
+            {"text": None},
+            {"text": "text"},
+            r"{p} \(first 5 rows\): column 'text' holds 5 null",
+        ),
+        ("text as ids", {"n": "seven"}, {"n": "integer"}, r"{p}: column 'n' is string, not whole"),
+    ],
+)
+def test_columns_that_do_not_fit_are_refused_naming_the_file_and_column(
+    tmp_path, case, row, columns, expected
+):
+    path = write_jsonl(tmp_path / "t.jsonl", [row] * 5)
+    with pytest.raises(UserError, match="^" + expected.format(p=path)):
+        lines.LineRows([path], columns)
+
+
+def test_a_file_among_many_of_another_type_and_empty_sources_are_refused(tmp_path):
+    os.makedirs(tmp_path / "d")
+    write_jsonl(tmp_path / "d" / "a.jsonl", [{"n": 1}, {"n": 2}])
+    other = write_csv(tmp_path / "d" / "b.csv", [{"n": "1.5"}, {"n": "2"}])
+    with pytest.raises(UserError, match=rf"^{other}: column 'n' is double here but int64 in "):
+        input_fns.rows_of(str(tmp_path / "d"), {"n": "number"})
+    write_jsonl(tmp_path / "d" / "c.parquet", [{"n": 1}])
+    with pytest.raises(UserError, match=r"holds Parquet files and JSON lines or CSV files"):
+        input_fns.rows_of(str(tmp_path / "d"), {"n": "number"})
+    (tmp_path / "empty.jsonl").touch()
+    with pytest.raises(UserError, match=r"empty\.jsonl: the file is empty \(0 bytes\)"):
+        input_fns.rows_of(str(tmp_path / "empty.jsonl"), {"text": "text"})
+    (tmp_path / "header.csv").write_text("text,label\n")
+    with pytest.raises(UserError, match=r"header\.csv: no rows in 1 file"):
+        input_fns.rows_of(str(tmp_path / "header.csv"), {"text": "text"})
+    os.makedirs(tmp_path / "none")
+    (tmp_path / "none" / "notes.txt").write_text("x")
+    with pytest.raises(UserError, match=r"no \.parquet, \.pq, \.jsonl, \.json or \.csv file there"):
+        input_fns.rows_of(str(tmp_path / "none"), {"text": "text"})
