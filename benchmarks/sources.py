@@ -14,7 +14,9 @@ disk (``pipeline.memory_limit_mb = 0``) through its input_fn, examples/s:
 * ``parquet, full shuffle``: the same rows in the order of a source read row by row
   (no windows, two groups kept decoded), what a global shuffle costs Parquet;
 * ``parquet, file order``: an evaluation pass, every row once in order;
-* ``arrow, full shuffle``: the save_to_disk folder, memory-mapped.
+* ``arrow, full shuffle``: the save_to_disk folder, memory-mapped;
+* ``jsonl, full shuffle`` and ``csv, full shuffle``: the rows as JSON lines and as
+  CSV, each row read by its byte offsets (the index made before the first batch).
 
 Each Parquet row says how many bytes were decoded per example read (the groups
 decoded times their size, over the examples). Then the peak memory (the process's
@@ -39,6 +41,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import gin  # noqa: E402
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
+import pyarrow.csv  # noqa: E402, F401
 import pyarrow.parquet as pq  # noqa: E402
 from absl import logging  # noqa: E402
 
@@ -76,7 +79,11 @@ def write(table: pa.Table, root: str) -> dict[str, str]:
             writer.write_table(table, max_chunksize=1000)
     with open(os.path.join(saved, "state.json"), "w") as f:
         json.dump({"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}, f)
-    return {"shards": shards, "parquet": parquet, "arrow": saved}
+    in_place = {"jsonl": os.path.join(root, "table.jsonl"), "csv": os.path.join(root, "table.csv")}
+    with open(in_place["jsonl"], "w") as f:
+        f.writelines(json.dumps(row) + "\n" for row in table.to_pylist())
+    pa.csv.write_csv(table, in_place["csv"])
+    return {"shards": shards, "parquet": parquet, "arrow": saved, **in_place}
 
 
 def dataset(row: str, paths: dict, mode=Mode.TRAIN):
@@ -86,7 +93,7 @@ def dataset(row: str, paths: dict, mode=Mode.TRAIN):
     params = InputParams(BATCH, BATCH, seed=1)
     if row.startswith("shards"):
         return text.input_fn(mode, params, data_dir=paths["shards"])
-    where = paths["arrow" if row.startswith("arrow") else "parquet"]
+    where = paths[row.split(",")[0]]
     return tables.input_fn(mode, params, train=where, eval=where, longest=400)
 
 
@@ -124,7 +131,11 @@ def table_rows(paths: dict, batches: int) -> list[tuple[str, float, float | None
         rate = examples_per_second(data, batches)
         found.append((row, rate, decoded_per_example(parquet, (batches + 5) * BATCH)))
     tables._MADE.clear()
-    found.append(("arrow, full shuffle", examples_per_second(dataset("arrow", paths), batches), 0))
+    for row in ("arrow, full shuffle", "jsonl, full shuffle", "csv, full shuffle"):
+        tables._MADE.clear()
+        rate = examples_per_second(dataset(row, paths), batches)
+        read = rows_of(paths[row.split(",")[0]])  # a JSON line's or CSV row's own bytes
+        found.append((row, rate, 0 if row.startswith("arrow") else read.nbytes / len(read)))
     return found
 
 

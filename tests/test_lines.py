@@ -245,3 +245,34 @@ def test_a_file_among_many_of_another_type_and_empty_sources_are_refused(tmp_pat
     (tmp_path / "none" / "notes.txt").write_text("x")
     with pytest.raises(UserError, match=r"no \.parquet, \.pq, \.jsonl, \.json or \.csv file there"):
         input_fns.rows_of(str(tmp_path / "none"), {"text": "text"})
+
+
+def test_skip_corrupt_leaves_out_lines_that_cannot_be_read_and_says_how_many(tmp_path, caplog):
+    """A line cut short among the first rows (their types are still the others'), a row
+    without its label, one whose label is of another type: three rows skipped, the
+    rest trained on from disk in the full shuffle, every row once an epoch."""
+    rows = [json.dumps({"text": f"r{i}", "label": i % 2}) for i in range(200)]
+    rows[2] = rows[2][:-3]
+    rows[150] = json.dumps({"text": "r150"})
+    rows[160] = json.dumps({"text": "r160", "label": "one"})
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(rows) + "\n")
+    gin.bind_parameter("pipeline.memory_limit_mb", 0)
+    source = input_fns.Source(str(path), skip_corrupt=True)
+    with caplog.at_level("WARNING"):
+        kept = source.rows({"text": "text", "label": "integer"})
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    line, at = _line_and_byte(path, rows[150])
+    assert len(kept) == 197 and warned[1] == (
+        f"tables.input_fn.skip_corrupt ({path}): skipping 1 example(s): {path}:{line} "
+        f"(byte {at:,}): column 'label' is missing: give every row a value, or drop the row"
+    )
+    assert warned[-1].endswith(
+        "skipped 3 of 200 examples in all (3 problem(s), the first 3 said above)"
+    )
+    read = pipeline.RecordExamples(kept, lambda row: row, "texts")
+    params = InputParams(batch_size=197, global_batch_size=197, seed=2)
+    texts = lambda e: ({"text": e["text"]}, {})  # noqa: E731
+    (epoch,) = batches(pipeline.build(read, Mode.TRAIN, params, texts), 1)
+    expected = {f"r{i}".encode() for i in set(range(200)) - {2, 150, 160}}
+    assert len(epoch[0]["text"]) == 197 and set(epoch[0]["text"]) == expected

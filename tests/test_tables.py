@@ -294,6 +294,35 @@ def test_a_row_group_that_fails_to_decode_mid_epoch_is_named_with_its_group(tmp_
             batches(dataset, 10)
 
 
+def test_skip_corrupt_leaves_out_a_row_group_that_fails_to_decode_and_says_how_many(
+    tmp_path, caplog
+):
+    path = write_parquet(
+        tmp_path / "t.parquet", {"text": TEXTS, "label": LABELS}, row_group_size=100
+    )
+    column = pq.read_metadata(path).row_group(1).column(0)
+    with open(path, "r+b") as f:
+        f.seek(column.data_page_offset + 8)
+        f.write(b"\xff" * 64)
+    params = InputParams(batch_size=50, global_batch_size=50)
+    with caplog.at_level("WARNING"):
+        dataset = input_fns.input_fn(
+            Mode.EVAL, params, train=path, eval=path, skip_corrupt=True, longest=4000
+        )
+    tokens = np.concatenate([b[0]["tokens"][:, :3] for b in batches(dataset, 10)])
+    assert len(tokens) == 200  # row groups 0 and 2
+    knob = f"tables.input_fn.skip_corrupt ({path})"
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warned[0].startswith(
+        f"{knob}: skipping 100 example(s): {path}, row group 1: input data is corrupt ("
+    )
+    assert warned[1:] == [
+        f"{knob}: skipped 100 of 300 examples in all (1 problem(s), the first 1 said above)"
+    ]
+    first_of_group_2 = bytes(int(t) - 1 for t in tokens[100]).decode()
+    assert first_of_group_2 == TEXTS[200][:3]
+
+
 def test_the_stdlib_functions_written_as_parquet_are_read_as_the_recipe_reads_them(tmp_path):
     """``python3 -m datasets.stdlib --functions data/functions.parquet``, from a clone's
     root: a file of row groups, nothing left beside it."""

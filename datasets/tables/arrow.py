@@ -88,6 +88,10 @@ class ArrowRows(Rows):
         """The columns' size in the files."""
         return self.table.nbytes
 
+    def unreadable(self) -> list[tuple[np.ndarray, str]]:
+        """None: mapped and checked whole when opened, every row reads."""
+        return []
+
     def _read(self, rows: np.ndarray) -> tuple[list[np.ndarray], str]:
         taken = self.table.take(pa.array(rows))
         return [kinds.to_numpy(taken.column(n), k) for n, k in self.columns.items()], ""

@@ -9,12 +9,13 @@ In gin::
     tables.input_fn.tokenizer = 'words'
     TextClassifier.vocab_size = @tables.vocab_size()
 
-``train`` and ``eval`` are Parquet files (one, a folder of them, or a glob) or a folder
-written by Hugging Face ``datasets``' ``save_to_disk`` (``split`` names one of a
-``DatasetDict``'s). ``text`` names the column of documents and ``label`` that of their
-classes: whole numbers, or class names, made class ids in sorted order of the training
-source's names. Rows are read by index (``datasets/tables/parquet.py``,
-``arrow.py``), held in memory when they fit ``pipeline.memory_limit_mb``, and batched
+``train`` and ``eval`` are Parquet, JSON lines (``.jsonl``, ``.json``) or CSV files
+(one, a folder of them, or a glob; one kind a source) or a folder written by Hugging
+Face ``datasets``' ``save_to_disk`` (``split`` names one of a ``DatasetDict``'s).
+``text`` names the column of documents and ``label`` that of their classes: whole
+numbers, or class names, made class ids in sorted order of the training source's
+names. Rows are read by index (``datasets/tables/parquet.py``, ``arrow.py``,
+``lines.py``), held in memory when they fit ``pipeline.memory_limit_mb``, and batched
 as the other input functions are (buckets, grouping, token budgets).
 
 Tokenizers: ``bytes`` (each UTF-8 byte, ids 1 to 256) or ``words``, a vocabulary of
@@ -25,6 +26,7 @@ here at each start). An export takes strings and tokenizes them the same way.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import gin
@@ -34,7 +36,7 @@ import tensorflow as tf
 
 from datasets import lengths, packing, pipeline
 from datasets.tables import arrow, files, lines, parquet
-from datasets.tables.rows import Rows, Subset
+from datasets.tables.rows import Rows, Subset, readable
 from datasets.text.serving import tokenized_by
 from datasets.text.tokenizers import Tokenizer
 from datasets.text.writing import check_fraction, held_out
@@ -43,33 +45,89 @@ from trainer import InputParams, Mode, UserError
 _MADE: dict = {}  # by (source, columns, ...): read and learned once a process
 
 
-def rows_of(where: str, columns: dict, split: str | None = None, window: int = 8):
-    """The rows of ``where`` (Parquet, or a ``save_to_disk`` folder), read by index."""
-    key = ("rows", os.path.abspath(where), tuple(columns.items()), split, window)
+def rows_of(
+    where: str, columns: dict, split: str | None = None, window: int = 8, skipping: bool = False
+):
+    """The rows of ``where`` (Parquet, JSON lines, CSV, a ``save_to_disk`` folder), by index.
+
+    ``skipping``: rows that cannot be read are to be skipped, so none is refused yet.
+    """
+    key = ("rows", os.path.abspath(where), tuple(columns.items()), split, window, skipping)
     if key not in _MADE:
         if os.path.isdir(where) and _saved_by_datasets(where):
             folder = arrow.folder_of(where, split)
             _MADE[key] = arrow.ArrowRows(arrow.data_files(folder), columns)
         else:
             paths = files.paths_of(where, SUFFIXES, "tables.input_fn's source")
-            _MADE[key] = _rows(where, paths, columns, window)
+            _MADE[key] = _rows(where, paths, columns, window, skipping)
     return _MADE[key]
 
 
 SUFFIXES = parquet.SUFFIXES + lines.SUFFIXES
 
 
-def _rows(where: str, paths: list[str], columns: dict, window: int) -> Rows:
+def _rows(where: str, paths: list[str], columns: dict, window: int, skipping: bool) -> Rows:
     """Parquet's rows, or JSON lines' and CSV's, by the files' suffixes."""
     in_lines = [p.lower().endswith(lines.SUFFIXES) for p in paths]
     if all(in_lines):
-        return lines.LineRows(paths, columns)
+        return lines.LineRows(paths, columns, skipping)
     if any(in_lines):
         raise UserError(
             f"{where} holds Parquet files and JSON lines or CSV files: one source is one "
             "kind of file; give each kind as its own source"
         )
     return parquet.ParquetRows(paths, columns, window)
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """One of ``tables.input_fn``'s sources: where its rows lie, and which columns.
+
+    ``skip_corrupt``: leave out the rows that cannot be read (a Parquet row group that
+    fails to decode, a line that is not JSON or lacks a column), found by one read of
+    every row at the first use and counted in the log; without it such a row stops
+    the run when it is read. What is made of a source (its rows, classes, tokenizer,
+    lengths) is made once a process.
+    """
+
+    where: str
+    split: str | None = None
+    text: str = "text"
+    label: str = "label"
+    window: int = 8
+    skip_corrupt: bool = False
+
+    def rows(self, columns: dict) -> Rows:
+        """The source's ``columns`` read by index; with ``skip_corrupt``, its readable rows."""
+        rows = rows_of(self.where, columns, self.split, self.window, self.skip_corrupt)
+        kept = self.readable()
+        return rows if kept is None else Subset(rows, kept)
+
+    def readable(self) -> np.ndarray | None:
+        """The rows whose text and label read, or None when all are taken as they come."""
+        if not self.skip_corrupt:
+            return None
+        key = ("readable", self)
+        if key not in _MADE:
+            columns = {self.text: "text"}
+            if self.label in self.schema.names:
+                columns[self.label] = "text" if _is_text(self.schema, self.label) else "integer"
+            knob = f"tables.input_fn.skip_corrupt ({self.where})"
+            rows = rows_of(self.where, columns, self.split, self.window, skipping=True)
+            kept = readable(rows, knob)
+            _MADE[key] = None if len(kept) == len(rows) else kept
+        return _MADE[key]
+
+    @property
+    def schema(self) -> pa.Schema:
+        """Every column of the source's first file, read or not."""
+        return rows_of(self.where, {}, self.split, self.window, self.skip_corrupt).schema
+
+    @property
+    def name(self) -> str:
+        """Names the source in the log: its file or folder, and its split."""
+        split = f"-{self.split}" if self.split else ""
+        return f"{os.path.basename(os.path.normpath(self.where))}{split}"
 
 
 @gin.configurable("tables.input_fn")
@@ -87,6 +145,7 @@ def input_fn(
     eval_split: str | None = None,
     eval_fraction: float | None = None,
     window: int = 8,
+    skip_corrupt: bool = False,
 ) -> tf.data.Dataset:
     """Batches of ``({'tokens': int64 [batch, length]}, {'label': int64 [batch]})``.
 
@@ -94,50 +153,53 @@ def input_fn(
     evaluate on, spread evenly as ``prepare --eval_fraction`` holds them out (0.1: the
     10th, 20th, ... row), so that both read the same split. ``longest``: the most
     tokens of a document kept (its first). ``window``: Parquet row groups per window
-    of the training order (``order.Windows``).
+    of the training order (``order.Windows``). ``skip_corrupt``: see ``Source``.
     """
     training, held = mode == Mode.TRAIN, eval is None and bool(eval_fraction)
-    where, part = (train, split) if training or held else (eval, eval_split)
-    if where is None:
+    if not (training or held) and eval is None:
         raise UserError(
             f"tables.input_fn has no rows to {mode.value} on: give its eval, or an "
             "eval_fraction of train's rows to hold out"
         )
-    classes = classes_of(train, label, split)
-    if classes is not None and where != train:
-        _check_known(classes_of(where, label, part), classes, where, label)
-    columns = {text: "text", label: "text" if classes is not None else "integer"}
-    words = tokenizer_of(train, text, split, tokenizer, vocab_size)
-    rows = rows_of(where, columns, part, window)
-    kept = _lengths(where, part, text, words, longest) if _sorted_or_packed() else None
+    trained = Source(train, split, text, label, window, skip_corrupt)
+    read = (
+        trained if training or held else Source(eval, eval_split, text, label, window, skip_corrupt)
+    )
+    classes = classes_of(trained)
+    if classes is not None and read != trained:
+        _check_known(classes_of(read), classes, read.where, label)
+    words = tokenizer_of(trained, tokenizer, vocab_size)
+    rows = read.rows({text: "text", label: "text" if classes is not None else "integer"})
+    kept = _lengths(read, words, longest) if _sorted_or_packed() else None
     if held:
         rows = _held_out(rows, eval_fraction, keep=not training)
         kept = None if kept is None else kept[rows.kept]
     example = _example(words, text, label, classes, longest)
-    name = f"{os.path.basename(os.path.normpath(where))}{'-' + part if part else ''}"
-    source = pipeline.RecordExamples(rows, lambda row: row, name, kept, _batched(example))
-    return tokenized_by(pipeline.build(source, mode, params, example, name=name), words, longest)
+    source = pipeline.RecordExamples(rows, lambda row: row, read.name, kept, _batched(example))
+    built = pipeline.build(source, mode, params, example, name=read.name)
+    return tokenized_by(built, words, longest)
 
 
 @gin.configurable("tables.vocab_size")
 def vocab_size() -> int:
     """The ids of ``tables.input_fn``'s tokenizer, padding included (an embedding's rows)."""
-    query = gin.query_parameter
     tokenizer = _bound("tables.input_fn.tokenizer", "bytes")
     if tokenizer == "bytes":
         return 257
-    return tokenizer_of(
-        query("tables.input_fn.train"),
-        _bound("tables.input_fn.text", "text"),
+    trained = Source(
+        gin.query_parameter("tables.input_fn.train"),
         _bound("tables.input_fn.split", None),
-        tokenizer,
-        _bound("tables.input_fn.vocab_size", 8000),
-    ).vocab_size
+        _bound("tables.input_fn.text", "text"),
+        _bound("tables.input_fn.label", "label"),
+        _bound("tables.input_fn.window", 8),
+        _bound("tables.input_fn.skip_corrupt", False),
+    )
+    return tokenizer_of(trained, tokenizer, _bound("tables.input_fn.vocab_size", 8000)).vocab_size
 
 
-def tokenizer_of(where: str, text: str, split, kind: str, vocab_size: int) -> Tokenizer:
-    """The tokenizer, its words learned from ``where``'s ``text`` column, once a process."""
-    key = ("tokenizer", os.path.abspath(where), text, split, kind, vocab_size)
+def tokenizer_of(source: Source, kind: str, vocab_size: int) -> Tokenizer:
+    """The tokenizer, its words learned from the source's text column, once a process."""
+    key = ("tokenizer", source, kind, vocab_size)
     if key not in _MADE:
         if kind not in ("bytes", "words"):
             raise UserError(
@@ -145,19 +207,19 @@ def tokenizer_of(where: str, text: str, split, kind: str, vocab_size: int) -> To
                 "'bytes' or 'words'; for wordpiece or sentencepiece, prepare the text with "
                 "python3 -m datasets.prepare --text"
             )
-        rows = rows_of(where, {text: "text"}, split)
-        _MADE[key] = Tokenizer.learned(kind, _chunks(rows, text), vocab_size)
+        rows = source.rows({source.text: "text"})
+        _MADE[key] = Tokenizer.learned(kind, _chunks(rows, source.text), vocab_size)
     return _MADE[key]
 
 
-def classes_of(where: str, label: str, split) -> list[str] | None:
-    """The class names of ``where``'s ``label`` column, sorted, or None for class ids."""
-    key = ("classes", os.path.abspath(where), label, split)
+def classes_of(source: Source) -> list[str] | None:
+    """The class names of the source's label column, sorted, or None for class ids."""
+    key = ("classes", source)
     if key not in _MADE:
         _MADE[key] = None  # whole numbers already, or a column the rows' check names
-        if _is_text(rows_of(where, {}, split).schema, label):
-            rows = rows_of(where, {label: "text"}, split)
-            _MADE[key] = sorted({name for chunk in _chunks(rows, label) for name in chunk})
+        if _is_text(source.schema, source.label):
+            rows = source.rows({source.label: "text"})
+            _MADE[key] = sorted({name for chunk in _chunks(rows, source.label) for name in chunk})
     return _MADE[key]
 
 
@@ -216,17 +278,18 @@ def _sorted_or_packed() -> bool:
     return bool(shapes.group_batches or shapes.token_budget or packing.knobs().active)
 
 
-def _lengths(where: str, part, text: str, words: Tokenizer, longest: int) -> np.ndarray:
+def _lengths(source: Source, words: Tokenizer, longest: int) -> np.ndarray:
     """Each row's length in tokens, at most ``longest``: what batches are planned by.
 
     Grouping, token budgets and packing read them before the records. One pass over
-    ``where``'s text column, once a process (``words`` is kept in ``_MADE`` too, so its
-    ``id`` names it for as long).
+    the source's text column, once a process (``words`` is kept in ``_MADE`` too, so
+    its ``id`` names it for as long).
     """
-    key = ("lengths", os.path.abspath(where), part, text, id(words), longest)
+    key = ("lengths", source, id(words), longest)
     if key not in _MADE:
-        rows = rows_of(where, {text: "text"}, part)
-        counted = [len(ids) for chunk in _chunks(rows, text) for ids in words.all_ids(chunk)]
+        rows = source.rows({source.text: "text"})
+        chunks = _chunks(rows, source.text)
+        counted = [len(ids) for chunk in chunks for ids in words.all_ids(chunk)]
         _MADE[key] = np.minimum(np.asarray(counted, np.int64), longest)
     return _MADE[key]
 

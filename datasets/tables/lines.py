@@ -53,10 +53,13 @@ class LineRows(Rows):
     Args:
       paths: the files, in order (``files.paths_of``); each parsed by its suffix.
       columns: the columns to read and their kinds (``columns.KINDS``).
+      skipping: rows that cannot be read are to be skipped (``rows.readable``): the
+        sampled rows' types are those of the rows that read, and none is refused here.
     """
 
-    def __init__(self, paths: Sequence[str], columns: Mapping[str, str]):
+    def __init__(self, paths: Sequence[str], columns: Mapping[str, str], skipping=False):
         super().__init__(columns)
+        self.skipping = skipping
         self.paths = list(paths)
         self.stamps = [_stamp(path) for path in self.paths]  # before the index pass
         self.records = [record_starts(path) for path in self.paths]
@@ -132,15 +135,15 @@ class LineRows(Rows):
         rows = []
         for row in range(min(SAMPLE, count)):
             fields, problem = self._row(file, row)
-            if problem:
+            if problem and not self.skipping:
                 raise UserError(self._where(file, int(self.starts[file]) + row) + problem)
-            rows.append(fields)
+            rows += [] if problem else [fields]
         names = list(dict.fromkeys(name for fields in rows for name in fields))
         csv_file = self.headers[file] is not None
         types = [_type([fields.get(name) for fields in rows], csv_file) for name in names]
         for name in self.columns:
             nulls = sum(fields.get(name) is None for fields in rows)
-            if name in names:
+            if name in names and not self.skipping:  # else the rows are skipped
                 kinds.check_no_nulls(nulls, name, f"{self.paths[file]} (first {len(rows)} rows)")
         return pa.schema(list(zip(names, types, strict=True)))
 

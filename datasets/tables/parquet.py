@@ -92,6 +92,15 @@ class ParquetRows(Rows):
                 values[name][at] = kinds.to_numpy(taken.column(name), kind)
         return list(values.values()), ""
 
+    def unreadable(self) -> list[tuple[np.ndarray, str]]:
+        """The rows of each row group that fails to decode: each group decoded once."""
+        found = []
+        for group in range(len(self.groups)):
+            problem = self._decode(group)
+            if isinstance(problem, str):
+                found.append((np.arange(self.starts[group], self.starts[group + 1]), problem))
+        return found
+
     def _decode(self, group: int) -> pa.Table | str:
         """Row group ``group`` of the source, its columns read, or what failed, where."""
         file, index = self.groups[group]

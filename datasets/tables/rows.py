@@ -7,9 +7,14 @@ from collections.abc import Mapping
 import numpy as np
 import pyarrow as pa
 import tensorflow as tf
+from absl import logging
 
 from datasets.order import Windows
 from datasets.tables import columns as kinds
+from trainer import UserError
+
+CHECKED = 4096  # rows read at once by the check of every row (``Rows.unreadable``)
+SAID = 5  # problems said one by one in the log when rows are skipped
 
 
 class Rows:
@@ -34,6 +39,22 @@ class Rows:
         """Each column's values at ``rows``, and "" or what could not be read, where."""
         raise NotImplementedError
 
+    def unreadable(self) -> list[tuple[np.ndarray, str]]:
+        """The rows that cannot be read, each run of them with what is wrong, where.
+
+        One read of every row, ``CHECKED`` at a time, in order; a chunk that fails is
+        read again row by row. A subclass that decodes blocks checks each block once.
+        """
+        found = []
+        for start in range(0, len(self), CHECKED):
+            rows = np.arange(start, min(start + CHECKED, len(self)))
+            if self._read(rows)[1]:
+                found += [(rows[i : i + 1], p) for i, p in enumerate(map(self._problem, rows)) if p]
+        return found
+
+    def _problem(self, row: int) -> str:
+        return self._read(np.asarray([row]))[1]
+
     def _numpy(self, rows: np.ndarray):
         values, problem = self._read(rows)
         return (*values, np.asarray(problem.encode(), object))
@@ -55,6 +76,32 @@ class Rows:
         for v in values:
             v.set_shape(rows.shape)
         return dict(zip(self.columns, values, strict=True))
+
+
+def readable(rows: Rows, knob: str) -> np.ndarray:
+    """The rows of ``rows`` that can be read; those left out are counted in the log.
+
+    Raises:
+      UserError: when no row can be read.
+    """
+    found = rows.unreadable()
+    if not found:
+        return np.arange(len(rows))
+    skipped = np.concatenate([at for at, _ in found])
+    for at, problem in found[:SAID]:
+        logging.warning("%s: skipping %d example(s): %s", knob, len(at), problem)
+    logging.warning(
+        "%s: skipped %d of %d examples in all (%d problem(s), the first %d said above)",
+        knob,
+        len(skipped),
+        len(rows),
+        len(found),
+        min(len(found), SAID),
+    )
+    kept = np.setdiff1d(np.arange(len(rows)), skipped)
+    if not len(kept):
+        raise UserError(f"{knob}: no row can be read ({found[0][1]})")
+    return kept
 
 
 class Subset(Rows):
