@@ -500,6 +500,8 @@ FAULT_TESTS = (
     "tests/test_damaged_files.py",
     "tests/test_tfrecord.py",
     "tests/test_text.py",
+    "tests/test_tables.py",
+    "tests/test_lines.py",
 )
 
 
