@@ -17,7 +17,8 @@ first step (a missing column, a list where text is expected, nulls, another type
 than the first file's); a row further on that breaks them fails when it is read,
 naming the file, its line and its byte.
 
-Cost: the index pass reads each file once (about a second per GB), the index holds
+Cost: the index pass reads each file once (0.9 GB/s of JSON lines, 0.2 to 0.4 GB/s of
+CSV on this project's 2-core machine, the less for the more quotes), the index holds
 8 bytes a row, and a row read costs its own bytes: the order is a full shuffle.
 """
 
@@ -185,12 +186,12 @@ def _scan(path: str, quoted: bool) -> np.ndarray:
     with open(path, "rb") as f:
         while block := f.read(BLOCK):
             data = np.frombuffer(block, np.uint8)
-            found = data == ord("\n")
-            if quoted:  # the quotes seen so far, mod 2 (uint8 sums wrap at an even 256)
-                odd = (np.cumsum(data == ord('"'), dtype=np.uint8) + inside) & 1
-                found &= odd == 0
-                inside = int(odd[-1])
-            breaks.append(np.flatnonzero(found) + position)
+            found = np.flatnonzero(data == ord("\n"))
+            if quoted:  # a break after an even count of quotes, all told, ends a row
+                quotes = np.flatnonzero(data == ord('"'))
+                found = found[(np.searchsorted(quotes, found) + inside) % 2 == 0]
+                inside = (inside + len(quotes)) % 2
+            breaks.append(found + position)
             position += len(data)
     ends = np.concatenate([*breaks, [position]]).astype(np.int64)
     starts = np.concatenate([[0], ends[:-1] + 1])
