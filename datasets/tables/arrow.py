@@ -51,7 +51,8 @@ def data_files(folder: str) -> list[str]:
             "Parquet files, give them to parquet's input_fn"
         ) from None
     except json.JSONDecodeError as error:
-        raise UserError(f"{folder}/{STATE}: not JSON ({error}): save the dataset again") from None
+        said = kinds.one_line(error)
+        raise UserError(f"{folder}/{STATE}: not JSON ({said}): save the dataset again") from None
     files = state.get("_data_files") if isinstance(state, dict) else None
     listed = isinstance(files, list) and all(isinstance(f, dict) and "filename" in f for f in files)
     if not listed:
@@ -106,6 +107,6 @@ def mapped(path: str) -> pa.Table:
         raise UserError(f"{path}: listed in {STATE} but missing: copy the folder whole") from None
     except (OSError, pa.ArrowException) as error:
         raise UserError(
-            f"{path}: not a whole Arrow stream ({error}); it may be cut short: copy or save "
-            "the dataset again"
+            f"{path}: not a whole Arrow stream ({kinds.one_line(error)}); it may be cut short: "
+            "copy or save the dataset again"
         ) from None

@@ -93,6 +93,11 @@ def to_numpy(array: pa.Array | pa.ChunkedArray, kind: str) -> np.ndarray:
     return array.to_numpy().astype(np.int64 if kind == "integer" else np.float32)
 
 
+def one_line(error: Exception) -> str:
+    """A library's error message on one line (pyarrow's may hold several)."""
+    return " ".join(str(error).split())
+
+
 def empty(count: int, kind: str) -> np.ndarray:
     """A column's values to fill, of its tensor's type (a failed read returns them so)."""
     if kind in ("text", "bytes"):

@@ -108,8 +108,9 @@ class ParquetRows(Rows):
             opened = pq.ParquetFile(self.paths[file], metadata=self.footers[file])
             return opened.read_row_group(index, columns=list(self.columns))
         except (OSError, pa.ArrowException) as error:
+            said = kinds.one_line(error)
             return (
-                f"{self.paths[file]}, row group {index}: input data is corrupt ({error}); "
+                f"{self.paths[file]}, row group {index}: input data is corrupt ({said}); "
                 "re-copy the file, or write it again"
             )
 
@@ -148,8 +149,8 @@ def _footer(path: str) -> pq.FileMetaData:
         return pq.read_metadata(path)
     except (OSError, pa.ArrowException) as error:
         raise UserError(
-            f"{path}: not a whole Parquet file ({error}); it may be cut short: copy or "
-            "write it again"
+            f"{path}: not a whole Parquet file ({kinds.one_line(error)}); it may be cut short: "
+            "copy or write it again"
         ) from None
 
 
