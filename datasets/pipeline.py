@@ -125,6 +125,7 @@ def build(
     if training:
         Order([1] * len(sources), weights)  # bad weights are refused before any reading
     held = [in_memory(s, f"{name}-{i}", made.pipeline) for i, s in enumerate(sources)]
+    held = _alike(held, sources)
     reasons = [h for h in held if isinstance(h, str)]
     if reasons:  # some source cannot be read by index
         lengths.check(made.lengths, None, name, len(sources))
@@ -150,6 +151,17 @@ def build(
     if training:
         return _training(order, data, examples, packer, preprocess, augment, made, params, name)
     return _inference(data, examples, packer, mode, params, preprocess, made)
+
+
+def _alike(held: list, sources: list) -> list:
+    """Sources all in memory, or all read by index.
+
+    Records that were held in memory are read from disk again when another's are too
+    large, so that all join as one (``sources.concat``).
+    """
+    if not any(isinstance(h, RecordExamples) for h in held):
+        return held
+    return [s if isinstance(s, RecordExamples) else h for h, s in zip(held, sources, strict=True)]
 
 
 def _check_lengths(shapes, data, examples, preprocess, name: str, sources: int) -> None:

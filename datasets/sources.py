@@ -194,6 +194,27 @@ class RecordExamples:
         """The blocks its records are decoded in (``order.Windows``), if any: Parquet's."""
         return getattr(self.records, "windows", None)  # a user's records may not say
 
+    @staticmethod
+    def joinable(parts: Sequence[RecordExamples]) -> bool:
+        """Whether ``parts`` make their examples alike, from records that can join."""
+        first = parts[0]
+        alike = all(p.parse is first.parse and p.whole is first.whole for p in parts)
+        kinds = {type(p.records) for p in parts}
+        return alike and all(callable(getattr(kind, "joined", None)) for kind in kinds)
+
+    @staticmethod
+    def joined(parts: Sequence[RecordExamples], name: str) -> RecordExamples:
+        """The records of ``parts`` laid end to end, as one source's.
+
+        Row ``r`` of part ``i`` is row ``r + len(parts[0]) + ... + len(parts[i - 1])``
+        of the whole.
+        """
+        first = parts[0]
+        kept = [p.lengths for p in parts]
+        lengths = None if any(k is None for k in kept) else np.concatenate(kept)
+        records = type(first.records).joined([p.records for p in parts])
+        return RecordExamples(records, first.parse, name, lengths, first.whole)
+
     def examples(self, rows: tf.data.Dataset) -> tf.data.Dataset:
         """The examples at ``rows`` (a dataset of row numbers), in their order."""
         records = rows.batch(256).map(self.records.read, num_parallel_calls=tf.data.AUTOTUNE)
@@ -292,11 +313,17 @@ def in_memory(source, name: str, knobs: dict) -> ArraySource | RecordExamples | 
 
 
 def concat(held: list, name: str) -> ArraySource | RecordExamples:
-    """Several sources as one (those in memory laid end to end); records only alone."""
+    """Several sources as one: those in memory laid end to end, or records joined.
+
+    Records join when each source's are made into examples alike (the same ``parse``
+    and ``whole``) and their kind can join (a ``joined`` of their class: a table's rows).
+    """
     if all(isinstance(h, ArraySource) for h in held):
         return ArraySource.concat(held)
     if len(held) == 1:
         return held[0]
+    if all(isinstance(h, RecordExamples) for h in held) and RecordExamples.joinable(held):
+        return RecordExamples.joined(held, name)
     raise UserError(
         f"{name}: several sources too large for memory cannot be mixed by index: give one "
         "source (e.g. one TFDS split 'train+validation'), or raise pipeline.memory_limit_mb"

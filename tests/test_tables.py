@@ -172,6 +172,62 @@ def test_eval_fraction_holds_out_the_rows_prepare_holds_out(tmp_path):
     assert training.windows.sizes.sum() == 270  # its windows keep the row groups
 
 
+# ---------------------------------------------------------------- several sources
+
+
+def test_sources_mixed_by_weight_make_the_same_stream_from_disk_in_memory_or_both(tmp_path):
+    """A Parquet file and a JSON lines file mixed 3 to 1: read from disk, held in
+    memory, or one of each (the small one fits the limit, the large does not), the
+    training batches are the same, from step 0 and from a resume; 3 of 4 examples
+    come from the first. Their classes are the union of both; evaluation reads each
+    row of each once, one source after the other."""
+    small = write_parquet(
+        tmp_path / "a.parquet",
+        {"text": [f"a{i}" for i in range(40)], "label": ["neg", "pos"] * 20},
+        row_group_size=10,
+    )
+    large = tmp_path / "b.jsonl"
+    labels = ["neu", "pos"]
+    large.write_text(
+        "".join(
+            json.dumps({"text": f"b{i} " + "w" * 40, "label": labels[i % 2]}) + "\n"
+            for i in range(400)
+        )
+    )
+    both = [small, str(large)]
+
+    def train(memory_limit_mb, start=0, count=6):
+        input_fns._MADE.clear()
+        gin.bind_parameter("pipeline.memory_limit_mb", memory_limit_mb)
+        params = InputParams(32, 32, seed=7, start_example=start)
+        dataset = input_fns.input_fn(Mode.TRAIN, params, train=both, weights=[3, 1], longest=8)
+        return batches(dataset, count)
+
+    from_disk = train(0)
+    sizes = {
+        "a": input_fns.rows_of(small, {"text": "text", "label": "text"}).nbytes,
+        "b": os.path.getsize(large),
+    }
+    assert sizes["a"] < 4096 < sizes["b"]
+    for other in (train(None), train(4096 / 2**20)):  # in memory; one in, one out
+        for disk, memory in zip(from_disk, other, strict=True):
+            tf.nest.map_structure(np.testing.assert_array_equal, disk, memory)
+    resumed = train(0, start=64, count=4)
+    for again, straight in zip(resumed, from_disk[2:], strict=True):
+        tf.nest.map_structure(np.testing.assert_array_equal, again, straight)
+    first = np.concatenate([b[0]["tokens"][:, 0] for b in from_disk])
+    assert abs(np.mean(first == ord("a") + 1) - 0.75) < 0.1
+    classes = input_fns.classes_of(input_fns.sources_of(both, None, "text", "label", 8, False))
+    assert classes == ["neg", "neu", "pos"]
+    params = InputParams(64, 64)
+    evaluated = input_fns.input_fn(Mode.EVAL, params, train=both, eval=both, longest=8)
+    read = batches(evaluated, 20)
+    tokens = np.concatenate([b[0]["tokens"] for b in read])
+    texts = [bytes(int(t) - 1 for t in row if t).decode().split()[0] for row in tokens]
+    assert texts == [f"a{i}" for i in range(40)] + [f"b{i}" for i in range(400)]
+    assert np.concatenate([b[1]["label"] for b in read])[:4].tolist() == [0, 2, 0, 2]
+
+
 # ---------------------------------------------------------------- resume
 
 

@@ -146,6 +146,7 @@ def input_fn(
     eval_fraction: float | None = None,
     window: int = 8,
     skip_corrupt: bool = False,
+    weights: list[float] | None = None,
 ) -> tf.data.Dataset:
     """Batches of ``({'tokens': int64 [batch, length]}, {'label': int64 [batch]})``.
 
@@ -154,6 +155,11 @@ def input_fn(
     10th, 20th, ... row), so that both read the same split. ``longest``: the most
     tokens of a document kept (its first). ``window``: Parquet row groups per window
     of the training order (``order.Windows``). ``skip_corrupt``: see ``Source``.
+
+    ``train`` (and ``eval``) may be a list of sources: training draws from each by its
+    share of ``weights`` (default: equal), each read by index where it lies, and
+    evaluation reads them one after the other. Their classes and words are learned
+    from all the training sources.
     """
     training, held = mode == Mode.TRAIN, eval is None and bool(eval_fraction)
     if not (training or held) and eval is None:
@@ -161,23 +167,51 @@ def input_fn(
             f"tables.input_fn has no rows to {mode.value} on: give its eval, or an "
             "eval_fraction of train's rows to hold out"
         )
-    trained = Source(train, split, text, label, window, skip_corrupt)
-    read = (
-        trained if training or held else Source(eval, eval_split, text, label, window, skip_corrupt)
-    )
+    knobs = (text, label, window, skip_corrupt)
+    trained = sources_of(train, split, *knobs)
+    read = trained if training or held else sources_of(eval, eval_split, *knobs)
     classes = classes_of(trained)
     if classes is not None and read != trained:
-        _check_known(classes_of(read), classes, read.where, label)
+        for source in read:
+            _check_known(classes_of((source,)), classes, source.where, label)
     words = tokenizer_of(trained, tokenizer, vocab_size)
-    rows = read.rows({text: "text", label: "text" if classes is not None else "integer"})
-    kept = _lengths(read, words, longest) if _sorted_or_packed() else None
-    if held:
-        rows = _held_out(rows, eval_fraction, keep=not training)
-        kept = None if kept is None else kept[rows.kept]
+    columns = {text: "text", label: "text" if classes is not None else "integer"}
     example = _example(words, text, label, classes, longest)
-    source = pipeline.RecordExamples(rows, lambda row: row, read.name, kept, _batched(example))
-    built = pipeline.build(source, mode, params, example, name=read.name)
+    fraction, whole = eval_fraction if held else None, _batched(example)
+    made = [_examples(s, columns, words, longest, fraction, not training, whole) for s in read]
+    name = "+".join(source.name for source in read)
+    built = pipeline.build(made, mode, params, example, weights=weights, name=name)
     return tokenized_by(built, words, longest)
+
+
+def sources_of(where, split, text, label, window, skip_corrupt) -> tuple[Source, ...]:
+    """``where`` (one source, or a list of them) as ``Source``s, each its own rows."""
+    listed = (where,) if isinstance(where, str) else tuple(where)
+    if not listed or not all(isinstance(w, str) for w in listed):
+        raise UserError(
+            f"tables.input_fn's source = {where!r}: give a file, folder or glob, or a list "
+            "of them to mix"
+        )
+    return tuple(Source(w, split, text, label, window, skip_corrupt) for w in listed)
+
+
+def _examples(source: Source, columns, words, longest, fraction, keep, whole):
+    """A source's examples read by index.
+
+    All its rows, or those ``fraction`` holds out (``keep``) or leaves to train on.
+    ``whole``: a batch of rows to examples, the same for every source (so they join).
+    """
+    rows = source.rows(columns)
+    kept = _lengths(source, words, longest) if _sorted_or_packed() else None
+    if fraction:
+        rows = _held_out(rows, fraction, keep)
+        kept = None if kept is None else kept[rows.kept]
+    return pipeline.RecordExamples(rows, _as_read, source.name, kept, whole)
+
+
+def _as_read(row: dict) -> dict:
+    """A row as it was read: its columns' values are the example's."""
+    return row
 
 
 @gin.configurable("tables.vocab_size")
@@ -186,7 +220,7 @@ def vocab_size() -> int:
     tokenizer = _bound("tables.input_fn.tokenizer", "bytes")
     if tokenizer == "bytes":
         return 257
-    trained = Source(
+    trained = sources_of(
         gin.query_parameter("tables.input_fn.train"),
         _bound("tables.input_fn.split", None),
         _bound("tables.input_fn.text", "text"),
@@ -197,9 +231,9 @@ def vocab_size() -> int:
     return tokenizer_of(trained, tokenizer, _bound("tables.input_fn.vocab_size", 8000)).vocab_size
 
 
-def tokenizer_of(source: Source, kind: str, vocab_size: int) -> Tokenizer:
-    """The tokenizer, its words learned from the source's text column, once a process."""
-    key = ("tokenizer", source, kind, vocab_size)
+def tokenizer_of(sources: tuple[Source, ...], kind: str, vocab_size: int) -> Tokenizer:
+    """The tokenizer, its words learned from the sources' text columns, once a process."""
+    key = ("tokenizer", sources, kind, vocab_size)
     if key not in _MADE:
         if kind not in ("bytes", "words"):
             raise UserError(
@@ -207,19 +241,23 @@ def tokenizer_of(source: Source, kind: str, vocab_size: int) -> Tokenizer:
                 "'bytes' or 'words'; for wordpiece or sentencepiece, prepare the text with "
                 "python3 -m datasets.prepare --text"
             )
-        rows = source.rows({source.text: "text"})
-        _MADE[key] = Tokenizer.learned(kind, _chunks(rows, source.text), vocab_size)
+        texts = (chunk for s in sources for chunk in _chunks(s.rows({s.text: "text"}), s.text))
+        _MADE[key] = Tokenizer.learned(kind, texts, vocab_size)
     return _MADE[key]
 
 
-def classes_of(source: Source) -> list[str] | None:
-    """The class names of the source's label column, sorted, or None for class ids."""
-    key = ("classes", source)
+def classes_of(sources: tuple[Source, ...]) -> list[str] | None:
+    """The class names in the sources' label columns, sorted, or None for class ids."""
+    key = ("classes", sources)
     if key not in _MADE:
         _MADE[key] = None  # whole numbers already, or a column the rows' check names
-        if _is_text(source.schema, source.label):
-            rows = source.rows({source.label: "text"})
-            _MADE[key] = sorted({name for chunk in _chunks(rows, source.label) for name in chunk})
+        if any(_is_text(s.schema, s.label) for s in sources):
+            names = set()
+            for s in sources:  # a source of class ids among them is refused by its rows
+                names.update(
+                    name for chunk in _chunks(s.rows({s.label: "text"}), s.label) for name in chunk
+                )
+            _MADE[key] = sorted(names)
     return _MADE[key]
 
 

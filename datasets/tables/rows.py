@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -38,6 +38,11 @@ class Rows:
     def _read(self, rows: np.ndarray) -> tuple[list[np.ndarray], str]:
         """Each column's values at ``rows``, and "" or what could not be read, where."""
         raise NotImplementedError
+
+    @staticmethod
+    def joined(parts: Sequence[Rows]) -> Joined:
+        """Several sources' rows laid end to end, as one (mixed by weight in training)."""
+        return Joined(parts)
 
     def unreadable(self) -> list[tuple[np.ndarray, str]]:
         """The rows that cannot be read, each run of them with what is wrong, where.
@@ -76,6 +81,46 @@ class Rows:
         for v in values:
             v.set_shape(rows.shape)
         return dict(zip(self.columns, values, strict=True))
+
+
+class Joined(Rows):
+    """The rows of several sources laid end to end, their columns alike.
+
+    Training's order draws from each by its weight (``order.Order``) and reads any
+    row of any source; its windows are those of each source, given to the order one
+    by one, so the whole has none of its own.
+    """
+
+    def __init__(self, parts: Sequence[Rows]):
+        super().__init__(parts[0].columns)
+        other = [part.columns for part in parts if part.columns != self.columns]
+        if other:
+            raise UserError(
+                f"sources mixed as one read the same columns: {other[0]} where the first "
+                f"reads {self.columns}"
+            )
+        self.parts, self.schema = list(parts), parts[0].schema
+        self.starts = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    @property
+    def nbytes(self) -> int:
+        """The parts' bytes."""
+        return sum(part.nbytes for part in self.parts)
+
+    def _read(self, rows: np.ndarray) -> tuple[list[np.ndarray], str]:
+        part_of = np.searchsorted(self.starts, rows, side="right") - 1
+        values = [kinds.empty(len(rows), kind) for kind in self.columns.values()]
+        for part in np.unique(part_of).tolist():
+            at = np.flatnonzero(part_of == part)
+            read, problem = self.parts[part]._read(rows[at] - self.starts[part])
+            if problem:
+                return values, problem
+            for column, found in zip(values, read, strict=True):
+                column[at] = found
+        return values, ""
 
 
 def readable(rows: Rows, knob: str) -> np.ndarray:
