@@ -17,6 +17,8 @@ choice (``pyarrow.parquet.write_table(row_group_size=...)``, 1 to 100 MB is usua
 from __future__ import annotations
 
 import collections
+import functools
+import os
 import threading
 from collections.abc import Mapping, Sequence
 
@@ -145,6 +147,13 @@ class Decoded:
 
 
 def _footer(path: str) -> pq.FileMetaData:
+    """The file's footer, read once a process for the file as it is (size, mtime)."""
+    stat = os.stat(path)
+    return _read_footer(path, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4096)  # a source's columns are read by several ParquetRows
+def _read_footer(path: str, size: int, mtime_ns: int) -> pq.FileMetaData:
     try:
         return pq.read_metadata(path)
     except (OSError, pa.ArrowException) as error:
