@@ -228,6 +228,40 @@ def test_sources_mixed_by_weight_make_the_same_stream_from_disk_in_memory_or_bot
     assert np.concatenate([b[1]["label"] for b in read])[:4].tolist() == [0, 2, 0, 2]
 
 
+# ---------------------------------------------------------------- a language model's documents
+
+
+def test_documents_for_a_language_model_read_in_place_packed_as_held_in_memory(tmp_path):
+    """Each row's text one example: its bytes' ids, and the same shifted by one ending
+    in the end-of-document id (257, so 258 ids in all), cut at ``longest``; packed
+    several to a row with segment ids, the batches read from disk are those held in
+    memory."""
+    path = write_parquet(tmp_path / "docs.parquet", {"text": TEXTS}, row_group_size=50)
+    params = InputParams(16, 16)
+    evaluated = input_fns.documents_input_fn(Mode.EVAL, params, train=path, eval=path, longest=20)
+    (features, labels), *_ = batches(evaluated, 1)
+    short = [b + 1 for b in TEXTS[1].encode()]  # 7 bytes: whole, then the end
+    assert features["tokens"][1].tolist() == short + [0] * (20 - len(short))
+    assert labels["targets"][1].tolist() == short[1:] + [257] + [0] * (20 - len(short))
+    cut = [b + 1 for b in TEXTS[13].encode()]  # 38 bytes: its first 20, no end
+    assert features["tokens"][13].tolist() == cut[:20]
+    assert labels["targets"][13].tolist() == cut[1:21]
+    gin.parse_config(f"tables.documents_input_fn.train = '{path}'")
+    assert input_fns.documents_vocab_size() == 258
+    gin.bind_parameter("packing.length", 64)
+
+    def train(memory_limit_mb):
+        input_fns._MADE.clear()
+        gin.bind_parameter("pipeline.memory_limit_mb", memory_limit_mb)
+        read = InputParams(8, 8, seed=3)
+        return batches(input_fns.documents_input_fn(Mode.TRAIN, read, train=path), 6)
+
+    from_disk = train(0)
+    assert from_disk[0][0]["segment_ids"].max() > 1  # several documents in a row
+    for disk, memory in zip(from_disk, train(None), strict=True):
+        tf.nest.map_structure(np.testing.assert_array_equal, disk, memory)
+
+
 # ---------------------------------------------------------------- resume
 
 

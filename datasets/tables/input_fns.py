@@ -161,15 +161,8 @@ def input_fn(
     evaluation reads them one after the other. Their classes and words are learned
     from all the training sources.
     """
-    training, held = mode == Mode.TRAIN, eval is None and bool(eval_fraction)
-    if not (training or held) and eval is None:
-        raise UserError(
-            f"tables.input_fn has no rows to {mode.value} on: give its eval, or an "
-            "eval_fraction of train's rows to hold out"
-        )
     knobs = (text, label, window, skip_corrupt)
-    trained = sources_of(train, split, *knobs)
-    read = trained if training or held else sources_of(eval, eval_split, *knobs)
+    trained, read, fraction = _sources(mode, train, eval, split, eval_split, eval_fraction, knobs)
     classes = classes_of(trained)
     if classes is not None and read != trained:
         for source in read:
@@ -177,11 +170,73 @@ def input_fn(
     words = tokenizer_of(trained, tokenizer, vocab_size)
     columns = {text: "text", label: "text" if classes is not None else "integer"}
     example = _example(words, text, label, classes, longest)
-    fraction, whole = eval_fraction if held else None, _batched(example)
-    made = [_examples(s, columns, words, longest, fraction, not training, whole) for s in read]
+    return _batches(read, columns, example, words, longest, fraction, mode, params, weights, False)
+
+
+@gin.configurable("tables.documents_input_fn")
+def documents_input_fn(
+    mode: Mode,
+    params: InputParams,
+    train: str | list[str] = gin.REQUIRED,
+    eval: str | list[str] | None = None,
+    text: str = "text",
+    tokenizer: str = "bytes",
+    vocab_size: int = 8000,
+    longest: int = 512,
+    split: str | None = None,
+    eval_split: str | None = None,
+    eval_fraction: float | None = None,
+    window: int = 8,
+    skip_corrupt: bool = False,
+    weights: list[float] | None = None,
+) -> tf.data.Dataset:
+    """A language model's batches of whole documents, each row's text one example.
+
+    ``({'tokens': int64 [batch, length]}, {'targets': int64 [batch, length]})``: a
+    document's tokens (its first ``longest``) and the same shifted by one, the last
+    target of a whole document the id that ends it (the tokenizer's ``vocab_size``;
+    ``tables.documents_vocab_size`` counts it). Padded with 0 (to ``lengths.buckets``),
+    or several documents in a row with ``packing.length``: a model that must not attend
+    from one document to the next. The knobs are ``tables.input_fn``'s, with no label.
+    """
+    knobs = (text, None, window, skip_corrupt)
+    trained, read, fraction = _sources(mode, train, eval, split, eval_split, eval_fraction, knobs)
+    words = tokenizer_of(trained, tokenizer, vocab_size)
+    example = _next_tokens(words, text, longest)
+    columns = {text: "text"}
+    return _batches(read, columns, example, words, longest, fraction, mode, params, weights, True)
+
+
+def _sources(mode: Mode, train, eval, split, eval_split, eval_fraction, knobs):
+    """``(trained, read, fraction)``: the training sources and those ``mode`` reads.
+
+    ``fraction``: the share of the training rows held out when evaluation reads
+    those, else None.
+    """
+    training, held = mode == Mode.TRAIN, eval is None and bool(eval_fraction)
+    if not (training or held) and eval is None:
+        raise UserError(
+            f"tables.input_fn has no rows to {mode.value} on: give its eval, or an "
+            "eval_fraction of train's rows to hold out"
+        )
+    trained = sources_of(train, split, *knobs)
+    read = trained if training or held else sources_of(eval, eval_split, *knobs)
+    return trained, read, eval_fraction if held else None
+
+
+def _batches(read, columns, example, words, longest, fraction, mode, params, weights, keep_last):
+    """The batches of the ``read`` sources' rows made into examples, mixed by ``weights``.
+
+    ``fraction``: the share of each source's rows held out, to evaluate on or not.
+    ``keep_last``: an export keeps a text's last ``longest`` tokens (a prompt's), not
+    its first.
+    """
+    whole = _batched(example)
+    keep = mode != Mode.TRAIN
+    made = [_examples(s, columns, words, longest, fraction, keep, whole) for s in read]
     name = "+".join(source.name for source in read)
     built = pipeline.build(made, mode, params, example, weights=weights, name=name)
-    return tokenized_by(built, words, longest)
+    return tokenized_by(built, words, longest, keep_last)
 
 
 def sources_of(where, split, text, label, window, skip_corrupt) -> tuple[Source, ...]:
@@ -217,18 +272,29 @@ def _as_read(row: dict) -> dict:
 @gin.configurable("tables.vocab_size")
 def vocab_size() -> int:
     """The ids of ``tables.input_fn``'s tokenizer, padding included (an embedding's rows)."""
-    tokenizer = _bound("tables.input_fn.tokenizer", "bytes")
+    return _vocab_of("tables.input_fn", "label")
+
+
+@gin.configurable("tables.documents_vocab_size")
+def documents_vocab_size() -> int:
+    """The ids of ``tables.documents_input_fn``'s tokenizer and the end of a document."""
+    return _vocab_of("tables.documents_input_fn", None) + 1
+
+
+def _vocab_of(configurable: str, label: str | None) -> int:
+    """The ids of the tokenizer that ``configurable``'s bindings make, padding included."""
+    tokenizer = _bound(f"{configurable}.tokenizer", "bytes")
     if tokenizer == "bytes":
         return 257
     trained = sources_of(
-        gin.query_parameter("tables.input_fn.train"),
-        _bound("tables.input_fn.split", None),
-        _bound("tables.input_fn.text", "text"),
-        _bound("tables.input_fn.label", "label"),
-        _bound("tables.input_fn.window", 8),
-        _bound("tables.input_fn.skip_corrupt", False),
+        gin.query_parameter(f"{configurable}.train"),
+        _bound(f"{configurable}.split", None),
+        _bound(f"{configurable}.text", "text"),
+        _bound(f"{configurable}.label", label),
+        _bound(f"{configurable}.window", 8),
+        _bound(f"{configurable}.skip_corrupt", False),
     )
-    return tokenizer_of(trained, tokenizer, _bound("tables.input_fn.vocab_size", 8000)).vocab_size
+    return tokenizer_of(trained, tokenizer, _bound(f"{configurable}.vocab_size", 8000)).vocab_size
 
 
 def tokenizer_of(sources: tuple[Source, ...], kind: str, vocab_size: int) -> Tokenizer:
@@ -297,6 +363,27 @@ def _example(words: Tokenizer, text: str, label: str, classes, longest: int):
         tokens = words.tokenize(texts)[:, :longest]
         found = row[label] if ids is None else ids.lookup(row[label])
         return {"tokens": tokens if batched else tokens[0]}, {"label": found}
+
+    return example
+
+
+def _next_tokens(words: Tokenizer, text: str, longest: int):
+    """``preprocess``: a row's ``({'tokens'}, {'targets'})``, or a batch's (``batched``).
+
+    The document's ids and then the end id, at most ``longest + 1`` of them: the
+    tokens are all but the last, the targets all but the first.
+    """
+    end = words.vocab_size
+
+    def example(row: dict, batched: bool = False):
+        texts = row[text] if batched else row[text][None]
+        ids = words.tokenize(texts)
+        ends = tf.RaggedTensor.from_tensor(tf.fill([ids.nrows(), 1], tf.constant(end, tf.int64)))
+        both = tf.concat([ids, ends], axis=1)[:, : longest + 1]
+        tokens, targets = both[:, :-1], both[:, 1:]
+        if not batched:
+            tokens, targets = tokens[0], targets[0]
+        return {"tokens": tokens}, {"targets": targets}
 
     return example
 
