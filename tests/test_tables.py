@@ -16,6 +16,7 @@ import tensorflow as tf
 from datasets import order, pipeline
 from datasets.tables import arrow, input_fns
 from tests.support.helpers import REPO, finish, resume_run
+from tests.support.workers import free_ports, tf_config
 from trainer import InputParams, Mode, UserError, errors
 
 TEXTS = [("good " if i % 2 else "bad ") * (1 + i % 7) + f"n{i}" for i in range(300)]
@@ -268,15 +269,21 @@ def test_documents_for_a_language_model_read_in_place_packed_as_held_in_memory(t
 @pytest.mark.slow
 def test_a_resume_at_an_odd_step_from_parquet_equals_a_straight_run_on_1_and_2_devices(tmp_path):
     """The id-table model (tests/support/resume_runs.py) read from a Parquet file of 7
-    row groups, by index: stopped at step 7, then resumed on 1 device and on 2; every
-    step read the examples a straight one-device run reads (bit-equal weights)."""
+    row groups, by index: stopped at step 7 (on 2 devices, and on 2 workers on
+    127.0.0.1, each reading its share), then resumed on 1 device and on 2; every step
+    read the examples a straight one-device run reads (bit-equal weights)."""
     ids = np.arange(50)
     path = write_parquet(tmp_path / "ids.parquet", {"id": ids}, row_group_size=7)
     env = {"RESUME_RUNS_INPUT": "parquet", "RESUME_RUNS_PARQUET": path}
-    first = [resume_run(tmp_path / name, "mirrored:2", 7, env) for name in ("to1", "to2")]
+    ports = free_ports(2)
+    first = [resume_run(tmp_path / "to1", "mirrored:2", 7, env)] + [
+        resume_run(tmp_path / "to2", "multi_worker:1", 7, {"TF_CONFIG": tf_config(ports, i), **env})
+        for i in range(2)
+    ]
     straight = resume_run(tmp_path / "straight", "towers:1", 12, env)
-    for process in first:
-        assert finish(process)["step"] == 7
+    stopped = [finish(process) for process in first]
+    assert [stop["step"] for stop in stopped] == [7, 7, 7]
+    assert stopped[1]["table"] == stopped[2]["table"]  # the workers hold the same weights
     second = [
         resume_run(tmp_path / "to1", "towers:1", 12, env),
         resume_run(tmp_path / "to2", "mirrored:2", 12, env),
