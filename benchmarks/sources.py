@@ -46,6 +46,7 @@ import pyarrow.parquet as pq  # noqa: E402
 from absl import logging  # noqa: E402
 
 from datasets.tables import input_fns as tables  # noqa: E402
+from datasets.tables import source  # noqa: E402
 from datasets.text import input_fns as text  # noqa: E402
 from datasets.text import preparation  # noqa: E402
 from trainer import InputParams, Mode  # noqa: E402
@@ -99,7 +100,7 @@ def dataset(row: str, paths: dict, mode=Mode.TRAIN):
 
 def rows_of(path: str):
     """The Parquet or Arrow rows ``tables.input_fn`` reads (made once a process)."""
-    return tables.rows_of(path, COLUMNS, None, 8)
+    return source.rows_of(path, COLUMNS, None, 8)
 
 
 def examples_per_second(data, batches: int) -> float:
@@ -121,7 +122,7 @@ def table_rows(paths: dict, batches: int) -> list[tuple[str, float, float | None
     """``(row, examples/s, bytes decoded per example or None)`` of each row."""
     found = [("shards, by index", examples_per_second(dataset("shards", paths), batches), None)]
     for row in ("parquet, window shuffle", "parquet, full shuffle", "parquet, file order"):
-        tables._MADE.clear()
+        source.MADE.clear()
         parquet = rows_of(paths["parquet"])
         if row.endswith("full shuffle"):
             parquet.windows, parquet.decoded.size = None, 2  # read as a row-by-row source
@@ -130,9 +131,9 @@ def table_rows(paths: dict, batches: int) -> list[tuple[str, float, float | None
         parquet.decoded.decodes = 0
         rate = examples_per_second(data, batches)
         found.append((row, rate, decoded_per_example(parquet, (batches + 5) * BATCH)))
-    tables._MADE.clear()
+    source.MADE.clear()
     for row in ("arrow, full shuffle", "jsonl, full shuffle", "csv, full shuffle"):
-        tables._MADE.clear()
+        source.MADE.clear()
         rate = examples_per_second(dataset(row, paths), batches)
         read = rows_of(paths[row.split(",")[0]])  # a JSON line's or CSV row's own bytes
         found.append((row, rate, 0 if row.startswith("arrow") else read.nbytes / len(read)))

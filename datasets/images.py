@@ -182,9 +182,32 @@ def read(
         return {"image": example[image_key], "label": example[label_key] + offset}
 
     source = pipeline.RecordExamples(indexed.RecordSource(paths, offsets), parse, split)
-    features_of = functools.partial(
-        evaluated, size=size, channels=channels, crop=image_size is not None
-    )
+    crop, name = image_size is not None, f"{data_dir}:{split}"
+    return batches(source, mode, params, size, channels, augment, name, crop, image_key)
+
+
+def batches(
+    source,
+    mode: Mode,
+    params: InputParams,
+    size,
+    channels: int,
+    augment: bool | str,
+    name: str,
+    crop: bool = True,
+    image_key: str | None = None,
+    weights=None,
+) -> tf.data.Dataset:
+    """Batches of ``({'image'}, {'label'})`` from examples of encoded images.
+
+    ``source`` (or a list of them, as ``pipeline.build`` takes) gives examples
+    ``{'image': encoded bytes, 'label': int64}``, brought to ``size`` as the module's
+    docstring says (``crop``; else each image whole), ``augment`` one of ``AUGMENTS``.
+    ``image_key``: the records are ``tf.train.Example``s holding their image there,
+    and an export takes such records too (``serving_examples``). ``weights``: several
+    sources' shares of the training stream.
+    """
+    features_of = functools.partial(evaluated, size=size, channels=channels, crop=crop)
     training = mode == Mode.TRAIN
     if training and augment == "inception":
         preprocess = _stored
@@ -193,10 +216,11 @@ def read(
         preprocess = functools.partial(_decoded, features_of=features_of)
         augment_fn = pad_crop_flip if training and augment else None
     dataset = pipeline.build(
-        source, mode, params, preprocess, augment=augment_fn, name=f"{data_dir}:{split}"
+        source, mode, params, preprocess, augment=augment_fn, weights=weights, name=name
     )
     stored = {"image": tf.TensorSpec([], tf.string)}
-    return serves(dataset, features_of, stored, _example_parser(image_key))
+    parser = _example_parser(image_key) if image_key else None
+    return serves(dataset, features_of, stored, parser)
 
 
 @tf.autograph.experimental.do_not_convert

@@ -16,6 +16,7 @@ import tensorflow as tf
 from datasets import pipeline
 from datasets.records import indexed
 from datasets.tables import input_fns, lines
+from datasets.tables import source as table
 from trainer import InputParams, Mode, UserError, errors
 
 # Text a CSV must quote: commas, quotes, line breaks (Windows' too), and not ASCII.
@@ -25,10 +26,10 @@ LABELS = ["pos" if i % 3 else "neg" for i in range(240)]
 
 @pytest.fixture(autouse=True)
 def fresh():
-    input_fns._MADE.clear()
+    table.MADE.clear()
     lines._INDEXED.clear()
     yield
-    input_fns._MADE.clear()
+    table.MADE.clear()
     lines._INDEXED.clear()
     gin.clear_config()
 
@@ -62,9 +63,9 @@ def test_json_lines_and_csv_give_the_batches_parquet_gives(tmp_path):
     """The same rows three ways, quoted line breaks, a byte-order mark, Windows line
     ends and blank lines among them: evaluation's batches are equal, and training read
     by index from disk makes the batches it makes with the rows held in memory."""
-    table = pa.Table.from_pylist(rows_of())
+    rows_table = pa.Table.from_pylist(rows_of())
     parquet = str(tmp_path / "t.parquet")
-    pq.write_table(table, parquet, row_group_size=60)
+    pq.write_table(rows_table, parquet, row_group_size=60)
     sources = {
         "parquet": parquet,
         "jsonl": write_jsonl(tmp_path / "t.jsonl", rows_of()),
@@ -84,7 +85,7 @@ def test_json_lines_and_csv_give_the_batches_parquet_gives(tmp_path):
     assert os.path.isfile(sources["csv"] + indexed.INDEX_SUFFIX)  # kept beside the file
 
     def train(memory_limit_mb):
-        input_fns._MADE.clear()
+        table.MADE.clear()
         gin.bind_parameter("pipeline.memory_limit_mb", memory_limit_mb)
         read = InputParams(batch_size=32, global_batch_size=32, seed=3)
         return batches(input_fns.input_fn(Mode.TRAIN, read, train=sources["jsonl"]), 9)
@@ -231,20 +232,20 @@ def test_a_file_among_many_of_another_type_and_empty_sources_are_refused(tmp_pat
     write_jsonl(tmp_path / "d" / "a.jsonl", [{"n": 1}, {"n": 2}])
     other = write_csv(tmp_path / "d" / "b.csv", [{"n": "1.5"}, {"n": "2"}])
     with pytest.raises(UserError, match=rf"^{other}: column 'n' is double here but int64 in "):
-        input_fns.rows_of(str(tmp_path / "d"), {"n": "number"})
+        table.rows_of(str(tmp_path / "d"), {"n": "number"})
     write_jsonl(tmp_path / "d" / "c.parquet", [{"n": 1}])
     with pytest.raises(UserError, match=r"holds Parquet files and JSON lines or CSV files"):
-        input_fns.rows_of(str(tmp_path / "d"), {"n": "number"})
+        table.rows_of(str(tmp_path / "d"), {"n": "number"})
     (tmp_path / "empty.jsonl").touch()
     with pytest.raises(UserError, match=r"empty\.jsonl: the file is empty \(0 bytes\)"):
-        input_fns.rows_of(str(tmp_path / "empty.jsonl"), {"text": "text"})
+        table.rows_of(str(tmp_path / "empty.jsonl"), {"text": "text"})
     (tmp_path / "header.csv").write_text("text,label\n")
     with pytest.raises(UserError, match=r"header\.csv: no rows in 1 file"):
-        input_fns.rows_of(str(tmp_path / "header.csv"), {"text": "text"})
+        table.rows_of(str(tmp_path / "header.csv"), {"text": "text"})
     os.makedirs(tmp_path / "none")
     (tmp_path / "none" / "notes.txt").write_text("x")
     with pytest.raises(UserError, match=r"no \.parquet, \.pq, \.jsonl, \.json or \.csv file there"):
-        input_fns.rows_of(str(tmp_path / "none"), {"text": "text"})
+        table.rows_of(str(tmp_path / "none"), {"text": "text"})
 
 
 def test_skip_corrupt_leaves_out_lines_that_cannot_be_read_and_says_how_many(tmp_path, caplog):
@@ -258,7 +259,7 @@ def test_skip_corrupt_leaves_out_lines_that_cannot_be_read_and_says_how_many(tmp
     path = tmp_path / "t.jsonl"
     path.write_text("\n".join(rows) + "\n")
     gin.bind_parameter("pipeline.memory_limit_mb", 0)
-    source = input_fns.Source(str(path), skip_corrupt=True)
+    source = table.Source(str(path), skip_corrupt=True)
     with caplog.at_level("WARNING"):
         kept = source.rows({"text": "text", "label": "integer"})
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]

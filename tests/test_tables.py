@@ -15,6 +15,8 @@ import tensorflow as tf
 
 from datasets import order, pipeline
 from datasets.tables import arrow, input_fns
+from datasets.tables import source as table
+from datasets.tables.parquet import ParquetRows
 from tests.support.helpers import REPO, finish, resume_run
 from tests.support.workers import free_ports, tf_config
 from trainer import InputParams, Mode, UserError, errors
@@ -26,9 +28,9 @@ LABELS = ["pos" if i % 2 else "neg" for i in range(300)]
 @pytest.fixture(autouse=True)
 def fresh():
     """Each test reads its own files: the sources read once a process are forgotten."""
-    input_fns._MADE.clear()
+    table.MADE.clear()
     yield
-    input_fns._MADE.clear()
+    table.MADE.clear()
     gin.clear_config()
 
 
@@ -121,7 +123,7 @@ def test_parquet_rows_are_read_by_index_through_the_pipeline_from_disk(tmp_path)
     window order; a group decoded about once an epoch; evaluation reads each row once."""
     path = write_parquet(tmp_path / "t.parquet", {"id": np.arange(300), "text": TEXTS})
     gin.bind_parameter("pipeline.memory_limit_mb", 0)
-    rows = input_fns.rows_of(path, {"id": "integer"}, window=2)
+    rows = table.rows_of(path, {"id": "integer"}, window=2)
     source = pipeline.RecordExamples(rows, lambda row: row, "ids")
     params = InputParams(batch_size=30, global_batch_size=30, seed=5)
     ids = lambda e: ({"id": e["id"]}, {})  # noqa: E731
@@ -130,7 +132,7 @@ def test_parquet_rows_are_read_by_index_through_the_pipeline_from_disk(tmp_path)
     stream = np.concatenate([b[0]["id"] for b in read])
     assert stream.tolist() == expected.rows(tf.range(600)).numpy().tolist()
     assert sorted(stream[:300]) == list(range(300))
-    fresh = input_fns.parquet.ParquetRows([path], {"id": "integer"}, window=2)
+    fresh = ParquetRows([path], {"id": "integer"}, window=2)
     for start in range(0, 600, 30):  # the same two epochs, read in batches of 30
         fresh._read(expected.rows(tf.range(start, start + 30)).numpy())
     assert 8 < fresh.decoded.decodes <= 2 * 8  # each of 8 groups at most once an epoch
@@ -140,11 +142,13 @@ def test_parquet_rows_are_read_by_index_through_the_pipeline_from_disk(tmp_path)
 
 
 def test_a_parquet_folder_and_a_save_to_disk_folder_give_the_same_batches(tmp_path):
-    table = pa.table({"text": TEXTS, "label": LABELS})
+    rows_table = pa.table({"text": TEXTS, "label": LABELS})
     os.makedirs(tmp_path / "parts" / "sub")
-    pq.write_table(table.slice(0, 120), tmp_path / "parts" / "a.parquet", row_group_size=50)
-    pq.write_table(table.slice(120), tmp_path / "parts" / "sub" / "b.parquet", row_group_size=50)
-    saved = save_to_disk(table, tmp_path / "saved")
+    pq.write_table(rows_table.slice(0, 120), tmp_path / "parts" / "a.parquet", row_group_size=50)
+    pq.write_table(
+        rows_table.slice(120), tmp_path / "parts" / "sub" / "b.parquet", row_group_size=50
+    )
+    saved = save_to_disk(rows_table, tmp_path / "saved")
     params = InputParams(batch_size=8, global_batch_size=8, seed=2)
     found = {}
     for name, where in (("parquet", str(tmp_path / "parts")), ("arrow", saved)):
@@ -154,7 +158,7 @@ def test_a_parquet_folder_and_a_save_to_disk_folder_give_the_same_batches(tmp_pa
         np.testing.assert_array_equal(left[0]["tokens"], right[0]["tokens"])
         np.testing.assert_array_equal(left[1]["label"], right[1]["label"])
     assert found["arrow"][0][1]["label"].tolist() == [0, 1, 0, 1, 0, 1, 0, 1]  # neg, pos
-    glob = input_fns.rows_of(str(tmp_path / "parts" / "**" / "*.parquet"), {"text": "text"})
+    glob = table.rows_of(str(tmp_path / "parts" / "**" / "*.parquet"), {"text": "text"})
     assert glob.windows.sizes.tolist() == [50, 50, 20, 50, 50, 50, 30]  # 3 + 4 row groups
 
 
@@ -168,7 +172,7 @@ def test_eval_fraction_holds_out_the_rows_prepare_holds_out(tmp_path):
     assert len(labels["label"]) == 30  # the 10th, 20th, ... row
     first = bytes(int(t) - 1 for t in features["tokens"][0] if t).decode()
     assert first == TEXTS[9] and labels["label"][0] == 9 % 3
-    training = input_fns._held_out(input_fns.rows_of(path, {"text": "text"}), 0.1, keep=False)
+    training = table.held_out_rows(table.rows_of(path, {"text": "text"}), 0.1, keep=False)
     assert len(training) == 270 and 9 not in training.kept and 8 in training.kept
     assert training.windows.sizes.sum() == 270  # its windows keep the row groups
 
@@ -198,7 +202,7 @@ def test_sources_mixed_by_weight_make_the_same_stream_from_disk_in_memory_or_bot
     both = [small, str(large)]
 
     def train(memory_limit_mb, start=0, count=6):
-        input_fns._MADE.clear()
+        table.MADE.clear()
         gin.bind_parameter("pipeline.memory_limit_mb", memory_limit_mb)
         params = InputParams(32, 32, seed=7, start_example=start)
         dataset = input_fns.input_fn(Mode.TRAIN, params, train=both, weights=[3, 1], longest=8)
@@ -206,7 +210,7 @@ def test_sources_mixed_by_weight_make_the_same_stream_from_disk_in_memory_or_bot
 
     from_disk = train(0)
     sizes = {
-        "a": input_fns.rows_of(small, {"text": "text", "label": "text"}).nbytes,
+        "a": table.rows_of(small, {"text": "text", "label": "text"}).nbytes,
         "b": os.path.getsize(large),
     }
     assert sizes["a"] < 4096 < sizes["b"]
@@ -218,7 +222,7 @@ def test_sources_mixed_by_weight_make_the_same_stream_from_disk_in_memory_or_bot
         tf.nest.map_structure(np.testing.assert_array_equal, again, straight)
     first = np.concatenate([b[0]["tokens"][:, 0] for b in from_disk])
     assert abs(np.mean(first == ord("a") + 1) - 0.75) < 0.1
-    classes = input_fns.classes_of(input_fns.sources_of(both, None, "text", "label", 8, False))
+    classes = table.classes_of(table.sources_of(both, None, "text", "label", 8, False))
     assert classes == ["neg", "neu", "pos"]
     params = InputParams(64, 64)
     evaluated = input_fns.input_fn(Mode.EVAL, params, train=both, eval=both, longest=8)
@@ -252,7 +256,7 @@ def test_documents_for_a_language_model_read_in_place_packed_as_held_in_memory(t
     gin.bind_parameter("packing.length", 64)
 
     def train(memory_limit_mb):
-        input_fns._MADE.clear()
+        table.MADE.clear()
         gin.bind_parameter("pipeline.memory_limit_mb", memory_limit_mb)
         read = InputParams(8, 8, seed=3)
         return batches(input_fns.documents_input_fn(Mode.TRAIN, read, train=path), 6)
@@ -261,6 +265,60 @@ def test_documents_for_a_language_model_read_in_place_packed_as_held_in_memory(t
     assert from_disk[0][0]["segment_ids"].max() > 1  # several documents in a row
     for disk, memory in zip(from_disk, train(None), strict=True):
         tf.nest.map_structure(np.testing.assert_array_equal, disk, memory)
+
+
+# ---------------------------------------------------------------- images
+
+
+def test_encoded_images_in_a_column_are_read_in_place_as_a_prepared_folders_are(tmp_path):
+    """PNG and JPEG bytes in a Parquet column, plain and as Hugging Face's Image feature
+    (struct<bytes, path>), class names for labels: each batch's images are the central
+    squares the prepared records give (datasets/images.py), from disk, mixed 1 to 1."""
+    from datasets import images
+
+    rng = np.random.default_rng(0)
+    pictures = [rng.integers(0, 256, (20 + 3 * i, 30 - i, 3), dtype=np.uint8) for i in range(12)]
+    encoded = [
+        (tf.io.encode_png if i % 2 else tf.io.encode_jpeg)(p).numpy()
+        for i, p in enumerate(pictures)
+    ]
+    names = ["cat" if i % 3 else "dog" for i in range(12)]
+    columns = {"image": encoded, "label": names, "caption": [f"a {n}" for n in names]}
+    plain = write_parquet(tmp_path / "plain.parquet", columns, 5)
+    as_hub = pa.table(
+        {
+            "image": [{"bytes": e, "path": f"{i}.png"} for i, e in enumerate(encoded)],
+            "label": names,
+        }
+    )
+    hub = str(tmp_path / "hub.parquet")
+    pq.write_table(as_hub, hub, row_group_size=5)
+    gin.bind_parameter("pipeline.memory_limit_mb", 0)
+    params = InputParams(12, 12)
+    for where in (plain, hub):
+        table.MADE.clear()
+        dataset = input_fns.images_input_fn(
+            Mode.EVAL, params, train=where, eval=where, image_size=16
+        )
+        (features, labels), *_ = batches(dataset, 1)
+        assert features["image"].shape == (12, 16, 16, 3)
+        assert labels["label"].tolist() == [1 if n == "dog" else 0 for n in names]  # cat, dog
+        for i in (0, 7):
+            expected = images.centre_crop(tf.constant(encoded[i]), [16, 16], 3).numpy()
+            np.testing.assert_array_equal(features["image"][i], expected)
+    mixed = input_fns.images_input_fn(
+        Mode.TRAIN,
+        InputParams(8, 8, seed=1),
+        train=[plain, hub],
+        image_size=16,
+        augment="inception",
+    )
+    (features, labels), *_ = batches(mixed, 1)
+    assert features["image"].shape == (8, 16, 16, 3) and 0 <= features["image"].min()
+    with pytest.raises(UserError, match=r"^tables\.images_input_fn\.augment must be one of"):
+        input_fns.images_input_fn(Mode.TRAIN, params, train=plain, augment="flip")
+    with pytest.raises(UserError, match=r"column 'caption' is string, not bytes \(binary, or an"):
+        input_fns.images_input_fn(Mode.TRAIN, params, train=plain, image="caption")
 
 
 # ---------------------------------------------------------------- resume
@@ -302,7 +360,7 @@ def test_a_parquet_file_cut_short_is_named_in_one_line(tmp_path):
     with open(path, "r+b") as f:
         f.truncate(os.path.getsize(path) - 100)
     with pytest.raises(UserError, match=rf"^{path}: not a whole Parquet file \(.*\); it may"):
-        input_fns.rows_of(path, {"text": "text"})
+        table.rows_of(path, {"text": "text"})
 
 
 @pytest.mark.parametrize(
@@ -327,31 +385,31 @@ def test_a_schema_that_does_not_fit_is_refused_naming_the_file_and_column(
         },
     )
     with pytest.raises(UserError, match="^" + expected.format(p=path)):
-        input_fns.rows_of(path, columns)
+        table.rows_of(path, columns)
 
 
 def test_a_file_among_many_with_another_schema_is_named(tmp_path):
     write_parquet(tmp_path / "d" / "a.parquet", {"text": TEXTS[:5]})
     other = write_parquet(tmp_path / "d" / "b.parquet", {"text": [b"x"] * 5})
     with pytest.raises(UserError, match=rf"^{other}: column 'text' is binary, not text"):
-        input_fns.rows_of(str(tmp_path / "d"), {"text": "text"})
+        table.rows_of(str(tmp_path / "d"), {"text": "text"})
     write_parquet(tmp_path / "e" / "a.parquet", {"n": [1, 2]})
     other = write_parquet(tmp_path / "e" / "b.parquet", {"n": [1.5, 2.5]})
     with pytest.raises(UserError, match=rf"^{other}: column 'n' is double here but int64 in "):
-        input_fns.rows_of(str(tmp_path / "e"), {"n": "number"})
+        table.rows_of(str(tmp_path / "e"), {"n": "number"})
 
 
 def test_empty_files_and_folders_without_tables_are_refused(tmp_path):
     (tmp_path / "empty.parquet").touch()
     with pytest.raises(UserError, match=r"empty\.parquet: the file is empty \(0 bytes\)"):
-        input_fns.rows_of(str(tmp_path / "empty.parquet"), {"text": "text"})
+        table.rows_of(str(tmp_path / "empty.parquet"), {"text": "text"})
     os.makedirs(tmp_path / "none")
     (tmp_path / "none" / "notes.txt").write_text("x")
     expected = r"no \.parquet, \.pq, \.jsonl, \.json or \.csv file there; name a file"
     with pytest.raises(UserError, match=expected):
-        input_fns.rows_of(str(tmp_path / "none"), {"text": "text"})
+        table.rows_of(str(tmp_path / "none"), {"text": "text"})
     with pytest.raises(UserError, match=r"'.*nowhere': no such file or folder"):
-        input_fns.rows_of(str(tmp_path / "nowhere"), {"text": "text"})
+        table.rows_of(str(tmp_path / "nowhere"), {"text": "text"})
 
 
 def test_a_save_to_disk_folder_of_an_unknown_layout_or_cut_short_is_refused(tmp_path):
@@ -359,17 +417,17 @@ def test_a_save_to_disk_folder_of_an_unknown_layout_or_cut_short_is_refused(tmp_
     with open(os.path.join(saved, "state.json"), "w") as f:
         json.dump({"_files": ["data.parquet"], "_fingerprint": "x"}, f)  # a layout to come
     with pytest.raises(UserError, match=r"state\.json lists no _data_files: written by a version"):
-        input_fns.rows_of(saved, {"text": "text"})
+        table.rows_of(saved, {"text": "text"})
     saved = save_to_disk(pa.table({"text": TEXTS}), tmp_path / "cut")
     shard = os.path.join(saved, "data-00001-of-00002.arrow")
     with open(shard, "r+b") as f:
         f.truncate(os.path.getsize(shard) // 2)
     with pytest.raises(UserError, match=rf"^{shard}: not a whole Arrow stream"):
-        input_fns.rows_of(saved, {"text": "text"})
+        table.rows_of(saved, {"text": "text"})
     with pytest.raises(UserError, match=r"is a DatasetDict of splits train, test: name one"):
         os.makedirs(tmp_path / "dict")
         (tmp_path / "dict" / arrow.SPLITS).write_text('{"splits": ["train", "test"]}')
-        input_fns.rows_of(str(tmp_path / "dict"), {"text": "text"})
+        table.rows_of(str(tmp_path / "dict"), {"text": "text"})
 
 
 def test_a_row_group_that_fails_to_decode_mid_epoch_is_named_with_its_group(tmp_path):
@@ -380,7 +438,7 @@ def test_a_row_group_that_fails_to_decode_mid_epoch_is_named_with_its_group(tmp_
     with open(path, "r+b") as f:
         f.seek(column.data_page_offset + 8)
         f.write(b"\xff" * 64)
-    rows = input_fns.rows_of(path, {"text": "text"})
+    rows = table.rows_of(path, {"text": "text"})
     source = pipeline.RecordExamples(rows, lambda row: row, "texts")
     gin.bind_parameter("pipeline.memory_limit_mb", 0)
     params = InputParams(batch_size=50, global_batch_size=50)
@@ -432,8 +490,8 @@ def test_the_stdlib_functions_written_as_parquet_are_read_as_the_recipe_reads_th
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert os.listdir(tmp_path / "data") == ["functions.parquet"]
-    table = pq.read_table(tmp_path / "data" / "functions.parquet")
-    assert table.column_names == ["text", "label"] and table.num_rows > 3000
+    rows_table = pq.read_table(tmp_path / "data" / "functions.parquet")
+    assert rows_table.column_names == ["text", "label"] and rows_table.num_rows > 3000
     assert pq.read_metadata(tmp_path / "data" / "functions.parquet").num_row_groups > 3
 
 
@@ -453,7 +511,7 @@ def test_the_text_classifier_recipe_runs_small_from_parquet_and_a_save_to_disk_f
     saved = save_to_disk(pq.read_table(parquet), tmp_path / "saved")
     results = {}
     for name, where in (("parquet", parquet), ("arrow", saved)):
-        input_fns._MADE.clear()
+        table.MADE.clear()
         gin.clear_config()
         gin.parse_config_files_and_bindings(
             [f"{REPO}/experiments/text_classifier_parquet.gin", f"{REPO}/experiments/smoke.gin"],
@@ -475,14 +533,14 @@ def test_prepare_takes_a_parquet_file_and_a_save_to_disk_folder_as_it_takes_json
     same shards: the same classes, vocabulary, split and bytes."""
     from datasets.text import preparation
 
-    table = pa.table({"text": TEXTS, "label": LABELS})
+    rows_table = pa.table({"text": TEXTS, "label": LABELS})
     with open(tmp_path / "rows.jsonl", "w") as f:
-        f.writelines(json.dumps(row) + "\n" for row in table.to_pylist())
-    pq.write_table(table, tmp_path / "rows.parquet", row_group_size=64)
+        f.writelines(json.dumps(row) + "\n" for row in rows_table.to_pylist())
+    pq.write_table(rows_table, tmp_path / "rows.parquet", row_group_size=64)
     sources = {
         "jsonl": str(tmp_path / "rows.jsonl"),
         "parquet": str(tmp_path / "rows.parquet"),
-        "arrow": save_to_disk(table, tmp_path / "saved"),
+        "arrow": save_to_disk(rows_table, tmp_path / "saved"),
     }
     prepared = {}
     for name, source in sources.items():
@@ -525,7 +583,7 @@ def test_parquet_on_disk_makes_the_batches_it_makes_held_in_memory(tmp_path):
     gin.bind_parameter("lengths.token_budget", 256)
 
     def read(memory_limit_mb, start=0, count=8):
-        input_fns._MADE.clear()
+        table.MADE.clear()
         gin.bind_parameter("pipeline.memory_limit_mb", memory_limit_mb)
         params = InputParams(8, 8, seed=4, start_example=start)
         dataset = input_fns.input_fn(Mode.TRAIN, params, train=path, eval=path, longest=60)
@@ -561,7 +619,7 @@ def test_two_workers_each_read_their_share_of_a_parquet_file_and_together_the_wh
     (evaluation: each reads every other row, together every row once)."""
     path = write_parquet(tmp_path / "ids.parquet", {"id": np.arange(300)}, row_group_size=25)
     gin.bind_parameter("pipeline.memory_limit_mb", 0)
-    rows = input_fns.rows_of(path, {"id": "integer"}, window=2)
+    rows = table.rows_of(path, {"id": "integer"}, window=2)
     source = pipeline.RecordExamples(rows, lambda row: row, "ids")
     ids = lambda e: ({"id": e["id"]}, {})  # noqa: E731
 

@@ -3,7 +3,8 @@
 A kind is what a column holds and the tensor a row of it becomes:
 
 * ``'text'``: a string (``string``, ``large_string``), a ``tf.string`` of UTF-8;
-* ``'bytes'``: bytes (``binary``, ``large_binary``; an image file's), a ``tf.string``;
+* ``'bytes'``: bytes (``binary``, ``large_binary``; an image file's, or Hugging Face's
+  ``Image`` feature, ``struct<bytes, path>``, its bytes), a ``tf.string``;
 * ``'integer'``: a whole number (a class id), an ``int64``;
 * ``'number'``: a number, a ``float32``.
 
@@ -20,14 +21,27 @@ from collections.abc import Mapping
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import tensorflow as tf
 
 from trainer import UserError
 
+
+def is_image(found: pa.DataType) -> bool:
+    """Hugging Face ``datasets``' ``Image`` feature: ``struct<bytes: binary, path: string>``."""
+    if not pa.types.is_struct(found) or found.get_field_index("bytes") < 0:
+        return False
+    return pa.types.is_binary(found.field("bytes").type)
+
+
 # Each kind: the Arrow types it takes, what to call them in a message, its tensor.
 KINDS = {
     "text": ((pa.types.is_string, pa.types.is_large_string), "text (string)", tf.string),
-    "bytes": ((pa.types.is_binary, pa.types.is_large_binary), "bytes (binary)", tf.string),
+    "bytes": (
+        (pa.types.is_binary, pa.types.is_large_binary, is_image),
+        "bytes (binary, or an image's {bytes, path})",
+        tf.string,
+    ),
     "integer": ((pa.types.is_integer,), "whole numbers (int)", tf.int64),
     "number": ((pa.types.is_integer, pa.types.is_floating), "numbers", tf.float32),
 }
@@ -88,6 +102,8 @@ def dtypes(columns: Mapping[str, str]) -> tuple[tf.DType, ...]:
 
 def to_numpy(array: pa.Array | pa.ChunkedArray, kind: str) -> np.ndarray:
     """A column's values as the numpy array its tensor is made of."""
+    if kind == "bytes" and is_image(array.type):
+        array = pc.struct_field(array, "bytes")
     if kind in ("text", "bytes"):
         return np.asarray(array.to_pylist(), object)
     return array.to_numpy().astype(np.int64 if kind == "integer" else np.float32)

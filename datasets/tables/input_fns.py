@@ -1,4 +1,4 @@
-"""Tables read where they lie, by index: a text classifier's documents with no ``prepare``.
+"""Tables read where they lie, by index: documents and images with no ``prepare``.
 
 In gin::
 
@@ -18,6 +18,11 @@ names. Rows are read by index (``datasets/tables/parquet.py``, ``arrow.py``,
 ``lines.py``), held in memory when they fit ``pipeline.memory_limit_mb``, and batched
 as the other input functions are (buckets, grouping, token budgets).
 
+``tables.documents_input_fn`` reads the same sources as a language model's
+documents, and ``tables.images_input_fn`` a column of encoded images; several sources
+are mixed by ``weights``. What each source is, and what is made of it once a process,
+is ``datasets/tables/source.py``.
+
 Tokenizers: ``bytes`` (each UTF-8 byte, ids 1 to 256) or ``words``, a vocabulary of
 the ``vocab_size - 3`` most frequent words learned from the training source's text
 column, once a process: one pass over that column (the cost ``prepare`` pays once, paid
@@ -26,108 +31,23 @@ here at each start). An export takes strings and tokenizes them the same way.
 
 from __future__ import annotations
 
-import dataclasses
-import os
-
 import gin
 import numpy as np
-import pyarrow as pa
 import tensorflow as tf
 
-from datasets import lengths, packing, pipeline
-from datasets.tables import arrow, files, lines, parquet
-from datasets.tables.rows import Rows, Subset, readable
+from datasets import images, lengths, packing, pipeline
+from datasets.tables.source import (
+    Source,
+    check_known,
+    classes_of,
+    held_out_rows,
+    lengths_of,
+    sources_of,
+    tokenizer_of,
+)
 from datasets.text.serving import tokenized_by
 from datasets.text.tokenizers import Tokenizer
-from datasets.text.writing import check_fraction, held_out
-from trainer import InputParams, Mode, UserError
-
-_MADE: dict = {}  # by (source, columns, ...): read and learned once a process
-
-
-def rows_of(
-    where: str, columns: dict, split: str | None = None, window: int = 8, skipping: bool = False
-):
-    """The rows of ``where`` (Parquet, JSON lines, CSV, a ``save_to_disk`` folder), by index.
-
-    ``skipping``: rows that cannot be read are to be skipped, so none is refused yet.
-    """
-    key = ("rows", os.path.abspath(where), tuple(columns.items()), split, window, skipping)
-    if key not in _MADE:
-        if os.path.isdir(where) and _saved_by_datasets(where):
-            folder = arrow.folder_of(where, split)
-            _MADE[key] = arrow.ArrowRows(arrow.data_files(folder), columns)
-        else:
-            paths = files.paths_of(where, SUFFIXES, "tables.input_fn's source")
-            _MADE[key] = _rows(where, paths, columns, window, skipping)
-    return _MADE[key]
-
-
-SUFFIXES = parquet.SUFFIXES + lines.SUFFIXES
-
-
-def _rows(where: str, paths: list[str], columns: dict, window: int, skipping: bool) -> Rows:
-    """Parquet's rows, or JSON lines' and CSV's, by the files' suffixes."""
-    in_lines = [p.lower().endswith(lines.SUFFIXES) for p in paths]
-    if all(in_lines):
-        return lines.LineRows(paths, columns, skipping)
-    if any(in_lines):
-        raise UserError(
-            f"{where} holds Parquet files and JSON lines or CSV files: one source is one "
-            "kind of file; give each kind as its own source"
-        )
-    return parquet.ParquetRows(paths, columns, window)
-
-
-@dataclasses.dataclass(frozen=True)
-class Source:
-    """One of ``tables.input_fn``'s sources: where its rows lie, and which columns.
-
-    ``skip_corrupt``: leave out the rows that cannot be read (a Parquet row group that
-    fails to decode, a line that is not JSON or lacks a column), found by one read of
-    every row at the first use and counted in the log; without it such a row stops
-    the run when it is read. What is made of a source (its rows, classes, tokenizer,
-    lengths) is made once a process.
-    """
-
-    where: str
-    split: str | None = None
-    text: str = "text"
-    label: str = "label"
-    window: int = 8
-    skip_corrupt: bool = False
-
-    def rows(self, columns: dict) -> Rows:
-        """The source's ``columns`` read by index; with ``skip_corrupt``, its readable rows."""
-        rows = rows_of(self.where, columns, self.split, self.window, self.skip_corrupt)
-        kept = self.readable()
-        return rows if kept is None else Subset(rows, kept)
-
-    def readable(self) -> np.ndarray | None:
-        """The rows whose text and label read, or None when all are taken as they come."""
-        if not self.skip_corrupt:
-            return None
-        key = ("readable", self)
-        if key not in _MADE:
-            columns = {self.text: "text"}
-            if self.label in self.schema.names:
-                columns[self.label] = "text" if _is_text(self.schema, self.label) else "integer"
-            knob = f"tables.input_fn.skip_corrupt ({self.where})"
-            rows = rows_of(self.where, columns, self.split, self.window, skipping=True)
-            kept = readable(rows, knob)
-            _MADE[key] = None if len(kept) == len(rows) else kept
-        return _MADE[key]
-
-    @property
-    def schema(self) -> pa.Schema:
-        """Every column of the source's first file, read or not."""
-        return rows_of(self.where, {}, self.split, self.window, self.skip_corrupt).schema
-
-    @property
-    def name(self) -> str:
-        """Names the source in the log: its file or folder, and its split."""
-        split = f"-{self.split}" if self.split else ""
-        return f"{os.path.basename(os.path.normpath(self.where))}{split}"
+from trainer import InputParams, Mode, UserError, errors
 
 
 @gin.configurable("tables.input_fn")
@@ -166,7 +86,7 @@ def input_fn(
     classes = classes_of(trained)
     if classes is not None and read != trained:
         for source in read:
-            _check_known(classes_of((source,)), classes, source.where, label)
+            check_known(classes_of((source,)), classes, source.where, label)
     words = tokenizer_of(trained, tokenizer, vocab_size)
     columns = {text: "text", label: "text" if classes is not None else "integer"}
     example = _example(words, text, label, classes, longest)
@@ -207,6 +127,51 @@ def documents_input_fn(
     return _batches(read, columns, example, words, longest, fraction, mode, params, weights, True)
 
 
+@gin.configurable("tables.images_input_fn")
+def images_input_fn(
+    mode: Mode,
+    params: InputParams,
+    train: str | list[str] = gin.REQUIRED,
+    eval: str | list[str] | None = None,
+    image: str = "image",
+    label: str = "label",
+    image_size: int = 224,
+    augment: bool | str = False,
+    split: str | None = None,
+    eval_split: str | None = None,
+    eval_fraction: float | None = None,
+    window: int = 8,
+    skip_corrupt: bool = False,
+    weights: list[float] | None = None,
+) -> tf.data.Dataset:
+    """Batches of ``({'image': float32 [b, S, S, 3] in [0, 1]}, {'label': int64 [b]})``.
+
+    ``image`` names a column of encoded images (JPEG, PNG, ...): bytes, or Hugging
+    Face's ``Image`` feature (``struct<bytes, path>``), as the Hub's image datasets
+    keep them in Parquet. Decoded as a prepared folder's are (``datasets/images.py``):
+    the central square of side ``image_size``, or with ``augment`` 'inception' (the
+    random-resized crop) or True (pad, crop, flip). The other knobs are
+    ``tables.input_fn``'s; class names are made ids as there.
+    """
+    if augment not in images.AUGMENTS:
+        raise UserError(
+            f"tables.images_input_fn.augment must be one of {images.AUGMENTS}, got {augment!r}"
+        )
+    errors.check_count("tables.images_input_fn.image_size", image_size)
+    knobs = (None, label, window, skip_corrupt, image)
+    trained, read, fraction = _sources(mode, train, eval, split, eval_split, eval_fraction, knobs)
+    classes = classes_of(trained)
+    if classes is not None and read != trained:
+        for source in read:
+            check_known(classes_of((source,)), classes, source.where, label)
+    columns = {image: "bytes", label: "text" if classes is not None else "integer"}
+    parse, keep = _image_example(image, label, classes), mode != Mode.TRAIN
+    made = [_examples(s, columns, fraction, keep, parse) for s in read]
+    name = "+".join(source.name for source in read)
+    size = [image_size, image_size]
+    return images.batches(made, mode, params, size, 3, augment, name, weights=weights)
+
+
 def _sources(mode: Mode, train, eval, split, eval_split, eval_fraction, knobs):
     """``(trained, read, fraction)``: the training sources and those ``mode`` reads.
 
@@ -231,37 +196,35 @@ def _batches(read, columns, example, words, longest, fraction, mode, params, wei
     ``keep_last``: an export keeps a text's last ``longest`` tokens (a prompt's), not
     its first.
     """
-    whole = _batched(example)
-    keep = mode != Mode.TRAIN
-    made = [_examples(s, columns, words, longest, fraction, keep, whole) for s in read]
+    whole, keep = _batched(example), mode != Mode.TRAIN
+    made = [
+        _examples(
+            s, columns, fraction, keep, _as_read, whole, _lengths_if_planned(s, words, longest)
+        )
+        for s in read
+    ]
     name = "+".join(source.name for source in read)
     built = pipeline.build(made, mode, params, example, weights=weights, name=name)
     return tokenized_by(built, words, longest, keep_last)
 
 
-def sources_of(where, split, text, label, window, skip_corrupt) -> tuple[Source, ...]:
-    """``where`` (one source, or a list of them) as ``Source``s, each its own rows."""
-    listed = (where,) if isinstance(where, str) else tuple(where)
-    if not listed or not all(isinstance(w, str) for w in listed):
-        raise UserError(
-            f"tables.input_fn's source = {where!r}: give a file, folder or glob, or a list "
-            "of them to mix"
-        )
-    return tuple(Source(w, split, text, label, window, skip_corrupt) for w in listed)
-
-
-def _examples(source: Source, columns, words, longest, fraction, keep, whole):
+def _examples(source: Source, columns, fraction, keep, parse, whole=None, lengths=None):
     """A source's examples read by index.
 
     All its rows, or those ``fraction`` holds out (``keep``) or leaves to train on.
-    ``whole``: a batch of rows to examples, the same for every source (so they join).
+    ``parse``: a row to an example; ``whole``: a batch of rows to examples; both the
+    same for every source (so they join). ``lengths``: each row's, or None.
     """
     rows = source.rows(columns)
-    kept = _lengths(source, words, longest) if _sorted_or_packed() else None
     if fraction:
-        rows = _held_out(rows, fraction, keep)
-        kept = None if kept is None else kept[rows.kept]
-    return pipeline.RecordExamples(rows, _as_read, source.name, kept, whole)
+        rows = held_out_rows(rows, fraction, keep)
+        lengths = None if lengths is None else lengths[rows.kept]
+    return pipeline.RecordExamples(rows, parse, source.name, lengths, whole)
+
+
+def _lengths_if_planned(source: Source, words: Tokenizer, longest: int) -> np.ndarray | None:
+    """The rows' lengths when batching plans by them (grouping, budgets, packing)."""
+    return lengths_of(source, words, longest) if _sorted_or_packed() else None
 
 
 def _as_read(row: dict) -> dict:
@@ -297,52 +260,6 @@ def _vocab_of(configurable: str, label: str | None) -> int:
     return tokenizer_of(trained, tokenizer, _bound(f"{configurable}.vocab_size", 8000)).vocab_size
 
 
-def tokenizer_of(sources: tuple[Source, ...], kind: str, vocab_size: int) -> Tokenizer:
-    """The tokenizer, its words learned from the sources' text columns, once a process."""
-    key = ("tokenizer", sources, kind, vocab_size)
-    if key not in _MADE:
-        if kind not in ("bytes", "words"):
-            raise UserError(
-                f"tables.input_fn.tokenizer = {kind!r}: read in place, text is tokenized by "
-                "'bytes' or 'words'; for wordpiece or sentencepiece, prepare the text with "
-                "python3 -m datasets.prepare --text"
-            )
-        texts = (chunk for s in sources for chunk in _chunks(s.rows({s.text: "text"}), s.text))
-        _MADE[key] = Tokenizer.learned(kind, texts, vocab_size)
-    return _MADE[key]
-
-
-def classes_of(sources: tuple[Source, ...]) -> list[str] | None:
-    """The class names in the sources' label columns, sorted, or None for class ids."""
-    key = ("classes", sources)
-    if key not in _MADE:
-        _MADE[key] = None  # whole numbers already, or a column the rows' check names
-        if any(_is_text(s.schema, s.label) for s in sources):
-            names = set()
-            for s in sources:  # a source of class ids among them is refused by its rows
-                names.update(
-                    name for chunk in _chunks(s.rows({s.label: "text"}), s.label) for name in chunk
-                )
-            _MADE[key] = sorted(names)
-    return _MADE[key]
-
-
-def _check_known(found: list[str], classes: list[str], where: str, label: str) -> None:
-    """Refuses class names of ``where`` that the training rows do not have."""
-    unknown = sorted(set(found) - set(classes))
-    if unknown:
-        raise UserError(
-            f"{where}: column {label!r} holds {len(unknown)} class name(s) the training rows "
-            f"do not have ({', '.join(map(repr, unknown[:3]))}; they have "
-            f"{', '.join(map(repr, classes[:8]))}): evaluate on rows of the same classes"
-        )
-
-
-def _is_text(schema: pa.Schema, name: str) -> bool:
-    index = schema.get_field_index(name)
-    return index >= 0 and pa.types.is_string(schema.field(index).type)
-
-
 def _batched(example):
     """A batch of rows' examples in one call: ``example`` takes one row or many."""
     return lambda rows: example(rows, batched=True)
@@ -350,21 +267,30 @@ def _batched(example):
 
 def _example(words: Tokenizer, text: str, label: str, classes, longest: int):
     """``preprocess``: a row's ``({'tokens'}, {'label'})``, or a batch's (``batched``)."""
-    ids = None
-    if classes is not None:
-        with tf.init_scope():  # made once, eagerly: datasets capture it
-            numbered = tf.range(len(classes), dtype=tf.int64)
-            ids = tf.lookup.StaticHashTable(
-                tf.lookup.KeyValueTensorInitializer(classes, numbered), -1
-            )
+    class_id = _class_ids(classes)
 
     def example(row: dict, batched: bool = False):
         texts = row[text] if batched else row[text][None]
         tokens = words.tokenize(texts)[:, :longest]
-        found = row[label] if ids is None else ids.lookup(row[label])
-        return {"tokens": tokens if batched else tokens[0]}, {"label": found}
+        return {"tokens": tokens if batched else tokens[0]}, {"label": class_id(row[label])}
 
     return example
+
+
+def _class_ids(classes: list[str] | None):
+    """A label's class id: its name's place in ``classes``, or the label itself (None)."""
+    if classes is None:
+        return lambda label: label
+    with tf.init_scope():  # made once, eagerly: datasets capture it
+        numbered = tf.range(len(classes), dtype=tf.int64)
+        ids = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(classes, numbered), -1)
+    return ids.lookup
+
+
+def _image_example(image: str, label: str, classes):
+    """A row's ``{'image': its encoded bytes, 'label': its class id}``."""
+    class_id = _class_ids(classes)
+    return lambda row: {"image": row[image], "label": class_id(row[label])}
 
 
 def _next_tokens(words: Tokenizer, text: str, longest: int):
@@ -388,53 +314,10 @@ def _next_tokens(words: Tokenizer, text: str, longest: int):
     return example
 
 
-def _chunks(rows, column: str, size: int = 10_000):
-    """A column's values, ``size`` rows at a time, in order."""
-    for start in range(0, len(rows), size):
-        values, problem = rows._read(np.arange(start, min(start + size, len(rows))))
-        if problem:
-            raise UserError(problem)
-        yield [v.decode() if isinstance(v, bytes) else v for v in values[0]]
-
-
 def _sorted_or_packed() -> bool:
     """Whether batching reads the examples' lengths before their records."""
     shapes = lengths.knobs()
     return bool(shapes.group_batches or shapes.token_budget or packing.knobs().active)
-
-
-def _lengths(source: Source, words: Tokenizer, longest: int) -> np.ndarray:
-    """Each row's length in tokens, at most ``longest``: what batches are planned by.
-
-    Grouping, token budgets and packing read them before the records. One pass over
-    the source's text column, once a process (``words`` is kept in ``_MADE`` too, so
-    its ``id`` names it for as long).
-    """
-    key = ("lengths", source, id(words), longest)
-    if key not in _MADE:
-        rows = source.rows({source.text: "text"})
-        chunks = _chunks(rows, source.text)
-        counted = [len(ids) for chunk in chunks for ids in words.all_ids(chunk)]
-        _MADE[key] = np.minimum(np.asarray(counted, np.int64), longest)
-    return _MADE[key]
-
-
-def _held_out(rows: Rows, fraction: float, keep: bool) -> Subset:
-    """The rows held out (``keep``) or trained on, as ``prepare --eval_fraction`` splits."""
-    check_fraction(fraction)
-    counted = held_out(fraction).count(np.arange(len(rows) + 1, dtype=np.int64))
-    chosen = (np.diff(counted) > 0) == keep  # row n is held out when the count grows at it
-    if not chosen.any():
-        raise UserError(
-            f"tables.input_fn.eval_fraction = {fraction} of {len(rows)} rows holds none out "
-            "or keeps none: give more rows or another share"
-        )
-    return Subset(rows, np.flatnonzero(chosen))
-
-
-def _saved_by_datasets(folder: str) -> bool:
-    names = os.listdir(folder)
-    return arrow.STATE in names or arrow.SPLITS in names
 
 
 def _bound(name: str, default):

@@ -41,7 +41,7 @@ import tensorflow as tf  # noqa: E402
 from absl import logging  # noqa: E402
 
 from datasets import pipeline  # noqa: E402
-from datasets.tables import input_fns as tables  # noqa: E402
+from datasets.tables import source as tables  # noqa: E402
 from trainer import Estimator, ModelFn, Spec  # noqa: E402
 from trainer.settings import Checkpoints, Devices, Optimization, Summaries  # noqa: E402
 
