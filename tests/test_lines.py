@@ -277,3 +277,32 @@ def test_skip_corrupt_leaves_out_lines_that_cannot_be_read_and_says_how_many(tmp
     (epoch,) = batches(pipeline.build(read, Mode.TRAIN, params, texts), 1)
     expected = {f"r{i}".encode() for i in set(range(200)) - {2, 150, 160}}
     assert len(epoch[0]["text"]) == 197 and set(epoch[0]["text"]) == expected
+
+
+def test_a_messages_column_reads_alike_from_json_lines_and_parquet(tmp_path):
+    """Chats chosen by name, each row's turns (role and content, in order; other keys
+    left) as one JSON string for a chat template to render; a column of another shape
+    is one line."""
+    chats = [
+        [
+            {"role": "user", "content": f"What does f{i} do?", "name": "x"},
+            {"role": "assistant", "content": f"It returns {i}, «é»."},
+        ]
+        for i in range(30)
+    ]
+    path = write_jsonl(tmp_path / "chats.jsonl", [{"messages": c} for c in chats])
+    parquet = str(tmp_path / "chats.parquet")
+    pq.write_table(pa.table({"messages": chats}), parquet, row_group_size=8)
+    expected = [
+        json.dumps([{k: t[k] for k in ("role", "content")} for t in c], ensure_ascii=False)
+        for c in chats
+    ]
+    for where in (path, parquet):
+        rows = table.rows_of(where, {"messages": "messages"})
+        values, problem = rows._read(np.arange(30))
+        assert problem == "" and [v.decode() for v in values[0]] == expected
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"messages": ["hi", "hello"]}] * 3)
+    with pytest.raises(
+        UserError, match=r"column 'messages' is list<item: string>, not chat messages"
+    ):
+        table.rows_of(bad, {"messages": "messages"})

@@ -5,6 +5,9 @@ A kind is what a column holds and the tensor a row of it becomes:
 * ``'text'``: a string (``string``, ``large_string``), a ``tf.string`` of UTF-8;
 * ``'bytes'``: bytes (``binary``, ``large_binary``; an image file's, or Hugging Face's
   ``Image`` feature, ``struct<bytes, path>``, its bytes), a ``tf.string``;
+* ``'messages'``: a chat, a list of ``{role, content}`` (Parquet's
+  ``list<struct<role, content>>``, a JSON list of objects), a ``tf.string`` of its
+  turns as JSON (``messages_json``), for a chat template to render;
 * ``'integer'``: a whole number (a class id), an ``int64``;
 * ``'number'``: a number, a ``float32``.
 
@@ -17,6 +20,7 @@ others are held to.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 
 import numpy as np
@@ -34,12 +38,28 @@ def is_image(found: pa.DataType) -> bool:
     return pa.types.is_binary(found.field("bytes").type)
 
 
+def is_messages(found: pa.DataType) -> bool:
+    """A chat: a list of ``struct<role: string, content: string, ...>``."""
+    if not (pa.types.is_list(found) or pa.types.is_large_list(found)):
+        return False
+    turn = found.value_type
+    if not pa.types.is_struct(turn):
+        return False
+    fields = {turn.field(i).name: turn.field(i).type for i in range(turn.num_fields)}
+    return all(pa.types.is_string(fields.get(name, pa.null())) for name in ("role", "content"))
+
+
 # Each kind: the Arrow types it takes, what to call them in a message, its tensor.
 KINDS = {
     "text": ((pa.types.is_string, pa.types.is_large_string), "text (string)", tf.string),
     "bytes": (
         (pa.types.is_binary, pa.types.is_large_binary, is_image),
         "bytes (binary, or an image's {bytes, path})",
+        tf.string,
+    ),
+    "messages": (
+        (is_messages,),
+        "chat messages (a list of {role, content})",
         tf.string,
     ),
     "integer": ((pa.types.is_integer,), "whole numbers (int)", tf.int64),
@@ -104,9 +124,17 @@ def to_numpy(array: pa.Array | pa.ChunkedArray, kind: str) -> np.ndarray:
     """A column's values as the numpy array its tensor is made of."""
     if kind == "bytes" and is_image(array.type):
         array = pc.struct_field(array, "bytes")
+    if kind == "messages":
+        return np.asarray([messages_json(chat) for chat in array.to_pylist()], object)
     if kind in ("text", "bytes"):
         return np.asarray(array.to_pylist(), object)
     return array.to_numpy().astype(np.int64 if kind == "integer" else np.float32)
+
+
+def messages_json(chat: list[dict]) -> bytes:
+    """A chat as its tensor holds it: JSON of its turns' role and content, in order."""
+    turns = [{"role": turn["role"], "content": turn["content"]} for turn in chat]
+    return json.dumps(turns, ensure_ascii=False).encode()
 
 
 def one_line(error: Exception) -> str:
@@ -116,7 +144,7 @@ def one_line(error: Exception) -> str:
 
 def empty(count: int, kind: str) -> np.ndarray:
     """A column's values to fill, of its tensor's type (a failed read returns them so)."""
-    if kind in ("text", "bytes"):
+    if KINDS[kind][2] == tf.string:
         return np.full(count, b"", object)
     return np.zeros(count, np.int64 if kind == "integer" else np.float32)
 

@@ -248,6 +248,8 @@ def _value(fields: dict, name: str, kind: str):
             pass
     if kind == "text" and isinstance(value, str):
         return value.encode(), ""
+    if kind == "messages" and _is_chat(value):
+        return kinds.messages_json(value), ""
     if kind == "integer" and isinstance(value, int) and not isinstance(value, bool):
         return value, ""
     if kind == "number" and isinstance(value, int | float) and not isinstance(value, bool):
@@ -255,6 +257,14 @@ def _value(fields: dict, name: str, kind: str):
     return None, (
         f"column {name!r} holds {str(value)[:40]!r}, not {kinds.KINDS[kind][1]}: fix the row, "
         "or give the column's kind"
+    )
+
+
+def _is_chat(value) -> bool:
+    """A list of objects, each with a string role and content."""
+    turns = isinstance(value, list) and all(isinstance(turn, dict) for turn in value)
+    return turns and all(
+        isinstance(turn.get("role"), str) and isinstance(turn.get("content"), str) for turn in value
     )
 
 
