@@ -54,8 +54,8 @@ from trainer import InputParams, Mode, UserError, errors
 def input_fn(
     mode: Mode,
     params: InputParams,
-    train: str = gin.REQUIRED,
-    eval: str | None = None,
+    train: str | list[str] = gin.REQUIRED,
+    eval: str | list[str] | None = None,
     text: str = "text",
     label: str = "label",
     tokenizer: str = "bytes",
@@ -82,11 +82,9 @@ def input_fn(
     from all the training sources.
     """
     knobs = (text, label, window, skip_corrupt)
-    trained, read, fraction = _sources(mode, train, eval, split, eval_split, eval_fraction, knobs)
-    classes = classes_of(trained)
-    if classes is not None and read != trained:
-        for source in read:
-            check_known(classes_of((source,)), classes, source.where, label)
+    where = (train, eval, split, eval_split, eval_fraction)
+    trained, read, fraction = _sources(mode, *where, knobs, "tables.input_fn")
+    classes = _classes(trained, read, label)
     words = tokenizer_of(trained, tokenizer, vocab_size)
     columns = {text: "text", label: "text" if classes is not None else "integer"}
     example = _example(words, text, label, classes, longest)
@@ -120,7 +118,8 @@ def documents_input_fn(
     from one document to the next. The knobs are ``tables.input_fn``'s, with no label.
     """
     knobs = (text, None, window, skip_corrupt)
-    trained, read, fraction = _sources(mode, train, eval, split, eval_split, eval_fraction, knobs)
+    where = (train, eval, split, eval_split, eval_fraction)
+    trained, read, fraction = _sources(mode, *where, knobs, "tables.documents_input_fn")
     words = tokenizer_of(trained, tokenizer, vocab_size)
     example = _next_tokens(words, text, longest)
     columns = {text: "text"}
@@ -159,11 +158,9 @@ def images_input_fn(
         )
     errors.check_count("tables.images_input_fn.image_size", image_size)
     knobs = (None, label, window, skip_corrupt, image)
-    trained, read, fraction = _sources(mode, train, eval, split, eval_split, eval_fraction, knobs)
-    classes = classes_of(trained)
-    if classes is not None and read != trained:
-        for source in read:
-            check_known(classes_of((source,)), classes, source.where, label)
+    where = (train, eval, split, eval_split, eval_fraction)
+    trained, read, fraction = _sources(mode, *where, knobs, "tables.images_input_fn")
+    classes = _classes(trained, read, label)
     columns = {image: "bytes", label: "text" if classes is not None else "integer"}
     parse, keep = _image_example(image, label, classes), mode != Mode.TRAIN
     made = [_examples(s, columns, fraction, keep, parse) for s in read]
@@ -172,7 +169,7 @@ def images_input_fn(
     return images.batches(made, mode, params, size, 3, augment, name, weights=weights)
 
 
-def _sources(mode: Mode, train, eval, split, eval_split, eval_fraction, knobs):
+def _sources(mode: Mode, train, eval, split, eval_split, eval_fraction, knobs, configurable):
     """``(trained, read, fraction)``: the training sources and those ``mode`` reads.
 
     ``fraction``: the share of the training rows held out when evaluation reads
@@ -181,12 +178,24 @@ def _sources(mode: Mode, train, eval, split, eval_split, eval_fraction, knobs):
     training, held = mode == Mode.TRAIN, eval is None and bool(eval_fraction)
     if not (training or held) and eval is None:
         raise UserError(
-            f"tables.input_fn has no rows to {mode.value} on: give its eval, or an "
+            f"{configurable} has no rows to {mode.value} on: give its eval, or an "
             "eval_fraction of train's rows to hold out"
         )
     trained = sources_of(train, split, *knobs)
     read = trained if training or held else sources_of(eval, eval_split, *knobs)
     return trained, read, eval_fraction if held else None
+
+
+def _classes(trained, read, label: str) -> list[str] | None:
+    """The training sources' class names, or None for class ids.
+
+    The sources ``read`` (evaluation's) are refused when they hold other names.
+    """
+    classes = classes_of(trained)
+    if classes is not None and read != trained:
+        for source in read:
+            check_known(classes_of((source,)), classes, source.where, label)
+    return classes
 
 
 def _batches(read, columns, example, words, longest, fraction, mode, params, weights, keep_last):
