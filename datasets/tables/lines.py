@@ -58,7 +58,7 @@ class LineRows(Rows):
         sampled rows' types are those of the rows that read, and none is refused here.
     """
 
-    def __init__(self, paths: Sequence[str], columns: Mapping[str, str], skipping=False):
+    def __init__(self, paths: Sequence[str], columns: Mapping[str, str], skipping: bool = False):
         super().__init__(columns)
         self.skipping = skipping
         self.paths = list(paths)
