@@ -239,6 +239,9 @@ def test_a_file_among_many_of_another_type_and_empty_sources_are_refused(tmp_pat
     (tmp_path / "empty.jsonl").touch()
     with pytest.raises(UserError, match=r"empty\.jsonl: the file is empty \(0 bytes\)"):
         table.rows_of(str(tmp_path / "empty.jsonl"), {"text": "text"})
+    (tmp_path / "blank.csv").write_text("\n\n\n")
+    with pytest.raises(UserError, match=r"blank\.csv:1: no header row of column names \(empty\)"):
+        table.rows_of(str(tmp_path / "blank.csv"), {"text": "text"})
     (tmp_path / "header.csv").write_text("text,label\n")
     with pytest.raises(UserError, match=r"header\.csv: no rows in 1 file"):
         table.rows_of(str(tmp_path / "header.csv"), {"text": "text"})

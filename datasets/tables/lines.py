@@ -125,7 +125,8 @@ class LineRows(Rows):
         path = self.paths[file]
         if not path.lower().endswith(CSV):
             return None
-        fields, problem = _csv_fields(self._record(file, 0))
+        blank = not len(self.records[file])  # blank lines alone
+        fields, problem = ([], "") if blank else _csv_fields(self._record(file, 0))
         if problem or not fields:
             raise UserError(f"{path}:1: no header row of column names ({problem or 'empty'})")
         return fields
