@@ -4,6 +4,7 @@ template or chat is one line."""
 
 import json
 
+import numpy as np
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -131,3 +132,20 @@ def test_a_template_that_raises_or_leaves_an_answer_unmarked_is_one_line():
     )
     with pytest.raises(UserError, match=r"^c2: t rendered the assistant's answer 'def add"):
         ChatTemplate(unmarked, "t").render(CHAT, where="c2")
+
+
+def test_the_assistant_mask_of_bytes_and_of_tokens_that_straddle_a_span():
+    """Over the bytes tokenizer's ids, exactly the answers' bytes (their end marks too);
+    non-ASCII text counted in bytes, not characters. A token that straddles a span's
+    edge is the assistant's, as Hugging Face marks it."""
+    rendered = ChatTemplate(CHATML).render(CHAT)
+    ids, mask = rendered.bytes_and_mask()
+    assert bytes(int(i) - 1 for i in ids).decode() == rendered.text
+    marked = bytes(int(i) - 1 for i in ids[mask]).decode()
+    assert marked == "def add(a, b):\n    return a + b<|im_end|>\n'é'<|im_end|>\n"
+    data = rendered.text.encode()
+    (first, _), (second, end) = rendered.byte_spans().tolist()
+    assert data[second:end] == "'é'<|im_end|>\n".encode() and end == len(data)
+    starts = np.asarray([0, first - 2, first + 3, end - 1])
+    ends = np.asarray([first - 2, first + 1, first + 5, end])
+    assert rendered.token_mask(starts, ends).tolist() == [False, True, True, True]

@@ -28,6 +28,7 @@ import os
 import threading
 
 import jinja2
+import numpy as np
 from jinja2 import nodes
 from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -48,6 +49,33 @@ class Rendered:
     def assistant(self) -> list[str]:
         """The text of each assistant span."""
         return [self.text[start:end] for start, end in self.spans]
+
+    def byte_spans(self) -> np.ndarray:
+        """The spans as ``[start, end)`` offsets in the text's UTF-8 bytes, ``[spans, 2]``."""
+        said = np.asarray(self.spans, np.int64).reshape(-1, 2)
+        sizes = np.fromiter((len(c.encode()) for c in self.text), np.int64, len(self.text))
+        before = np.concatenate([[0], np.cumsum(sizes)])  # bytes before each character
+        return before[said]
+
+    def token_mask(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """Which tokens are the assistant's.
+
+        Each token is given by its ``[start, end)`` byte offsets in the text; it is the
+        assistant's when it overlaps a span, as Hugging Face's
+        ``return_assistant_tokens_mask`` marks a token holding any of a span's characters.
+        """
+        spans = self.byte_spans()
+        starts, ends = np.asarray(starts)[:, None], np.asarray(ends)[:, None]
+        return ((starts < spans[:, 1]) & (ends > spans[:, 0])).any(axis=1)
+
+    def bytes_and_mask(self) -> tuple[np.ndarray, np.ndarray]:
+        """The text as the ``bytes`` tokenizer's ids, and which are the assistant's.
+
+        Each UTF-8 byte is one id, the byte plus one (0 pads).
+        """
+        ids = np.frombuffer(self.text.encode(), np.uint8).astype(np.int64) + 1
+        at = np.arange(len(ids))
+        return ids, self.token_mask(at, at + 1)
 
 
 class ChatTemplate:
