@@ -39,7 +39,7 @@ def write_jsonl(path, rows, blank_every=50):
         for i, row in enumerate(rows):
             f.write(json.dumps(row, ensure_ascii=False) + ("\r\n" if i % 2 else "\n"))
             if i % blank_every == 7:
-                f.write("\n")  # blank lines are no rows
+                f.write("\n" if (i // blank_every) % 2 else "\r\n")  # blank lines: no rows
     return str(path)
 
 

@@ -182,9 +182,15 @@ _INDEXED: dict = {}
 
 
 def _scan(path: str, quoted: bool) -> np.ndarray:
-    """Where each row of the file starts: after each line break (outside quotes)."""
-    breaks, position, inside = [], 0, 0
+    r"""Where each row of the file starts: after each line break (outside quotes).
+
+    One read of the file: a byte-order mark at its start is skipped, and a blank line
+    is no row, nor a lone ``\r`` (a blank Windows line).
+    """
+    breaks, after_cr, position, inside, last = [], [], 0, 0, 0
     with open(path, "rb") as f:
+        first = len(BOM) if f.read(len(BOM)) == BOM else 0
+        f.seek(0)
         while block := f.read(BLOCK):
             data = np.frombuffer(block, np.uint8)
             found = np.flatnonzero(data == ord("\n"))
@@ -192,22 +198,14 @@ def _scan(path: str, quoted: bool) -> np.ndarray:
                 quotes = np.flatnonzero(data == ord('"'))
                 found = found[(np.searchsorted(quotes, found) + inside) % 2 == 0]
                 inside = (inside + len(quotes)) % 2
+            before = np.where(found > 0, data[found - 1], last)  # the byte before each break
             breaks.append(found + position)
-            position += len(data)
+            after_cr.append(before == ord("\r"))
+            position, last = position + len(data), int(data[-1])
     ends = np.concatenate([*breaks, [position]]).astype(np.int64)
-    starts = np.concatenate([[0], ends[:-1] + 1])
-    with open(path, "rb") as f:
-        if f.read(len(BOM)) == BOM:
-            starts[0] = len(BOM)
-    kept = ends - starts > 0  # a blank line is no row; a lone "\r" (Windows) neither
-    kept[ends - starts == 1] = [_byte(path, s) != b"\r" for s in starts[ends - starts == 1]]
-    return starts[kept]
-
-
-def _byte(path: str, offset: int) -> bytes:
-    with open(path, "rb") as f:
-        f.seek(offset)
-        return f.read(1)
+    starts = np.concatenate([[first], ends[:-1] + 1])
+    lone_cr = np.concatenate([*after_cr, [last == ord("\r")]]) & (ends - starts == 1)
+    return starts[(ends - starts > 0) & ~lone_cr]
 
 
 def _json_row(data: bytes) -> tuple[dict, str]:
