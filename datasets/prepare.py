@@ -7,6 +7,7 @@
     python3 -m datasets.prepare --dataset mnist --data_dir ~/tensorflow_datasets
         --out data/mnist --shards 16 --format raw --compression GZIP   (one line)
     python3 -m datasets.prepare --text reviews.jsonl --out data/reviews
+    python3 -m datasets.prepare --chat chats.jsonl --out data/chats
     python3 -m datasets.prepare --verify data/digits
 
 ``--tfrecords`` indexes shards other tools wrote, where they lie
@@ -18,6 +19,9 @@ is written encoded, as image folders are. Train with
 ``tfrecord.input_fn.data_dir = 'data/digits'``. ``--text`` is a file of documents
 (JSON lines, CSV, Parquet, a save_to_disk folder, or one per line), tokenized once
 (``datasets/text/``); train with ``text.input_fn.data_dir = 'data/reviews'``.
+``--chat`` is a file of chats (a ``messages`` column of ``{role, content}`` turns:
+JSON lines, Parquet, a save_to_disk folder) rendered by ``--chat_template``
+(``datasets/chat/``); train with ``chat.input_fn.data_dir = 'data/chats'``.
 """
 
 from __future__ import annotations
@@ -50,6 +54,19 @@ flags.DEFINE_string(
     "A file of documents: JSON lines, CSV, Parquet, a folder of datasets' save_to_disk, or "
     "plain text, one per line.",
 )
+flags.DEFINE_string(
+    "chat",
+    None,
+    "A file of chats, a list of {role, content} turns a row: JSON lines, Parquet, or a folder "
+    "of datasets' save_to_disk.",
+)
+flags.DEFINE_string(
+    "chat_template",
+    "chatml",
+    "--chat: 'chatml', a Hugging Face-layout model directory, or a Jinja file; it marks the "
+    "assistant's part with {% generation %}.",
+)
+flags.DEFINE_string("messages_field", "messages", "--chat: the column holding each chat.")
 flags.DEFINE_string(
     "text_field", "text", "--text: the field of JSON lines or CSV holding the text."
 )
@@ -99,14 +116,26 @@ def main(argv: list[str]) -> None:
     try:
         if FLAGS.verify:
             sys.exit(verify(FLAGS.verify))
-        sources = [f for f in (FLAGS.images, FLAGS.dataset, FLAGS.tfrecords, FLAGS.text) if f]
-        if not FLAGS.out or len(sources) != 1:
+        given = (FLAGS.images, FLAGS.dataset, FLAGS.tfrecords, FLAGS.text, FLAGS.chat)
+        if not FLAGS.out or len([f for f in given if f]) != 1:
             raise UserError(
-                "give --out and one of --images, --dataset, --tfrecords or --text (or --verify DIR)"
+                "give --out and one of --images, --dataset, --tfrecords, --text or --chat (or "
+                "--verify DIR)"
             )
         check_flags()
         owned_dirs.check(FLAGS.out, shards.OWNER)
-        if FLAGS.text:
+        if FLAGS.chat:
+            from datasets.chat import preparation as chats
+
+            metadata = chats.prepare(
+                FLAGS.chat,
+                FLAGS.out,
+                FLAGS.chat_template,
+                FLAGS.messages_field,
+                FLAGS.eval_fraction,
+                FLAGS.shards or 4,
+            )
+        elif FLAGS.text:
             from datasets.text import preparation
 
             metadata = preparation.prepare(
@@ -158,6 +187,9 @@ def check_flags() -> None:
     given = [name for name in text_only if FLAGS[name].present]
     if given and not FLAGS.text:
         raise UserError(f"--{given[0]} applies to --text only: drop it")
+    given = [name for name in ("chat_template", "messages_field") if FLAGS[name].present]
+    if given and not FLAGS.chat:
+        raise UserError(f"--{given[0]} applies to --chat only: drop it")
     tokenizer = FLAGS.tokenizer
     if FLAGS.vocab and tokenizer not in ("wordpiece", "sentencepiece"):
         raise UserError(

@@ -19,10 +19,17 @@ a few packages, labelled by its package (which package does this code come from?
 Written as JSON lines for ``datasets.prepare --text``:
 
     python3 -m datasets.stdlib --functions data/functions.jsonl
+
+``chats`` are a fine-tuning's: a user turn that is a function's docstring, and an
+assistant turn that is its source without the docstring, for the top-level modules'
+functions that have one. Written for ``datasets.prepare --chat``:
+
+    python3 -m datasets.stdlib --chats data/chats.jsonl
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -138,6 +145,47 @@ def functions(packages=PACKAGES, longest: int = 800) -> list[dict]:
     return rows
 
 
+def chats(longest: int = 400, longest_docstring: int = 200) -> list[dict]:
+    """``{'messages': [user: a docstring, assistant: its function]}`` of the modules' functions.
+
+    Each function (or method) of the top-level modules with a docstring and a body
+    besides it, whose source without the docstring has at most ``longest``
+    characters, and its docstring ``longest_docstring``; in order of module, then line.
+    """
+    found = []
+    for split in ("train", "test"):
+        for path in modules(split):
+            with open(path, encoding="utf-8", errors="replace") as f:
+                source = f.read()
+            found += [(path, *pair) for pair in _documented(source, longest, longest_docstring)]
+    return [
+        {"messages": [{"role": "user", "content": doc}, {"role": "assistant", "content": code}]}
+        for _, _, doc, code in sorted(found)
+    ]
+
+
+def _documented(source: str, longest: int, longest_docstring: int):
+    """``(line, docstring, source without it)`` of a module's documented functions."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:  # a module of another Python's syntax
+        return []
+    lines = source.splitlines()
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) or len(node.body) < 2:
+            continue
+        doc = ast.get_docstring(node)
+        if not doc or len(doc) > longest_docstring:
+            continue
+        first, last = node.body[0].lineno, node.body[0].end_lineno  # the docstring's lines
+        kept = lines[node.lineno - 1 : first - 1] + lines[last : node.end_lineno]
+        code = "\n".join(line[node.col_offset :] for line in kept)
+        if len(code) <= longest:
+            found.append((node.lineno, doc, code))
+    return found
+
+
 def _sources(folder: str) -> list[str]:
     """The ``.py`` files under ``folder``, but its tests, sorted by path."""
     found = []
@@ -151,10 +199,21 @@ def main(argv: list[str]) -> int:
     """``--functions PATH``: writes ``functions()`` to PATH, as JSON lines or Parquet.
 
     Parquet (row groups of ``ROW_GROUP`` functions) when PATH ends in ``.parquet``.
+    ``--chats PATH``: writes ``chats()`` as JSON lines.
     """
-    if len(argv) != 3 or argv[1] != "--functions":
-        print("usage: python3 -m datasets.stdlib --functions data/functions.jsonl", file=sys.stderr)
+    if len(argv) != 3 or argv[1] not in ("--functions", "--chats"):
+        print(
+            "usage: python3 -m datasets.stdlib --functions data/functions.jsonl\n"
+            "       python3 -m datasets.stdlib --chats data/chats.jsonl",
+            file=sys.stderr,
+        )
         return 2
+    if argv[1] == "--chats":
+        os.makedirs(os.path.dirname(argv[2]) or ".", exist_ok=True)
+        found = chats()
+        whole_files.write_atomically(argv[2], (json.dumps(row) + "\n" for row in found))
+        print(f"{argv[2]}: {len(found):,} chats, a docstring and its function each")
+        return 0
     rows = functions()
     os.makedirs(os.path.dirname(argv[2]) or ".", exist_ok=True)
     if argv[2].endswith(".parquet"):

@@ -38,6 +38,20 @@ from trainer import UserError
 CONFIG, JINJA = "tokenizer_config.json", "chat_template.jinja"
 SPECIAL = ("bos_token", "eos_token", "pad_token", "unk_token")  # variables a template may use
 
+# ChatML, the format of Qwen2.5's and SmolLM2's templates, each assistant turn and its
+# end marked with {% generation %}, as Hugging Face's chat-template guide marks them
+# for training: the template used when none is named.
+CHATML = (
+    "{% for message in messages %}"
+    "{{'<|im_start|>' + message['role'] + '\\n'}}"
+    "{% if message['role'] == 'assistant' %}"
+    "{% generation %}{{ message['content'] + '<|im_end|>' + '\\n' }}{% endgeneration %}"
+    "{% else %}{{ message['content'] + '<|im_end|>' + '\\n' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+BUILT_IN = {"chatml": CHATML}
+
 
 @dataclasses.dataclass(frozen=True)
 class Rendered:
@@ -88,7 +102,7 @@ class ChatTemplate:
     """
 
     def __init__(self, source: str, name: str = "chat template", special: dict | None = None):
-        self.name, self.special = name, dict(special or {})
+        self.source, self.name, self.special = source, name, dict(special or {})
         self._env = ImmutableSandboxedEnvironment(
             trim_blocks=True,
             lstrip_blocks=True,
@@ -140,6 +154,26 @@ class ChatTemplate:
         result = Rendered("".join(rendered), found)
         _check_spans(result, messages, where, self.name)
         return result
+
+
+def template_of(given: str) -> ChatTemplate:
+    """A template by name (``BUILT_IN``: 'chatml'), model directory or Jinja file.
+
+    A Hugging Face-layout directory gives its own template and special tokens
+    (``ChatTemplate.from_directory``); a file is the template's Jinja text.
+    """
+    if given in BUILT_IN:
+        return ChatTemplate(BUILT_IN[given], given)
+    if os.path.isdir(given):
+        return ChatTemplate.from_directory(given)
+    if not os.path.isfile(given):
+        raise UserError(
+            f"chat template {given!r}: no such file or model directory; name "
+            f"{' or '.join(map(repr, BUILT_IN))}, a model directory with {CONFIG} or {JINJA}, "
+            "or a Jinja file"
+        )
+    with open(given, encoding="utf-8") as f:
+        return ChatTemplate(f.read(), given)
 
 
 class Spans(Extension):

@@ -129,18 +129,20 @@ def read_metadata(data_dir: str, missing_ok: bool = False) -> dict | None:
 def files_of(data_dir: str) -> set[str]:
     """The names of the files ``prepare`` wrote in ``data_dir``, as its ``dataset.json`` lists.
 
-    Shards (and their indexes), each split's kept lengths and token stream, a kept
-    vocabulary, the resume records of a split being written, and ``dataset.json``: only
-    plain names in ``data_dir`` (shards indexed where they lie are not its own).
+    Shards (and their indexes), each split's kept lengths and token stream (and
+    prepared chats' answers and template), a kept vocabulary, the resume records of a
+    split being written, and ``dataset.json``: only plain names in ``data_dir`` (shards
+    indexed where they lie are not its own).
     """
     metadata = read_metadata(data_dir, missing_ok=True) or {}
-    names = {METADATA, *VOCABULARIES}
+    names = {METADATA, *VOCABULARIES, metadata.get("chat_template", "")}
     for split, entry in metadata.get("splits", {}).items():
         names.add(f"{split}.progress.json")
         for shard in entry.get("shards", []):  # an index beside it, or named (indexed in place)
             names.update({shard["file"], shard["file"] + indexed.INDEX_SUFFIX})
             names.add(shard.get("index", ""))
         names.update({entry.get("lengths", ""), entry.get("stream", {}).get("file", "")})
+        names.add(entry.get("answers", ""))  # prepared chats': where each answer starts
     present = {name.rstrip("/") for name in tf.io.gfile.listdir(data_dir)}
     return {name for name in names if name and os.sep not in name} & present
 

@@ -58,12 +58,18 @@ class LineRows(Rows):
         sampled rows' types are those of the rows that read, and none is refused here.
     """
 
-    def __init__(self, paths: Sequence[str], columns: Mapping[str, str], skipping: bool = False):
+    def __init__(
+        self,
+        paths: Sequence[str],
+        columns: Mapping[str, str],
+        skipping: bool = False,
+        keep_index: bool = True,
+    ):
         super().__init__(columns)
         self.skipping = skipping
         self.paths = list(paths)
         self.stamps = [_stamp(path) for path in self.paths]  # before the index pass
-        self.records = [record_starts(path) for path in self.paths]
+        self.records = [record_starts(path, keep_index) for path in self.paths]
         self.files = indexed.OpenFiles(self.paths)
         self.headers = [self._header(f) for f in range(len(self.paths))]
         counts = [len(r) - (h is not None) for r, h in zip(self.records, self.headers, strict=True)]
@@ -156,12 +162,14 @@ class LineRows(Rows):
         return f"{self.paths[file]}:{_line_at(self.paths[file], offset)} (byte {offset:,}): "
 
 
-def record_starts(path: str) -> np.ndarray:
+def record_starts(path: str, keep_index: bool = True) -> np.ndarray:
     """The byte offset of each row (a CSV's header row first), from the index beside it.
 
     A file without a sound index is indexed by one pass, and the index saved beside
-    it when its folder is writable (else made again at each start). Offsets are kept
-    once a process for each file as it is (its size and modification time).
+    it when its folder is writable (else made again at each start) and
+    ``keep_index``: a command that reads the file once (``prepare --chat``) leaves
+    the user's folder as it was. Offsets are kept once a process for each file as it
+    is (its size and modification time).
     """
     key = (os.path.abspath(path), _stamp(path))
     if key not in _INDEXED:
@@ -171,7 +179,8 @@ def record_starts(path: str) -> np.ndarray:
             logging.info("Indexing the rows of %s (once)", path)
             starts = _scan(path, quoted=path.lower().endswith(CSV))
             try:
-                indexed.write_index(path, starts)
+                if keep_index:
+                    indexed.write_index(path, starts)
             except (OSError, tf.errors.OpError):
                 logging.info("Could not save the index of %s; it is made at each start", path)
         _INDEXED[key] = starts

@@ -27,31 +27,40 @@ MADE: dict = {}  # by (source, columns, ...): read and learned once a process
 
 
 def rows_of(
-    where: str, columns: dict, split: str | None = None, window: int = 8, skipping: bool = False
+    where: str,
+    columns: dict,
+    split: str | None = None,
+    window: int = 8,
+    skipping: bool = False,
+    keep_index: bool = True,
 ):
     """The rows of ``where`` (Parquet, JSON lines, CSV, a ``save_to_disk`` folder), by index.
 
     ``skipping``: rows that cannot be read are to be skipped, so none is refused yet.
+    ``keep_index``: a JSON lines or CSV file's row offsets are saved beside it.
     """
     key = ("rows", os.path.abspath(where), tuple(columns.items()), split, window, skipping)
+    key += (keep_index,)
     if key not in MADE:
         if os.path.isdir(where) and _saved_by_datasets(where):
             folder = arrow.folder_of(where, split)
             MADE[key] = arrow.ArrowRows(arrow.data_files(folder), columns)
         else:
             paths = files.paths_of(where, SUFFIXES, "tables.input_fn's source")
-            MADE[key] = _rows(where, paths, columns, window, skipping)
+            MADE[key] = _rows(where, paths, columns, window, skipping, keep_index)
     return MADE[key]
 
 
 SUFFIXES = parquet.SUFFIXES + lines.SUFFIXES
 
 
-def _rows(where: str, paths: list[str], columns: dict, window: int, skipping: bool) -> Rows:
+def _rows(
+    where: str, paths: list[str], columns: dict, window: int, skipping: bool, keep_index: bool
+) -> Rows:
     """Parquet's rows, or JSON lines' and CSV's, by the files' suffixes."""
     in_lines = [p.lower().endswith(lines.SUFFIXES) for p in paths]
     if all(in_lines):
-        return lines.LineRows(paths, columns, skipping)
+        return lines.LineRows(paths, columns, skipping, keep_index)
     if any(in_lines):
         raise UserError(
             f"{where} holds Parquet files and JSON lines or CSV files: one source is one "

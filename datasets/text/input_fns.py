@@ -127,17 +127,26 @@ def _documents_of(data_dir: str, wanted: str | None, example_of=None, shift: int
             "text with `python3 -m datasets.prepare --text FILE`"
         )
     split = wanted or shards.eval_split(metadata)
-    entry = metadata["splits"][split]
-    counts = [shard["count"] for shard in entry["shards"]]
+    lengths = kept_lengths(data_dir, metadata["splits"][split])
+    lengths = None if lengths is None else lengths - shift
+    return split_examples(data_dir, metadata, paths, split, example_of or parse, lengths), split
+
+
+def split_examples(
+    data_dir: str, metadata: dict, paths: list[str], split: str, example_of, lengths=None
+) -> pipeline.RecordExamples:
+    """A prepared split's records (its shards, ``paths``) read by index as examples.
+
+    ``example_of`` makes an example of a record; ``lengths``: each example's, by row.
+    """
+    counts = [shard["count"] for shard in metadata["splits"][split]["shards"]]
     offsets = [indexed.record_offsets(p, n) for p, n in zip(paths, counts, strict=True)]
-    lengths = kept_lengths(data_dir, entry)
-    source = pipeline.RecordExamples(
+    return pipeline.RecordExamples(
         indexed.RecordSource(paths, offsets),
-        example_of or parse,
-        f"{os.path.basename(data_dir)}-{split}",
-        lengths=None if lengths is None else lengths - shift,
+        example_of,
+        f"{os.path.basename(os.path.normpath(data_dir))}-{split}",
+        lengths=lengths,
     )
-    return source, split
 
 
 def next_of_document(record: tf.Tensor) -> dict:

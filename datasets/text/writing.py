@@ -366,11 +366,11 @@ class SplitWriter:
         self.written: list[dict] = []
         self.writer, self.offsets, self.offset = None, array.array("q"), 0
 
-    def add(self, ids: np.ndarray, label: int | None) -> None:
-        """Writes one document's token ids (and class id)."""
+    def add(self, ids: np.ndarray, label: int | None, mask: np.ndarray | None = None) -> None:
+        """Writes one document's token ids (and class id, or which tokens a loss counts)."""
         if self.writer is None or len(self.offsets) == self.sizes[len(self.written)]:
             self._next_shard()
-        data = example_bytes(ids, label)
+        data = example_bytes(ids, label, mask)
         self.writer.write(data)
         self.offsets.append(self.offset)
         self.offset += len(data) + indexed.HEADER + 4
@@ -416,8 +416,10 @@ class SplitWriter:
         }
 
 
-def example_bytes(ids: np.ndarray, label: int | None = None) -> bytes:
-    """``tf.train.Example`` ``{'tokens': ids, 'label': [label]}``, serialized, in numpy.
+def example_bytes(
+    ids: np.ndarray, label: int | None = None, mask: np.ndarray | None = None
+) -> bytes:
+    """``tf.train.Example`` ``{'tokens': ids, 'label': [label], 'mask': mask}``, serialized.
 
     The bytes protobuf's deterministic serialization writes (its map keys sorted),
     made without a protobuf message: a document of 10 MB costs its ids and their 1-2
@@ -425,6 +427,8 @@ def example_bytes(ids: np.ndarray, label: int | None = None) -> bytes:
     copied into an Example.
     """
     features = _map_entry(b"tokens", _int64_list(ids))
+    if mask is not None:  # keys in order: label, mask, tokens
+        features = _map_entry(b"mask", _int64_list(np.asarray(mask, np.int64))) + features
     if label is not None:
         features = _map_entry(b"label", _int64_list(np.asarray([label]))) + features
     return _delimited(1, features)  # Example.features

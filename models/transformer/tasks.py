@@ -29,7 +29,8 @@ class LanguageModel(ModelFn):
     """A decoder-only Transformer over token ids: a causal language model.
 
     Reads ``features['tokens']`` (with ``segment_ids`` and ``positions`` when packed)
-    and learns ``labels['targets']``, each token's next, with a loss per token
+    and learns ``labels['targets']``, each token's next (where ``labels['mask']``, if
+    given, is not 0: a chat's assistant tokens, ``chat.input_fn``), with a loss per token
     (``trainer.token_mean``, a cross-entropy: perplexity and bits per token are
     reported beside it) and ``token_accuracy``. Its output layer is the token
     embedding, transposed. In PREDICT it continues each row's tokens by ``generate``
@@ -103,6 +104,8 @@ class LanguageModel(ModelFn):
             return Spec({"logits": logits})
         targets = labels["targets"]
         real = tf.not_equal(segments, 0)
+        if "mask" in labels:  # a chat's: only the assistant's tokens are learned and counted
+            real &= tf.not_equal(labels["mask"], 0)
         losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=logits)
         hits = tf.equal(tf.argmax(logits, -1, output_type=targets.dtype), targets)
         metrics = {"token_accuracy": token_metric(hits, real)}

@@ -1,0 +1,131 @@
+"""Prepared chats read back for supervised fine-tuning: a loss on the assistant's tokens.
+
+``chat.input_fn`` gives a language model's examples of a split prepared by
+``prepare --chat`` (``preparation``), one chat each:
+``({'tokens'}, {'targets', 'mask'})``, the chat's tokens but the last, the same
+shifted by one, and 1 where that next token is the assistant's. A model's loss
+weighted by the mask (``LanguageModel`` reads it) is a mean over the assistant's
+tokens of the whole batch, as ``trainer.token_mean`` makes any loss per token: exact
+however a step is cut (micro-batches, towers, replicas, workers). Packed
+(``packing.length``), each chat's mask is laid out with its tokens, so no answer's
+mark reaches another chat of its row; batched by length (``lengths.buckets``,
+``lengths.token_budget``) from the lengths prepare kept, never reading the records
+to plan.
+
+``length`` cuts each chat to its first ``length`` tokens. A chat whose answer would
+then be cut off whole is refused before the first step, counted, with the first
+one's row. PREDICT gives each chat's prompt, its tokens up to the first answer, for
+a model to continue.
+"""
+
+from __future__ import annotations
+
+import gin
+import numpy as np
+import tensorflow as tf
+
+from datasets import pipeline
+from datasets.chat import preparation
+from datasets.records import shards
+from datasets.text import input_fns as text
+from trainer import InputParams, Mode, UserError, errors
+
+
+def parse(record: tf.Tensor) -> dict:
+    """One record's ``{'tokens', 'mask'}``, int64 ``[length]`` each."""
+    parsed = tf.io.parse_single_example(
+        record, {"tokens": tf.io.VarLenFeature(tf.int64), "mask": tf.io.VarLenFeature(tf.int64)}
+    )
+    return {k: tf.sparse.to_dense(v) for k, v in parsed.items()}
+
+
+def next_of_chat(length: int | None):
+    """A record to a language model's example, its first ``length`` positions (None: all)."""
+    cut = slice(None, length)
+
+    def example_of(record: tf.Tensor) -> dict:
+        chat = parse(record)
+        tokens, mask = chat["tokens"], chat["mask"]
+        return {"tokens": tokens[:-1][cut], "targets": tokens[1:][cut], "mask": mask[1:][cut]}
+
+    return example_of
+
+
+def prompt_of(record: tf.Tensor) -> dict:
+    """A record's prompt: its tokens before the first of the assistant's."""
+    chat = parse(record)
+    return {"tokens": chat["tokens"][: tf.argmax(chat["mask"])]}
+
+
+def model_inputs(example: dict):
+    """``({'tokens'}, {'targets', 'mask'})``; a prompt's ``({'tokens'}, {})``."""
+    labels = {k: example[k] for k in ("targets", "mask") if k in example}
+    return {"tokens": example["tokens"]}, labels
+
+
+@gin.configurable("chat.input_fn")
+def input_fn(
+    mode: Mode,
+    params: InputParams,
+    data_dir: str = gin.REQUIRED,
+    train_split: str = "train",
+    eval_split: str | None = None,
+    length: int | None = None,
+) -> tf.data.Dataset:
+    """Batches of prepared chats, each ``({'tokens'}, {'targets', 'mask'})``.
+
+    Padded with 0 (to ``lengths.buckets``), or packed with ``packing.length``. TRAIN
+    reads ``train_split`` by index forever, EVAL ``eval_split`` once, PREDICT its
+    prompts once.
+
+    Args:
+      mode: the mode.
+      params: the pipeline's batch and position.
+      data_dir: a folder written by ``python3 -m datasets.prepare --chat``.
+      train_split: the split trained on.
+      eval_split: the split evaluated and prompted from (None: dataset.json's).
+      length: each chat's first positions kept (None: all of each).
+    """
+    errors.check_count("chat.input_fn.length", length, optional=True)
+    wanted = train_split if mode == Mode.TRAIN else eval_split
+    metadata, paths = shards.check_shards(data_dir, wanted)
+    preparation.check_prepared(metadata, data_dir)
+    split = wanted or shards.eval_split(metadata)
+    entry = metadata["splits"][split]
+    kept = text.kept_lengths(data_dir, entry) - 1  # an example is its chat but the last token
+    starts = preparation.answer_starts(data_dir, entry)
+    if mode == Mode.PREDICT:
+        source = text.split_examples(data_dir, metadata, paths, split, prompt_of, starts)
+        return pipeline.build(source, mode, params, model_inputs, name=f"prompts-{split}")
+    if length is not None:
+        check_answers_kept(starts, length, f"{data_dir}'s {split} split")
+        kept = np.minimum(kept, length)
+    source = text.split_examples(data_dir, metadata, paths, split, next_of_chat(length), kept)
+    return pipeline.build(source, mode, params, model_inputs, name=f"chats-{split}")
+
+
+def check_answers_kept(starts: np.ndarray, length: int, where: str) -> None:
+    """Refuses a ``length`` that cuts some chat's answer off whole, before training.
+
+    A chat's first answer token at ``start`` is the target of position ``start - 1``,
+    which the first ``length`` positions hold when ``start <= length``.
+    """
+    cut = np.flatnonzero(starts > length)
+    if len(cut):
+        first, enough = cut[0], starts[cut].max()
+        raise UserError(
+            f"chat.input_fn.length = {length} cuts off the whole answer of {len(cut):,} chats "
+            f"of {where} (the first: chat {first + 1} of the split, its answer starts at token "
+            f"{starts[first]:,}): raise the length to {enough:,}, or shorten their prompts"
+        )
+
+
+@gin.configurable("chat.vocab_size")
+def vocab_size(data_dir: str | None = None) -> int:
+    """The prepared chats' ids, padding and the end id included (an embedding's rows).
+
+    ``LanguageModel.vocab_size = @chat.vocab_size()``; ``data_dir`` defaults to
+    ``chat.input_fn.data_dir``'s binding.
+    """
+    data_dir = data_dir or gin.query_parameter("chat.input_fn.data_dir")
+    return int(shards.read_metadata(data_dir)["vocab_size"])

@@ -1,0 +1,162 @@
+"""``prepare --chat``: chats rendered by a template once, into shards read by index.
+
+Each row's ``messages`` (JSON lines, Parquet or a ``save_to_disk`` folder, read in
+place as ``datasets/tables`` reads them) is rendered by the chat template
+(``templates.template_of``) and tokenized by bytes. A record holds the chat's ``tokens``
+and its ``mask``: 1 for each token of an assistant's ``{% generation %}`` span, what
+a loss over the assistant's tokens counts. Each chat ends with the end-of-document
+id, marked when the last turn is the assistant's: a model learns where an answer
+stops (and ``LanguageModel.eos`` stops generating there).
+
+Beside each split's shards and lengths (as ``prepare --text`` writes them) lies
+``<split>-answers.npy``: where each chat's first assistant token is, so that a length
+that would cut every answer off is refused before training, and a prompt can be read
+without its answer. The template's text is kept as ``chat_template.jinja``, so the
+prompts of a later generation are rendered as the training chats were.
+
+Every chat is checked as it is written (roles in order, a non-empty answer inside
+the template's spans); a refusal names the file and the row, and the output folder is
+left as it was (``trainer/owned_dirs.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from datasets.chat import templates
+from datasets.records import shards
+from datasets.tables import source
+from datasets.text import writing
+from trainer import UserError, errors, owned_dirs, whole_files
+
+END = 257  # a byte's id is its value + 1, 0 pads: the id after them ends a chat
+VOCAB_SIZE = 258
+ANSWERS = "-answers.npy"  # beside the shards: each chat's first assistant token, by row
+
+
+def prepare(
+    path: str,
+    out_dir: str,
+    template: str = "chatml",
+    field: str = "messages",
+    eval_fraction: float = 0.1,
+    num_shards: int = 4,
+) -> dict:
+    """Renders, tokenizes and writes the chats of ``path``; returns ``dataset.json``.
+
+    ``template``: 'chatml', a Hugging Face-layout model directory or a Jinja file.
+    ``eval_fraction`` of the chats, spread evenly, are the ``test`` split.
+    """
+    owned_dirs.check(out_dir, shards.OWNER)
+    writing.check_fraction(eval_fraction)
+    errors.check_count("--shards", num_shards)
+    chat_template = templates.template_of(template)
+    rows = source.rows_of(path, {field: "messages"}, keep_index=False)
+    held = writing.held_out(eval_fraction)
+    tested = held.count(len(rows))
+    staging = owned_dirs.staging(out_dir, shards.OWNER)
+    try:
+        writers = {
+            split: ChatWriter(staging, split, count, num_shards)
+            for split, count in (("train", len(rows) - tested), ("test", tested))
+            if count
+        }
+        number = 0
+        for chunk in source.chunks(rows, field, writing.CHUNK):
+            for chat in chunk:
+                where = f"{path}, chat {number + 1}"
+                ids, mask = tokens_and_mask(chat_template, json.loads(chat), where)
+                writers["test" if held(number) else "train"].add(ids, mask)
+                number += 1
+        splits = {split: writer.close() for split, writer in writers.items()}
+        with open(os.path.join(staging, templates.JINJA), "w", encoding="utf-8") as f:
+            f.write(chat_template.source)
+        whole_files.write_json(
+            os.path.join(staging, shards.METADATA),
+            description(chat_template, path, field, splits),
+        )
+        owned_dirs.put_in_place(staging, out_dir, shards.OWNER)
+    finally:
+        owned_dirs.discard(staging)
+    return shards.read_metadata(out_dir)
+
+
+def tokens_and_mask(
+    template: templates.ChatTemplate, messages: list[dict], where: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """A chat's byte ids and assistant mask, then the end id (marked after an answer)."""
+    rendered = template.render(messages, where=where)
+    ids, mask = rendered.bytes_and_mask()
+    if not mask.any():
+        raise UserError(
+            f"{where}: the chat has no assistant turn, so there is nothing to learn from it: "
+            "drop it, or end it with the answer"
+        )
+    ends = messages[-1]["role"] == "assistant"
+    return np.append(ids, END), np.append(mask, ends).astype(np.int64)
+
+
+class ChatWriter(writing.SplitWriter):
+    """A split's chats: ``SplitWriter``'s files, and where each one's answer starts."""
+
+    def __init__(self, out_dir: str, split: str, count: int, num_shards: int):
+        super().__init__(out_dir, split, count, num_shards, VOCAB_SIZE, END)
+        self.answers: list[int] = []
+
+    def add(self, ids: np.ndarray, mask: np.ndarray) -> None:  # type: ignore[override]
+        """Writes one chat's ids and mask."""
+        super().add(ids, None, mask)
+        self.answers.append(int(np.argmax(mask)))
+
+    def close(self) -> dict:
+        """The split's entry, with its answers' starts."""
+        entry = super().close()
+        name = f"{self.split}{ANSWERS}"
+        np.save(os.path.join(self.out_dir, name), np.asarray(self.answers, np.int32))
+        return entry | {"answers": name}
+
+
+def description(template: templates.ChatTemplate, path: str, field: str, splits: dict) -> dict:
+    """``dataset.json`` of prepared chats."""
+    return {
+        "kind": "chat",
+        "tokenizer": "bytes",
+        "vocab_size": VOCAB_SIZE,
+        "end_of_document": END,
+        "chat_template": templates.JINJA,
+        "template_from": template.name,
+        "field": field,
+        "num_classes": 0,
+        "classes": [],
+        "source": os.path.basename(os.path.normpath(path)),
+        "compression": None,
+        "eval_split": "test" if "test" in splits else "train",
+        "splits": splits,
+    }
+
+
+def check_prepared(metadata: dict, data_dir: str) -> None:
+    """Refuses a prepared folder that does not hold chats, in one line."""
+    if metadata.get("kind") != "chat":
+        raise UserError(
+            f"{data_dir} holds {metadata.get('kind', 'images')}, not chats: prepare them with "
+            "`python3 -m datasets.prepare --chat FILE --out DIR`"
+        )
+
+
+def answer_starts(data_dir: str, entry: dict) -> np.ndarray:
+    """Each chat's first assistant token of a split, by row, as prepare kept them."""
+    path = os.path.join(data_dir, entry["answers"])
+    try:
+        found = np.load(path, allow_pickle=False)
+    except Exception:  # missing, or a damaged header
+        found = None
+    if not (isinstance(found, np.ndarray) and found.shape == (entry["count"],)):
+        raise UserError(
+            f"{path} does not hold where the answers of the {entry['count']:,} chats "
+            "dataset.json lists start: re-copy it with the shards, or prepare the chats again"
+        )
+    return found.astype(np.int64)

@@ -1,0 +1,60 @@
+"""Chats for tests of supervised fine-tuning: varied, multi-turn, prepared once a process.
+
+``rows(count)`` are chats of one or two exchanges, some with a system turn, their
+answers of 1 to 40 characters (non-ASCII among them), so that a batch's chats differ
+in length and in their share of assistant tokens. ``prepared(count)`` writes them as
+JSON lines and prepares them (``prepare --chat``, ChatML) into a folder kept for the
+process, and removed when it ends.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import os
+import shutil
+import tempfile
+
+import numpy as np
+
+from datasets.chat import preparation
+
+WORDS = ["add", "two", "numbers", "sort", "a", "list", "«é»", "parse", "this", "line"]
+
+
+def rows(count: int, seed: int = 0) -> list[dict]:
+    """``count`` rows of ``{'messages': [...]}``."""
+    rng = np.random.default_rng(seed)
+
+    def said(most: int) -> str:
+        return " ".join(rng.choice(WORDS, rng.integers(1, most + 1)))[:40]
+
+    found = []
+    for i in range(count):
+        turns = [{"role": "system", "content": said(3)}] if i % 3 == 0 else []
+        for _ in range(1 + i % 2):
+            turns += [
+                {"role": "user", "content": said(6)},
+                {"role": "assistant", "content": said(8)},
+            ]
+        found.append({"messages": turns})
+    return found
+
+
+def write(path: str, chats: list[dict]) -> str:
+    """``chats`` as a JSON lines file at ``path``."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in chats)
+    return path
+
+
+@functools.cache
+def prepared(count: int = 64, eval_fraction: float = 0.25) -> str:
+    """A folder of ``count`` prepared chats (ChatML), made once a process."""
+    root = tempfile.mkdtemp(prefix="chats-")
+    atexit.register(shutil.rmtree, root, True)  # the process leaves nothing behind
+    source = write(os.path.join(root, "chats.jsonl"), rows(count))
+    out = os.path.join(root, "prepared")
+    preparation.prepare(source, out, eval_fraction=eval_fraction, num_shards=2)
+    return out
