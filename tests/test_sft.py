@@ -91,7 +91,7 @@ def test_batches_padded_and_packed_keep_each_chats_mask_with_its_tokens():
 
     data_dir = chats.prepared()
     records = _records(data_dir, "train")
-    (features, labels), = _batches(data_dir, Mode.EVAL, batch=8)
+    ((features, labels),) = _batches(data_dir, Mode.EVAL, batch=8)
     assert set(labels) == {"targets", "mask"}
     by_tokens = {tuple(r["tokens"].numpy()[:-1]): r for r in _records(data_dir, "test")}
     for tokens, targets, mask in zip(
@@ -139,13 +139,13 @@ def test_a_length_that_cuts_off_whole_answers_is_refused_before_training():
     )
     enough = int(starts.max())
     params = InputParams(batch_size=48, global_batch_size=48, seed=0)
-    (_, labels), = input_fns.input_fn(Mode.TRAIN, params, data_dir, length=enough).take(1)
+    ((_, labels),) = input_fns.input_fn(Mode.TRAIN, params, data_dir, length=enough).take(1)
     assert labels["mask"].shape[1] <= enough and labels["mask"].numpy().sum(axis=1).min() > 0
 
 
 def test_prompts_are_each_chat_up_to_its_first_answer():
     data_dir = chats.prepared()
-    (features, labels), = _batches(data_dir, Mode.PREDICT, batch=16)
+    ((features, labels),) = _batches(data_dir, Mode.PREDICT, batch=16)
     assert labels == {}
     chatml = templates.template_of("chatml")
     for tokens, row in zip(features["tokens"].numpy(), [3, 7, 11, 15], strict=False):
@@ -165,7 +165,7 @@ def test_the_language_models_loss_is_the_mean_over_the_assistants_tokens():
     keras.utils.set_random_seed(0)
     model = LanguageModel(vocab_size=258, stack=Transformer(width=16, depth=1, heads=2))
     data_dir = chats.prepared()
-    (features, labels), = _batches(data_dir, Mode.EVAL, batch=8)
+    ((features, labels),) = _batches(data_dir, Mode.EVAL, batch=8)
     spec = model(features, labels, Mode.EVAL)
     logits = spec.predictions["logits"]
     losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels["targets"], logits)
