@@ -58,3 +58,47 @@ def prepared(count: int = 64, eval_fraction: float = 0.25) -> str:
     out = os.path.join(root, "prepared")
     preparation.prepare(source, out, eval_fraction=eval_fraction, num_shards=2)
     return out
+
+
+PACKED_LENGTH = 320  # positions of a packed row: the longest of ``prepared()`` is 297
+
+
+def trained(model_dir: str, steps: int, packed: bool = True, **settings) -> dict:
+    """A small ``LanguageModel``'s weights after ``steps`` steps of SGD on ``prepared()``'s
+    chats, its loss over their assistant tokens; packed or padded, under Estimator
+    ``settings`` (as ``parity.grouped`` takes them), with gin's bindings as they are."""
+    import gin
+    import keras
+
+    import trainer
+    from datasets.chat import input_fns
+    from models.transformer import LanguageModel, Transformer
+    from tests.support import parity
+    from trainer.settings import Checkpoints
+
+    data_dir = prepared()
+    if packed:
+        gin.bind_parameter("packing.length", PACKED_LENGTH)
+    try:
+        keras.utils.set_random_seed(3)
+        model = LanguageModel(vocab_size=258, stack=Transformer(width=16, depth=1, heads=2))
+        estimator = trainer.Estimator(
+            model,
+            model_dir,
+            optimizer=keras.optimizers.SGD(0.5),
+            global_batch_size=16,
+            seed=0,
+            steps_per_loop=steps,
+            log_every_steps=steps,
+            checkpoints=Checkpoints(every_steps=None),
+            progress=False,
+            **parity.grouped(settings),
+        )
+
+        def input_fn(mode, params):
+            return input_fns.input_fn(mode, params, data_dir=data_dir)
+
+        estimator.train(input_fn, steps)
+    finally:
+        gin.clear_config()
+    return {f"w{i}": variable.numpy() for i, variable in enumerate(model.trainable_variables)}

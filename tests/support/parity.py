@@ -484,7 +484,10 @@ def worker_cells(base_dir: str) -> dict:
 # * packed_tokens: a token mean over examples of 1 to 19 tokens packed in rows of 24
 #   (tests/support/packed.py); tests/test_packing.py compares it with the padded rows;
 # * budgeted_tokens: the same examples in batches of as many as fit a token budget (4
-#   to 16 a batch, a share that differs by one between replicas when it is odd).
+#   to 16 a batch, a share that differs by one between replicas when it is odd);
+# * sft_packed: a LanguageModel's loss over the assistant's tokens of prepared chats
+#   (tests/support/chats.py), packed in rows of 320; its reference is one device on
+#   the same chats padded, unpacked (tests/test_sft.py compares micro-batches too).
 RECIPE_STEPS = 5
 
 
@@ -512,11 +515,20 @@ def _budgeted_tokens(settings: dict, model_dir: str) -> dict:
     return {f"w{i}": w for i, w in enumerate(weights)}
 
 
+def _sft_packed(settings: dict, model_dir: str, packed: bool = True) -> dict:
+    from tests.support import chats
+
+    return chats.trained(model_dir, RECIPE_STEPS, packed, **settings)
+
+
 RECIPES = {
     "reverse_lstm": _reverse_lstm,
     "packed_tokens": _packed_tokens,
     "budgeted_tokens": _budgeted_tokens,
+    "sft_packed": _sft_packed,
 }
+# A recipe whose reference is another way of training it on one device.
+REFERENCES = {"sft_packed": functools.partial(_sft_packed, packed=False)}
 
 
 def recipe_cell(name: str, column_name: str, model_dir: str | None = None) -> dict:
@@ -531,8 +543,12 @@ def recipe_cell(name: str, column_name: str, model_dir: str | None = None) -> di
 
 @functools.cache
 def recipe_reference(name: str) -> dict[str, np.ndarray]:
-    """Recipe ``name``'s weights trained on one device (once per process)."""
-    return {k: np.array(v) for k, v in recipe_cell(name, "one_device")["weights"].items()}
+    """Recipe ``name``'s weights trained on one device (once per process), or as
+    ``REFERENCES`` trains it there."""
+    if name not in REFERENCES:
+        return {k: np.array(v) for k, v in recipe_cell(name, "one_device")["weights"].items()}
+    with tempfile.TemporaryDirectory() as made:
+        return REFERENCES[name]({}, made)
 
 
 def recipe_result(name: str, found: dict) -> dict:
