@@ -8,43 +8,9 @@ import numpy as np
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from datasets.chat.templates import ChatTemplate, check_chat
+from datasets.chat.templates import CHATML, ChatTemplate, check_chat
+from tests.support.chats import ZEPHYR, ZEPHYR_MARKED
 from trainer import UserError
-
-# ChatML, the format of Qwen2.5's and SmolLM2's templates, its assistant turns marked
-# with {% generation %} as Hugging Face's chat-template guide marks them for training.
-CHATML = (
-    "{% for message in messages %}"
-    "{{'<|im_start|>' + message['role'] + '\\n'}}"
-    "{% if message['role'] == 'assistant' %}"
-    "{% generation %}{{ message['content'] + '<|im_end|>' + '\\n' }}{% endgeneration %}"
-    "{% else %}{{ message['content'] + '<|im_end|>' + '\\n' }}{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
-
-# HuggingFaceH4/zephyr-7b-beta's template as it ships (tokenizer_config.json): no span.
-ZEPHYR = (
-    "{% for message in messages %}\n"
-    "{% if message['role'] == 'user' %}\n"
-    "{{ '<|user|>\\n' + message['content'] + eos_token }}\n"
-    "{% elif message['role'] == 'system' %}\n"
-    "{{ '<|system|>\\n' + message['content'] + eos_token }}\n"
-    "{% elif message['role'] == 'assistant' %}\n"
-    "{{ '<|assistant|>\\n'  + message['content'] + eos_token }}\n"
-    "{% endif %}\n"
-    "{% if loop.last and add_generation_prompt %}\n"
-    "{{ '<|assistant|>' }}\n"
-    "{% endif %}\n"
-    "{% endfor %}"
-)
-# ... and with the assistant's answer and end marked, as a trainer patches it (the
-# newline after the block tag doubled: Jinja's trim_blocks drops the first).
-ZEPHYR_MARKED = ZEPHYR.replace(
-    "{{ '<|assistant|>\\n'  + message['content'] + eos_token }}",
-    "{{ '<|assistant|>\\n' }}{% generation %}{{ message['content'] + eos_token }}"
-    "{% endgeneration %}\n",
-)
 
 CHAT = [
     {"role": "system", "content": "You write Python."},

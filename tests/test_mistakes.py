@@ -502,6 +502,7 @@ FAULT_TESTS = (
     "tests/test_text.py",
     "tests/test_tables.py",
     "tests/test_lines.py",
+    "tests/test_sft.py",
 )
 
 

@@ -18,6 +18,7 @@ import pytest
 
 from datasets.text import input_fns, preparation, tokenizers, writing
 from tests.support import guides
+from tests.support.chats import ZEPHYR
 from tests.support.helpers import dir_hash
 from trainer import UserError
 
@@ -36,6 +37,16 @@ def _files(tmp_path) -> None:
         '{"text": "a", "label": "x"}\n{"text": "b", "label": [1]}\n'
     )
     (tmp_path / "ragged.csv").write_text('text,label\n"one",x\ntwo,y,extra\n')
+    good = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "def f(): pass"}]
+    for name, chats in (
+        ("chats", [good]),
+        ("disordered", [good, good[::-1]]),
+        ("question", [good[:1]]),
+        ("unanswered", [good, [good[0], {"role": "assistant", "content": " "}]]),
+    ):
+        rows = "".join(json.dumps({"messages": chat}) + "\n" for chat in chats)
+        (tmp_path / f"{name}.jsonl").write_text(rows)
+    (tmp_path / "zephyr.jinja").write_text(ZEPHYR)  # as it ships: no generation span
 
 
 CORPUS = "data/reviews/reviews.jsonl"
@@ -115,6 +126,42 @@ ROWS = {
     "shards_negative": (
         ["--text", CORPUS, "--out", "out", "--shards=-1"],
         r"--shards must be a whole number >= 1, got -1",
+    ),
+    "chat_roles_out_of_order": (
+        ["--chat", "disordered.jsonl", "--out", "out"],
+        r"disordered\.jsonl, chat 2: turn 1 is 'assistant' where 'user' comes: roles go a "
+        r"system turn first if any, then user and assistant by turns",
+    ),
+    "chat_without_an_answer": (
+        ["--chat", "question.jsonl", "--out", "out"],
+        r"question\.jsonl, chat 1: the chat has no assistant turn, so there is nothing to learn "
+        r"from it: drop it, or end it with the answer",
+    ),
+    "chat_answer_empty": (
+        ["--chat", "unanswered.jsonl", "--out", "out"],
+        r"unanswered\.jsonl, chat 2: turn 2 \(assistant\) is empty: there is nothing to learn "
+        r"from it; drop the chat or give the answer",
+    ),
+    "chat_template_without_a_generation_span": (
+        ["--chat", "chats.jsonl", "--chat_template", "zephyr.jinja", "--out", "out"],
+        r"zephyr\.jinja: the chat template marks no \{% generation %\} span, so the "
+        r"assistant's tokens cannot be told from the rest: wrap each assistant message in "
+        r"\{% generation %\}\.\.\.\{% endgeneration %\} \(Hugging Face's "
+        r"return_assistant_tokens_mask needs the same\)",
+    ),
+    "chat_template_misspelt": (
+        ["--chat", "chats.jsonl", "--chat_template", "chat_ml", "--out", "out"],
+        r"chat template 'chat_ml': no such file or model directory; name 'chatml', a model "
+        r"directory with tokenizer_config\.json or chat_template\.jinja, or a Jinja file",
+    ),
+    "chat_of_documents": (
+        ["--chat", CORPUS, "--out", "out"],
+        r"data/reviews/reviews\.jsonl: no column 'messages' \(it has text, label\): name one of "
+        r"its columns",
+    ),
+    "chat_template_for_text": (
+        ["--text", CORPUS, "--out", "out", "--chat_template", "chatml"],
+        r"--chat_template applies to --chat only: drop it",
     ),
     "csv_row_ragged": (
         ["--text", "ragged.csv", "--out", "out"],

@@ -16,6 +16,7 @@ import tensorflow as tf
 from datasets.chat import input_fns, preparation, templates
 from datasets.records import shards
 from tests.support import chats
+from tests.support.chats import ZEPHYR_MARKED
 from trainer import InputParams, Mode, UserError
 
 CHATS = chats.rows(12)
@@ -57,8 +58,6 @@ def test_each_chat_is_its_rendered_bytes_and_the_answers_mask_then_the_end(tmp_p
 def test_a_model_directorys_template_and_a_chat_ending_with_a_question(tmp_path):
     """Zephyr's template (marked) from a model directory, its eos token inside the
     answer; a chat whose last turn is the user's ends with the end id unmarked."""
-    from tests.test_chat import ZEPHYR_MARKED
-
     model = tmp_path / "model"
     model.mkdir()
     config = {"chat_template": ZEPHYR_MARKED, "eos_token": "</s>"}

@@ -54,6 +54,8 @@ def prepare(
     writing.check_fraction(eval_fraction)
     errors.check_count("--shards", num_shards)
     chat_template = templates.template_of(template)
+    if not os.path.exists(path):
+        raise UserError(f"--chat {path}: no such file or folder")
     rows = source.rows_of(path, {field: "messages"}, keep_index=False)
     held = writing.held_out(eval_fraction)
     tested = held.count(len(rows))

@@ -85,8 +85,8 @@ def check(schema: pa.Schema, columns: Mapping[str, str], path: str) -> None:
         index = schema.get_field_index(name)
         if index < 0:
             raise UserError(
-                f"{path}: no column {name!r} (it has {', '.join(schema.names)}): name the "
-                "columns to read in the input_fn's columns"
+                f"{path}: no column {name!r} (it has {', '.join(schema.names)}): name one "
+                "of its columns"
             )
         found = schema.field(index).type
         takes, said, _ = KINDS[kind]

@@ -175,19 +175,25 @@ def record_starts(path: str, keep_index: bool = True) -> np.ndarray:
     if key not in _INDEXED:
         index = path + indexed.INDEX_SUFFIX
         starts = indexed.saved_offsets(path, index)
-        if starts is None:
+        if starts is None and keep_index:
             logging.info("Indexing the rows of %s (once)", path)
             starts = _scan(path, quoted=path.lower().endswith(CSV))
-            try:
-                if keep_index:
-                    indexed.write_index(path, starts)
-            except (OSError, tf.errors.OpError):
-                logging.info("Could not save the index of %s; it is made at each start", path)
+            _save_index(path, starts)
+        elif starts is None:  # read once, by a command that leaves the folder alone
+            starts = _scan(path, quoted=path.lower().endswith(CSV))
         _INDEXED[key] = starts
     return _INDEXED[key]
 
 
 _INDEXED: dict = {}
+
+
+def _save_index(path: str, starts: np.ndarray) -> None:
+    """Keeps a file's row offsets beside it, if its folder can be written to."""
+    try:
+        indexed.write_index(path, starts)
+    except (OSError, tf.errors.OpError):
+        logging.info("Could not save the index of %s; it is made at each start", path)
 
 
 def _scan(path: str, quoted: bool) -> np.ndarray:

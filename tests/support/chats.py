@@ -20,6 +20,29 @@ import numpy as np
 
 from datasets.chat import preparation
 
+# HuggingFaceH4/zephyr-7b-beta's template as it ships (tokenizer_config.json): no span.
+ZEPHYR = (
+    "{% for message in messages %}\n"
+    "{% if message['role'] == 'user' %}\n"
+    "{{ '<|user|>\\n' + message['content'] + eos_token }}\n"
+    "{% elif message['role'] == 'system' %}\n"
+    "{{ '<|system|>\\n' + message['content'] + eos_token }}\n"
+    "{% elif message['role'] == 'assistant' %}\n"
+    "{{ '<|assistant|>\\n'  + message['content'] + eos_token }}\n"
+    "{% endif %}\n"
+    "{% if loop.last and add_generation_prompt %}\n"
+    "{{ '<|assistant|>' }}\n"
+    "{% endif %}\n"
+    "{% endfor %}"
+)
+# ... and with the assistant's answer and end marked, as a trainer patches it (the
+# newline after the block tag doubled: Jinja's trim_blocks drops the first).
+ZEPHYR_MARKED = ZEPHYR.replace(
+    "{{ '<|assistant|>\\n'  + message['content'] + eos_token }}",
+    "{{ '<|assistant|>\\n' }}{% generation %}{{ message['content'] + eos_token }}"
+    "{% endgeneration %}\n",
+)
+
 WORDS = ["add", "two", "numbers", "sort", "a", "list", "«é»", "parse", "this", "line"]
 
 
