@@ -13,7 +13,8 @@ the step (a scalar tensor) and ``state`` whatever the model carries between step
 All run in TensorFlow control flow (``tf.while_loop`` with buffers of a fixed
 length), so they trace once and run inside a SavedModel's signature. A hypothesis
 ends at ``eos`` or at ``length`` tokens; what follows its end is 0 (padding).
-Greedy and sampled decoding cost ``length`` calls of ``step`` on ``batch`` rows; beam
+Greedy and sampled decoding stop once every row has ended, at most ``length`` calls
+of ``step`` on ``batch`` rows (a batch of short answers costs their length); beam
 search ``length`` calls on ``batch * beam`` rows, plus a top-k over ``beam * vocab``
 candidates per example and step.
 """
@@ -79,7 +80,8 @@ def greedy(
         return i + 1, ids, done, state
 
     loop = (tf.constant(0), ids, done, () if state is None else state)
-    _, ids, _, _ = tf.while_loop(lambda i, *_: i < length, body, loop)
+    going = lambda i, ids, done, state: (i < length) & ~tf.reduce_all(done)  # noqa: E731
+    _, ids, _, _ = tf.while_loop(going, body, loop)
     return ids[:, 1:]
 
 

@@ -81,6 +81,16 @@ NOT_RUN = {
     "it as a command from a working directory, and its main before the recipe",
     "python3 -m trainer --gin_file experiments/text_classifier_parquet.gin": "2.5 min whole; "
     "test_tables.py runs it small from the Parquet file and from a save_to_disk folder",
+    "python3 -m datasets.stdlib --chats data/chats.jsonl": "test_experiments.py runs it (its "
+    "main) and prepares what it writes",
+    "python3 -m datasets.prepare --chat data/chats.jsonl --out data/chats": "test_experiments.py "
+    "prepares the same file so; tests/test_prepare_mistakes.py runs --chat as a command",
+    "python3 -m trainer --gin_file experiments/stdlib_sft.gin --schedule evaluate --model_dir "
+    "output/stdlib_lm --results output/stdlib_sft_before.json": "after stdlib_lm's 3 min; "
+    "test_experiments.py evaluates a small stdlib_lm so",
+    "python3 -m trainer --gin_file experiments/stdlib_sft.gin --results "
+    "output/stdlib_sft.json": "5 min whole, after stdlib_lm's 3; test_experiments.py runs it "
+    "small from a small stdlib_lm, as its header says",
 }
 # Two machines (host1, host2, /shared): tests/test_parallel.py runs these workers on 127.0.0.1.
 MULTI_WORKER = "TF_CONFIG="

@@ -107,3 +107,40 @@ def test_the_text_classifier_recipe_runs_small_on_functions_prepared_as_its_head
     result = experiment.experiment(model_dir=str(tmp_path / "run"), schedule="train_and_evaluate")
     assert result["global_step"] == 10 and 0.0 <= result["metrics"]["eval"]["accuracy"] <= 1.0
     assert 0.7 < input_fns.bag_of_words_accuracy(str(tmp_path / "data/functions")) < 0.9  # 0.83
+
+
+@pytest.mark.slow
+def test_the_sft_recipe_runs_small_from_the_language_model_as_its_header_says(tmp_path):
+    """Its header's commands, small, in a working directory: the language model trained
+    10 steps; the chats written and prepared; the fine-tuning evaluated from the
+    language model's checkpoint (before), then trained 10 steps warm-started from it,
+    each evaluation judging the held-out answers it generates (parse_share)."""
+    from datasets import stdlib
+    from datasets.chat import preparation
+
+    header = open(f"{REPO}/experiments/stdlib_sft.gin").read()
+    assert "python3 -m datasets.stdlib --chats data/chats.jsonl" in header
+    assert stdlib.main(["stdlib", "--chats", str(tmp_path / "data/chats.jsonl")]) == 0
+    metadata = preparation.prepare(str(tmp_path / "data/chats.jsonl"), str(tmp_path / "data/chats"))
+    assert metadata["kind"] == "chat" and metadata["splits"]["test"]["count"] > 100
+    lm = str(tmp_path / "output/stdlib_lm")
+    gin.parse_config_files_and_bindings(
+        [f"{REPO}/experiments/stdlib_lm.gin", f"{REPO}/experiments/smoke.gin"], []
+    )
+    experiment.experiment(model_dir=lm, schedule="train")
+    small = [
+        f"chat.input_fn.data_dir = '{tmp_path}/data/chats'",
+        f"WarmStart.source = '{lm}'",
+        "LanguageModel.generate = 8",  # a few bytes of each answer, judged
+    ]
+    files = [f"{REPO}/experiments/stdlib_sft.gin", f"{REPO}/experiments/smoke.gin"]
+    gin.clear_config()
+    gin.parse_config_files_and_bindings(files, small)
+    before = experiment.experiment(model_dir=lm, schedule="evaluate")
+    assert before["global_step"] == 10 and 0.0 <= before["metrics"]["eval"]["parse_share"] <= 1.0
+    gin.clear_config()
+    gin.parse_config_files_and_bindings(files, small)
+    result = experiment.experiment(model_dir=str(tmp_path / "sft"), schedule="train_and_evaluate")
+    assert result["global_step"] == 10 and checkpoint_steps(tmp_path / "sft") == [10]
+    assert 0.0 <= result["metrics"]["eval"]["parse_share"] <= 1.0
+    assert result["metrics"]["eval"]["bits_per_byte"] < 8.0

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from datasets.chat import input_fns, preparation, templates
 from datasets.records import shards
+from models import judging
 from tests.support import chats
 from tests.support.chats import ZEPHYR_MARKED
 from trainer import InputParams, Mode, UserError
@@ -191,3 +192,64 @@ def test_sft_packed_and_cut_in_micro_batches_trains_what_one_device_trains_padde
         found["weights"] = {k: v.tolist() for k, v in found["weights"].items()}
     result = parity.recipe_result("sft_packed", found)
     assert result["worst"][1] <= 2e-5, result
+
+
+class OddJudge(judging.Judge):
+    """A judge whose scores vary from text to text: 1 for a text whose bytes' sum is odd."""
+
+    name = "odd_share"
+
+    def score(self, texts):
+        return np.asarray([sum(t) % 2 for t in texts.reshape(-1)], np.float32)
+
+
+def test_a_judged_share_of_generations_is_the_same_packed_padded_and_as_predicted(tmp_path):
+    """LanguageModel.judge in EVAL: each held-out chat's prompt continued and judged,
+    packed or padded, is the mean of the judge over what PREDICT generates from the
+    same prompts (greedy, so the same texts)."""
+    import gin
+
+    import trainer
+    from models.transformer import LanguageModel, Transformer
+
+    data_dir = chats.prepared()
+
+    def input_fn(mode, params):
+        return input_fns.input_fn(mode, params, data_dir=data_dir)
+
+    keras.utils.set_random_seed(5)
+    stack = Transformer(width=16, depth=1, heads=2)
+    model = LanguageModel(258, stack, generate=12, bytes=True, judge=OddJudge())
+    estimator = trainer.Estimator(
+        model,
+        str(tmp_path),
+        optimizer=keras.optimizers.SGD(0.0),
+        global_batch_size=8,
+        progress=False,
+    )
+    estimator.train(input_fn, 1)  # a checkpoint of the initial weights
+    padded = estimator.evaluate(input_fn)
+    gin.bind_parameter("packing.length", 320)
+    try:
+        packed = estimator.evaluate(input_fn)
+    finally:
+        gin.clear_config()
+    texts = [p["text"] for p in estimator.predict(input_fn)]
+    assert len(texts) == 16
+    expected = float(OddJudge().score(np.asarray(texts, object)).mean())
+    assert 0 < expected < 1
+    assert padded["odd_share"] == pytest.approx(expected, abs=1e-6)
+    assert packed["odd_share"] == pytest.approx(expected, abs=1e-6)
+
+
+def test_python_parses_counts_an_answer_of_statements_up_to_the_templates_end():
+    judge = judging.PythonParses()
+    texts = [
+        b"def f(x):\n    return x<|im_end|>\nrest that is not Python",
+        b"def f(x:\n",
+        b"# a comment alone\n",
+        b"   ",
+        b"x = '\xc3\xa9'",
+        b"\x00",
+    ]
+    assert judge.score(np.asarray(texts, object)).tolist() == [1, 0, 0, 0, 1, 0]

@@ -40,12 +40,16 @@ class TokenMean(NamedTuple):
         ``bits_per_token`` are reported beside the loss.
       positions: ``[batch]``: each example's positions, padding included (its
         padded length), for the padding share training reports; None: unknown.
+      real: ``[batch]``: each example's real tokens, when the loss counts fewer (a
+        chat's assistant tokens): what the padding share and tokens/s count; None:
+        ``tokens``.
     """
 
     sums: tf.Tensor
     tokens: tf.Tensor
     cross_entropy: bool = False
     positions: tf.Tensor | None = None
+    real: tf.Tensor | None = None
 
     def check(self, where: str) -> None:
         """Refuses, in one line, a token mean not of one sum and one count per example."""
@@ -58,13 +62,18 @@ class TokenMean(NamedTuple):
 
 @tf.autograph.experimental.do_not_convert
 def token_mean(
-    losses: tf.Tensor, weights: tf.Tensor | None = None, cross_entropy: bool = False
+    losses: tf.Tensor,
+    weights: tf.Tensor | None = None,
+    cross_entropy: bool = False,
+    real: tf.Tensor | None = None,
 ) -> TokenMean:
     """The loss of per-token ``losses`` (``[batch, length, ...]``) as a token mean.
 
     ``weights`` (the same shape, or one that broadcasts to it): 1 for a real token, 0
     for padding, or any weight per token; None counts every token. ``cross_entropy``:
     the losses are cross-entropies in nats, so perplexity and bits are reported too.
+    ``real``: 1 for each token the model reads, when the loss weighs fewer (a chat's
+    assistant tokens): the padding share and tokens/s count these; None: ``weights``.
     """
     losses = tf.convert_to_tensor(losses)
     if losses.shape.rank is not None and losses.shape.rank < 2:
@@ -76,7 +85,9 @@ def token_mean(
     weights = tf.broadcast_to(tf.cast(weights, losses.dtype), tf.shape(losses))
     axes = tf.range(1, tf.rank(losses))
     sums, counted = tf.reduce_sum(losses * weights, axes), tf.reduce_sum(weights, axes)
-    return TokenMean(sums, counted, cross_entropy, positions_of(losses))
+    if real is not None:
+        real = tf.reduce_sum(tf.broadcast_to(tf.cast(real, losses.dtype), tf.shape(losses)), axes)
+    return TokenMean(sums, counted, cross_entropy, positions_of(losses), real)
 
 
 @tf.autograph.experimental.do_not_convert
@@ -123,10 +134,12 @@ def reported(loss: TokenMean, added: tf.Tensor | float = 0.0) -> tuple[tf.Tensor
     return means + tf.cast(added, tf.float32), tokens
 
 
-# A training batch's real tokens, positions and examples per row (an example, unless
-# packed), averaged as the loss is: what its padding share and tokens/s are made of.
+# A training batch's tokens counted by the loss, real tokens, positions and examples
+# per row (an example, unless packed), averaged as the loss is: what its padding
+# share and tokens/s are made of.
 TOKENS = "tokens_per_example"  # what the steps divide the summed gradients by
-COUNTS = (TOKENS, "positions_per_example", "examples_per_row")
+REAL = "real_per_example"  # the tokens read, the loss's or more
+COUNTS = (TOKENS, REAL, "positions_per_example", "examples_per_row")
 SEGMENTS = "segment_ids"  # a packed batch's feature: which example of its row a token is
 
 
@@ -138,10 +151,12 @@ def counts(loss: TokenMean, features=None) -> dict[str, tf.Tensor]:
     each row holds (else one).
     """
     found = {TOKENS: tf.reduce_mean(tf.cast(loss.tokens, tf.float32))}
+    real = loss.tokens if loss.real is None else loss.real
+    found[REAL] = tf.reduce_mean(tf.cast(real, tf.float32))
     if loss.positions is not None:
         found["positions_per_example"] = tf.reduce_mean(tf.cast(loss.positions, tf.float32))
     else:  # unknown: counted as all real
-        found["positions_per_example"] = found[TOKENS]
+        found["positions_per_example"] = found[REAL]
     segments = features.get(SEGMENTS) if isinstance(features, dict) else None
     held = 1.0 if segments is None else tf.reduce_max(segments, axis=-1)  # [rows, length]
     found["examples_per_row"] = tf.reduce_mean(tf.cast(held, tf.float32))
@@ -168,8 +183,10 @@ def padded_ids(features_spec) -> str | None:
 def counts_of_ids(ids: tf.Tensor) -> dict[str, tf.Tensor]:
     """``COUNTS`` of a part's padded ids (``[rows, length]``, 0 pads): means over its rows."""
     rows = tf.cast(tf.shape(ids)[0], tf.float32)
+    real = tf.math.divide_no_nan(tf.cast(tf.math.count_nonzero(ids), tf.float32), rows)
     return {
-        TOKENS: tf.math.divide_no_nan(tf.cast(tf.math.count_nonzero(ids), tf.float32), rows),
+        TOKENS: real,
+        REAL: real,
         "positions_per_example": tf.cast(tf.shape(ids)[1], tf.float32),
         "examples_per_row": tf.constant(1.0),
     }
@@ -179,7 +196,8 @@ def rates(logs: dict[str, float]) -> dict[str, float]:
     """Training logs with ``COUNTS`` turned into ``padding_share`` and ``tokens_per_sec``."""
     if TOKENS not in logs:
         return logs
-    real, positions = logs.pop(TOKENS), logs.pop("positions_per_example")
+    counted, positions = logs.pop(TOKENS), logs.pop("positions_per_example")
+    real = logs.pop(REAL, counted)
     per_row = logs.pop("examples_per_row", 1.0) or 1.0
     logs["padding_share"] = 1.0 - real / positions if positions else 0.0
     logs["tokens_per_sec"] = real / per_row * logs.get("examples_per_sec", 0.0)

@@ -14,7 +14,7 @@ import gin
 import keras
 import tensorflow as tf
 
-from models import decoding, heads
+from models import decoding, heads, judging
 from models.transformer.blocks import (
     Transformer,
     checked_ids,
@@ -48,6 +48,10 @@ class LanguageModel(ModelFn):
       seed: sampling's seed.
       bytes: its tokens are bytes (id = byte + 1, as ``--tokenizer bytes`` makes
         them): ``bits_per_byte`` is reported, and generation gives ``text`` too.
+      judge: in EVAL on chats (labels with the assistant's ``mask``), each chat's
+        prompt is continued by ``generate`` tokens and the texts scored by this
+        ``judging.Judge`` (``PythonParses``: ``parse_share``), reported as a metric;
+        None: not. Needs ``bytes``.
     """
 
     def __init__(
@@ -60,6 +64,7 @@ class LanguageModel(ModelFn):
         eos: int | None = None,
         seed: int = 0,
         bytes: bool = False,
+        judge: judging.Judge | None = None,
     ):
         super().__init__(name="language_model")
         errors.check_count("LanguageModel.vocab_size", vocab_size, minimum=2)
@@ -69,6 +74,11 @@ class LanguageModel(ModelFn):
         errors.check_count("LanguageModel.eos", eos, minimum=0, optional=True)
         errors.check_count("LanguageModel.seed", seed, minimum=0)
         errors.check_flag("LanguageModel.bytes", bytes)
+        if judge is not None and not (bytes and generate):
+            raise UserError(
+                f"LanguageModel.judge scores generated text: it needs bytes = True and "
+                f"generate > 0 new tokens (bytes = {bytes}, generate = {generate})"
+            )
         if beam > 1 and temperature > 0:
             raise UserError(
                 f"LanguageModel.beam = {beam} searches and temperature = {temperature:g} samples: "
@@ -76,6 +86,7 @@ class LanguageModel(ModelFn):
             )
         self.vocab_size, self.generate, self.beam = int(vocab_size), generate, beam
         self.temperature, self.eos, self.seed, self.bytes = temperature, eos, seed, bytes
+        self.judge = judge
         self.stack = stack or Transformer()
         if not self.stack.rotary and generate >= self.stack.max_length:
             raise UserError(
@@ -103,7 +114,7 @@ class LanguageModel(ModelFn):
         if labels is None:
             return Spec({"logits": logits})
         targets = labels["targets"]
-        real = tf.not_equal(segments, 0)
+        read = real = tf.not_equal(segments, 0)
         if "mask" in labels:  # a chat's: only the assistant's tokens are learned and counted
             real &= tf.not_equal(labels["mask"], 0)
         losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=logits)
@@ -111,8 +122,18 @@ class LanguageModel(ModelFn):
         metrics = {"token_accuracy": token_metric(hits, real)}
         if self.bytes:  # streamed over every byte of the eval set, as the loss is
             metrics["bits_per_byte"] = token_metric(losses / math.log(2.0), real)
-        loss = token_mean(losses, real, cross_entropy=True)
+        if mode == Mode.EVAL and self.judge is not None and "mask" in labels:
+            metrics[self.judge.name] = self._judged(tokens, segments, labels["mask"])
+        loss = token_mean(losses, real, cross_entropy=True, real=read)
         return Spec({"logits": logits}, loss=loss, metrics=metrics)
+
+    def _judged(self, tokens, segments, mask):
+        """The judge's mean score of each row's chats continued from their prompts."""
+        prompts, rows = judging.prompts(tokens, segments, mask)
+        padded = prompts.to_tensor()
+        real = tf.sequence_mask(prompts.row_lengths(), tf.shape(padded)[1], tf.int32)
+        texts = bytes_text(self._generated(padded, real)["generated"])
+        return judging.per_row(self.judge.scores(texts), rows, tf.shape(tokens)[0])
 
     def _generated(self, tokens, segments) -> dict:
         """Each row's tokens continued by ``generate`` more: ``{'generated': [b, generate]}``.

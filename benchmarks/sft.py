@@ -1,0 +1,136 @@
+"""Tokens/s of supervised fine-tuning on chats, against the same model pre-training on them.
+
+    python benchmarks/sft.py [--seconds 20] [--repeats 2]
+
+One process, one run. The data: the standard library's docstring-to-function chats
+(``datasets.stdlib.chats``: 1,728), prepared by ``prepare --chat`` (ChatML) into a
+temporary folder and read by ``chat.input_fn``, packed in rows of 640 bytes. The
+model: ``experiments/stdlib_sft.gin``'s (a 2-block ``LanguageModel`` of width 128,
+430,000 parameters), global batch 16, AdamW. Two rows take turns (``--repeats``),
+each one ``Estimator.train`` timed between its log steps:
+
+* pre-training: the chats' every token learned (the mask dropped in preprocess);
+* sft: the assistant's tokens alone (the mask kept): the loss counts a third of them.
+
+Tokens/s counts the tokens the model reads (each row's real positions), the same
+batches in both rows. The last line:
+
+    sft/pre-training tokens/s: R.RRx
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import trainer  # noqa: E402, I001
+
+trainer.quiet_start()
+import gin  # noqa: E402
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+from absl import logging  # noqa: E402
+
+from datasets import stdlib  # noqa: E402
+from datasets.chat import input_fns, preparation  # noqa: E402
+from models.transformer import LanguageModel, Transformer  # noqa: E402
+from trainer import Estimator, InputParams, Mode  # noqa: E402
+from trainer.settings import Checkpoints, Summaries  # noqa: E402
+
+BATCH, LENGTH = 16, 640
+ROWS = ("pre-training", "sft")
+
+
+def prepared(root: str) -> str:
+    """The chats written and prepared under ``root``."""
+    source = os.path.join(root, "chats.jsonl")
+    assert stdlib.main(["stdlib", "--chats", source]) == 0
+    out = os.path.join(root, "chats")
+    preparation.prepare(source, out)
+    return out
+
+
+def input_fn_of(data_dir: str, row: str):
+    """The row's input_fn: the chats, their mask kept (sft) or dropped (pre-training)."""
+
+    def input_fn(mode, params):
+        dataset = input_fns.input_fn(mode, params, data_dir=data_dir)
+        if row == "sft":
+            return dataset
+        return dataset.map(lambda features, labels: (features, {"targets": labels["targets"]}))
+
+    return input_fn
+
+
+def model() -> LanguageModel:
+    keras.utils.set_random_seed(0)
+    stack = Transformer(width=128, depth=2, heads=4, positions="rotary")
+    return LanguageModel(vocab_size=258, stack=stack, bytes=True)
+
+
+def read_tokens(input_fn, start_step: int, steps: int) -> int:
+    """The real positions of the training batches of steps ``[start_step, start_step + steps)``."""
+    params = InputParams(BATCH, BATCH, seed=0)
+    dataset = input_fn(Mode.TRAIN, params).skip(start_step).take(steps)
+    return sum(int((f["segment_ids"] > 0).sum()) for f, _ in dataset.as_numpy_iterator())
+
+
+def tokens_per_second(data_dir: str, row: str, seconds: float, chunk: int = 10) -> float:
+    """Tokens read per second by one Estimator.train, between its first and last log step."""
+    gin.bind_parameter("packing.length", LENGTH)
+    gin.bind_parameter("packing.rows_multiple", 8)
+    input_fn, marks = input_fn_of(data_dir, row), []
+
+    class Timer(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):  # train's epochs are its log periods
+            marks.append((estimator.step, time.perf_counter()))
+            if marks[-1][1] - marks[0][1] >= seconds:
+                self.model.stop_training = True
+
+    with tempfile.TemporaryDirectory() as model_dir:
+        estimator = Estimator(
+            model(),
+            model_dir,
+            optimizer=keras.optimizers.AdamW(1e-3),
+            global_batch_size=BATCH,
+            seed=0,
+            progress=False,
+            steps_per_loop=chunk,
+            log_every_steps=chunk,
+            checkpoints=Checkpoints(every_steps=None, input=False),
+            summaries=Summaries(write_graph=False),
+        )
+        estimator.train(input_fn, 10**9, callbacks=[Timer()])
+    (s0, t0), (s1, t1) = marks[1], marks[-1]  # the first period traces the step
+    return read_tokens(input_fn, s0, s1 - s0) / (t1 - t0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    logging.set_verbosity(logging.WARNING)
+    with tempfile.TemporaryDirectory() as root:
+        data_dir = prepared(root)
+        rates: dict[str, list[float]] = {row: [] for row in ROWS}
+        for _ in range(args.repeats):
+            for row in ROWS:
+                rates[row].append(tokens_per_second(data_dir, row, args.seconds))
+                gin.clear_config()
+    for row in ROWS:
+        print(f"{row:<14} tokens/s {statistics.median(rates[row]):>9,.0f}  ({rates[row]})")
+    ratio = statistics.median(rates["sft"]) / statistics.median(rates["pre-training"])
+    print(f"sft/pre-training tokens/s: {ratio:.2f}x")
+    assert np.isfinite(ratio)
+
+
+if __name__ == "__main__":
+    main()
