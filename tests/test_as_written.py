@@ -81,6 +81,9 @@ NOT_RUN = {
     "it as a command from a working directory, and its main before the recipe",
     "python3 -m trainer --gin_file experiments/text_classifier_parquet.gin": "2.5 min whole; "
     "test_tables.py runs it small from the Parquet file and from a save_to_disk folder",
+    "python3 -m datasets.prepare --chat chats.jsonl --out data/chats": "a user's file: "
+    "test_experiments.py prepares the standard library's chats so, and "
+    "tests/test_prepare_mistakes.py runs --chat as a command",
     "python3 -m datasets.stdlib --chats data/chats.jsonl": "test_experiments.py runs it (its "
     "main) and prepares what it writes",
     "python3 -m datasets.prepare --chat data/chats.jsonl --out data/chats": "test_experiments.py "

@@ -50,14 +50,16 @@ def _files(tmp_path) -> None:
 
 
 CORPUS = "data/reviews/reviews.jsonl"
+USERS = ["listed.jsonl", "notes.txt", "ragged.csv", "zephyr.jinja"]  # beside data/
+USERS += [f"{name}.jsonl" for name in ("chats", "disordered", "question", "unanswered")]
 
 # Each row: the arguments after `python -m datasets.prepare`, and the line on stderr
 # (a regular expression).
 ROWS = {
     "out_is_the_working_directory": (
         ["--text", CORPUS, "--out", "."],
-        r"--out \. holds files prepare did not write \(data, listed\.jsonl, notes\.txt and 1 "
-        r"more\): name a new or empty folder; nothing was written",
+        r"--out \. holds files prepare did not write \(chats\.jsonl, data, disordered\.jsonl and "
+        r"6 more\): name a new or empty folder; nothing was written",
     ),
     "out_is_the_corpus_folder": (
         ["--text", CORPUS, "--out", "data/reviews"],
@@ -211,26 +213,41 @@ def test_prepare_again_replaces_its_own_files_and_keeps_the_users(forked_prepare
             *(f"{s}{end}" for s in ("train", "test") for end in ("-lengths.npy", "-tokens.bin")),
         ]
     )
-    assert sorted(os.listdir(tmp_path)) == [
-        "data",
-        "listed.jsonl",
-        "notes.txt",
-        "prepared",
-        "ragged.csv",
-    ]
+    assert sorted(os.listdir(tmp_path)) == sorted(["data", *USERS, "prepared"])
     empty = tmp_path / "empty"
     empty.mkdir()
     proc = forked_prepare.run("--text", f"../{CORPUS}", "--out", ".", cwd=empty)
     assert proc.returncode == 0, proc.stderr
     assert "dataset.json" in os.listdir(empty)
-    assert sorted(os.listdir(tmp_path)) == [  # no staging folder left beside it
-        "data",
-        "empty",
-        "listed.jsonl",
-        "notes.txt",
-        "prepared",
-        "ragged.csv",
-    ]
+    assert sorted(os.listdir(tmp_path)) == sorted(  # no staging folder left beside it
+        ["data", "empty", *USERS, "prepared"]
+    )
+
+
+def test_prepare_chat_as_a_command_and_again_as_text_each_replacing_its_own(
+    forked_prepare, tmp_path
+):
+    """`--chat` as typed: its records, answers' starts and template, and no index left
+    beside the user's file. Prepared again as text in place, the chats' own files go
+    (they are prepare's) and the user's note stays."""
+    _files(tmp_path)
+    proc = forked_prepare.run("--chat", "disordered.jsonl", "--out", "chats", cwd=tmp_path)
+    assert proc.returncode == 2  # its second chat is out of order
+    proc = forked_prepare.run("--chat", "chats.jsonl", "--out", "chats", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["train: 1 examples in 1 shards", "wrote chats"]
+    made = sorted(os.listdir(tmp_path / "chats"))
+    assert made == sorted(
+        ["chat_template.jinja", "dataset.json", "train-answers.npy", "train-lengths.npy"]
+        + ["train-tokens.bin", "train-00000-of-00001.tfrecord"]
+        + ["train-00000-of-00001.tfrecord.index"]
+    )
+    assert sorted(os.listdir(tmp_path)) == sorted(["chats", "data", *USERS])
+    (tmp_path / "chats" / "README.md").write_text("chats\n")
+    proc = forked_prepare.run("--text", CORPUS, "--out", "chats", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    left = set(os.listdir(tmp_path / "chats"))
+    assert "README.md" in left and not {"chat_template.jinja", "train-answers.npy"} & left
 
 
 def _texts(data_dir) -> list[bytes]:
