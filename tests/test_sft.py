@@ -253,3 +253,16 @@ def test_python_parses_counts_an_answer_of_statements_up_to_the_templates_end():
         b"\x00",
     ]
     assert judge.score(np.asarray(texts, object)).tolist() == [1, 0, 0, 0, 1, 0]
+
+
+def test_sft_stopped_and_resumed_trains_what_a_straight_run_trains(tmp_path):
+    """Packed chats, 2 steps, then a new Estimator (its model made from other weights)
+    resumes to step 5: every weight as a straight run of 5 steps leaves it (the
+    checkpoint holds the weights and the training stream's place)."""
+    from tests.support.helpers import checkpoint_steps
+
+    straight = chats.trained(str(tmp_path / "straight"), 5)
+    chats.trained(str(tmp_path / "resumed"), 2)
+    assert checkpoint_steps(tmp_path / "resumed") == [2]
+    resumed = chats.trained(str(tmp_path / "resumed"), 5, init=4)
+    assert max(float(np.abs(straight[k] - resumed[k]).max()) for k in straight) == 0.0

@@ -86,10 +86,11 @@ def prepared(count: int = 64, eval_fraction: float = 0.25) -> str:
 PACKED_LENGTH = 320  # positions of a packed row: the longest of ``prepared()`` is 297
 
 
-def trained(model_dir: str, steps: int, packed: bool = True, **settings) -> dict:
+def trained(model_dir: str, steps: int, packed: bool = True, init: int = 3, **settings) -> dict:
     """A small ``LanguageModel``'s weights after ``steps`` steps of SGD on ``prepared()``'s
     chats, its loss over their assistant tokens; packed or padded, under Estimator
-    ``settings`` (as ``parity.grouped`` takes them), with gin's bindings as they are."""
+    ``settings`` (as ``parity.grouped`` takes them), with gin's bindings as they are.
+    ``init`` seeds its first weights (a run resumed from ``model_dir`` restores them)."""
     import gin
     import keras
 
@@ -103,7 +104,7 @@ def trained(model_dir: str, steps: int, packed: bool = True, **settings) -> dict
     if packed:
         gin.bind_parameter("packing.length", PACKED_LENGTH)
     try:
-        keras.utils.set_random_seed(3)
+        keras.utils.set_random_seed(init)
         model = LanguageModel(vocab_size=258, stack=Transformer(width=16, depth=1, heads=2))
         estimator = trainer.Estimator(
             model,
