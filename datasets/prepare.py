@@ -22,6 +22,8 @@ is written encoded, as image folders are. Train with
 ``--chat`` is a file of chats (a ``messages`` column of ``{role, content}`` turns:
 JSON lines, Parquet, a save_to_disk folder) rendered by ``--chat_template``
 (``datasets/chat/``); train with ``chat.input_fn.data_dir = 'data/chats'``.
+``--pairs`` is a file of preference pairs (``prompt``, ``chosen``, ``rejected``),
+each answer rendered after its prompt by the same template.
 """
 
 from __future__ import annotations
@@ -61,10 +63,16 @@ flags.DEFINE_string(
     "of datasets' save_to_disk.",
 )
 flags.DEFINE_string(
+    "pairs",
+    None,
+    "A file of preference pairs, a prompt, a chosen and a rejected answer a row (strings, or "
+    "lists of {role, content} turns): JSON lines, Parquet, or a save_to_disk folder.",
+)
+flags.DEFINE_string(
     "chat_template",
     "chatml",
-    "--chat: 'chatml', a Hugging Face-layout model directory, or a Jinja file; it marks the "
-    "assistant's part with {% generation %}.",
+    "--chat, --pairs: 'chatml', a Hugging Face-layout model directory, or a Jinja file; it "
+    "marks the assistant's part with {% generation %}.",
 )
 flags.DEFINE_string("messages_field", "messages", "--chat: the column holding each chat.")
 flags.DEFINE_string(
@@ -116,15 +124,21 @@ def main(argv: list[str]) -> None:
     try:
         if FLAGS.verify:
             sys.exit(verify(FLAGS.verify))
-        given = (FLAGS.images, FLAGS.dataset, FLAGS.tfrecords, FLAGS.text, FLAGS.chat)
+        given = (FLAGS.images, FLAGS.dataset, FLAGS.tfrecords, FLAGS.text, FLAGS.chat, FLAGS.pairs)
         if not FLAGS.out or len([f for f in given if f]) != 1:
             raise UserError(
-                "give --out and one of --images, --dataset, --tfrecords, --text or --chat (or "
-                "--verify DIR)"
+                "give --out and one of --images, --dataset, --tfrecords, --text, --chat or "
+                "--pairs (or --verify DIR)"
             )
         check_flags()
         owned_dirs.check(FLAGS.out, shards.OWNER)
-        if FLAGS.chat:
+        if FLAGS.pairs:
+            from datasets.chat import pairs
+
+            metadata = pairs.prepare(
+                FLAGS.pairs, FLAGS.out, FLAGS.chat_template, FLAGS.eval_fraction, FLAGS.shards or 4
+            )
+        elif FLAGS.chat:
             from datasets.chat import preparation as chats
 
             metadata = chats.prepare(
@@ -187,9 +201,10 @@ def check_flags() -> None:
     given = [name for name in text_only if FLAGS[name].present]
     if given and not FLAGS.text:
         raise UserError(f"--{given[0]} applies to --text only: drop it")
-    given = [name for name in ("chat_template", "messages_field") if FLAGS[name].present]
-    if given and not FLAGS.chat:
-        raise UserError(f"--{given[0]} applies to --chat only: drop it")
+    if FLAGS["messages_field"].present and not FLAGS.chat:
+        raise UserError("--messages_field applies to --chat only: drop it")
+    if FLAGS["chat_template"].present and not (FLAGS.chat or FLAGS.pairs):
+        raise UserError("--chat_template applies to --chat and --pairs only: drop it")
     tokenizer = FLAGS.tokenizer
     if FLAGS.vocab and tokenizer not in ("wordpiece", "sentencepiece"):
         raise UserError(

@@ -81,6 +81,8 @@ NOT_RUN = {
     "it as a command from a working directory, and its main before the recipe",
     "python3 -m trainer --gin_file experiments/text_classifier_parquet.gin": "2.5 min whole; "
     "test_tables.py runs it small from the Parquet file and from a save_to_disk folder",
+    "python3 -m datasets.prepare --pairs pairs.jsonl --out data/pairs": "a user's file: "
+    "tests/test_prepare_mistakes.py runs the same command on a file of pairs",
     "python3 -m datasets.prepare --chat chats.jsonl --out data/chats": "a user's file: "
     "test_experiments.py prepares the standard library's chats so, and "
     "tests/test_prepare_mistakes.py runs --chat as a command",

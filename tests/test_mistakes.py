@@ -503,6 +503,7 @@ FAULT_TESTS = (
     "tests/test_tables.py",
     "tests/test_lines.py",
     "tests/test_sft.py",
+    "tests/test_preference.py",
 )
 
 

@@ -163,7 +163,7 @@ ROWS = {
     ),
     "chat_template_for_text": (
         ["--text", CORPUS, "--out", "out", "--chat_template", "chatml"],
-        r"--chat_template applies to --chat only: drop it",
+        r"--chat_template applies to --chat and --pairs only: drop it",
     ),
     "csv_row_ragged": (
         ["--text", "ragged.csv", "--out", "out"],
@@ -228,8 +228,8 @@ def test_prepare_chat_as_a_command_and_again_as_text_each_replacing_its_own(
     forked_prepare, tmp_path
 ):
     """`--chat` as typed: its records, answers' starts and template, and no index left
-    beside the user's file. Prepared again as text in place, the chats' own files go
-    (they are prepare's) and the user's note stays."""
+    beside the user's file; `--pairs` too. Prepared again as text in place, the chats'
+    own files go (they are prepare's) and the user's note stays."""
     _files(tmp_path)
     proc = forked_prepare.run("--chat", "disordered.jsonl", "--out", "chats", cwd=tmp_path)
     assert proc.returncode == 2  # its second chat is out of order
@@ -243,6 +243,12 @@ def test_prepare_chat_as_a_command_and_again_as_text_each_replacing_its_own(
         + ["train-00000-of-00001.tfrecord.index"]
     )
     assert sorted(os.listdir(tmp_path)) == sorted(["chats", "data", *USERS])
+    pair = {"prompt": "hi", "chosen": "def f(): pass", "rejected": "def f(:"}
+    (tmp_path / "data" / "pairs.jsonl").write_text(json.dumps(pair) + "\n")
+    proc = forked_prepare.run("--pairs", "data/pairs.jsonl", "--out", "data/pairs", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["train: 1 examples in 1 shards", "wrote data/pairs"]
+    assert json.loads((tmp_path / "data/pairs/dataset.json").read_text())["kind"] == "pairs"
     (tmp_path / "chats" / "README.md").write_text("chats\n")
     proc = forked_prepare.run("--text", CORPUS, "--out", "chats", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr

@@ -185,7 +185,8 @@ def chunks(rows, column: str, size: int = 10_000):
         values, problem = rows._read(np.arange(start, min(start + size, len(rows))))
         if problem:
             raise UserError(problem)
-        yield [v.decode() if isinstance(v, bytes) else v for v in values[0]]
+        found = values[list(rows.columns).index(column)]
+        yield [v.decode() if isinstance(v, bytes) else v for v in found]
 
 
 def lengths_of(source: Source, words: Tokenizer, longest: int) -> np.ndarray:

@@ -354,29 +354,41 @@ class SplitWriter:
     """
 
     def __init__(
-        self, out_dir: str, split: str, count: int, num_shards: int, vocab_size: int, end: int
+        self,
+        out_dir: str,
+        split: str,
+        count: int,
+        num_shards: int,
+        vocab_size: int,
+        end: int,
+        stream: bool = True,
     ):
         self.out_dir, self.split, self.count, self.end = out_dir, split, count, end
         shard_count = min(num_shards, count)
         least, extra = divmod(count, shard_count)
         self.sizes = [least + 1] * extra + [least] * (shard_count - extra)
         self.dtype = "uint16" if vocab_size <= 2**16 else "int32"
-        self.stream = open(os.path.join(out_dir, f"{split}{STREAM}"), "wb")  # noqa: SIM115
+        self.stream = None  # a language model's token stream: documents', not pairs'
+        if stream:
+            self.stream = open(os.path.join(out_dir, f"{split}{STREAM}"), "wb")  # noqa: SIM115
         self.lengths = array.array("i")
         self.written: list[dict] = []
         self.writer, self.offsets, self.offset = None, array.array("q"), 0
 
     def add(self, ids: np.ndarray, label: int | None, mask: np.ndarray | None = None) -> None:
         """Writes one document's token ids (and class id, or which tokens a loss counts)."""
+        self.record(example_bytes(ids, label, mask), len(ids))
+        np.asarray(ids, self.dtype).tofile(self.stream)
+        np.asarray([self.end], self.dtype).tofile(self.stream)
+
+    def record(self, data: bytes, length: int) -> None:
+        """Writes one serialized example, its offset indexed and its ``length`` kept."""
         if self.writer is None or len(self.offsets) == self.sizes[len(self.written)]:
             self._next_shard()
-        data = example_bytes(ids, label, mask)
         self.writer.write(data)
         self.offsets.append(self.offset)
         self.offset += len(data) + indexed.HEADER + 4
-        self.lengths.append(len(ids))
-        np.asarray(ids, self.dtype).tofile(self.stream)
-        np.asarray([self.end], self.dtype).tofile(self.stream)
+        self.lengths.append(length)
 
     def _next_shard(self) -> None:
         if self.writer is not None:
@@ -398,22 +410,37 @@ class SplitWriter:
     def close(self) -> dict:
         """Ends the last shard and the stream; returns the split's ``dataset.json`` entry."""
         self._close_shard()
-        self.stream.close()
         lengths = np.frombuffer(self.lengths, np.int32)
         np.save(os.path.join(self.out_dir, f"{self.split}{LENGTHS}"), lengths)
-        return {
+        entry = {
             "count": self.count,
             "shards": self.written,
             "tokens": int(lengths.sum(dtype=np.int64)),
             "longest": int(lengths.max()),
             "lengths": f"{self.split}{LENGTHS}",
-            "stream": {
-                "file": f"{self.split}{STREAM}",
-                "dtype": self.dtype,
-                "tokens": int(lengths.sum(dtype=np.int64)) + len(lengths),  # an end each
-                "end": self.end,
-            },
         }
+        if self.stream is None:
+            return entry
+        self.stream.close()
+        entry["stream"] = {
+            "file": f"{self.split}{STREAM}",
+            "dtype": self.dtype,
+            "tokens": int(lengths.sum(dtype=np.int64)) + len(lengths),  # an end each
+            "end": self.end,
+        }
+        return entry
+
+
+def features_bytes(features: dict[str, np.ndarray]) -> bytes:
+    """``tf.train.Example`` of int64 lists by name, serialized in numpy, keys sorted.
+
+    As ``example_bytes`` makes a document's, for records of several sequences.
+    """
+    entries = (
+        _map_entry(key.encode(), _int64_list(np.asarray(features[key], np.int64)))
+        for key in sorted(features)
+    )
+    return _delimited(1, b"".join(entries))
 
 
 def example_bytes(

@@ -1,0 +1,119 @@
+"""``prepare --pairs``: preference pairs, a prompt with a chosen and a rejected answer.
+
+A row holds ``prompt``, ``chosen`` and ``rejected``, as TRL's preference datasets
+keep them: each a string (the prompt the user's, an answer the assistant's), or a
+list of ``{role, content}`` turns (the prompt a chat without its answer, each answer
+the assistant's turns that follow it). JSON lines, Parquet or a ``save_to_disk``
+folder, read in place.
+
+Each pair is rendered twice by the chat template, the prompt followed by each
+answer, and tokenized by bytes (``preparation.tokens_and_mask``): a record holds
+``chosen`` and ``rejected``, each chat's ids, and ``chosen_mask`` and
+``rejected_mask``, 1 where the answer's tokens are: what a preference loss sums each
+answer's log-probabilities over. The lengths kept are each pair's longer chat.
+
+Refused in one line, naming the file and the pair, before anything is in place: a
+pair whose answers are the same (it teaches no preference), and what a chat is
+refused for (roles out of order, an empty answer).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from datasets.chat import preparation, templates
+from datasets.records import shards
+from datasets.tables import columns, source
+from datasets.text import writing
+from trainer import UserError, errors, owned_dirs, whole_files
+
+FIELDS = ("prompt", "chosen", "rejected")
+ROLES = ("user", "assistant", "assistant")  # whose turn a field of text is
+
+
+def prepare(
+    path: str,
+    out_dir: str,
+    template: str = "chatml",
+    eval_fraction: float = 0.1,
+    num_shards: int = 4,
+) -> dict:
+    """Renders, tokenizes and writes the pairs of ``path``; returns ``dataset.json``."""
+    owned_dirs.check(out_dir, shards.OWNER)
+    writing.check_fraction(eval_fraction)
+    errors.check_count("--shards", num_shards)
+    chat_template = templates.template_of(template)
+    if not os.path.exists(path):
+        raise UserError(f"--pairs {path}: no such file or folder")
+    rows = source.rows_of(path, kinds_of(path), keep_index=False)
+    held = writing.held_out(eval_fraction)
+    tested = held.count(len(rows))
+    staging = owned_dirs.staging(out_dir, shards.OWNER)
+    try:
+        writers = {
+            split: writing.SplitWriter(
+                staging, split, count, num_shards, preparation.VOCAB_SIZE, preparation.END, False
+            )
+            for split, count in (("train", len(rows) - tested), ("test", tested))
+            if count
+        }
+        for number, pair in enumerate(read(rows)):
+            features = pair_features(chat_template, *pair, f"{path}, pair {number + 1}")
+            longer = max(len(features["chosen"]), len(features["rejected"]))
+            writers["test" if held(number) else "train"].record(
+                writing.features_bytes(features), longer
+            )
+        splits = {split: writer.close() for split, writer in writers.items()}
+        with open(os.path.join(staging, templates.JINJA), "w", encoding="utf-8") as f:
+            f.write(chat_template.source)
+        metadata = preparation.description(chat_template, path, "prompt", splits)
+        metadata |= {"kind": "pairs", "field": list(FIELDS)}
+        whole_files.write_json(os.path.join(staging, shards.METADATA), metadata)
+        owned_dirs.put_in_place(staging, out_dir, shards.OWNER)
+    finally:
+        owned_dirs.discard(staging)
+    return shards.read_metadata(out_dir)
+
+
+def kinds_of(path: str) -> dict[str, str]:
+    """Each field's kind, by the source's types: chat messages, or text."""
+    schema = source.rows_of(path, {}, keep_index=False).schema
+    found = {}
+    for field in FIELDS:
+        index = schema.get_field_index(field)
+        messages = index >= 0 and columns.is_messages(schema.field(index).type)
+        found[field] = "messages" if messages else "text"
+    return found
+
+
+def read(rows):
+    """Each row's ``(prompt, chosen, rejected)``, as chats: lists of turns."""
+    kinds = [rows.columns[field] for field in FIELDS]
+    for start in range(0, len(rows), writing.CHUNK):
+        values, problem = rows._read(np.arange(start, min(start + writing.CHUNK, len(rows))))
+        if problem:
+            raise UserError(problem)
+        for row in zip(*values, strict=True):
+            yield tuple(map(_turns, row, kinds, ROLES))
+
+
+def _turns(value, kind: str, role: str) -> list[dict]:
+    text = value.decode() if isinstance(value, bytes) else value
+    return json.loads(text) if kind == "messages" else [{"role": role, "content": text}]
+
+
+def pair_features(template, prompt, chosen, rejected, where: str) -> dict[str, np.ndarray]:
+    """A pair's record: each answer after the prompt, rendered, with its mask."""
+    if chosen == rejected:
+        raise UserError(
+            f"{where}: the chosen and rejected answers are the same, so the pair prefers "
+            "nothing: drop it, or give the answer it is preferred to"
+        )
+    found = {}
+    for name, answer in (("chosen", chosen), ("rejected", rejected)):
+        ids, mask = preparation.tokens_and_mask(template, prompt + answer, f"{where} ({name})")
+        found[name], found[f"{name}_mask"] = ids, mask
+    return found
