@@ -81,3 +81,80 @@ def test_a_pair_whose_answers_are_the_same_is_one_line_and_nothing_is_written(tm
         "prefers nothing: drop it, or give the answer it is preferred to"
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pairs.jsonl"]
+
+
+def _batch(records):
+    """Pairs as a padded batch: each chat's tokens but the last, targets and mask."""
+    features, labels = {}, {}
+
+    def padded(rows):
+        width = max(len(r) for r in rows)
+        return tf.constant([np.pad(r, (0, width - len(r))) for r in rows], tf.int64)
+
+    for name in ("chosen", "rejected"):
+        features[name] = padded([r[name][:-1] for r in records])
+        labels[f"{name}_targets"] = padded([r[name][1:] for r in records])
+        labels[f"{name}_mask"] = padded([r[f"{name}_mask"][1:] for r in records])
+    return features, labels
+
+
+@pytest.mark.parametrize("loss", ["dpo", "simpo"])
+def test_the_pair_loss_is_the_published_formula_on_each_answer_scored_alone(loss, tmp_path):
+    """DPO's -log sigmoid(beta ((log pi - log ref)_chosen - (...)_rejected)) and SimPO's
+    -log sigmoid(beta (mean log pi_chosen - mean log pi_rejected) - gamma), written here
+    in TF from each answer scored alone, unpadded, equal the model's on the padded
+    batch; and so do its rewards' metrics."""
+    import keras
+
+    from models.preference import PreferenceModel
+    from models.transformer import Transformer
+    from trainer import Mode
+
+    source = tmp_path / "pairs.jsonl"
+    source.write_text("".join(json.dumps(p) + "\n" for p in PAIRS))
+    pairs.prepare(str(source), str(tmp_path / "out"), eval_fraction=0.0)
+    records = _records(str(tmp_path / "out"), "train")
+    features, labels = _batch(records)
+    rng = np.random.default_rng(0)
+    references = rng.normal(-60.0, 5.0, size=(2, len(records))).astype("float32")
+    labels["reference_chosen"], labels["reference_rejected"] = map(tf.constant, references)
+    keras.utils.set_random_seed(0)
+    beta, gamma = (0.1, 0.0) if loss == "dpo" else (2.0, 0.5)
+    model = PreferenceModel(
+        258, Transformer(width=16, depth=1, heads=2), loss=loss, beta=beta, gamma=gamma
+    )
+    spec = model(features, labels, Mode.EVAL)
+
+    def alone(ids, mask):  # one answer, no padding: its summed and mean log-probability
+        tokens = tf.constant(ids[None, :-1])
+        ones = tf.ones_like(tokens, tf.int32)
+        logits = model.logits(tokens, ones, tf.range(tokens.shape[1])[None])
+        logps = tf.gather(tf.nn.log_softmax(logits[0]), ids[1:], batch_dims=1)
+        marked = tf.cast(mask[1:], tf.float32)
+        return tf.reduce_sum(logps * marked), tf.reduce_sum(logps * marked) / tf.reduce_sum(marked)
+
+    expected, margins = [], []
+    for i, record in enumerate(records):
+        (chosen, chosen_mean), (rejected, rejected_mean) = (
+            alone(record[n], record[f"{n}_mask"]) for n in ("chosen", "rejected")
+        )
+        if loss == "dpo":
+            margin = beta * ((chosen - references[0, i]) - (rejected - references[1, i]))
+        else:
+            margin = beta * (chosen_mean - rejected_mean) - gamma
+        expected.append(-tf.math.log_sigmoid(margin))
+        margins.append(float(margin + gamma))
+    assert float(spec.loss) == pytest.approx(float(tf.reduce_mean(expected)), abs=1e-5)
+    assert np.allclose(spec.metrics["reward_margin"], margins, atol=1e-4)
+    assert spec.metrics["reward_accuracy"].numpy().tolist() == [float(m > 0) for m in margins]
+
+
+def test_preference_settings_that_mean_nothing_are_one_line():
+    from models.preference import PreferenceModel
+
+    with pytest.raises(UserError, match=r"^PreferenceModel.loss = 'ipo': the losses are 'dpo'"):
+        PreferenceModel(258, loss="ipo")
+    with pytest.raises(UserError, match=r"^PreferenceModel.beta = 0 makes every reward 0"):
+        PreferenceModel(258, beta=0.0)
+    with pytest.raises(UserError, match=r"^PreferenceModel.gamma = 0.5 is SimPO's margin"):
+        PreferenceModel(258, gamma=0.5)

@@ -1,0 +1,160 @@
+"""Preference tuning: a language model taught to prefer one answer of a pair to the other.
+
+A pair is one prompt with a chosen and a rejected answer (``prepare --pairs``). Each
+answer's log-probability under the model is the sum over its tokens (its mask) of
+each token's log-probability given what precedes it (``answer_logps``). The losses
+are per pair, so the framework's mean over examples makes them exact however a step
+is cut:
+
+* ``'dpo'`` (Rafailov et al., 2023, the sigmoid loss): with ``r = beta * (log pi(y) -
+  log pi_ref(y))`` the implicit reward of an answer against the reference model's
+  log-probability, ``-log sigmoid(r_chosen - r_rejected)``;
+* ``'simpo'`` (Meng et al., 2024, reference-free): with ``r = beta * log pi(y) / |y|``,
+  the mean log-probability of the answer's tokens, ``-log sigmoid(r_chosen -
+  r_rejected - gamma)``.
+
+Reported beside the loss, as users of TRL read them: ``rewards_chosen``,
+``rewards_rejected``, ``reward_margin`` (their difference) and ``reward_accuracy``
+(the share of pairs whose chosen answer has the higher reward).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gin
+import tensorflow as tf
+
+from models.transformer.blocks import Transformer, checked_ids, positions_of, segments_of
+from models.transformer.tasks import LanguageModel
+from trainer import Mode, Spec, UserError, errors
+
+LOSSES = ("dpo", "simpo")
+
+
+@tf.autograph.experimental.do_not_convert
+def answer_logps(logits: tf.Tensor, targets: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
+    """``[b]``: each row's summed log-probability of its ``targets`` where ``mask`` is 1.
+
+    ``logits`` ``[b, n, vocab]``, ``targets`` and ``mask`` ``[b, n]``.
+    """
+    logps = -tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=targets, logits=tf.cast(logits, tf.float32)
+    )
+    return tf.reduce_sum(logps * tf.cast(mask, tf.float32), axis=1)
+
+
+@tf.autograph.experimental.do_not_convert
+def rewards(
+    loss: str,
+    logps: tuple[tf.Tensor, tf.Tensor],
+    beta: float,
+    references: tuple[tf.Tensor, tf.Tensor] | None = None,
+    lengths: tuple[tf.Tensor, tf.Tensor] | None = None,
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """``(chosen, rejected)`` rewards ``[b]`` of the answers' log-probabilities ``logps``.
+
+    DPO's are against ``references`` (the reference model's log-probabilities);
+    SimPO's are per token of the answers' ``lengths``.
+    """
+    if loss == "dpo":
+        return tuple(beta * (p - r) for p, r in zip(logps, references, strict=True))
+    return tuple(
+        beta * p / tf.maximum(tf.cast(n, tf.float32), 1.0)
+        for p, n in zip(logps, lengths, strict=True)
+    )
+
+
+@tf.autograph.experimental.do_not_convert
+def pair_losses(chosen: tf.Tensor, rejected: tf.Tensor, gamma: float = 0.0) -> tf.Tensor:
+    """``[b]``: ``-log sigmoid(chosen - rejected - gamma)`` of each pair's rewards."""
+    return tf.nn.softplus(-(chosen - rejected - gamma))
+
+
+@tf.autograph.experimental.do_not_convert
+def reward_metrics(chosen: tf.Tensor, rejected: tf.Tensor) -> dict[str, tf.Tensor]:
+    """Per-pair values the eval set's means are reported of."""
+    return {
+        "rewards_chosen": chosen,
+        "rewards_rejected": rejected,
+        "reward_margin": chosen - rejected,
+        "reward_accuracy": tf.cast(chosen > rejected, tf.float32),
+    }
+
+
+@gin.configurable
+class PreferenceModel(LanguageModel):
+    """A ``LanguageModel`` tuned on preference pairs: DPO or SimPO.
+
+    Its variables are the language model's, named as it names them, so it warm-starts
+    from a language model's checkpoint as it is. A batch of pairs has features
+    ``{'chosen', 'rejected'}`` (each chat's tokens but the last) and labels
+    ``{'chosen_targets', 'chosen_mask', 'rejected_targets', 'rejected_mask'}``, and for
+    DPO the reference model's log-probabilities of each answer, ``reference_chosen``
+    and ``reference_rejected`` (``[b]``). Any other batch is the language model's.
+
+    Args:
+      vocab_size: as ``LanguageModel``'s.
+      stack: as ``LanguageModel``'s.
+      loss: ``'dpo'`` or ``'simpo'``.
+      beta: the rewards' scale (DPO's 0.1; SimPO's 2 or so).
+      gamma: SimPO's target margin between the rewards; 0 for DPO.
+      **kwargs: the rest of ``LanguageModel``'s (generation, ``bytes``).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int = gin.REQUIRED,
+        stack: Transformer | None = None,
+        loss: str = "dpo",
+        beta: float = 0.1,
+        gamma: float = 0.0,
+        **kwargs: Any,
+    ):
+        super().__init__(vocab_size, stack, **kwargs)
+        if loss not in LOSSES:
+            raise UserError(
+                f"PreferenceModel.loss = {loss!r}: the losses are {', '.join(map(repr, LOSSES))}"
+            )
+        errors.check_number("PreferenceModel.beta", beta, 0)
+        if beta == 0:
+            raise UserError(
+                "PreferenceModel.beta = 0 makes every reward 0 and the loss a constant: give "
+                "beta > 0 (DPO's 0.1)"
+            )
+        errors.check_number("PreferenceModel.gamma", gamma, 0)
+        if loss == "dpo" and gamma:
+            raise UserError(
+                f"PreferenceModel.gamma = {gamma:g} is SimPO's margin; DPO has none: unbind it, "
+                "or choose loss = 'simpo'"
+            )
+        self.loss, self.beta, self.gamma = loss, beta, gamma
+
+    def __call__(self, features, labels, mode):
+        """A pair's loss and rewards; a language model's Spec for any other batch."""
+        if not isinstance(features, dict) or "chosen" not in features:
+            return super().__call__(features, labels, mode)
+        answers = ("chosen", "rejected")
+        logps = tuple(self.answer_logps(features, labels, name, mode) for name in answers)
+        if labels is None:
+            return Spec(dict(zip(("chosen_logps", "rejected_logps"), logps, strict=True)))
+        if self.loss == "dpo":
+            references = tuple(tf.cast(labels[f"reference_{n}"], tf.float32) for n in answers)
+            found = rewards("dpo", logps, self.beta, references=references)
+        else:
+            lengths = tuple(
+                tf.reduce_sum(tf.cast(labels[f"{n}_mask"], tf.float32), 1) for n in answers
+            )
+            found = rewards("simpo", logps, self.beta, lengths=lengths)
+        losses = pair_losses(*found, self.gamma)
+        predictions = dict(zip(("chosen_logps", "rejected_logps"), logps, strict=True))
+        return Spec(predictions, loss=tf.reduce_mean(losses), metrics=reward_metrics(*found))
+
+    def answer_logps(self, features: dict, labels: dict | None, name: str, mode: Mode) -> tf.Tensor:
+        """``[b]``: each pair's answer ``name``, its summed log-probability under the model."""
+        tokens = checked_ids(features[name])
+        segments, positions = segments_of({}, tokens), positions_of({}, tokens)
+        logits = self.logits(tokens, segments, positions, training=mode == Mode.TRAIN)
+        if labels is None:
+            return tf.zeros(tf.shape(tokens)[:1])
+        return answer_logps(logits, labels[f"{name}_targets"], labels[f"{name}_mask"])
