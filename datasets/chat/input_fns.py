@@ -120,6 +120,74 @@ def check_answers_kept(starts: np.ndarray, length: int, where: str) -> None:
         )
 
 
+ANSWERS = ("chosen", "rejected")
+
+
+def parse_pair(record: tf.Tensor) -> dict:
+    """One pair's record: each answer's chat and mask, int64 ``[length]`` each."""
+    names = [*ANSWERS, *(f"{a}_mask" for a in ANSWERS)]
+    parsed = tf.io.parse_single_example(
+        record, {name: tf.io.VarLenFeature(tf.int64) for name in names}
+    )
+    return {k: tf.sparse.to_dense(v) for k, v in parsed.items()}
+
+
+def next_of_pair(record: tf.Tensor) -> dict:
+    """A pair as a language model's two examples: each chat's tokens, targets and mask."""
+    pair, found = parse_pair(record), {}
+    for answer in ANSWERS:
+        tokens = pair[answer]
+        found |= {answer: tokens[:-1], f"{answer}_targets": tokens[1:]}
+        found[f"{answer}_mask"] = pair[f"{answer}_mask"][1:]
+    return found
+
+
+def pair_prompt_of(record: tf.Tensor) -> dict:
+    """A pair's prompt: the chosen chat's tokens before its answer."""
+    pair = parse_pair(record)
+    return {"tokens": pair["chosen"][: tf.argmax(pair["chosen_mask"])]}
+
+
+def pair_inputs(example: dict):
+    """``({'chosen', 'rejected'}, {their targets and masks})``; a prompt's ``({'tokens'}, {})``."""
+    if "tokens" in example:
+        return {"tokens": example["tokens"]}, {}
+    return {a: example[a] for a in ANSWERS}, {k: v for k, v in example.items() if k not in ANSWERS}
+
+
+@gin.configurable("chat.pairs_input_fn")
+def pairs_input_fn(
+    mode: Mode,
+    params: InputParams,
+    data_dir: str = gin.REQUIRED,
+    train_split: str = "train",
+    eval_split: str | None = None,
+) -> tf.data.Dataset:
+    """Batches of prepared preference pairs, for ``models.preference.PreferenceModel``.
+
+    Each pair's two chats, padded apart (each to the batch's longest of its kind):
+    ``({'chosen', 'rejected'}, {'chosen_targets', 'chosen_mask', 'rejected_targets',
+    'rejected_mask'})``; batched by length from the longer chat of each pair. PREDICT
+    gives each pair's prompt, ``{'tokens'}``, for the model to continue.
+
+    Args:
+      mode: the mode.
+      params: the pipeline's batch and position.
+      data_dir: a folder written by ``python3 -m datasets.prepare --pairs``.
+      train_split: the split trained on.
+      eval_split: the split evaluated and prompted from (None: dataset.json's).
+    """
+    wanted = train_split if mode == Mode.TRAIN else eval_split
+    metadata, paths = shards.check_shards(data_dir, wanted)
+    preparation.check_prepared(metadata, data_dir, "pairs")
+    split = wanted or shards.eval_split(metadata)
+    kept = text.kept_lengths(data_dir, metadata["splits"][split]) - 1
+    example_of = pair_prompt_of if mode == Mode.PREDICT else next_of_pair
+    lengths = None if mode == Mode.PREDICT else kept  # a prompt's length is not kept
+    source = text.split_examples(data_dir, metadata, paths, split, example_of, lengths)
+    return pipeline.build(source, mode, params, pair_inputs, name=f"pairs-{split}")
+
+
 @gin.configurable("chat.vocab_size")
 def vocab_size(data_dir: str | None = None) -> int:
     """The prepared chats' ids, padding and the end id included (an embedding's rows).

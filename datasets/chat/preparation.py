@@ -140,12 +140,14 @@ def description(template: templates.ChatTemplate, path: str, field: str, splits:
     }
 
 
-def check_prepared(metadata: dict, data_dir: str) -> None:
-    """Refuses a prepared folder that does not hold chats, in one line."""
-    if metadata.get("kind") != "chat":
+def check_prepared(metadata: dict, data_dir: str, kind: str = "chat") -> None:
+    """Refuses a prepared folder that does not hold chats (or ``kind``), in one line."""
+    if metadata.get("kind") != kind:
+        said = {"chat": "chats", "pairs": "preference pairs"}[kind]
+        flag = {"chat": "--chat", "pairs": "--pairs"}[kind]
         raise UserError(
-            f"{data_dir} holds {metadata.get('kind', 'images')}, not chats: prepare them with "
-            "`python3 -m datasets.prepare --chat FILE --out DIR`"
+            f"{data_dir} holds {metadata.get('kind', 'images')}, not {said}: prepare them with "
+            f"`python3 -m datasets.prepare {flag} FILE --out DIR`"
         )
 
 

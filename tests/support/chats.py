@@ -126,3 +126,65 @@ def trained(model_dir: str, steps: int, packed: bool = True, init: int = 3, **se
     finally:
         gin.clear_config()
     return {f"w{i}": variable.numpy() for i, variable in enumerate(model.trainable_variables)}
+
+
+def pair_rows(count: int, seed: int = 0) -> list[dict]:
+    """``count`` preference pairs: each chat's first answer chosen, cut in half rejected."""
+    found = []
+    for chat in rows(count, seed):
+        turns = [t for t in chat["messages"] if t["role"] != "system"]
+        answer = turns[1]["content"]
+        rejected = answer[: len(answer) // 2] or "?"
+        found.append({"prompt": turns[0]["content"], "chosen": answer, "rejected": rejected})
+    return found
+
+
+@functools.cache
+def prepared_pairs(count: int = 64) -> str:
+    """A folder of ``count`` prepared pairs (ChatML), made once a process."""
+    from datasets.chat import pairs
+
+    root = tempfile.mkdtemp(prefix="pairs-")
+    atexit.register(shutil.rmtree, root, True)
+    source = os.path.join(root, "pairs.jsonl")
+    with open(source, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in pair_rows(count))
+    out = os.path.join(root, "prepared")
+    pairs.prepare(source, out, eval_fraction=0.25, num_shards=2)
+    return out
+
+
+def tuned(model_dir: str, steps: int, loss: str = "simpo", **settings) -> dict:
+    """A small ``PreferenceModel``'s weights after ``steps`` steps of SGD on
+    ``prepared_pairs()``, under Estimator ``settings`` (as ``parity.grouped`` takes them)."""
+    import keras
+
+    import trainer
+    from datasets.chat import input_fns
+    from models.preference import PreferenceModel
+    from models.transformer import Transformer
+    from tests.support import parity
+    from trainer.settings import Checkpoints
+
+    data_dir = prepared_pairs()
+    keras.utils.set_random_seed(3)
+    stack = Transformer(width=16, depth=1, heads=2)
+    model = PreferenceModel(vocab_size=258, stack=stack, loss=loss, beta=2.0, gamma=0.5)
+    estimator = trainer.Estimator(
+        model,
+        model_dir,
+        optimizer=keras.optimizers.SGD(0.5),
+        global_batch_size=16,
+        seed=0,
+        steps_per_loop=steps,
+        log_every_steps=steps,
+        checkpoints=Checkpoints(every_steps=None),
+        progress=False,
+        **parity.grouped(settings),
+    )
+
+    def input_fn(mode, params):
+        return input_fns.pairs_input_fn(mode, params, data_dir=data_dir)
+
+    estimator.train(input_fn, steps)
+    return {f"w{i}": variable.numpy() for i, variable in enumerate(model.trainable_variables)}
