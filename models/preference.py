@@ -139,6 +139,13 @@ class PreferenceModel(LanguageModel):
         if labels is None:
             return Spec(dict(zip(("chosen_logps", "rejected_logps"), logps, strict=True)))
         if self.loss == "dpo":
+            if not {"reference_chosen", "reference_rejected"} <= set(labels):
+                raise UserError(
+                    "PreferenceModel.loss = 'dpo' scores each answer against the reference "
+                    "model's log-probabilities, and the batch has none (labels "
+                    "'reference_chosen' and 'reference_rejected'): give them, or choose "
+                    "loss = 'simpo', which needs no reference"
+                )
             references = tuple(tf.cast(labels[f"reference_{n}"], tf.float32) for n in answers)
             found = rewards("dpo", logps, self.beta, references=references)
         else:

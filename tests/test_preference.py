@@ -151,6 +151,7 @@ def test_the_pair_loss_is_the_published_formula_on_each_answer_scored_alone(loss
 
 def test_preference_settings_that_mean_nothing_are_one_line():
     from models.preference import PreferenceModel
+    from trainer import Mode
 
     with pytest.raises(UserError, match=r"^PreferenceModel.loss = 'ipo': the losses are 'dpo'"):
         PreferenceModel(258, loss="ipo")
@@ -158,6 +159,10 @@ def test_preference_settings_that_mean_nothing_are_one_line():
         PreferenceModel(258, beta=0.0)
     with pytest.raises(UserError, match=r"^PreferenceModel.gamma = 0.5 is SimPO's margin"):
         PreferenceModel(258, gamma=0.5)
+    features = {"chosen": tf.ones([2, 3], tf.int64), "rejected": tf.ones([2, 4], tf.int64)}
+    labels = {f"{a}_{k}": tf.ones_like(features[a]) for a in features for k in ("targets", "mask")}
+    with pytest.raises(UserError, match=r"^PreferenceModel.loss = 'dpo' scores each answer "):
+        PreferenceModel(258)(features, labels, Mode.TRAIN)
 
 
 def test_pairs_read_back_as_batches_of_both_chats_with_their_targets_and_masks():

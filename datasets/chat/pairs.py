@@ -55,7 +55,13 @@ def prepare(
     try:
         writers = {
             split: writing.SplitWriter(
-                staging, split, count, num_shards, preparation.VOCAB_SIZE, preparation.END, False
+                staging,
+                split,
+                count,
+                num_shards,
+                preparation.VOCAB_SIZE,
+                preparation.END,
+                stream=False,  # a language model's windows are documents', not pairs'
             )
             for split, count in (("train", len(rows) - tested), ("test", tested))
             if count
