@@ -136,8 +136,12 @@ def on_workers(count: int, module: str, function: str, *args: str) -> list:
             for worker in workers:
                 worker.kill()
         said = [(open(o + ".out").read(), open(o + ".err").read()) for o in outputs]
-    for code, (_, err) in zip(codes, said, strict=True):
-        assert code == 0, err[-3000:]
+    failed = [
+        f"worker {i} (exit {code}):\n{err[-2000:]}"
+        for i, (code, (_, err)) in enumerate(zip(codes, said, strict=True))
+        if code != 0
+    ]
+    assert not failed, "\n".join(failed)  # each one's end: the first to fail may be any
     return [json.loads(out.strip().splitlines()[-1]) for out, _ in said]
 
 
