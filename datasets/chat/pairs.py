@@ -20,15 +20,13 @@ refused for (roles out of order, an empty answer).
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 
-from datasets.chat import preparation, templates
-from datasets.records import shards
+from datasets.chat import preparation
 from datasets.tables import columns, source
 from datasets.text import writing
-from trainer import UserError, errors, owned_dirs, whole_files
+from trainer import UserError
 
 FIELDS = ("prompt", "chosen", "rejected")
 ROLES = ("user", "assistant", "assistant")  # whose turn a field of text is
@@ -42,46 +40,48 @@ def prepare(
     num_shards: int = 4,
 ) -> dict:
     """Renders, tokenizes and writes the pairs of ``path``; returns ``dataset.json``."""
-    owned_dirs.check(out_dir, shards.OWNER)
-    writing.check_fraction(eval_fraction)
-    errors.check_count("--shards", num_shards)
-    chat_template = templates.template_of(template)
-    if not os.path.exists(path):
-        raise UserError(f"--pairs {path}: no such file or folder")
+    chat_template = preparation.checked(
+        path, out_dir, template, eval_fraction, num_shards, "--pairs"
+    )
     rows = source.rows_of(path, kinds_of(path), keep_index=False)
-    held = writing.held_out(eval_fraction)
-    tested = held.count(len(rows))
-    staging = owned_dirs.staging(out_dir, shards.OWNER)
-    try:
-        writers = {
-            split: writing.SplitWriter(
-                staging,
-                split,
-                count,
-                num_shards,
-                preparation.VOCAB_SIZE,
-                preparation.END,
-                stream=False,  # a language model's windows are documents', not pairs'
-            )
-            for split, count in (("train", len(rows) - tested), ("test", tested))
-            if count
-        }
-        for number, pair in enumerate(read(rows)):
-            features = pair_features(chat_template, *pair, f"{path}, pair {number + 1}")
-            longer = max(len(features["chosen"]), len(features["rejected"]))
-            writers["test" if held(number) else "train"].record(
-                writing.features_bytes(features), longer
-            )
-        splits = {split: writer.close() for split, writer in writers.items()}
-        with open(os.path.join(staging, templates.JINJA), "w", encoding="utf-8") as f:
-            f.write(chat_template.source)
-        metadata = preparation.description(chat_template, path, "prompt", splits)
-        metadata |= {"kind": "pairs", "field": list(FIELDS)}
-        whole_files.write_json(os.path.join(staging, shards.METADATA), metadata)
-        owned_dirs.put_in_place(staging, out_dir, shards.OWNER)
-    finally:
-        owned_dirs.discard(staging)
-    return shards.read_metadata(out_dir)
+    features = (
+        (pair_features(chat_template, *pair, f"{path}, pair {number + 1}"),)
+        for number, pair in enumerate(read(rows))
+    )
+
+    def described(splits: dict) -> dict:
+        found = preparation.description(chat_template, path, "prompt", splits)
+        return found | {"kind": "pairs", "field": list(FIELDS)}
+
+    return preparation.write_prepared(
+        out_dir,
+        len(rows),
+        eval_fraction,
+        lambda staging, split, count: PairWriter(staging, split, count, num_shards),
+        features,
+        chat_template,
+        described,
+    )
+
+
+class PairWriter(writing.SplitWriter):
+    """A split's pairs: their records and lengths (each pair's longer chat), no stream."""
+
+    def __init__(self, out_dir: str, split: str, count: int, num_shards: int):
+        super().__init__(
+            out_dir,
+            split,
+            count,
+            num_shards,
+            preparation.VOCAB_SIZE,
+            preparation.END,
+            stream=False,  # a language model's windows are documents', not pairs'
+        )
+
+    def add(self, features: dict[str, np.ndarray]) -> None:  # type: ignore[override]
+        """Writes one pair's record."""
+        longer = max(len(features["chosen"]), len(features["rejected"]))
+        self.record(writing.features_bytes(features), longer)
 
 
 def kinds_of(path: str) -> dict[str, str]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -50,36 +51,72 @@ def prepare(
     ``template``: 'chatml', a Hugging Face-layout model directory or a Jinja file.
     ``eval_fraction`` of the chats, spread evenly, are the ``test`` split.
     """
+    chat_template = checked(path, out_dir, template, eval_fraction, num_shards, "--chat")
+    rows = source.rows_of(path, {field: "messages"}, keep_index=False)
+
+    def chats():
+        number = 0
+        for chunk in source.chunks(rows, field, writing.CHUNK):
+            for chat in chunk:
+                where = f"{path}, chat {number + 1}"
+                yield tokens_and_mask(chat_template, json.loads(chat), where)
+                number += 1
+
+    return write_prepared(
+        out_dir,
+        len(rows),
+        eval_fraction,
+        lambda staging, split, count: ChatWriter(staging, split, count, num_shards),
+        chats(),
+        chat_template,
+        lambda splits: description(chat_template, path, field, splits),
+    )
+
+
+def checked(
+    path: str, out_dir: str, template: str, eval_fraction: float, num_shards: int, flag: str
+) -> templates.ChatTemplate:
+    """The template, once ``prepare``'s arguments are found sound; refusals in one line."""
     owned_dirs.check(out_dir, shards.OWNER)
     writing.check_fraction(eval_fraction)
     errors.check_count("--shards", num_shards)
     chat_template = templates.template_of(template)
     if not os.path.exists(path):
-        raise UserError(f"--chat {path}: no such file or folder")
-    rows = source.rows_of(path, {field: "messages"}, keep_index=False)
+        raise UserError(f"{flag} {path}: no such file or folder")
+    return chat_template
+
+
+def write_prepared(
+    out_dir: str,
+    count: int,
+    eval_fraction: float,
+    writer_of: Callable[[str, str, int], writing.SplitWriter],
+    examples: Iterable[tuple],
+    template: templates.ChatTemplate,
+    described: Callable[[dict], dict],
+) -> dict:
+    """Writes ``count`` ``examples`` into the splits, the template and ``dataset.json``.
+
+    Each example is the arguments of its split's writer's ``add`` (``writer_of(staging,
+    split, count)``); ``described(splits)`` is ``dataset.json``. Written into a staging
+    folder put in place whole (``trainer/owned_dirs.py``): a refusal while writing
+    leaves ``out_dir`` as it was.
+    """
     held = writing.held_out(eval_fraction)
-    tested = held.count(len(rows))
+    tested = held.count(count)
     staging = owned_dirs.staging(out_dir, shards.OWNER)
     try:
         writers = {
-            split: ChatWriter(staging, split, count, num_shards)
-            for split, count in (("train", len(rows) - tested), ("test", tested))
-            if count
+            split: writer_of(staging, split, size)
+            for split, size in (("train", count - tested), ("test", tested))
+            if size
         }
-        number = 0
-        for chunk in source.chunks(rows, field, writing.CHUNK):
-            for chat in chunk:
-                where = f"{path}, chat {number + 1}"
-                ids, mask = tokens_and_mask(chat_template, json.loads(chat), where)
-                writers["test" if held(number) else "train"].add(ids, mask)
-                number += 1
+        for number, example in enumerate(examples):
+            writers["test" if held(number) else "train"].add(*example)
         splits = {split: writer.close() for split, writer in writers.items()}
         with open(os.path.join(staging, templates.JINJA), "w", encoding="utf-8") as f:
-            f.write(chat_template.source)
-        whole_files.write_json(
-            os.path.join(staging, shards.METADATA),
-            description(chat_template, path, field, splits),
-        )
+            f.write(template.source)
+        whole_files.write_json(os.path.join(staging, shards.METADATA), described(splits))
         owned_dirs.put_in_place(staging, out_dir, shards.OWNER)
     finally:
         owned_dirs.discard(staging)
