@@ -94,11 +94,8 @@ def trained(model_dir: str, steps: int, packed: bool = True, init: int = 3, **se
     import gin
     import keras
 
-    import trainer
     from datasets.chat import input_fns
     from models.transformer import LanguageModel, Transformer
-    from tests.support import parity
-    from trainer.settings import Checkpoints
 
     data_dir = prepared()
     if packed:
@@ -106,26 +103,11 @@ def trained(model_dir: str, steps: int, packed: bool = True, init: int = 3, **se
     try:
         keras.utils.set_random_seed(init)
         model = LanguageModel(vocab_size=258, stack=Transformer(width=16, depth=1, heads=2))
-        estimator = trainer.Estimator(
-            model,
-            model_dir,
-            optimizer=keras.optimizers.SGD(0.5),
-            global_batch_size=16,
-            seed=0,
-            steps_per_loop=steps,
-            log_every_steps=steps,
-            checkpoints=Checkpoints(every_steps=None),
-            progress=False,
-            **parity.grouped(settings),
-        )
-
-        def input_fn(mode, params):
-            return input_fns.input_fn(mode, params, data_dir=data_dir)
-
-        estimator.train(input_fn, steps)
+        input_fn = functools.partial(input_fns.input_fn, data_dir=data_dir)
+        weights = _trained(model, model_dir, steps, input_fn, settings)
     finally:
         gin.clear_config()
-    return {f"w{i}": variable.numpy() for i, variable in enumerate(model.trainable_variables)}
+    return weights
 
 
 def pair_rows(count: int, seed: int = 0) -> list[dict]:
@@ -154,22 +136,31 @@ def prepared_pairs(count: int = 64) -> str:
     return out
 
 
-def tuned(model_dir: str, steps: int, loss: str = "simpo", **settings) -> dict:
-    """A small ``PreferenceModel``'s weights after ``steps`` steps of SGD on
+def tuned(model_dir: str, steps: int, **settings) -> dict:
+    """A small SimPO ``PreferenceModel``'s weights after ``steps`` steps of SGD on
     ``prepared_pairs()``, under Estimator ``settings`` (as ``parity.grouped`` takes them)."""
     import keras
 
-    import trainer
     from datasets.chat import input_fns
     from models.preference import PreferenceModel
     from models.transformer import Transformer
+
+    keras.utils.set_random_seed(3)
+    stack = Transformer(width=16, depth=1, heads=2)
+    model = PreferenceModel(vocab_size=258, stack=stack, loss="simpo", beta=2.0, gamma=0.5)
+    input_fn = functools.partial(input_fns.pairs_input_fn, data_dir=prepared_pairs())
+    return _trained(model, model_dir, steps, input_fn, settings)
+
+
+def _trained(model, model_dir: str, steps: int, input_fn, settings: dict) -> dict:
+    """``model``'s trainable weights after ``steps`` steps of SGD (0.5) on ``input_fn``,
+    global batch 16, under Estimator ``settings`` (as ``parity.grouped`` takes them)."""
+    import keras
+
+    import trainer
     from tests.support import parity
     from trainer.settings import Checkpoints
 
-    data_dir = prepared_pairs()
-    keras.utils.set_random_seed(3)
-    stack = Transformer(width=16, depth=1, heads=2)
-    model = PreferenceModel(vocab_size=258, stack=stack, loss=loss, beta=2.0, gamma=0.5)
     estimator = trainer.Estimator(
         model,
         model_dir,
@@ -182,9 +173,5 @@ def tuned(model_dir: str, steps: int, loss: str = "simpo", **settings) -> dict:
         progress=False,
         **parity.grouped(settings),
     )
-
-    def input_fn(mode, params):
-        return input_fns.pairs_input_fn(mode, params, data_dir=data_dir)
-
     estimator.train(input_fn, steps)
     return {f"w{i}": variable.numpy() for i, variable in enumerate(model.trainable_variables)}
