@@ -135,7 +135,8 @@ class PreferenceModel(LanguageModel):
         if not isinstance(features, dict) or "chosen" not in features:
             return super().__call__(features, labels, mode)
         answers = ("chosen", "rejected")
-        logps = tuple(self.answer_logps(features, labels, name, mode) for name in answers)
+        scored = features if labels is None else labels  # PREDICT: pairs scored whole
+        logps = tuple(self.answer_logps(features, scored, name, mode) for name in answers)
         if labels is None:
             return Spec(dict(zip(("chosen_logps", "rejected_logps"), logps, strict=True)))
         if self.loss == "dpo":
@@ -143,7 +144,9 @@ class PreferenceModel(LanguageModel):
                 raise UserError(
                     "PreferenceModel.loss = 'dpo' scores each answer against the reference "
                     "model's log-probabilities, and the batch has none (labels "
-                    "'reference_chosen' and 'reference_rejected'): give them, or choose "
+                    "'reference_chosen' and 'reference_rejected'): set "
+                    "chat.pairs_input_fn.reference to the reference model's model_dir and "
+                    "score the pairs with it (python3 -m datasets.chat.reference), or choose "
                     "loss = 'simpo', which needs no reference"
                 )
             references = tuple(tf.cast(labels[f"reference_{n}"], tf.float32) for n in answers)
@@ -157,11 +160,13 @@ class PreferenceModel(LanguageModel):
         predictions = dict(zip(("chosen_logps", "rejected_logps"), logps, strict=True))
         return Spec(predictions, loss=tf.reduce_mean(losses), metrics=reward_metrics(*found))
 
-    def answer_logps(self, features: dict, labels: dict | None, name: str, mode: Mode) -> tf.Tensor:
-        """``[b]``: each pair's answer ``name``, its summed log-probability under the model."""
+    def answer_logps(self, features: dict, scored: dict, name: str, mode: Mode) -> tf.Tensor:
+        """``[b]``: each pair's answer ``name``, its summed log-probability under the model.
+
+        ``scored`` holds its targets and mask: the labels, or in PREDICT the features
+        (``chat.scoring_input_fn``, what ``datasets.chat.reference`` scores).
+        """
         tokens = checked_ids(features[name])
         segments, positions = segments_of({}, tokens), positions_of({}, tokens)
         logits = self.logits(tokens, segments, positions, training=mode == Mode.TRAIN)
-        if labels is None:
-            return tf.zeros(tf.shape(tokens)[:1])
-        return answer_logps(logits, labels[f"{name}_targets"], labels[f"{name}_mask"])
+        return answer_logps(logits, scored[f"{name}_targets"], scored[f"{name}_mask"])

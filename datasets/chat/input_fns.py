@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from datasets import pipeline
-from datasets.chat import preparation
+from datasets.chat import preparation, scores
 from datasets.records import shards
 from datasets.text import input_fns as text
 from trainer import InputParams, Mode, UserError, errors
@@ -142,6 +142,13 @@ def next_of_pair(record: tf.Tensor) -> dict:
     return found
 
 
+def next_of_scored_pair(item: dict) -> dict:
+    """A pair's examples (``next_of_pair``) and the reference model's scores of its answers."""
+    reference = item["reference"]
+    found = next_of_pair(item["record"])
+    return found | {"reference_chosen": reference[0], "reference_rejected": reference[1]}
+
+
 def pair_prompt_of(record: tf.Tensor) -> dict:
     """A pair's prompt: the chosen chat's tokens before its answer."""
     pair = parse_pair(record)
@@ -162,13 +169,17 @@ def pairs_input_fn(
     data_dir: str = gin.REQUIRED,
     train_split: str = "train",
     eval_split: str | None = None,
+    reference: str | None = None,
 ) -> tf.data.Dataset:
     """Batches of prepared preference pairs, for ``models.preference.PreferenceModel``.
 
     Each pair's two chats, padded apart (each to the batch's longest of its kind):
     ``({'chosen', 'rejected'}, {'chosen_targets', 'chosen_mask', 'rejected_targets',
-    'rejected_mask'})``; batched by length from the longer chat of each pair. PREDICT
-    gives each pair's prompt, ``{'tokens'}``, for the model to continue.
+    'rejected_mask'})``; batched by length from the longer chat of each pair. With a
+    ``reference``, the labels hold its log-probabilities of the two answers too,
+    ``reference_chosen`` and ``reference_rejected``, as DPO needs them: scored once
+    and kept beside the pairs (``datasets.chat.scores``). PREDICT gives each pair's
+    prompt, ``{'tokens'}``, for the model to continue.
 
     Args:
       mode: the mode.
@@ -176,16 +187,44 @@ def pairs_input_fn(
       data_dir: a folder written by ``python3 -m datasets.prepare --pairs``.
       train_split: the split trained on.
       eval_split: the split evaluated and prompted from (None: dataset.json's).
+      reference: the reference model's model_dir, whose newest checkpoint scored the
+        pairs (``python3 -m datasets.chat.reference``); None: no scores read.
     """
     wanted = train_split if mode == Mode.TRAIN else eval_split
     metadata, paths = shards.check_shards(data_dir, wanted)
     preparation.check_prepared(metadata, data_dir, "pairs")
     split = wanted or shards.eval_split(metadata)
+    if mode == Mode.PREDICT:  # a prompt's length is not kept
+        source = text.split_examples(data_dir, metadata, paths, split, pair_prompt_of)
+        return pipeline.build(source, mode, params, pair_inputs, name=f"prompts-{split}")
     kept = text.kept_lengths(data_dir, metadata["splits"][split]) - 1
-    example_of = pair_prompt_of if mode == Mode.PREDICT else next_of_pair
-    lengths = None if mode == Mode.PREDICT else kept  # a prompt's length is not kept
-    source = text.split_examples(data_dir, metadata, paths, split, example_of, lengths)
+    source = text.split_examples(data_dir, metadata, paths, split, next_of_pair, kept)
+    if reference is not None:
+        values = scores.read(data_dir, split, reference, metadata)
+        scored = scores.Scored(source.records, values)
+        source = pipeline.RecordExamples(scored, next_of_scored_pair, source.name, kept)
     return pipeline.build(source, mode, params, pair_inputs, name=f"pairs-{split}")
+
+
+def scoring_input_fn(data_dir: str, split: str):
+    """An input_fn whose PREDICT gives each pair of ``split`` once, in order.
+
+    Its targets and masks are among the features: what a reference model scores
+    (``datasets.chat.reference``).
+    """
+
+    def input_fn(mode: Mode, params: InputParams) -> tf.data.Dataset:
+        metadata, paths = shards.check_shards(data_dir, split)
+        preparation.check_prepared(metadata, data_dir, "pairs")
+        source = text.split_examples(data_dir, metadata, paths, split, next_of_pair)
+        return pipeline.build(source, mode, params, scored_inputs, name=f"scored-{split}")
+
+    return input_fn
+
+
+def scored_inputs(example: dict):
+    """A pair to score: all of it features, no labels."""
+    return example, {}
 
 
 @gin.configurable("chat.vocab_size")

@@ -22,6 +22,8 @@ from trainer import UserError, owned_dirs, whole_files
 
 METADATA = "dataset.json"
 VOCABULARIES = ("vocab.txt", "sentencepiece.model")  # a text tokenizer's, kept beside
+# a reference model's log-probabilities of prepared pairs, by split (datasets/chat/reference.py)
+SCORES, SCORED = "reference.json", "{split}-reference.npy"
 FORMATS = ("png", "raw")
 
 
@@ -130,14 +132,14 @@ def files_of(data_dir: str) -> set[str]:
     """The names of the files ``prepare`` wrote in ``data_dir``, as its ``dataset.json`` lists.
 
     Shards (and their indexes), each split's kept lengths and token stream (and
-    prepared chats' answers and template), a kept vocabulary, the resume records of a
-    split being written, and ``dataset.json``: only plain names in ``data_dir`` (shards
-    indexed where they lie are not its own).
+    prepared chats' answers and template; pairs' reference scores), a kept vocabulary,
+    the resume records of a split being written, and ``dataset.json``: only plain
+    names in ``data_dir`` (shards indexed where they lie are not its own).
     """
     metadata = read_metadata(data_dir, missing_ok=True) or {}
-    names = {METADATA, *VOCABULARIES, metadata.get("chat_template", "")}
+    names = {METADATA, *VOCABULARIES, SCORES, metadata.get("chat_template", "")}
     for split, entry in metadata.get("splits", {}).items():
-        names.add(f"{split}.progress.json")
+        names.update({f"{split}.progress.json", SCORED.format(split=split)})
         for shard in entry.get("shards", []):  # an index beside it, or named (indexed in place)
             names.update({shard["file"], shard["file"] + indexed.INDEX_SUFFIX})
             names.add(shard.get("index", ""))

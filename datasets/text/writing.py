@@ -15,6 +15,7 @@ import array
 import csv
 import dataclasses
 import fractions
+import hashlib
 import json
 import os
 import re
@@ -374,6 +375,7 @@ class SplitWriter:
         self.lengths = array.array("i")
         self.written: list[dict] = []
         self.writer, self.offsets, self.offset = None, array.array("q"), 0
+        self.digest = hashlib.sha256()  # of the records in order: what was prepared, by content
 
     def add(self, ids: np.ndarray, label: int | None, mask: np.ndarray | None = None) -> None:
         """Writes one document's token ids (and class id, or which tokens a loss counts)."""
@@ -386,6 +388,7 @@ class SplitWriter:
         if self.writer is None or len(self.offsets) == self.sizes[len(self.written)]:
             self._next_shard()
         self.writer.write(data)
+        self.digest.update(data)
         self.offsets.append(self.offset)
         self.offset += len(data) + indexed.HEADER + 4
         self.lengths.append(length)
@@ -418,6 +421,7 @@ class SplitWriter:
             "tokens": int(lengths.sum(dtype=np.int64)),
             "longest": int(lengths.max()),
             "lengths": f"{self.split}{LENGTHS}",
+            "digest": self.digest.hexdigest()[:32],
         }
         if self.stream is None:
             return entry

@@ -136,20 +136,48 @@ def prepared_pairs(count: int = 64) -> str:
     return out
 
 
-def tuned(model_dir: str, steps: int, **settings) -> dict:
-    """A small SimPO ``PreferenceModel``'s weights after ``steps`` steps of SGD on
-    ``prepared_pairs()``, under Estimator ``settings`` (as ``parity.grouped`` takes them)."""
+def preference_model(loss: str = "simpo"):
+    """A small ``PreferenceModel``, its first weights seeded: SimPO (beta 2, gamma 0.5) or
+    DPO (beta 0.5)."""
     import keras
 
-    from datasets.chat import input_fns
     from models.preference import PreferenceModel
     from models.transformer import Transformer
 
     keras.utils.set_random_seed(3)
     stack = Transformer(width=16, depth=1, heads=2)
-    model = PreferenceModel(vocab_size=258, stack=stack, loss="simpo", beta=2.0, gamma=0.5)
-    input_fn = functools.partial(input_fns.pairs_input_fn, data_dir=prepared_pairs())
-    return _trained(model, model_dir, steps, input_fn, settings)
+    settings = {"beta": 2.0, "gamma": 0.5} if loss == "simpo" else {"beta": 0.5}
+    return PreferenceModel(vocab_size=258, stack=stack, loss=loss, **settings)
+
+
+def tuned(
+    model_dir: str,
+    steps: int,
+    loss: str = "simpo",
+    data_dir: str | None = None,
+    reference: str | None = None,
+    **settings,
+) -> dict:
+    """A small ``PreferenceModel``'s weights after ``steps`` steps of SGD on ``data_dir``'s
+    pairs (``prepared_pairs()``): SimPO, or DPO against the scores of ``reference`` kept
+    beside them; under Estimator ``settings`` (as ``parity.grouped`` takes them)."""
+    from datasets.chat import input_fns
+
+    data_dir = data_dir or prepared_pairs()
+    input_fn = functools.partial(input_fns.pairs_input_fn, data_dir=data_dir, reference=reference)
+    return _trained(preference_model(loss), model_dir, steps, input_fn, settings)
+
+
+def scored(data_dir: str, reference: str) -> dict:
+    """The reference pass: ``reference``'s newest checkpoint scores ``data_dir``'s pairs,
+    kept beside them; each split's scores."""
+    import trainer
+    from datasets.chat import reference as reference_pass
+
+    estimator = trainer.Estimator(
+        preference_model("dpo"), reference, global_batch_size=16, progress=False
+    )
+    return reference_pass.score(estimator, data_dir, reference)
 
 
 def _trained(model, model_dir: str, steps: int, input_fn, settings: dict) -> dict:

@@ -194,3 +194,14 @@ def query(name: str, default):
         return gin.query_parameter(name)
     except ValueError:
         return default
+
+
+def value(name: str, default=None):
+    """What ``name`` is bound to, as a call receives it; ``default`` when it is unbound.
+
+    A macro's value, ``@Model()`` made now, ``@input_fn`` the function.
+    """
+    found = query(name, default)
+    if isinstance(found, gin.config.ConfigurableReference):
+        return found.scoped_configurable_fn() if found.evaluate else found.scoped_configurable_fn
+    return found

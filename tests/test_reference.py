@@ -1,0 +1,133 @@
+"""DPO's reference log-probabilities, scored once and kept beside the pairs
+(datasets/chat/reference.py, scores.py): each pair's by its row, read with it by
+training and evaluation alike, and refused when another checkpoint scored them or
+the pairs were prepared again."""
+
+import json
+import math
+import os
+import shutil
+import types
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from datasets.chat import scores
+from datasets.records import shards
+from tests.support import chats
+from trainer import UserError
+
+
+@pytest.fixture(scope="module")
+def scored(tmp_path_factory):
+    """A reference model (SimPO, 2 steps) and a copy of the pairs it scored."""
+    root = tmp_path_factory.mktemp("dpo")
+    reference = str(root / "reference")
+    weights = chats.tuned(reference, 2)
+    data_dir = str(root / "pairs")
+    shutil.copytree(chats.prepared_pairs(), data_dir)
+    values = chats.scored(data_dir, reference)
+    return types.SimpleNamespace(
+        reference=reference, data_dir=data_dir, values=values, weights=weights, root=root
+    )
+
+
+def _alone(model, ids: np.ndarray, mask: np.ndarray) -> float:
+    """One answer's summed log-probability, its chat scored alone, unpadded."""
+    tokens = tf.constant(ids[None, :-1])
+    ones = tf.ones_like(tokens, tf.int32)
+    logits = model.logits(tokens, ones, tf.range(tokens.shape[1])[None])
+    logps = tf.gather(tf.nn.log_softmax(logits[0]), ids[1:], batch_dims=1)
+    return float(tf.reduce_sum(logps * tf.cast(mask[1:], tf.float32)))
+
+
+def test_each_pair_is_scored_by_its_row_beside_the_shards(scored):
+    """One float32 pair of numbers a pair, 8 bytes (and numpy's header); each equal
+    to its answer's log-probability under the reference weights, scored alone."""
+    from tests.test_preference import _batch, _records
+    from trainer import Mode
+
+    metadata = shards.read_metadata(scored.data_dir)
+    for split, entry in metadata["splits"].items():
+        path = os.path.join(scored.data_dir, f"{split}-reference.npy")
+        assert os.path.getsize(path) == 128 + 8 * entry["count"]
+        assert np.load(path).shape == (entry["count"], 2)
+    record = json.loads(open(os.path.join(scored.data_dir, "reference.json")).read())
+    assert record["checkpoint"].endswith("ckpt-2") and set(record["splits"]) == {"train", "test"}
+    model = chats.preference_model("dpo")
+    records = _records(scored.data_dir, "test")
+    features, labels = _batch(records[:1])
+    model(features | labels, None, Mode.PREDICT)  # made, then given the reference's weights
+    for variable, value in zip(model.trainable_variables, scored.weights.values(), strict=True):
+        variable.assign(value)
+    for row, pair in enumerate(records):
+        expected = [_alone(model, pair[a], pair[f"{a}_mask"]) for a in ("chosen", "rejected")]
+        assert scored.values["test"][row] == pytest.approx(expected, abs=2e-4)
+
+
+def test_dpo_from_its_reference_starts_at_log_2_in_shuffled_training(scored, tmp_path):
+    """The policy starts as the reference: every reward is 0, the first step's loss is
+    log 2, whatever order the pairs are drawn in, only if each pair reads its own row's
+    scores; and then the policy moves."""
+    settings = {"warm_start_from": scored.reference}
+    model_dir = str(tmp_path / "dpo")
+    chats.tuned(model_dir, 1, "dpo", scored.data_dir, scored.reference, **settings)
+    first = json.loads(open(os.path.join(model_dir, "metrics.jsonl")).readline())
+    assert first["step"] == 1
+    assert first["loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert first["reward_margin"] == pytest.approx(0, abs=1e-6)
+
+
+def test_dpo_resumed_from_a_checkpoint_ends_bitwise_where_a_straight_run_ends(scored, tmp_path):
+    """Stopped at step 2 and resumed by a new Estimator to step 5, reading each pair's
+    scores by index again: the weights are those of 5 steps in one go, bit for bit."""
+    run = lambda name, steps: chats.tuned(  # noqa: E731
+        str(tmp_path / name),
+        steps,
+        "dpo",
+        scored.data_dir,
+        scored.reference,
+        warm_start_from=scored.reference,
+    )
+    straight = run("straight", 5)
+    run("resumed", 2)
+    resumed = run("resumed", 5)
+    assert all(np.array_equal(straight[k], resumed[k]) for k in straight)
+    assert max(float(np.abs(straight[k] - scored.weights[k]).max()) for k in straight) > 1e-3
+
+
+def test_scores_of_another_checkpoint_or_preparation_are_one_line(scored, tmp_path):
+    """A reference trained on (its newest checkpoint is another model), pairs prepared
+    again from other rows, and no scores at all: each refused before training, in one
+    line that says how to score them."""
+    from datasets.chat import input_fns, pairs
+    from trainer import InputParams, Mode
+
+    params = InputParams(batch_size=4, global_batch_size=4)
+    read = lambda data_dir, reference: input_fns.pairs_input_fn(  # noqa: E731
+        Mode.TRAIN, params, data_dir, reference=reference
+    )
+    moved = str(tmp_path / "moved")
+    shutil.copytree(scored.reference, moved)
+    chats.tuned(moved, 3)  # one step more: ckpt-3
+    with pytest.raises(
+        UserError, match=r"holds the log-probabilities of .*ckpt-2, not of .*ckpt-3"
+    ):
+        read(scored.data_dir, moved)
+    again = str(tmp_path / "again")
+    shutil.copytree(scored.data_dir, again)
+    source = tmp_path / "other.jsonl"
+    source.write_text("".join(json.dumps(p) + "\n" for p in chats.pair_rows(64, seed=1)))
+    pairs.prepare(str(source), again, eval_fraction=0.25, num_shards=2)
+    with pytest.raises(UserError, match=r"has no reference log-probabilities for DPO"):
+        read(again, scored.reference)  # prepare removed the old scores with its own files
+    scores.write(
+        again,
+        scores.identity(scored.reference),
+        scored.values,
+        shards.read_metadata(scored.data_dir),
+    )
+    with pytest.raises(UserError, match=r"scored the train split as it was prepared before"):
+        read(again, scored.reference)
+    assert read(scored.data_dir, scored.reference) is not None  # the scored pairs still read
