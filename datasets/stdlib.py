@@ -25,6 +25,12 @@ assistant turn that is its source without the docstring, for the top-level modul
 functions that have one. Written for ``datasets.prepare --chat``:
 
     python3 -m datasets.stdlib --chats data/chats.jsonl
+
+``pairs`` are a preference tuning's: the same docstrings as prompts, each with its
+function chosen and a corrupted copy rejected (its body's lines shuffled, or its
+body cut off halfway). Written for ``datasets.prepare --pairs``:
+
+    python3 -m datasets.stdlib --pairs data/pairs.jsonl
 """
 
 from __future__ import annotations
@@ -164,6 +170,25 @@ def chats(longest: int = 400, longest_docstring: int = 200) -> list[dict]:
     ]
 
 
+def pairs(seed: int = 0) -> list[dict]:
+    """``{'prompt', 'chosen', 'rejected'}``: ``chats()``'s docstrings, each function chosen.
+
+    Its rejected copy: every other one, its body's lines shuffled (the ``def`` line
+    kept first); the rest, and those a shuffle leaves as they were, its body cut off
+    halfway.
+    """
+    rng = np.random.default_rng(seed)
+    found = []
+    for i, chat in enumerate(chats()):
+        doc, code = (turn["content"] for turn in chat["messages"])
+        head, *body = code.split("\n")
+        rejected = "\n".join([head, *rng.permutation(body)]) if i % 2 == 0 else code
+        if rejected == code:
+            rejected = code[: len(head) + 1 + (len(code) - len(head)) // 2]
+        found.append({"prompt": doc, "chosen": code, "rejected": rejected})
+    return found
+
+
 def _documented(source: str, longest: int, longest_docstring: int):
     """``(line, docstring, source without it)`` of a module's documented functions."""
     try:
@@ -199,20 +224,26 @@ def main(argv: list[str]) -> int:
     """``--functions PATH``: writes ``functions()`` to PATH, as JSON lines or Parquet.
 
     Parquet (row groups of ``ROW_GROUP`` functions) when PATH ends in ``.parquet``.
-    ``--chats PATH``: writes ``chats()`` as JSON lines.
+    ``--chats PATH``, ``--pairs PATH``: writes ``chats()``, ``pairs()`` as JSON lines.
     """
-    if len(argv) != 3 or argv[1] not in ("--functions", "--chats"):
+    if len(argv) != 3 or argv[1] not in ("--functions", "--chats", "--pairs"):
         print(
             "usage: python3 -m datasets.stdlib --functions data/functions.jsonl\n"
-            "       python3 -m datasets.stdlib --chats data/chats.jsonl",
+            "       python3 -m datasets.stdlib --chats data/chats.jsonl\n"
+            "       python3 -m datasets.stdlib --pairs data/pairs.jsonl",
             file=sys.stderr,
         )
         return 2
-    if argv[1] == "--chats":
+    if argv[1] in ("--chats", "--pairs"):
         os.makedirs(os.path.dirname(argv[2]) or ".", exist_ok=True)
-        found = chats()
+        found = chats() if argv[1] == "--chats" else pairs()
         whole_files.write_atomically(argv[2], (json.dumps(row) + "\n" for row in found))
-        print(f"{argv[2]}: {len(found):,} chats, a docstring and its function each")
+        what = (
+            "a docstring and its function"
+            if argv[1] == "--chats"
+            else ("a docstring, its function chosen and a corrupted copy rejected")
+        )
+        print(f"{argv[2]}: {len(found):,} {argv[1][2:]}, {what} each")
         return 0
     rows = functions()
     os.makedirs(os.path.dirname(argv[2]) or ".", exist_ok=True)

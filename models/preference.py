@@ -15,7 +15,8 @@ is cut:
 
 Reported beside the loss, as users of TRL read them: ``rewards_chosen``,
 ``rewards_rejected``, ``reward_margin`` (their difference) and ``reward_accuracy``
-(the share of pairs whose chosen answer has the higher reward).
+(the share of pairs whose chosen answer has the higher reward); and with a
+``judge``, its score of each pair's prompt continued by the model (``parse_share``).
 """
 
 from __future__ import annotations
@@ -158,7 +159,12 @@ class PreferenceModel(LanguageModel):
             found = rewards("simpo", logps, self.beta, lengths=lengths)
         losses = pair_losses(*found, self.gamma)
         predictions = dict(zip(("chosen_logps", "rejected_logps"), logps, strict=True))
-        return Spec(predictions, loss=tf.reduce_mean(losses), metrics=reward_metrics(*found))
+        metrics = reward_metrics(*found)
+        if mode == Mode.EVAL and self.judge is not None:  # each pair's prompt, continued
+            chosen = checked_ids(features["chosen"])
+            segments = segments_of({}, chosen)
+            metrics[self.judge.name] = self._judged(chosen, segments, labels["chosen_mask"])
+        return Spec(predictions, loss=tf.reduce_mean(losses), metrics=metrics)
 
     def answer_logps(self, features: dict, scored: dict, name: str, mode: Mode) -> tf.Tensor:
         """``[b]``: each pair's answer ``name``, its summed log-probability under the model.

@@ -1,6 +1,9 @@
 """Every experiment file runs, small: TFDS ones on mock data, offline ones for real."""
 
+import math
 import os
+import subprocess
+import sys
 
 import gin
 import pytest
@@ -144,3 +147,41 @@ def test_the_sft_recipe_runs_small_from_the_language_model_as_its_header_says(tm
     assert result["global_step"] == 10 and checkpoint_steps(tmp_path / "sft") == [10]
     assert 0.0 <= result["metrics"]["eval"]["parse_share"] <= 1.0
     assert result["metrics"]["eval"]["bits_per_byte"] < 8.0
+    _the_dpo_recipe_runs_small_from_the_sft_model(tmp_path, str(tmp_path / "sft"))
+
+
+def _the_dpo_recipe_runs_small_from_the_sft_model(tmp_path, sft: str):
+    """The DPO recipe's commands after the SFT's, small: the standard library's pairs
+    written and prepared (a hundred of them), scored by the SFT model through the
+    command line as the header types it, then evaluated from the SFT model (before)
+    and tuned 10 steps from it; its results hold reward_accuracy and parse_share."""
+    from datasets import stdlib
+    from datasets.chat import pairs
+
+    header = open(f"{REPO}/experiments/stdlib_dpo.gin").read()
+    assert "python3 -m datasets.stdlib --pairs data/pairs.jsonl" in header
+    assert "python3 -m datasets.chat.reference --gin_file experiments/stdlib_dpo.gin" in header
+    written = tmp_path / "data/pairs.jsonl"
+    assert stdlib.main(["stdlib", "--pairs", str(written)]) == 0
+    written.write_text("".join(written.read_text().splitlines(keepends=True)[:100]))
+    pairs.prepare(str(written), str(tmp_path / "data/pairs"))
+    small = [f"SFT = '{sft}'", "chat.pairs_input_fn.data_dir = 'data/pairs'"]
+    small += ["PreferenceModel.generate = 8"]
+    files = ["experiments/stdlib_dpo.gin", "experiments/smoke.gin"]
+    command = [sys.executable, "-m", "datasets.chat.reference"]
+    command += [f"--gin_file={REPO}/{f}" for f in files] + [f"--gin_param={p}" for p in small]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == "wrote data/pairs/reference.json"
+    assert (tmp_path / "data/pairs/train-reference.npy").stat().st_size == 128 + 8 * 90
+    small[1] = f"chat.pairs_input_fn.data_dir = '{tmp_path}/data/pairs'"
+    for schedule, model_dir in (("evaluate", sft), ("train_and_evaluate", tmp_path / "dpo")):
+        gin.clear_config()
+        gin.parse_config_files_and_bindings([f"{REPO}/{f}" for f in files], small)
+        result = experiment.experiment(model_dir=str(model_dir), schedule=schedule)
+        metrics = result["metrics"]["eval"]
+        assert 0.0 <= metrics["reward_accuracy"] <= 1.0 and 0.0 <= metrics["parse_share"] <= 1.0
+        if schedule == "evaluate":  # the reference itself: every reward 0, the loss log 2
+            assert metrics["loss"] == pytest.approx(math.log(2), abs=1e-5)
+            assert metrics["reward_accuracy"] == 0.0
+    assert result["global_step"] == 10 and metrics["reward_accuracy"] > 0.0

@@ -504,6 +504,7 @@ FAULT_TESTS = (
     "tests/test_lines.py",
     "tests/test_sft.py",
     "tests/test_preference.py",
+    "tests/test_reference.py",
 )
 
 

@@ -206,8 +206,8 @@ def pairs_input_fn(
     return pipeline.build(source, mode, params, pair_inputs, name=f"pairs-{split}")
 
 
-def scoring_input_fn(data_dir: str, split: str):
-    """An input_fn whose PREDICT gives each pair of ``split`` once, in order.
+def scoring_input_fn(data_dir: str, split: str, order: np.ndarray):
+    """An input_fn whose PREDICT gives each pair of ``split`` once, its rows in ``order``.
 
     Its targets and masks are among the features: what a reference model scores
     (``datasets.chat.reference``).
@@ -217,6 +217,8 @@ def scoring_input_fn(data_dir: str, split: str):
         metadata, paths = shards.check_shards(data_dir, split)
         preparation.check_prepared(metadata, data_dir, "pairs")
         source = text.split_examples(data_dir, metadata, paths, split, next_of_pair)
+        records = scores.Rearranged(source.records, order)
+        source = pipeline.RecordExamples(records, next_of_pair, source.name)
         return pipeline.build(source, mode, params, scored_inputs, name=f"scored-{split}")
 
     return input_fn

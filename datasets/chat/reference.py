@@ -25,6 +25,7 @@ from absl import app, flags, logging  # noqa: E402
 
 from datasets.chat import input_fns, scores  # noqa: E402
 from datasets.records import shards  # noqa: E402
+from datasets.text import input_fns as text  # noqa: E402
 from trainer import Estimator, UserError, checkpoints, errors, logs  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -48,13 +49,16 @@ def score(estimator: Estimator, data_dir: str, reference: str) -> dict[str, np.n
     found = {}
     for split, entry in metadata["splits"].items():
         started = time.perf_counter()
-        predicted = estimator.predict(input_fns.scoring_input_fn(data_dir, split), step)
-        found[split] = np.array([_pair(p, estimator.model_fn) for p in predicted], np.float32)
-        if len(found[split]) != entry["count"]:
+        order = np.argsort(text.kept_lengths(data_dir, entry), kind="stable")  # less padding
+        predicted = estimator.predict(input_fns.scoring_input_fn(data_dir, split, order), step)
+        values = np.array([_pair(p, estimator.model_fn) for p in predicted], np.float32)
+        if len(values) != entry["count"]:
             raise UserError(
-                f"scored {len(found[split]):,} pairs of {data_dir}'s {split} split, which "
+                f"scored {len(values):,} pairs of {data_dir}'s {split} split, which "
                 f"holds {entry['count']:,}: prepare it again"
             )
+        found[split] = np.empty_like(values)
+        found[split][order] = values  # by row again
         logging.info(
             "Scored %s pairs of %s under %s in %.1f s",
             f"{len(found[split]):,}",
@@ -80,7 +84,7 @@ def main(argv: list[str]) -> None:
     """Scores the pairs the gin files name; one line and exit 2 on bad input."""
     del argv
     logs.use_console()
-    from trainer.cli import gin_config  # makes Estimator and its settings configurable
+    from trainer.cli import experiment, gin_config  # noqa: F401 (the experiment's bindings)
     from trainer.precision import set_precision
 
     try:

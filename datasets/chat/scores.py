@@ -130,3 +130,24 @@ class Scored(RandomAccess):
             with tf.init_scope():  # made once, captured by every dataset that reads
                 self._tensor = tf.constant(self.values)
         return {"record": self.records.read(rows), "reference": tf.gather(self._tensor, rows)}
+
+
+class Rearranged(RandomAccess):
+    """Records read in another order: its row ``i`` is the records' row ``order[i]``.
+
+    The reference pass reads the pairs shortest first, so that each batch pads little.
+    """
+
+    def __init__(self, records: RandomAccess, order: np.ndarray):
+        self.records, self.order = records, np.asarray(order, np.int64)
+        self._tensor = None
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def read(self, rows: tf.Tensor) -> tf.Tensor:
+        """The records at ``order[rows]``."""
+        if self._tensor is None:
+            with tf.init_scope():
+                self._tensor = tf.constant(self.order)
+        return self.records.read(tf.gather(self._tensor, rows))
