@@ -96,6 +96,22 @@ NOT_RUN = {
     "python3 -m trainer --gin_file experiments/stdlib_sft.gin --results "
     "output/stdlib_sft.json": "5 min whole, after stdlib_lm's 3; test_experiments.py runs it "
     "small from a small stdlib_lm, as its header says",
+    "python3 -m trainer --gin_file experiments/stdlib_sft.gin": "5 min whole, after "
+    "stdlib_lm's 3 (the DPO recipe's start); test_experiments.py runs it small",
+    "python3 -m datasets.stdlib --pairs": "test_experiments.py runs it (its main) and "
+    "prepares what it writes",
+    "python3 -m datasets.stdlib --pairs data/pairs.jsonl": "test_experiments.py runs it (its "
+    "main) and prepares what it writes",
+    "python3 -m datasets.prepare --pairs data/pairs.jsonl --out data/pairs": "test_experiments.py "
+    "prepares the same file so; tests/test_prepare_mistakes.py runs --pairs as a command",
+    "python3 -m trainer.cli.reference --gin_file experiments/stdlib_dpo.gin": "after the SFT "
+    "recipe; test_experiments.py runs this command in a working directory, small",
+    "python3 -m trainer --gin_file experiments/stdlib_dpo.gin --schedule evaluate --model_dir "
+    "output/stdlib_sft --results output/stdlib_dpo_before.json": "after the SFT recipe; "
+    "test_experiments.py evaluates a small SFT model so",
+    "python3 -m trainer --gin_file experiments/stdlib_dpo.gin --results "
+    "output/stdlib_dpo.json": "3 min whole, after the SFT recipe; test_experiments.py runs "
+    "it small from a small SFT model, as its header says",
 }
 # Two machines (host1, host2, /shared): tests/test_parallel.py runs these workers on 127.0.0.1.
 MULTI_WORKER = "TF_CONFIG="

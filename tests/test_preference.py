@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from datasets.chat import pairs, templates
-from datasets.records import shards
+from tests.support import chats
 from trainer import UserError
 
 PAIRS = [
@@ -22,16 +22,6 @@ PAIRS = [
 
 def _text(ids) -> str:
     return (np.asarray(ids) - 1).astype(np.uint8).tobytes().decode()
-
-
-def _records(data_dir, split):
-    _, paths = shards.check_shards(data_dir, split)
-    spec = {k: tf.io.VarLenFeature(tf.int64) for k in ("chosen", "rejected")}
-    spec |= {f"{k}_mask": tf.io.VarLenFeature(tf.int64) for k in ("chosen", "rejected")}
-    return [
-        {k: tf.sparse.to_dense(v).numpy() for k, v in tf.io.parse_single_example(r, spec).items()}
-        for r in tf.data.TFRecordDataset(paths)
-    ]
 
 
 def _chats(pair):
@@ -55,7 +45,7 @@ def test_each_answer_follows_its_prompt_as_the_template_renders_the_chat(form, t
     metadata = pairs.prepare(source, str(tmp_path / "out"), eval_fraction=0.25)
     assert metadata["kind"] == "pairs" and metadata["splits"]["test"]["count"] == 2
     chatml = templates.template_of("chatml")
-    records = _records(str(tmp_path / "out"), "train")
+    records = chats.pair_records(str(tmp_path / "out"), "train")
     lengths = np.load(tmp_path / "out" / "train-lengths.npy")
     for record, pair, length in zip(
         records, [p for i, p in enumerate(PAIRS) if i % 4 != 3], lengths, strict=True
@@ -83,21 +73,6 @@ def test_a_pair_whose_answers_are_the_same_is_one_line_and_nothing_is_written(tm
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pairs.jsonl"]
 
 
-def _batch(records):
-    """Pairs as a padded batch: each chat's tokens but the last, targets and mask."""
-    features, labels = {}, {}
-
-    def padded(rows):
-        width = max(len(r) for r in rows)
-        return tf.constant([np.pad(r, (0, width - len(r))) for r in rows], tf.int64)
-
-    for name in ("chosen", "rejected"):
-        features[name] = padded([r[name][:-1] for r in records])
-        labels[f"{name}_targets"] = padded([r[name][1:] for r in records])
-        labels[f"{name}_mask"] = padded([r[f"{name}_mask"][1:] for r in records])
-    return features, labels
-
-
 @pytest.mark.parametrize("loss", ["dpo", "simpo"])
 def test_the_pair_loss_is_the_published_formula_on_each_answer_scored_alone(loss, tmp_path):
     """DPO's -log sigmoid(beta ((log pi - log ref)_chosen - (...)_rejected)) and SimPO's
@@ -113,8 +88,8 @@ def test_the_pair_loss_is_the_published_formula_on_each_answer_scored_alone(loss
     source = tmp_path / "pairs.jsonl"
     source.write_text("".join(json.dumps(p) + "\n" for p in PAIRS))
     pairs.prepare(str(source), str(tmp_path / "out"), eval_fraction=0.0)
-    records = _records(str(tmp_path / "out"), "train")
-    features, labels = _batch(records)
+    records = chats.pair_records(str(tmp_path / "out"), "train")
+    features, labels = chats.pair_batch(records)
     rng = np.random.default_rng(0)
     references = rng.normal(-60.0, 5.0, size=(2, len(records))).astype("float32")
     labels["reference_chosen"], labels["reference_rejected"] = map(tf.constant, references)
@@ -167,11 +142,10 @@ def test_preference_settings_that_mean_nothing_are_one_line():
 
 def test_pairs_read_back_as_batches_of_both_chats_with_their_targets_and_masks():
     from datasets.chat import input_fns
-    from tests.support import chats
     from trainer import InputParams, Mode
 
     data_dir = chats.prepared_pairs()
-    records = {tuple(r["chosen"][:-1]): r for r in _records(data_dir, "test")}
+    records = {tuple(r["chosen"][:-1]): r for r in chats.pair_records(data_dir, "test")}
     params = InputParams(batch_size=16, global_batch_size=16, seed=0)
     ((features, labels),) = input_fns.pairs_input_fn(Mode.EVAL, params, data_dir).take(1)
     assert set(features) == {"chosen", "rejected"} and len(features["chosen"]) == 16
@@ -193,7 +167,6 @@ def test_a_pair_loss_cut_in_micro_batches_trains_what_one_device_trains(tmp_path
     """SimPO on pairs of unequal lengths, 5 steps: the per-pair loss is a mean over
     the step's pairs, so 4 micro-batches leave every weight within 2e-5 of the whole
     batch's (and the weights move)."""
-    from tests.support import chats
 
     whole = chats.tuned(str(tmp_path / "whole"), 5)
     cut = chats.tuned(str(tmp_path / "cut"), 5, microbatches=4)

@@ -47,7 +47,6 @@ def _alone(model, ids: np.ndarray, mask: np.ndarray) -> float:
 def test_each_pair_is_scored_by_its_row_beside_the_shards(scored):
     """One float32 pair of numbers a pair, 8 bytes (and numpy's header); each equal
     to its answer's log-probability under the reference weights, scored alone."""
-    from tests.test_preference import _batch, _records
     from trainer import Mode
 
     metadata = shards.read_metadata(scored.data_dir)
@@ -58,8 +57,8 @@ def test_each_pair_is_scored_by_its_row_beside_the_shards(scored):
     record = json.loads(open(os.path.join(scored.data_dir, "reference.json")).read())
     assert record["checkpoint"].endswith("ckpt-2") and set(record["splits"]) == {"train", "test"}
     model = chats.preference_model("dpo")
-    records = _records(scored.data_dir, "test")
-    features, labels = _batch(records[:1])
+    records = chats.pair_records(scored.data_dir, "test")
+    features, labels = chats.pair_batch(records[:1])
     model(features | labels, None, Mode.PREDICT)  # made, then given the reference's weights
     for variable, value in zip(model.trainable_variables, scored.weights.values(), strict=True):
         variable.assign(value)

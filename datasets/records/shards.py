@@ -22,7 +22,7 @@ from trainer import UserError, owned_dirs, whole_files
 
 METADATA = "dataset.json"
 VOCABULARIES = ("vocab.txt", "sentencepiece.model")  # a text tokenizer's, kept beside
-# a reference model's log-probabilities of prepared pairs, by split (datasets/chat/reference.py)
+# a reference model's log-probabilities of prepared pairs, by split (datasets/chat/scores.py)
 SCORES, SCORED = "reference.json", "{split}-reference.npy"
 FORMATS = ("png", "raw")
 

@@ -136,6 +136,38 @@ def prepared_pairs(count: int = 64) -> str:
     return out
 
 
+def pair_records(data_dir: str, split: str) -> list[dict]:
+    """A prepared split's pairs as written: each answer's ids and mask, numpy."""
+    import tensorflow as tf
+
+    from datasets.records import shards
+
+    _, paths = shards.check_shards(data_dir, split)
+    spec = {k: tf.io.VarLenFeature(tf.int64) for k in ("chosen", "rejected")}
+    spec |= {f"{k}_mask": tf.io.VarLenFeature(tf.int64) for k in ("chosen", "rejected")}
+    return [
+        {k: tf.sparse.to_dense(v).numpy() for k, v in tf.io.parse_single_example(r, spec).items()}
+        for r in tf.data.TFRecordDataset(paths)
+    ]
+
+
+def pair_batch(records: list[dict]):
+    """Pairs as a padded batch: each chat's tokens but the last, targets and mask."""
+    import tensorflow as tf
+
+    features, labels = {}, {}
+
+    def padded(rows):
+        width = max(len(r) for r in rows)
+        return tf.constant([np.pad(r, (0, width - len(r))) for r in rows], tf.int64)
+
+    for name in ("chosen", "rejected"):
+        features[name] = padded([r[name][:-1] for r in records])
+        labels[f"{name}_targets"] = padded([r[name][1:] for r in records])
+        labels[f"{name}_mask"] = padded([r[f"{name}_mask"][1:] for r in records])
+    return features, labels
+
+
 def preference_model(loss: str = "simpo"):
     """A small ``PreferenceModel``, its first weights seeded: SimPO (beta 2, gamma 0.5) or
     DPO (beta 0.5)."""
