@@ -21,18 +21,10 @@ from tests.support import chats
 from trainer import UserError
 
 
-@pytest.fixture(scope="module")
-def scored(tmp_path_factory):
-    """A reference model (SimPO, 2 steps) and a copy of the pairs it scored."""
-    root = tmp_path_factory.mktemp("dpo")
-    reference = str(root / "reference")
-    weights = chats.tuned(reference, 2)
-    data_dir = str(root / "pairs")
-    shutil.copytree(chats.prepared_pairs(), data_dir)
-    values = chats.scored(data_dir, reference)
-    return types.SimpleNamespace(
-        reference=reference, data_dir=data_dir, values=values, weights=weights, root=root
-    )
+@pytest.fixture
+def scored():
+    """A reference model (SimPO, 2 steps) and a copy of the pairs it scored, once a process."""
+    return types.SimpleNamespace(**chats.scored_pairs())
 
 
 def _alone(model, ids: np.ndarray, mask: np.ndarray) -> float:

@@ -200,6 +200,20 @@ def tuned(
     return _trained(preference_model(loss), model_dir, steps, input_fn, settings)
 
 
+@functools.cache
+def scored_pairs() -> dict:
+    """For DPO, made once a process: a reference model (SimPO, 2 steps, on one device)
+    and a copy of ``prepared_pairs()`` it scored. ``{'reference', 'data_dir',
+    'weights', 'values'}``: its model_dir, the pairs, its weights and the scores."""
+    root = tempfile.mkdtemp(prefix="scored-")
+    atexit.register(shutil.rmtree, root, True)
+    reference, data_dir = os.path.join(root, "reference"), os.path.join(root, "pairs")
+    weights = tuned(reference, 2, num_devices=1)  # the same in any process
+    shutil.copytree(prepared_pairs(), data_dir)
+    values = scored(data_dir, reference)
+    return {"reference": reference, "data_dir": data_dir, "weights": weights, "values": values}
+
+
 def scored(data_dir: str, reference: str) -> dict:
     """The reference pass: ``reference``'s newest checkpoint scores ``data_dir``'s pairs,
     kept beside them; each split's scores."""

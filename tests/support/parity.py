@@ -464,7 +464,7 @@ def worker_cells(base_dir: str) -> dict:
     trainer.make_strategy("multi_worker", [])  # before TensorFlow runs an op
     rows = COLUMNS["multi_worker"].rows
     found = {f"{r} multi_worker": cell(r, "multi_worker", f"{base_dir}/{r}/model") for r in rows}
-    for recipe in RECIPES:
+    for recipe in set(RECIPES) - ONE_MACHINE:
         found[f"{recipe} multi_worker"] = recipe_cell(
             recipe, "multi_worker", f"{base_dir}/{recipe}"
         )
@@ -487,7 +487,10 @@ def worker_cells(base_dir: str) -> dict:
 #   to 16 a batch, a share that differs by one between replicas when it is odd);
 # * sft_packed: a LanguageModel's loss over the assistant's tokens of prepared chats
 #   (tests/support/chats.py), packed in rows of 320; its reference is one device on
-#   the same chats padded, unpacked (tests/test_sft.py compares micro-batches too).
+#   the same chats padded, unpacked (tests/test_sft.py compares micro-batches too);
+# * dpo: a PreferenceModel's DPO loss on prepared pairs against its reference's scores
+#   kept beside them, warm-started from that reference (tests/support/chats.py
+#   scored_pairs); tests/test_reference.py checks it from its start (log 2) and resumed.
 RECIPE_STEPS = 5
 
 
@@ -521,12 +524,31 @@ def _sft_packed(settings: dict, model_dir: str, packed: bool = True) -> dict:
     return chats.trained(model_dir, RECIPE_STEPS, packed, **settings)
 
 
+def _dpo(settings: dict, model_dir: str) -> dict:
+    from tests.support import chats
+
+    made = chats.scored_pairs()
+    return chats.tuned(
+        model_dir,
+        RECIPE_STEPS,
+        "dpo",
+        made["data_dir"],
+        made["reference"],
+        warm_start_from=made["reference"],
+        **settings,
+    )
+
+
 RECIPES = {
     "reverse_lstm": _reverse_lstm,
     "packed_tokens": _packed_tokens,
     "budgeted_tokens": _budgeted_tokens,
     "sft_packed": _sft_packed,
+    "dpo": _dpo,
 }
+# Recipes whose start is one process's own: DPO's reference pass scores the pairs in
+# each process, which the workers of one cluster would all do at once into one folder.
+ONE_MACHINE = {"dpo"}
 # A recipe whose reference is another way of training it on one device.
 REFERENCES = {"sft_packed": functools.partial(_sft_packed, packed=False)}
 
