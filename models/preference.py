@@ -147,7 +147,7 @@ class PreferenceModel(LanguageModel):
                     "model's log-probabilities, and the batch has none (labels "
                     "'reference_chosen' and 'reference_rejected'): set "
                     "chat.pairs_input_fn.reference to the reference model's model_dir and "
-                    "score the pairs with it (python3 -m trainer.cli.reference), or choose "
+                    "score the pairs with it (python3 -m datasets.chat.reference), or choose "
                     "loss = 'simpo', which needs no reference"
                 )
             references = tuple(tf.cast(labels[f"reference_{n}"], tf.float32) for n in answers)

@@ -104,7 +104,7 @@ NOT_RUN = {
     "main) and prepares what it writes",
     "python3 -m datasets.prepare --pairs data/pairs.jsonl --out data/pairs": "test_experiments.py "
     "prepares the same file so; tests/test_prepare_mistakes.py runs --pairs as a command",
-    "python3 -m trainer.cli.reference --gin_file experiments/stdlib_dpo.gin": "after the SFT "
+    "python3 -m datasets.chat.reference --gin_file experiments/stdlib_dpo.gin": "after the SFT "
     "recipe; test_experiments.py runs this command in a working directory, small",
     "python3 -m trainer --gin_file experiments/stdlib_dpo.gin --schedule evaluate --model_dir "
     "output/stdlib_sft --results output/stdlib_dpo_before.json": "after the SFT recipe; "

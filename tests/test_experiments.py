@@ -160,7 +160,7 @@ def _the_dpo_recipe_runs_small_from_the_sft_model(tmp_path, sft: str):
 
     header = open(f"{REPO}/experiments/stdlib_dpo.gin").read()
     assert "python3 -m datasets.stdlib --pairs data/pairs.jsonl" in header
-    assert "python3 -m trainer.cli.reference --gin_file experiments/stdlib_dpo.gin" in header
+    assert "python3 -m datasets.chat.reference --gin_file experiments/stdlib_dpo.gin" in header
     written = tmp_path / "data/pairs.jsonl"
     assert stdlib.main(["stdlib", "--pairs", str(written)]) == 0
     written.write_text("".join(written.read_text().splitlines(keepends=True)[:100]))
@@ -168,7 +168,7 @@ def _the_dpo_recipe_runs_small_from_the_sft_model(tmp_path, sft: str):
     small = [f"SFT = '{sft}'", "chat.pairs_input_fn.data_dir = 'data/pairs'"]
     small += ["PreferenceModel.generate = 8"]
     files = ["experiments/stdlib_dpo.gin", "experiments/smoke.gin"]
-    command = [sys.executable, "-m", "trainer.cli.reference"]
+    command = [sys.executable, "-m", "datasets.chat.reference"]
     command += [f"--gin_file={REPO}/{f}" for f in files] + [f"--gin_param={p}" for p in small]
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -188,7 +188,7 @@ def pairs_input_fn(
       train_split: the split trained on.
       eval_split: the split evaluated and prompted from (None: dataset.json's).
       reference: the reference model's model_dir, whose newest checkpoint scored the
-        pairs (``python3 -m trainer.cli.reference``); None: no scores read.
+        pairs (``python3 -m datasets.chat.reference``); None: no scores read.
     """
     wanted = train_split if mode == Mode.TRAIN else eval_split
     metadata, paths = shards.check_shards(data_dir, wanted)

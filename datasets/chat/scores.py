@@ -2,7 +2,7 @@
 
 DPO weighs each answer's log-probability under the model it trains against the one
 a reference model (the model it starts from) gave the same answer. Those are scored
-once (``python3 -m trainer.cli.reference``) and written beside the shards:
+once (``python3 -m datasets.chat.reference``) and written beside the shards:
 ``<split>-reference.npy``, float32 ``[pairs, 2]`` (the chosen answer's, the rejected
 one's), and ``reference.json``, which names the checkpoint that scored them (and
 the digest of its index, which holds a checksum of every tensor) and what was
@@ -27,7 +27,7 @@ from datasets.records import shards
 from datasets.sources import RandomAccess
 from trainer import UserError, checkpoints
 
-SCORE = "python3 -m trainer.cli.reference --gin_file <the experiment's gin file>"
+SCORE = "python3 -m datasets.chat.reference --gin_file <the experiment's gin file>"
 
 
 def identity(reference: str) -> dict:

@@ -1,9 +1,8 @@
 """``python -m trainer``'s flags, parsed before TensorFlow loads.
 
-It defines every flag of ``python -m trainer`` (``reference.py``, another command,
-has its own two). It imports no TensorFlow, so ``--help`` and a mistyped flag are
-answered at once; a command that runs imports TensorFlow quietly
-(``console.quiet_start``) and hands over to ``experiment.main``.
+This is the only module that defines flags. It imports no TensorFlow, so ``--help``
+and a mistyped flag are answered at once; a command that runs imports TensorFlow
+quietly (``console.quiet_start``) and hands over to ``experiment.main``.
 """
 
 from __future__ import annotations
