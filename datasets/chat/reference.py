@@ -39,11 +39,14 @@ from trainer import Estimator, UserError, checkpoints, errors, logs  # noqa: E40
 FLAGS = flags.FLAGS
 
 
-def score(estimator: Estimator, data_dir: str, reference: str) -> dict[str, np.ndarray]:
+def score(
+    estimator: Estimator, data_dir: str, reference: str, shortest_first: bool = True
+) -> dict[str, np.ndarray]:
     """Every split's ``[pairs, 2]`` log-probabilities under ``reference``'s newest checkpoint.
 
     ``estimator``'s model_dir is ``reference``; its model scores pairs in PREDICT
-    (``PreferenceModel``).
+    (``PreferenceModel``), shortest first unless ``shortest_first`` is False (the
+    benchmark's comparison: in row order).
     """
     scorer = scores.identity(reference)
     step = checkpoints.step_of(scorer["checkpoint"])  # that one, should another be written
@@ -51,7 +54,9 @@ def score(estimator: Estimator, data_dir: str, reference: str) -> dict[str, np.n
     found = {}
     for split, entry in metadata["splits"].items():
         started = time.perf_counter()
-        order = np.argsort(text.kept_lengths(data_dir, entry), kind="stable")  # less padding
+        order = np.arange(entry["count"])
+        if shortest_first:  # less padding in each batch
+            order = np.argsort(text.kept_lengths(data_dir, entry), kind="stable")
         predicted = estimator.predict(input_fns.scoring_input_fn(data_dir, split, order), step)
         values = np.array([_pair(p, estimator.model_fn) for p in predicted], np.float32)
         if len(values) != entry["count"]:
