@@ -464,7 +464,7 @@ def worker_cells(base_dir: str) -> dict:
     trainer.make_strategy("multi_worker", [])  # before TensorFlow runs an op
     rows = COLUMNS["multi_worker"].rows
     found = {f"{r} multi_worker": cell(r, "multi_worker", f"{base_dir}/{r}/model") for r in rows}
-    for recipe in set(RECIPES) - ONE_MACHINE:
+    for recipe in SEVERAL_MACHINES:
         found[f"{recipe} multi_worker"] = recipe_cell(
             recipe, "multi_worker", f"{base_dir}/{recipe}"
         )
@@ -549,6 +549,9 @@ RECIPES = {
 # Recipes whose start is one process's own: DPO's reference pass scores the pairs in
 # each process, which the workers of one cluster would all do at once into one folder.
 ONE_MACHINE = {"dpo"}
+# The others, in RECIPES' order: every worker of a cluster must make its variables in
+# the same order (a set's order differs between processes, by their hash seeds).
+SEVERAL_MACHINES = [name for name in RECIPES if name not in ONE_MACHINE]
 # A recipe whose reference is another way of training it on one device.
 REFERENCES = {"sft_packed": functools.partial(_sft_packed, packed=False)}
 
