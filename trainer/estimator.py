@@ -282,8 +282,8 @@ class Estimator:
         """Exports for the features of ``dataset`` and the serving it declares."""
         features_spec, _ = split_element(dataset.element_spec, mode)
         declared = serving.declared(dataset)
-        with self.model.averaged_weights():
-            return export.save(self.model_fn, features_spec, export_dir, declared, extras)
+        with self.model.averaged_weights(), self.model_fn.merged() as model_fn:
+            return export.save(model_fn, features_spec, export_dir, declared, extras)
 
     @logs.speaks
     def train_and_evaluate(

@@ -16,11 +16,12 @@ The framework does the rest: compiled steps, optimizer, checkpoints, summaries.
 from __future__ import annotations
 
 import collections.abc
+import contextlib
 import dataclasses
 import enum
 import functools
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import keras
@@ -289,6 +290,27 @@ class ModelFn(tf.Module):
     def __str__(self) -> str:
         """How the console names the model: its class."""
         return type(self).__name__
+
+    def variables_made(self) -> None:
+        """Called once its variables exist, before a checkpoint is restored into them.
+
+        A model whose weights come from elsewhere loads them here (``models.lora``:
+        its base, frozen, and the adapters made).
+        """
+
+    def checkpointed(self) -> dict:
+        """What a checkpoint holds of it: ``{'model': weights, 'rng': [other state]}``.
+
+        All of it, with its non-trainable state (batch-norm statistics, dropout RNG);
+        a model that trains a part of itself over a base read elsewhere (a LoRA's
+        adapters) holds that part alone.
+        """
+        return {"model": self, "rng": self.non_trainable_variables}
+
+    @contextlib.contextmanager
+    def merged(self) -> Iterator[ModelFn]:
+        """The model as an export saves it (a LoRA's adapters merged into its kernels)."""
+        yield self
 
     def train_step(self, features, labels, optimizers: Mapping[str, Any]) -> Spec:
         """Optional: the model's own training step, for what a loss per group cannot say.

@@ -155,6 +155,8 @@ class ModelState:
         trace = self._trace(element_spec, mode)
         self.traced.add(mode)
         self.placement.adopt_metrics(trace.streamed.values())
+        with self.placement.scope():
+            self.model_fn.variables_made()  # a LoRA's base loaded and frozen, adapters made
         self.seconds["building"] += time.perf_counter() - started
         variables = self.model_fn.trainable_variables
         self._check_variables(variables, mode)
@@ -198,9 +200,7 @@ class ModelState:
 
     def checkpoint_items(self, optimizer: bool) -> dict:
         """What a checkpoint holds: weights, step, RNG and BN state, EMA, optimizer."""
-        items = dict(
-            model=self.model_fn, step=self.global_step, rng=self.model_fn.non_trainable_variables
-        )
+        items = dict(self.model_fn.checkpointed(), step=self.global_step)
         if optimizer:
             units = self.plan.units
             single = len(units) == 1

@@ -65,7 +65,7 @@ def warm_start(
         if re.search(pattern, v.path) and tf.as_dtype(v.dtype).is_floating
     ]
     found = source if isinstance(source, Source) else Source(source)
-    ours = _keras_names(wanted) if found.keras_paths else _object_names(model_fn, wanted)
+    ours = _keras_names(wanted) if found.keras_paths else object_names(model_fn, wanted)
     report: dict[str, list[str]] = {"loaded": [], "skipped": [], "left": []}
     assign = []
     for variable in wanted:
@@ -213,7 +213,7 @@ def _keras_names(variables: list) -> dict[int, str]:
     return {id(v): v.path for v in variables}
 
 
-def _object_names(model_fn, variables: list) -> dict[int, str]:
+def object_names(model_fn, variables: list) -> dict[int, str]:
     """Each variable's path of attributes from the model down, breadth first.
 
     As ``_model_paths`` reads a checkpoint's, so that one model's names are the same
