@@ -99,9 +99,7 @@ class LoRA(ModelFn):
             return
         layers = adapted_layers(self.adapted, self.patterns)
         frozen = self.adapted.trainable_variables
-        report = warm_start.warm_start(self.adapted, self.base, names=self.base_map)
-        if report["skipped"] or report["left"]:
-            raise UserError(base_misfit(self.base, report))
+        load_base(self.adapted, self.base, self.base_map)
         for variable in frozen:
             variable.trainable = False
         for layer in layers.values():
@@ -179,13 +177,32 @@ def matches_no_layer(pattern: str, paths: list[str]) -> str:
     )
 
 
-def base_misfit(base: str, report: Mapping[str, list[str]]) -> str:
-    """Says that ``base`` does not hold every variable of the model it should be."""
+def load_base(model: ModelFn, base: str, names: Mapping[str, str]) -> None:
+    """Gives every variable of ``model`` its value in ``base``.
+
+    Raises:
+      UserError: ``base`` is not there, or lacks a variable of ``model``.
+    """
+    if not tf.io.gfile.exists(base) and not tf.io.gfile.glob(f"{base}.index"):
+        raise UserError(
+            f"LoRA.base {base}: there is nothing there; train the model LoRA fine-tunes "
+            "first, or point LoRA.base at its model_dir"
+        )
+    try:
+        report = warm_start.warm_start(model, base, names=names)
+    except UserError as error:  # nothing loaded
+        raise UserError(base_misfit(base, str(error).split(": ", 1)[-1])) from None
     missing = [*report["left"], *report["skipped"]]
+    if missing:
+        lacks = f"{len(missing)} variables are not there or differ in shape, like {missing[0]}"
+        raise UserError(base_misfit(base, lacks))
+
+
+def base_misfit(base: str, lacks: str) -> str:
+    """Says that ``base`` is not the whole model LoRA adapts, and why."""
     return (
-        f"LoRA.base {base} is not the whole model LoRA adapts: {len(missing)} of its "
-        f"variables are not there or differ in shape (like {', '.join(missing[:2])}); give "
-        "the checkpoint of that model trained whole (not a LoRA run's), or map names with "
+        f"LoRA.base {base} is not the whole model LoRA adapts ({lacks}): give the "
+        "checkpoint of that model trained whole (not a LoRA run's), or map names with "
         "LoRA.base_map"
     )
 

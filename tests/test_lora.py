@@ -16,7 +16,7 @@ from datasets.chat import input_fns
 from models.lora import LoRA
 from models.transformer import LanguageModel, Transformer
 from tests.support import chats
-from trainer import warm_start
+from trainer import Mode, warm_start
 from trainer.settings import Checkpoints
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -87,3 +87,71 @@ def test_only_the_adapters_train_and_only_they_are_checkpointed(tmp_path, caplog
     assert saved_shapes(str(tmp_path / "lora")) == sorted(adapters * 3)
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("LoRA:")]
     assert len(said) == 1 and "on 6 layers, 576 parameters" in said[0], said
+
+
+def test_a_resumed_lora_run_equals_a_straight_one(tmp_path):
+    straight = lora_estimator(str(tmp_path / "straight"))
+    straight.train(input_fn, 4)
+    lora_estimator(str(tmp_path / "resumed")).train(input_fn, 2)
+    resumed = lora_estimator(str(tmp_path / "resumed"))  # a new process's objects
+    resumed.train(input_fn, 4)
+    assert resumed.step == 4
+    for a, b in zip(
+        straight.model_fn.trainable_variables, resumed.model_fn.trainable_variables, strict=True
+    ):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
+
+
+def test_the_merged_export_answers_as_the_unmerged_model(tmp_path):
+    estimator = lora_estimator(str(tmp_path / "lora"))
+    estimator.train(input_fn, 2)
+    model = estimator.model_fn
+    query = model._layers["stack/block_0/attention/query"]
+    kernel = query._kernel.numpy()
+    features, _ = next(
+        iter(input_fns.input_fn(Mode.EVAL, trainer.InputParams(4, 4), chats.prepared()))
+    )
+    tokens = {"tokens": features["tokens"]}
+    unmerged = model(tokens, None, Mode.PREDICT).predictions["logits"].numpy()
+    exported = estimator.export(input_fn, str(tmp_path / "export"))
+    # In memory after the export: the kernels as they were, the adapters on.
+    np.testing.assert_array_equal(query._kernel.numpy(), kernel)
+    assert query.lora_enabled
+    served = trainer.load_export(exported).signatures["serving_default"](**tokens)["logits"]
+    np.testing.assert_allclose(served.numpy(), unmerged, rtol=0, atol=2e-5)
+    # The export's kernel is the merged one: W + alpha / rank * A B.
+    reader = tf.train.load_checkpoint(os.path.join(exported, "variables", "variables"))
+    delta = query.lora_kernel_a.numpy() @ query.lora_kernel_b.numpy()
+    shapes = reader.get_variable_to_shape_map()
+    merged = [reader.get_tensor(n) for n, shape in shapes.items() if shape == list(kernel.shape)]
+    assert any(np.allclose(m, kernel + delta, atol=1e-6) for m in merged)
+    assert not any(np.array_equal(m, kernel) for m in merged)
+
+
+@pytest.mark.parametrize(
+    ("settings", "said"),
+    [
+        ({"rank": 0}, "LoRA.rank must be a whole number >= 1, got 0"),
+        ({"rank": -4}, "LoRA.rank must be a whole number >= 1, got -4"),
+        (
+            {"layers": ["attention/query$", "attention/gate$"]},
+            "LoRA.layers pattern 'attention/gate$' matches none of the model's 6 Dense layers; "
+            "their names are like stack/block_0/attention/value",
+        ),
+        ({"layers": "mlp_in$"}, "LoRA.layers must be a list of regular expressions"),
+    ],
+)
+def test_a_lora_that_cannot_be_is_refused_in_one_line(tmp_path, settings, said):
+    with pytest.raises(trainer.UserError, match=None) as error:
+        lora_estimator(str(tmp_path / "lora"), **settings).train(input_fn, 2)
+    assert str(error.value).startswith(said), str(error.value)
+    assert not os.path.exists(tmp_path / "lora" / "checkpoint")
+
+
+def test_a_base_that_is_not_the_whole_model_is_refused(tmp_path):
+    lora_estimator(str(tmp_path / "lora")).train(input_fn, 2)
+    model = LoRA(language_model(), str(tmp_path / "lora"), rank=2)  # a LoRA run's adapters
+    estimator = trainer.Estimator(model, str(tmp_path / "again"), progress=False)
+    with pytest.raises(trainer.UserError) as error:
+        estimator.train(input_fn, 2)
+    assert f"LoRA.base {tmp_path / 'lora'} is not the whole model LoRA adapts" in str(error.value)
