@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import re
+import zlib
 from collections.abc import Mapping, Sequence
 
 import gin
@@ -51,6 +52,8 @@ class LoRA(ModelFn):
       base_map: ``{pattern: replacement}`` from ``model``'s variable names to
         ``base``'s, as ``WarmStart.map`` (a ``PreferenceModel`` from a
         ``LanguageModel``'s run).
+      seed: with each layer's name, seeds its ``A`` (He-uniform, as Keras's): the
+        same first adapters in any process, on any devices.
     """
 
     def __init__(
@@ -61,9 +64,11 @@ class LoRA(ModelFn):
         alpha: float | None = None,
         layers: Sequence[str] = PROJECTIONS,
         base_map: Mapping[str, str] | None = None,
+        seed: int = 0,
     ):
         super().__init__(name="lora")
         errors.check_count("LoRA.rank", rank)
+        errors.check_count("LoRA.seed", seed, minimum=0)
         if alpha is not None:
             errors.check_number("LoRA.alpha", alpha, 0)
         if isinstance(layers, str) or not layers:
@@ -80,7 +85,7 @@ class LoRA(ModelFn):
                 ) from None
         self.adapted, self.base, self.rank = model, base, rank
         self.alpha = float(rank if alpha is None else alpha)
-        self.patterns, self.base_map = tuple(layers), dict(base_map or {})
+        self.patterns, self.base_map, self.seed = tuple(layers), dict(base_map or {}), seed
         self.takes_sample_weights = model.takes_sample_weights
         self.input_map = model.input_map
         self._frozen: list = []  # the base's variables, once loaded
@@ -102,8 +107,9 @@ class LoRA(ModelFn):
         load_base(self.adapted, self.base, self.base_map)
         for variable in frozen:
             variable.trainable = False
-        for layer in layers.values():
-            layer.enable_lora(self.rank, lora_alpha=self.alpha)
+        for name, layer in layers.items():
+            first = keras.initializers.HeUniform(seed=layer_seed(self.seed, name))
+            layer.enable_lora(self.rank, lora_alpha=self.alpha, a_initializer=first)
         self._frozen, self._layers = frozen, layers
         logging.info("%s", sizes(list(layers.values()), frozen, self.rank))
 
@@ -132,6 +138,11 @@ class LoRA(ModelFn):
             for layer, kernel in zip(layers, kept, strict=True):
                 layer._kernel.assign(kernel)
                 layer.lora_enabled = True
+
+
+def layer_seed(seed: int, name: str) -> int:
+    """The seed of layer ``name``'s first ``A``: ``seed`` and a hash of the name."""
+    return (seed * 1_000_003 + zlib.crc32(name.encode())) % 2**31
 
 
 def merged_kernel(layer: keras.layers.Dense) -> tf.Tensor:

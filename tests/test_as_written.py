@@ -112,6 +112,9 @@ NOT_RUN = {
     "python3 -m trainer --gin_file experiments/stdlib_dpo.gin --results "
     "output/stdlib_dpo.json": "3 min whole, after the SFT recipe; test_experiments.py runs "
     "it small from a small SFT model, as its header says",
+    "python3 -m trainer --gin_file experiments/stdlib_sft_lora.gin --results "
+    "output/stdlib_sft_lora.json": "5 min whole, after stdlib_lm's 3; test_experiments.py "
+    "runs it small from a small stdlib_lm, as its header says",
 }
 # Two machines (host1, host2, /shared): tests/test_parallel.py runs these workers on 127.0.0.1.
 MULTI_WORKER = "TF_CONFIG="

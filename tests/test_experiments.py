@@ -148,6 +148,26 @@ def test_the_sft_recipe_runs_small_from_the_language_model_as_its_header_says(tm
     assert 0.0 <= result["metrics"]["eval"]["parse_share"] <= 1.0
     assert result["metrics"]["eval"]["bits_per_byte"] < 8.0
     _the_dpo_recipe_runs_small_from_the_sft_model(tmp_path, str(tmp_path / "sft"))
+    _the_lora_recipe_runs_small_from_the_language_model(tmp_path, lm, small)
+
+
+def _the_lora_recipe_runs_small_from_the_language_model(tmp_path, lm: str, small: list):
+    """The LoRA recipe after the language model, small: 10 steps of adapters over it,
+    the language model's checkpoint untouched, the run's holding the adapters alone."""
+    header = open(f"{REPO}/experiments/stdlib_sft_lora.gin").read()
+    assert "python3 -m trainer --gin_file experiments/stdlib_sft_lora.gin" in header
+    files = [f"{REPO}/experiments/stdlib_sft_lora.gin", f"{REPO}/experiments/smoke.gin"]
+    gin.clear_config()
+    gin.parse_config_files_and_bindings(files, [*small[:1], f"LoRA.base = '{lm}'", small[2]])
+    before = os.stat(f"{lm}/ckpt-10.data-00000-of-00001").st_mtime_ns
+    result = experiment.experiment(model_dir=str(tmp_path / "lora"), schedule="train_and_evaluate")
+    assert result["global_step"] == 10 and 0.0 <= result["metrics"]["eval"]["parse_share"] <= 1.0
+    assert os.stat(f"{lm}/ckpt-10.data-00000-of-00001").st_mtime_ns == before
+    latest = f"{tmp_path}/lora/ckpt-10"
+    shapes = [shape for _, shape in tf.train.list_variables(latest) if len(shape) == 2]
+    # rank 8 on 2 blocks' 6 projections of width 128 (the MLP's 512): A, B and Adam's 2
+    assert len(shapes) == 2 * 6 * 2 * 3 and max(max(s) for s in shapes) == 512
+    assert min(min(s) for s in shapes) == 8
 
 
 def _the_dpo_recipe_runs_small_from_the_sft_model(tmp_path, sft: str):

@@ -35,7 +35,6 @@ def language_model() -> LanguageModel:
 
 
 def lora_estimator(model_dir: str, **lora) -> trainer.Estimator:
-    keras.utils.set_random_seed(5)  # the adapters' A
     model = LoRA(language_model(), base(), rank=lora.pop("rank", 2), **lora)
     return trainer.Estimator(
         model,
@@ -100,6 +99,9 @@ def test_a_resumed_lora_run_equals_a_straight_one(tmp_path):
         straight.model_fn.trainable_variables, resumed.model_fn.trainable_variables, strict=True
     ):
         np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
+    # A new process's evaluation: the base read again, the adapters restored.
+    evaluated = lora_estimator(str(tmp_path / "resumed")).evaluate(input_fn)
+    assert evaluated == straight.evaluate(input_fn)
 
 
 def test_the_merged_export_answers_as_the_unmerged_model(tmp_path):
@@ -155,3 +157,25 @@ def test_a_base_that_is_not_the_whole_model_is_refused(tmp_path):
     with pytest.raises(trainer.UserError) as error:
         estimator.train(input_fn, 2)
     assert f"LoRA.base {tmp_path / 'lora'} is not the whole model LoRA adapts" in str(error.value)
+
+
+def test_under_mixed_bfloat16_the_adapters_are_float32(tmp_path):
+    trainer.set_precision("mixed_bfloat16")
+    try:
+        model = LoRA(language_model(), base(), rank=2)
+    finally:
+        trainer.set_precision(None)
+    estimator = trainer.Estimator(
+        model,
+        str(tmp_path / "lora"),
+        optimizer=keras.optimizers.Adam(0.01),
+        global_batch_size=16,
+        devices=trainer.Devices(mixed_precision="mixed_bfloat16"),
+        progress=False,
+    )
+    estimator.train(input_fn, 2)
+    query = model._layers["stack/block_0/attention/query"]
+    assert query.compute_dtype == "bfloat16"
+    assert {v.dtype for v in model.trainable_variables} == {"float32"}
+    assert np.abs(query.lora_kernel_b.numpy()).max() > 0
+    assert np.isfinite(estimator.evaluate(input_fn)["loss"])

@@ -505,6 +505,7 @@ FAULT_TESTS = (
     "tests/test_sft.py",
     "tests/test_preference.py",
     "tests/test_reference.py",
+    "tests/test_lora.py",
 )
 
 

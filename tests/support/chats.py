@@ -92,17 +92,14 @@ def trained(model_dir: str, steps: int, packed: bool = True, init: int = 3, **se
     ``settings`` (as ``parity.grouped`` takes them), with gin's bindings as they are.
     ``init`` seeds its first weights (a run resumed from ``model_dir`` restores them)."""
     import gin
-    import keras
 
     from datasets.chat import input_fns
-    from models.transformer import LanguageModel, Transformer
 
     data_dir = prepared()
     if packed:
         gin.bind_parameter("packing.length", PACKED_LENGTH)
     try:
-        keras.utils.set_random_seed(init)
-        model = LanguageModel(vocab_size=258, stack=Transformer(width=16, depth=1, heads=2))
+        model = language_model(init)
         input_fn = functools.partial(input_fns.input_fn, data_dir=data_dir)
         weights = _trained(model, model_dir, steps, input_fn, settings)
     finally:
@@ -166,6 +163,42 @@ def pair_batch(records: list[dict]):
         labels[f"{name}_targets"] = padded([r[name][1:] for r in records])
         labels[f"{name}_mask"] = padded([r[f"{name}_mask"][1:] for r in records])
     return features, labels
+
+
+def language_model(init: int = 3):
+    """``trained``'s small ``LanguageModel``, its first weights seeded by ``init``."""
+    import keras
+
+    from models.transformer import LanguageModel, Transformer
+
+    keras.utils.set_random_seed(init)
+    return LanguageModel(vocab_size=258, stack=Transformer(width=16, depth=1, heads=2))
+
+
+@functools.cache
+def lora_base() -> str:
+    """A base for LoRA, made once a process: ``language_model()``'s first weights, in a
+    checkpoint (the same in any process: no training, no device)."""
+    import tensorflow as tf
+
+    from trainer import Mode
+
+    root = tempfile.mkdtemp(prefix="lora-base-")
+    atexit.register(shutil.rmtree, root, True)
+    model = language_model()
+    model({"tokens": tf.ones([1, 4], tf.int32)}, None, Mode.PREDICT)
+    return tf.train.Checkpoint(model=model).write(os.path.join(root, "ckpt"))
+
+
+def lora_tuned(model_dir: str, steps: int, **settings) -> dict:
+    """Rank-2 adapters on ``lora_base()``'s projections after ``steps`` steps
+    of SGD on ``prepared()``'s chats, padded; under Estimator ``settings``."""
+    from datasets.chat import input_fns
+    from models.lora import LoRA
+
+    tuned = LoRA(language_model(), lora_base(), rank=2)
+    input_fn = functools.partial(input_fns.input_fn, data_dir=prepared())
+    return _trained(tuned, model_dir, steps, input_fn, settings)
 
 
 def preference_model(loss: str = "simpo"):

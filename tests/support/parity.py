@@ -490,7 +490,9 @@ def worker_cells(base_dir: str) -> dict:
 #   the same chats padded, unpacked (tests/test_sft.py compares micro-batches too);
 # * dpo: a PreferenceModel's DPO loss on prepared pairs against its reference's scores
 #   kept beside them, warm-started from that reference (tests/support/chats.py
-#   scored_pairs); tests/test_reference.py checks it from its start (log 2) and resumed.
+#   scored_pairs); tests/test_reference.py checks it from its start (log 2) and resumed;
+# * lora: rank-2 adapters on a LanguageModel's projections over a frozen base
+#   (models/lora.py, tests/support/chats.py lora_tuned): only they train.
 RECIPE_STEPS = 5
 
 
@@ -539,12 +541,19 @@ def _dpo(settings: dict, model_dir: str) -> dict:
     )
 
 
+def _lora(settings: dict, model_dir: str) -> dict:
+    from tests.support import chats
+
+    return chats.lora_tuned(model_dir, RECIPE_STEPS, **settings)
+
+
 RECIPES = {
     "reverse_lstm": _reverse_lstm,
     "packed_tokens": _packed_tokens,
     "budgeted_tokens": _budgeted_tokens,
     "sft_packed": _sft_packed,
     "dpo": _dpo,
+    "lora": _lora,
 }
 # Recipes whose start is one process's own: DPO's reference pass scores the pairs in
 # each process, which the workers of one cluster would all do at once into one folder.
