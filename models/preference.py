@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from models.transformer.blocks import Transformer, checked_ids, positions_of, segments_of
 from models.transformer.tasks import LanguageModel
-from trainer import Mode, Spec, UserError, errors
+from trainer import Mode, Spec, UserError, errors, warm_start
 
 LOSSES = ("dpo", "simpo")
 
@@ -100,6 +100,10 @@ class PreferenceModel(LanguageModel):
       loss: ``'dpo'`` or ``'simpo'``.
       beta: the rewards' scale (DPO's 0.1; SimPO's 2 or so).
       gamma: SimPO's target margin between the rewards; 0 for DPO.
+      reference: DPO's reference model held in memory: its model_dir (or checkpoint),
+        a model of this one's ``stack``, scored on each batch as it trains, frozen and
+        not checkpointed; None (the default): its log-probabilities are read from
+        beside the pairs (``chat.pairs_input_fn.reference``), computed once.
       **kwargs: the rest of ``LanguageModel``'s (generation, ``bytes``).
     """
 
@@ -110,6 +114,7 @@ class PreferenceModel(LanguageModel):
         loss: str = "dpo",
         beta: float = 0.1,
         gamma: float = 0.0,
+        reference: str | None = None,
         **kwargs: Any,
     ):
         super().__init__(vocab_size, stack, **kwargs)
@@ -129,7 +134,34 @@ class PreferenceModel(LanguageModel):
                 f"PreferenceModel.gamma = {gamma:g} is SimPO's margin; DPO has none: unbind it, "
                 "or choose loss = 'simpo'"
             )
-        self.loss, self.beta, self.gamma = loss, beta, gamma
+        if reference is not None and loss != "dpo":
+            raise UserError(
+                f"PreferenceModel.reference is DPO's reference model, and loss = {loss!r} "
+                "needs none: unbind it, or choose loss = 'dpo'"
+            )
+        self.loss, self.beta, self.gamma, self.reference = loss, beta, gamma, reference
+        # Held outside the tracked attributes: neither trained nor checkpointed.
+        stack = type(self.stack).from_config(self.stack.get_config())
+        self._held = _Held(LanguageModel(vocab_size, stack)) if reference else None
+
+    def variables_made(self) -> None:
+        """With a reference held in memory: its variables made, loaded and frozen."""
+        if self._held is None or self._held.loaded:
+            return
+        model = self._held.model
+        tokens = tf.ones([1, 1], tf.int32)
+        model.logits(tokens, segments_of({}, tokens), positions_of({}, tokens))
+        report = warm_start.warm_start(model, self.reference)
+        missing = [*report["left"], *report["skipped"]]
+        if missing:
+            raise UserError(
+                f"PreferenceModel.reference {self.reference} is not a model of this one's "
+                f"stack ({len(missing)} variables are not there or differ in shape, like "
+                f"{missing[0]}): give the model_dir of the model DPO starts from"
+            )
+        for variable in model.trainable_variables:
+            variable.trainable = False
+        self._held.loaded = True
 
     def __call__(self, features, labels, mode):
         """A pair's loss and rewards; a language model's Spec for any other batch."""
@@ -141,16 +173,7 @@ class PreferenceModel(LanguageModel):
         if labels is None:
             return Spec(dict(zip(("chosen_logps", "rejected_logps"), logps, strict=True)))
         if self.loss == "dpo":
-            if not {"reference_chosen", "reference_rejected"} <= set(labels):
-                raise UserError(
-                    "PreferenceModel.loss = 'dpo' scores each answer against the reference "
-                    "model's log-probabilities, and the batch has none (labels "
-                    "'reference_chosen' and 'reference_rejected'): set "
-                    "chat.pairs_input_fn.reference to the reference model's model_dir and "
-                    "score the pairs with it (python3 -m datasets.chat.reference), or choose "
-                    "loss = 'simpo', which needs no reference"
-                )
-            references = tuple(tf.cast(labels[f"reference_{n}"], tf.float32) for n in answers)
+            references = self._references(features, labels)
             found = rewards("dpo", logps, self.beta, references=references)
         else:
             lengths = tuple(
@@ -166,13 +189,55 @@ class PreferenceModel(LanguageModel):
             metrics[self.judge.name] = self._judged(chosen, segments, labels["chosen_mask"])
         return Spec(predictions, loss=tf.reduce_mean(losses), metrics=metrics)
 
+    def _references(self, features: dict, labels: dict) -> tuple[tf.Tensor, tf.Tensor]:
+        """DPO's reference log-probabilities of the pairs' answers, ``[b]`` each.
+
+        Read from the labels, or computed by the reference held in memory.
+        """
+        answers = ("chosen", "rejected")
+        stored = {"reference_chosen", "reference_rejected"} & set(labels)
+        if self._held is not None and stored:
+            raise UserError(
+                "DPO's reference log-probabilities are given twice: read from beside the "
+                "pairs (chat.pairs_input_fn.reference) and computed by the reference held "
+                "in memory (PreferenceModel.reference): unbind one"
+            )
+        if self._held is not None:
+            return tuple(
+                tf.stop_gradient(logps_of(self._held.model, features, labels, n, False))
+                for n in answers
+            )
+        if len(stored) < 2:
+            raise UserError(
+                "PreferenceModel.loss = 'dpo' scores each answer against the reference "
+                "model's log-probabilities, and the batch has none (labels "
+                "'reference_chosen' and 'reference_rejected'): set "
+                "chat.pairs_input_fn.reference to the reference model's model_dir and "
+                "score the pairs with it (python3 -m datasets.chat.reference), or hold the "
+                "reference in memory (PreferenceModel.reference), or choose loss = "
+                "'simpo', which needs no reference"
+            )
+        return tuple(tf.cast(labels[f"reference_{n}"], tf.float32) for n in answers)
+
     def answer_logps(self, features: dict, scored: dict, name: str, mode: Mode) -> tf.Tensor:
         """``[b]``: each pair's answer ``name``, its summed log-probability under the model.
 
         ``scored`` holds its targets and mask: the labels, or in PREDICT the features
         (``chat.scoring_input_fn``, what ``datasets.chat.reference`` scores).
         """
-        tokens = checked_ids(features[name])
-        segments, positions = segments_of({}, tokens), positions_of({}, tokens)
-        logits = self.logits(tokens, segments, positions, training=mode == Mode.TRAIN)
-        return answer_logps(logits, scored[f"{name}_targets"], scored[f"{name}_mask"])
+        return logps_of(self, features, scored, name, training=mode == Mode.TRAIN)
+
+
+class _Held:
+    """A reference model, out of reach of the framework's tracking (``PreferenceModel``)."""
+
+    def __init__(self, model: LanguageModel):
+        self.model, self.loaded = model, False
+
+
+def logps_of(model: LanguageModel, features: dict, scored: dict, name: str, training: bool):
+    """``[b]``: answer ``name`` of each pair, its summed log-probability under ``model``."""
+    tokens = checked_ids(features[name])
+    segments, positions = segments_of({}, tokens), positions_of({}, tokens)
+    logits = model.logits(tokens, segments, positions, training=training)
+    return answer_logps(logits, scored[f"{name}_targets"], scored[f"{name}_mask"])

@@ -201,9 +201,9 @@ def lora_tuned(model_dir: str, steps: int, **settings) -> dict:
     return _trained(tuned, model_dir, steps, input_fn, settings)
 
 
-def preference_model(loss: str = "simpo"):
+def preference_model(loss: str = "simpo", held: str | None = None):
     """A small ``PreferenceModel``, its first weights seeded: SimPO (beta 2, gamma 0.5) or
-    DPO (beta 0.5)."""
+    DPO (beta 0.5), its reference held in memory from ``held`` if given."""
     import keras
 
     from models.preference import PreferenceModel
@@ -212,6 +212,8 @@ def preference_model(loss: str = "simpo"):
     keras.utils.set_random_seed(3)
     stack = Transformer(width=16, depth=1, heads=2)
     settings = {"beta": 2.0, "gamma": 0.5} if loss == "simpo" else {"beta": 0.5}
+    if held is not None:
+        settings["reference"] = held
     return PreferenceModel(vocab_size=258, stack=stack, loss=loss, **settings)
 
 
@@ -221,16 +223,18 @@ def tuned(
     loss: str = "simpo",
     data_dir: str | None = None,
     reference: str | None = None,
+    held: str | None = None,
     **settings,
 ) -> dict:
     """A small ``PreferenceModel``'s weights after ``steps`` steps of SGD on ``data_dir``'s
     pairs (``prepared_pairs()``): SimPO, or DPO against the scores of ``reference`` kept
-    beside them; under Estimator ``settings`` (as ``parity.grouped`` takes them)."""
+    beside them, or of ``held``, held in memory; under Estimator ``settings`` (as
+    ``parity.grouped`` takes them)."""
     from datasets.chat import input_fns
 
     data_dir = data_dir or prepared_pairs()
     input_fn = functools.partial(input_fns.pairs_input_fn, data_dir=data_dir, reference=reference)
-    return _trained(preference_model(loss), model_dir, steps, input_fn, settings)
+    return _trained(preference_model(loss, held), model_dir, steps, input_fn, settings)
 
 
 @functools.cache
