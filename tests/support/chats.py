@@ -176,14 +176,14 @@ def language_model(init: int = 3):
 
 
 @functools.cache
-def lora_base() -> str:
-    """A base for LoRA, made once a process: ``language_model()``'s first weights, in a
-    checkpoint (the same in any process: no training, no device)."""
+def untrained_base() -> str:
+    """``language_model()``'s first weights in a checkpoint, made once a process (the
+    same in any process: no training, no device): LoRA's base, DPO's reference."""
     import tensorflow as tf
 
     from trainer import Mode
 
-    root = tempfile.mkdtemp(prefix="lora-base-")
+    root = tempfile.mkdtemp(prefix="untrained-")
     atexit.register(shutil.rmtree, root, True)
     model = language_model()
     model({"tokens": tf.ones([1, 4], tf.int32)}, None, Mode.PREDICT)
@@ -191,12 +191,12 @@ def lora_base() -> str:
 
 
 def lora_tuned(model_dir: str, steps: int, **settings) -> dict:
-    """Rank-2 adapters on ``lora_base()``'s projections after ``steps`` steps
+    """Rank-2 adapters on ``untrained_base()``'s projections after ``steps`` steps
     of SGD on ``prepared()``'s chats, padded; under Estimator ``settings``."""
     from datasets.chat import input_fns
     from models.lora import LoRA
 
-    tuned = LoRA(language_model(), lora_base(), rank=2)
+    tuned = LoRA(language_model(), untrained_base(), rank=2)
     input_fn = functools.partial(input_fns.input_fn, data_dir=prepared())
     return _trained(tuned, model_dir, steps, input_fn, settings)
 

@@ -491,6 +491,8 @@ def worker_cells(base_dir: str) -> dict:
 # * dpo: a PreferenceModel's DPO loss on prepared pairs against its reference's scores
 #   kept beside them, warm-started from that reference (tests/support/chats.py
 #   scored_pairs); tests/test_reference.py checks it from its start (log 2) and resumed;
+# * dpo_held: the same loss against a reference held in memory (PreferenceModel.reference:
+#   an untrained LanguageModel's checkpoint, which it starts from), on several workers too;
 # * lora: rank-2 adapters on a LanguageModel's projections over a frozen base
 #   (models/lora.py, tests/support/chats.py lora_tuned): only they train.
 RECIPE_STEPS = 5
@@ -541,6 +543,16 @@ def _dpo(settings: dict, model_dir: str) -> dict:
     )
 
 
+def _dpo_held(settings: dict, model_dir: str) -> dict:
+    from tests.support import chats
+
+    base = chats.untrained_base()
+    pairs = chats.prepared_pairs()
+    return chats.tuned(
+        model_dir, RECIPE_STEPS, "dpo", pairs, held=base, warm_start_from=base, **settings
+    )
+
+
 def _lora(settings: dict, model_dir: str) -> dict:
     from tests.support import chats
 
@@ -553,6 +565,7 @@ RECIPES = {
     "budgeted_tokens": _budgeted_tokens,
     "sft_packed": _sft_packed,
     "dpo": _dpo,
+    "dpo_held": _dpo_held,
     "lora": _lora,
 }
 # Recipes whose start is one process's own: DPO's reference pass scores the pairs in
