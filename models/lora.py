@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from trainer import ModelFn, UserError, errors, warm_start
+from trainer import ModelFn, UserError, errors, internals, warm_start
 
 # The Transformer blocks' projections (models/transformer/blocks.py), by Keras path.
 PROJECTIONS = (r"(attention|cross)/(query|key|value|out)$", r"mlp_(in|out)$")
@@ -72,9 +72,9 @@ class LoRA(ModelFn):
         if alpha is not None:
             errors.check_number("LoRA.alpha", alpha, 0)
         if isinstance(layers, str) or not layers:
+            fix = f"write [{layers!r}]" if layers else "give one at least"
             raise UserError(
-                f"LoRA.layers must be a list of regular expressions, got {layers!r}: "
-                f"write [{layers!r}]"
+                f"LoRA.layers must be a list of regular expressions, got {layers!r}: {fix}"
             )
         for pattern in layers:
             try:
@@ -102,6 +102,7 @@ class LoRA(ModelFn):
         """Loads and freezes the base, then adds the adapters (once)."""
         if self._layers:
             return
+        self.adapted.variables_made()  # its own first (a PreferenceModel's reference)
         layers = adapted_layers(self.adapted, self.patterns)
         frozen = self.adapted.trainable_variables
         load_base(self.adapted, self.base, self.base_map)
@@ -128,15 +129,15 @@ class LoRA(ModelFn):
     def merged(self):
         """Each adapted kernel ``W + alpha / rank * A B`` while inside, without adapters."""
         layers = list(self._layers.values())
-        kept = [layer._kernel.numpy() for layer in layers]
+        kept = [internals.stored_kernel(layer).numpy() for layer in layers]
         try:
             for layer in layers:
-                layer._kernel.assign(merged_kernel(layer))
+                internals.stored_kernel(layer).assign(merged_kernel(layer))
                 layer.lora_enabled = False
             yield self
         finally:
             for layer, kernel in zip(layers, kept, strict=True):
-                layer._kernel.assign(kernel)
+                internals.stored_kernel(layer).assign(kernel)
                 layer.lora_enabled = True
 
 
@@ -148,7 +149,7 @@ def layer_seed(seed: int, name: str) -> int:
 def merged_kernel(layer: keras.layers.Dense) -> tf.Tensor:
     """``W + alpha / rank * A B`` in float32 (Keras's own sum in the adapted layer's call)."""
     delta = tf.matmul(layer.lora_kernel_a.value, layer.lora_kernel_b.value)
-    return layer._kernel.value + (layer.lora_alpha / layer.lora_rank) * delta
+    return internals.stored_kernel(layer).value + (layer.lora_alpha / layer.lora_rank) * delta
 
 
 def adapted_layers(model: ModelFn, patterns: Sequence[str]) -> dict[str, keras.layers.Dense]:
@@ -163,10 +164,10 @@ def adapted_layers(model: ModelFn, patterns: Sequence[str]) -> dict[str, keras.l
     """
     dense = {}
     for layer in model.layers:
-        for inner in [layer, *layer._flatten_layers(include_self=False)]:
+        for inner in internals.sublayers(layer):
             if isinstance(inner, keras.layers.Dense):
-                dense[id(inner._kernel)] = inner
-    kernels = [layer._kernel for layer in dense.values()]
+                dense[id(internals.stored_kernel(inner))] = inner
+    kernels = list(map(internals.stored_kernel, dense.values()))
     names = warm_start.object_names(model, kernels)
     named = {names[id(k)].rsplit("/", 1)[0]: dense[id(k)] for k in kernels}
     for pattern in patterns:

@@ -48,6 +48,20 @@ def test_keras_layer__flatten_layers__get_own_losses__clear_losses():
     assert internals.own_losses(inner) == []
 
 
+def test_keras_dense__kernel_is_the_stored_kernel_lora_adds_to():
+    dense = keras.layers.Dense(3)
+    dense.build((None, 4))
+    stored = internals.stored_kernel(dense)
+    assert stored is dense.kernel and stored.trainable
+    dense.enable_lora(2)
+    dense.lora_kernel_b.assign(np.ones((2, 3), np.float32))
+    delta = dense.lora_kernel_a.numpy() @ dense.lora_kernel_b.numpy()
+    assert internals.stored_kernel(dense) is stored and not stored.trainable
+    np.testing.assert_allclose(np.asarray(dense.kernel), stored.numpy() + delta, rtol=1e-6)
+    dense.lora_enabled = False  # models/lora.py's merge: the kernel property is the stored one
+    assert dense.kernel is stored
+
+
 def test_keras_layer__trainable_variables__non_trainable_variables():
     class Counting(keras.Model):
         def __init__(self):
@@ -237,6 +251,7 @@ def test_gin_config__REGISTRY():
 
 
 def test_gin_config__CONFIG():
+    from trainer.cli import gin_config  # noqa: F401 (gin knows Keras's optimizers then)
 
     gin.parse_config("Adam.learning_rate = 0.5")
     assert {key: dict(value) for key, value in internals.gin_bindings().items()} == {

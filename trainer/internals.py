@@ -55,6 +55,14 @@ def sublayers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
     return layer._flatten_layers(include_self=True, recursive=True)
 
 
+def stored_kernel(layer: keras.layers.Dense):
+    """A Dense layer's kernel variable as stored, without its LoRA adapters.
+
+    Its ``kernel`` property adds them once ``enable_lora`` has made them.
+    """
+    return layer._kernel
+
+
 def own_variables(layer: keras.layers.Layer) -> list:
     """The variables ``layer`` itself made (``add_weight``), not its sublayers'.
 
