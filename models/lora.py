@@ -1,7 +1,7 @@
 """LoRA: a model fine-tuned through low-rank adapters on its projections, its base frozen.
 
-``LoRA(model, base)`` wraps a model of ``models/`` (a ``LanguageModel``, a
-``PreferenceModel``, a ``TextClassifier``). Once its variables exist, every one of them
+``LoRA(model, base)`` wraps a model of ``models/`` on Transformer blocks (a
+``LanguageModel``, a ``PreferenceModel``). Once its variables exist, every one of them
 is loaded from ``base`` (the checkpoint of the model it fine-tunes) and frozen, and
 each Dense layer whose name matches one of ``layers`` (by default the attention's
 query, key, value and output projections and the MLP's two) learns ``W + alpha / rank

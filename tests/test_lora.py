@@ -179,3 +179,15 @@ def test_under_mixed_bfloat16_the_adapters_are_float32(tmp_path):
     assert {v.dtype for v in model.trainable_variables} == {"float32"}
     assert np.abs(query.lora_kernel_b.numpy()).max() > 0
     assert np.isfinite(estimator.evaluate(input_fn)["loss"])
+
+
+def test_a_preference_model_tunes_through_adapters(tmp_path):
+    """LoRA over a PreferenceModel (SimPO on pairs), from a LanguageModel's checkpoint:
+    its variables are named as the language model's, so the base loads as it is."""
+    model = LoRA(chats.preference_model("simpo"), chats.untrained_base(), rank=2)
+    estimator = trainer.Estimator(
+        model, str(tmp_path / "lora"), global_batch_size=16, progress=False
+    )
+    estimator.train(functools.partial(input_fns.pairs_input_fn, data_dir=chats.prepared_pairs()), 2)
+    assert len(model.trainable_variables) == 12
+    assert all(np.abs(layer.lora_kernel_b.numpy()).max() > 0 for layer in model._layers.values())
