@@ -59,7 +59,9 @@ def page(served):
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1280, "height": 900})  # a desktop's
-        page.set_default_timeout(10_000)
+        # A bound on waiting, not a speed: with the suite's other worker busy on both
+        # cores, Chromium's first page once took over 10 s to load.
+        page.set_default_timeout(60_000)
         yield page
         browser.close()
 
@@ -95,7 +97,7 @@ def test_chromium_search_finds_early_stopping(page, served):
     # query was read empty after focus and never searched.
     page.locator("input.md-search__input").press_sequentially("EarlyStopping")  # the header's
     results = page.locator(".md-search-result__item a")
-    results.first.wait_for(timeout=30_000)  # the web worker indexes the site first
+    results.first.wait_for(timeout=60_000)  # the web worker indexes the site first
     links = [results.nth(i).get_attribute("href") for i in range(results.count())]
     # The callbacks' section, which names it, with the word marked on the page.
     assert served + "keras.html?h=earlystopping#callbacks" in links, links
