@@ -104,10 +104,15 @@ class LoRA(ModelFn):
             return
         self.adapted.variables_made()  # its own first (a PreferenceModel's reference)
         layers = adapted_layers(self.adapted, self.patterns)
-        frozen = self.adapted.trainable_variables
-        load_base(self.adapted, self.base, self.base_map)
-        for variable in frozen:
-            variable.trainable = False
+        frozen = warm_start.load_frozen(
+            self.adapted,
+            self.base,
+            "LoRA.base",
+            "the whole model LoRA adapts",
+            "give the checkpoint of that model trained whole (not a LoRA run's), or map "
+            "names with LoRA.base_map",
+            self.base_map,
+        )
         for name, layer in layers.items():
             first = keras.initializers.HeUniform(seed=layer_seed(self.seed, name))
             layer.enable_lora(self.rank, lora_alpha=self.alpha, a_initializer=first)
@@ -186,36 +191,6 @@ def matches_no_layer(pattern: str, paths: list[str]) -> str:
     return (
         f"LoRA.layers pattern {pattern!r} matches none of the model's {len(paths)} Dense "
         f"layers; their names are like {', '.join(close)} (matched with re.search)"
-    )
-
-
-def load_base(model: ModelFn, base: str, names: Mapping[str, str]) -> None:
-    """Gives every variable of ``model`` its value in ``base``.
-
-    Raises:
-      UserError: ``base`` is not there, or lacks a variable of ``model``.
-    """
-    if not tf.io.gfile.exists(base) and not tf.io.gfile.glob(f"{base}.index"):
-        raise UserError(
-            f"LoRA.base {base}: there is nothing there; train the model LoRA fine-tunes "
-            "first, or point LoRA.base at its model_dir"
-        )
-    try:
-        report = warm_start.warm_start(model, base, names=names)
-    except UserError as error:  # nothing loaded
-        raise UserError(base_misfit(base, str(error).split(": ", 1)[-1])) from None
-    missing = [*report["left"], *report["skipped"]]
-    if missing:
-        lacks = f"{len(missing)} variables are not there or differ in shape, like {missing[0]}"
-        raise UserError(base_misfit(base, lacks))
-
-
-def base_misfit(base: str, lacks: str) -> str:
-    """Says that ``base`` is not the whole model LoRA adapts, and why."""
-    return (
-        f"LoRA.base {base} is not the whole model LoRA adapts ({lacks}): give the "
-        "checkpoint of that model trained whole (not a LoRA run's), or map names with "
-        "LoRA.base_map"
     )
 
 

@@ -140,9 +140,10 @@ class PreferenceModel(LanguageModel):
                 "needs none: unbind it, or choose loss = 'dpo'"
             )
         self.loss, self.beta, self.gamma, self.reference = loss, beta, gamma, reference
-        # Held outside the tracked attributes: neither trained nor checkpointed.
-        stack = type(self.stack).from_config(self.stack.get_config())
-        self._held = _Held(LanguageModel(vocab_size, stack)) if reference else None
+        self._held = None  # the reference held in memory, if it is
+        if reference is not None:  # outside the tracked attributes: not trained, not saved
+            stack = type(self.stack).from_config(self.stack.get_config())
+            self._held = _Held(LanguageModel(vocab_size, stack))
 
     def variables_made(self) -> None:
         """With a reference held in memory: its variables made, loaded and frozen."""
@@ -151,16 +152,13 @@ class PreferenceModel(LanguageModel):
         model = self._held.model
         tokens = tf.ones([1, 1], tf.int32)
         model.logits(tokens, segments_of({}, tokens), positions_of({}, tokens))
-        report = warm_start.warm_start(model, self.reference)
-        missing = [*report["left"], *report["skipped"]]
-        if missing:
-            raise UserError(
-                f"PreferenceModel.reference {self.reference} is not a model of this one's "
-                f"stack ({len(missing)} variables are not there or differ in shape, like "
-                f"{missing[0]}): give the model_dir of the model DPO starts from"
-            )
-        for variable in model.trainable_variables:
-            variable.trainable = False
+        warm_start.load_frozen(
+            model,
+            self.reference,
+            "PreferenceModel.reference",
+            "a model of this one's stack",
+            "give the model_dir of the model DPO starts from",
+        )
         self._held.loaded = True
 
     def __call__(self, features, labels, mode):

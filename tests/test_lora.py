@@ -14,7 +14,6 @@ import tensorflow as tf
 import trainer
 from datasets.chat import input_fns
 from models.lora import LoRA
-from models.transformer import LanguageModel, Transformer
 from tests.support import chats
 from trainer import Mode, warm_start
 from trainer.settings import Checkpoints
@@ -30,12 +29,8 @@ def base() -> str:
     return model_dir
 
 
-def language_model() -> LanguageModel:
-    return LanguageModel(vocab_size=258, stack=Transformer(width=16, depth=1, heads=2))
-
-
 def lora_estimator(model_dir: str, **lora) -> trainer.Estimator:
-    model = LoRA(language_model(), base(), rank=lora.pop("rank", 2), **lora)
+    model = LoRA(chats.language_model(), base(), rank=lora.pop("rank", 2), **lora)
     return trainer.Estimator(
         model,
         model_dir,
@@ -152,7 +147,7 @@ def test_a_lora_that_cannot_be_is_refused_in_one_line(tmp_path, settings, said):
 
 def test_a_base_that_is_not_the_whole_model_is_refused(tmp_path):
     lora_estimator(str(tmp_path / "lora")).train(input_fn, 2)
-    model = LoRA(language_model(), str(tmp_path / "lora"), rank=2)  # a LoRA run's adapters
+    model = LoRA(chats.language_model(), str(tmp_path / "lora"), rank=2)  # a LoRA run's adapters
     estimator = trainer.Estimator(model, str(tmp_path / "again"), progress=False)
     with pytest.raises(trainer.UserError) as error:
         estimator.train(input_fn, 2)
@@ -162,7 +157,7 @@ def test_a_base_that_is_not_the_whole_model_is_refused(tmp_path):
 def test_under_mixed_bfloat16_the_adapters_are_float32(tmp_path):
     trainer.set_precision("mixed_bfloat16")
     try:
-        model = LoRA(language_model(), base(), rank=2)
+        model = LoRA(chats.language_model(), base(), rank=2)
     finally:
         trainer.set_precision(None)
     estimator = trainer.Estimator(

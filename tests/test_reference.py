@@ -138,6 +138,12 @@ def test_a_reference_held_in_memory_trains_what_its_stored_scores_train(scored, 
         assert logged["held"][name] == pytest.approx(logged["stored"][name], abs=1e-5)
     with pytest.raises(UserError, match="given twice"):
         run("both", reference=scored.reference, held=scored.reference)
+    nowhere = str(tmp_path / "absent")  # not the run's own model_dir
+    with pytest.raises(UserError, match=f"PreferenceModel.reference {nowhere}: there is nothing"):
+        run("nowhere", held=nowhere)
+    (tmp_path / "empty").mkdir()  # a folder, no checkpoint in it
+    with pytest.raises(UserError, match="reference .*/empty: the directory holds no checkpoint"):
+        run("empty_run", held=str(tmp_path / "empty"))
 
 
 def test_scores_of_another_checkpoint_or_preparation_are_one_line(scored, tmp_path):

@@ -89,6 +89,53 @@ def warm_start(
     return report
 
 
+def load_frozen(
+    model_fn,
+    source: str,
+    setting: str,
+    whole: str,
+    fix: str,
+    names: Mapping[str, str] | None = None,
+) -> list:
+    """Gives every variable of ``model_fn`` its value in ``source``, then freezes it.
+
+    For a model that is another's base or copy (a LoRA's base, DPO's reference held in
+    memory): all of it must load. Returns the variables it froze.
+
+    Args:
+      model_fn: the model, its variables made.
+      source: a checkpoint or model_dir, as ``warm_start`` takes it.
+      setting: where ``source`` was given (``'LoRA.base'``), named in the refusals.
+      whole: what ``source`` must be (``'the whole model LoRA adapts'``).
+      fix: what to give instead, when it is not.
+      names: as ``warm_start``'s.
+
+    Raises:
+      UserError: nothing is at ``source``, or it lacks a variable of ``model_fn``.
+    """
+    try:
+        found = Source(source)
+    except UserError as error:  # its own words, but for the setting that gave it
+        why = str(error).split(": ", 1)[-1].split(";")[0]
+        raise UserError(
+            f"{setting} {source}: {why}; train that model first, or point {setting} at its "
+            "model_dir"
+        ) from None
+    try:
+        report = warm_start(model_fn, found, names=names)
+    except UserError as error:  # nothing loaded
+        lacks = str(error).split(": ", 1)[-1]
+        raise UserError(f"{setting} {source} is not {whole} ({lacks}): {fix}") from None
+    missing = [*report["left"], *report["skipped"]]
+    if missing:
+        lacks = f"{len(missing)} variables are not there or differ in shape, like {missing[0]}"
+        raise UserError(f"{setting} {source} is not {whole} ({lacks}): {fix}")
+    frozen = model_fn.trainable_variables
+    for variable in frozen:
+        variable.trainable = False
+    return frozen
+
+
 def describe(report: Mapping[str, list[str]], available: int) -> str:
     """The report in one line: counts, and the first few names of each kind."""
 
