@@ -21,7 +21,9 @@ is written encoded, as image folders are. Train with
 (``datasets/text/``); train with ``text.input_fn.data_dir = 'data/reviews'``.
 ``--chat`` is a file of chats (a ``messages`` column of ``{role, content}`` turns:
 JSON lines, Parquet, a save_to_disk folder) rendered by ``--chat_template``
-(``datasets/chat/``); train with ``chat.input_fn.data_dir = 'data/chats'``.
+(``datasets/chat/``); train with ``chat.input_fn.data_dir = 'data/chats'``. Its
+ids are bytes, or with ``--preset DIR`` the tokens of that keras-hub model's own
+tokenizer, for that model (a ``GPT2CausalLM``).
 ``--pairs`` is a file of preference pairs (``prompt``, ``chosen``, ``rejected``),
 each answer rendered after its prompt by the same template.
 """
@@ -75,6 +77,12 @@ flags.DEFINE_string(
     "marks the assistant's part with {% generation %}.",
 )
 flags.DEFINE_string("messages_field", "messages", "--chat: the column holding each chat.")
+flags.DEFINE_string(
+    "preset",
+    None,
+    "--chat, --pairs: tokenize with this keras-hub model's own tokenizer (a directory written by "
+    "save_to_preset, or in Hugging Face's layout), for that model; default: bytes.",
+)
 flags.DEFINE_string(
     "text_field", "text", "--text: the field of JSON lines or CSV holding the text."
 )
@@ -136,7 +144,12 @@ def main(argv: list[str]) -> None:
             from datasets.chat import pairs
 
             metadata = pairs.prepare(
-                FLAGS.pairs, FLAGS.out, FLAGS.chat_template, FLAGS.eval_fraction, FLAGS.shards or 4
+                FLAGS.pairs,
+                FLAGS.out,
+                FLAGS.chat_template,
+                FLAGS.eval_fraction,
+                FLAGS.shards or 4,
+                FLAGS.preset,
             )
         elif FLAGS.chat:
             from datasets.chat import preparation as chats
@@ -148,6 +161,7 @@ def main(argv: list[str]) -> None:
                 FLAGS.messages_field,
                 FLAGS.eval_fraction,
                 FLAGS.shards or 4,
+                FLAGS.preset,
             )
         elif FLAGS.text:
             from datasets.text import preparation
@@ -203,8 +217,9 @@ def check_flags() -> None:
         raise UserError(f"--{given[0]} applies to --text only: drop it")
     if FLAGS["messages_field"].present and not FLAGS.chat:
         raise UserError("--messages_field applies to --chat only: drop it")
-    if FLAGS["chat_template"].present and not (FLAGS.chat or FLAGS.pairs):
-        raise UserError("--chat_template applies to --chat and --pairs only: drop it")
+    for name in ("chat_template", "preset"):
+        if FLAGS[name].present and not (FLAGS.chat or FLAGS.pairs):
+            raise UserError(f"--{name} applies to --chat and --pairs only: drop it")
     tokenizer = FLAGS.tokenizer
     if FLAGS.vocab and tokenizer not in ("wordpiece", "sentencepiece"):
         raise UserError(

@@ -46,6 +46,9 @@ NOT_RUN = {
     "sqlite:///mlflow.db": "a server that runs until stopped: tests/test_tracking.py starts "
     "one the same way, on a free port",
     "python3 -m trainer --gin_file experiments/cifar10_alexnet.gin --num_devices 8": "8 GPUs",
+    "python3 -m datasets.prepare --chat data/chats.jsonl --out data/gpt2_chats --preset "
+    "presets/gpt2_chat": "a user's preset: tests/test_hub_sft.py saves a GPT-2 there and runs "
+    "the command as written, in that folder",
     'python3 -c "import keras; keras.applications.MobileNetV2(include_top=False, '
     "input_shape=(96, 96, 3), pooling='avg').save('mobilenet_v2.keras')\"": "downloads "
     "ImageNet's weights; the fine-tuning test saves the same model made with weights=None",

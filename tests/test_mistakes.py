@@ -506,6 +506,7 @@ FAULT_TESTS = (
     "tests/test_preference.py",
     "tests/test_reference.py",
     "tests/test_lora.py",
+    "tests/test_hub_sft.py",
 )
 
 

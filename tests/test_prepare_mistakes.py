@@ -165,6 +165,15 @@ ROWS = {
         ["--text", CORPUS, "--out", "out", "--chat_template", "chatml"],
         r"--chat_template applies to --chat and --pairs only: drop it",
     ),
+    "preset_for_text": (
+        ["--text", CORPUS, "--out", "out", "--preset", "presets/gpt2"],
+        r"--preset applies to --chat and --pairs only: drop it",
+    ),
+    "preset_missing": (
+        ["--chat", "chats.jsonl", "--out", "out", "--preset", "presets/gpt2"],
+        r"--preset presets/gpt2: no such folder; give a directory written by save_to_preset "
+        r"or in Hugging Face's layout \(or, with internet, a preset's name\)",
+    ),
     "csv_row_ragged": (
         ["--text", "ragged.csv", "--out", "out"],
         r"ragged\.csv:3: 3 fields where the header row has 2: quote a field that holds a comma",

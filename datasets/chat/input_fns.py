@@ -16,6 +16,13 @@ to plan.
 then be cut off whole is refused before the first step, counted, with the first
 one's row. PREDICT gives each chat's prompt, its tokens up to the first answer, for
 a model to continue.
+
+Chats prepared with a keras-hub model's tokenizer (``prepare --preset``) are for that
+model, given as it is (a ``GPT2CausalLM`` without its preprocessor): each batch is
+what Keras's ``fit`` takes, ``({'token_ids', 'padding_mask'}, targets, mask)``, the
+mask its sample weights, so that a loss of ``reduction='mean_with_sample_weight'`` is
+the mean over the assistant's tokens. Its backbone takes no segment ids, so they are
+batched padded, never packed.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import gin
 import numpy as np
 import tensorflow as tf
 
-from datasets import pipeline
+from datasets import packing, pipeline
 from datasets.chat import preparation, scores
 from datasets.records import shards
 from datasets.text import input_fns as text
@@ -63,6 +70,32 @@ def model_inputs(example: dict):
     return {"tokens": example["tokens"]}, labels
 
 
+def backbone_inputs(example: dict):
+    """``({'token_ids', 'padding_mask'}, {'targets', 'mask'})``: a keras-hub backbone's inputs.
+
+    The padding mask is 1 at each of the chat's tokens, so that its padding in a batch
+    reads 0 (id 0 is a token of the model's own).
+    """
+    features, labels = model_inputs(example)
+    tokens = features["tokens"]
+    return {"token_ids": tokens, "padding_mask": tf.ones_like(tokens)}, labels
+
+
+def weighted(features: dict, labels: dict):
+    """A batch as Keras's ``fit`` takes it, ``(x, y, sample_weight)``: the mask weighs."""
+    return features, labels["targets"], labels["mask"]
+
+
+def check_not_packed(data_dir: str) -> None:
+    """Refuses packing for a keras-hub model's chats: its backbone takes no segment ids."""
+    if packing.knobs().active:
+        raise UserError(
+            f"packing.length: {data_dir} holds chats for a keras-hub model, whose backbone "
+            "takes no segment ids, so packed chats would attend to each other: unbind "
+            "packing.length (lengths.buckets or lengths.token_budget batch them by length)"
+        )
+
+
 @gin.configurable("chat.input_fn")
 def input_fn(
     mode: Mode,
@@ -94,14 +127,19 @@ def input_fn(
     entry = metadata["splits"][split]
     kept = text.kept_lengths(data_dir, entry) - 1  # an example is its chat but the last token
     starts = preparation.answer_starts(data_dir, entry)
+    for_keras = "preset" in metadata  # tokenized for a keras-hub model, given as it is
+    if for_keras:
+        check_not_packed(data_dir)
+    inputs = backbone_inputs if for_keras else model_inputs
     if mode == Mode.PREDICT:
         source = text.split_examples(data_dir, metadata, paths, split, prompt_of, starts)
-        return pipeline.build(source, mode, params, model_inputs, name=f"prompts-{split}")
+        return pipeline.build(source, mode, params, inputs, name=f"prompts-{split}")
     if length is not None:
         check_answers_kept(starts, length, f"{data_dir}'s {split} split")
         kept = np.minimum(kept, length)
     source = text.split_examples(data_dir, metadata, paths, split, next_of_chat(length), kept)
-    return pipeline.build(source, mode, params, model_inputs, name=f"chats-{split}")
+    batches = pipeline.build(source, mode, params, inputs, name=f"chats-{split}")
+    return batches.map(weighted) if for_keras else batches
 
 
 def check_answers_kept(starts: np.ndarray, length: int, where: str) -> None:

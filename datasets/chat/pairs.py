@@ -7,7 +7,8 @@ the assistant's turns that follow it). JSON lines, Parquet or a ``save_to_disk``
 folder, read in place.
 
 Each pair is rendered twice by the chat template, the prompt followed by each
-answer, and tokenized by bytes (``preparation.tokens_and_mask``): a record holds
+answer, and tokenized (``preparation.tokens_and_masks``: by bytes, or the tokenizer
+of ``--preset``): a record holds
 ``chosen`` and ``rejected``, each chat's ids, and ``chosen_mask`` and
 ``rejected_mask``, 1 where the answer's tokens are: what a preference loss sums each
 answer's log-probabilities over. The lengths kept are each pair's longer chat.
@@ -23,7 +24,7 @@ import json
 
 import numpy as np
 
-from datasets.chat import preparation
+from datasets.chat import preparation, tokenizing
 from datasets.tables import columns, source
 from datasets.text import writing
 from trainer import UserError
@@ -38,26 +39,31 @@ def prepare(
     template: str = "chatml",
     eval_fraction: float = 0.1,
     num_shards: int = 4,
+    preset: str | None = None,
 ) -> dict:
-    """Renders, tokenizes and writes the pairs of ``path``; returns ``dataset.json``."""
+    """Renders, tokenizes and writes the pairs of ``path``; returns ``dataset.json``.
+
+    ``preset``: a keras-hub preset whose tokenizer makes the ids (None: bytes).
+    """
     chat_template = preparation.checked(
         path, out_dir, template, eval_fraction, num_shards, "--pairs"
     )
+    tokenizer = tokenizing.tokenizer_of(preset)
     rows = source.rows_of(path, kinds_of(path), keep_index=False)
     features = (
-        (pair_features(chat_template, *pair, f"{path}, pair {number + 1}"),)
+        (pair_features(chat_template, tokenizer, *pair, f"{path}, pair {number + 1}"),)
         for number, pair in enumerate(read(rows))
     )
 
     def described(splits: dict) -> dict:
-        found = preparation.description(chat_template, path, "prompt", splits)
+        found = preparation.description(chat_template, tokenizer, path, "prompt", splits)
         return found | {"kind": "pairs", "field": list(FIELDS)}
 
     return preparation.write_prepared(
         out_dir,
         len(rows),
         eval_fraction,
-        lambda staging, split, count: PairWriter(staging, split, count, num_shards),
+        lambda staging, split, count: PairWriter(staging, split, count, num_shards, tokenizer),
         features,
         chat_template,
         described,
@@ -67,14 +73,21 @@ def prepare(
 class PairWriter(writing.SplitWriter):
     """A split's pairs: their records and lengths (each pair's longer chat), no stream."""
 
-    def __init__(self, out_dir: str, split: str, count: int, num_shards: int):
+    def __init__(
+        self,
+        out_dir: str,
+        split: str,
+        count: int,
+        num_shards: int,
+        tokenizer: tokenizing.Bytes | tokenizing.Preset,
+    ):
         super().__init__(
             out_dir,
             split,
             count,
             num_shards,
-            preparation.VOCAB_SIZE,
-            preparation.END,
+            tokenizer.vocab_size,
+            tokenizer.end,
             stream=False,  # a language model's windows are documents', not pairs'
         )
 
@@ -111,15 +124,19 @@ def _turns(value, kind: str, role: str) -> list[dict]:
     return json.loads(text) if kind == "messages" else [{"role": role, "content": text}]
 
 
-def pair_features(template, prompt, chosen, rejected, where: str) -> dict[str, np.ndarray]:
-    """A pair's record: each answer after the prompt, rendered, with its mask."""
+def pair_features(
+    template, tokenizer, prompt, chosen, rejected, where: str
+) -> dict[str, np.ndarray]:
+    """A pair's record: each answer after the prompt, rendered, tokenized, with its mask."""
     if chosen == rejected:
         raise UserError(
             f"{where}: the chosen and rejected answers are the same, so the pair prefers "
             "nothing: drop it, or give the answer it is preferred to"
         )
+    answers = {"chosen": chosen, "rejected": rejected}
+    chats = [(prompt + answer, f"{where} ({name})") for name, answer in answers.items()]
+    made = preparation.tokens_and_masks(template, tokenizer, chats)
     found = {}
-    for name, answer in (("chosen", chosen), ("rejected", rejected)):
-        ids, mask = preparation.tokens_and_mask(template, prompt + answer, f"{where} ({name})")
+    for name, (ids, mask) in zip(answers, made, strict=True):
         found[name], found[f"{name}_mask"] = ids, mask
     return found

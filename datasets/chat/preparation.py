@@ -2,11 +2,12 @@
 
 Each row's ``messages`` (JSON lines, Parquet or a ``save_to_disk`` folder, read in
 place as ``datasets/tables`` reads them) is rendered by the chat template
-(``templates.template_of``) and tokenized by bytes. A record holds the chat's ``tokens``
-and its ``mask``: 1 for each token of an assistant's ``{% generation %}`` span, what
-a loss over the assistant's tokens counts. Each chat ends with the end-of-document
-id, marked when the last turn is the assistant's: a model learns where an answer
-stops (and ``LanguageModel.eos`` stops generating there).
+(``templates.template_of``) and tokenized by bytes, or by a keras-hub model's own
+tokenizer (``--preset``: ``tokenizing``). A record holds the chat's ``tokens`` and its
+``mask``: 1 for each token of an assistant's ``{% generation %}`` span, what a loss
+over the assistant's tokens counts. Each chat ends with the end-of-document id (the
+tokenizer's end token), marked when the last turn is the assistant's: a model learns
+where an answer stops (and ``LanguageModel.eos`` stops generating there).
 
 Beside each split's shards and lengths (as ``prepare --text`` writes them) lies
 ``<split>-answers.npy``: where each chat's first assistant token is, so that a length
@@ -27,14 +28,12 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from datasets.chat import templates
+from datasets.chat import templates, tokenizing
 from datasets.records import shards
 from datasets.tables import source
 from datasets.text import writing
 from trainer import UserError, errors, owned_dirs, whole_files
 
-END = 257  # a byte's id is its value + 1, 0 pads: the id after them ends a chat
-VOCAB_SIZE = 258
 ANSWERS = "-answers.npy"  # beside the shards: each chat's first assistant token, by row
 
 
@@ -45,31 +44,33 @@ def prepare(
     field: str = "messages",
     eval_fraction: float = 0.1,
     num_shards: int = 4,
+    preset: str | None = None,
 ) -> dict:
     """Renders, tokenizes and writes the chats of ``path``; returns ``dataset.json``.
 
     ``template``: 'chatml', a Hugging Face-layout model directory or a Jinja file.
-    ``eval_fraction`` of the chats, spread evenly, are the ``test`` split.
+    ``eval_fraction`` of the chats, spread evenly, are the ``test`` split. ``preset``:
+    a keras-hub preset whose tokenizer makes the ids (None: bytes).
     """
     chat_template = checked(path, out_dir, template, eval_fraction, num_shards, "--chat")
+    tokenizer = tokenizing.tokenizer_of(preset)
     rows = source.rows_of(path, {field: "messages"}, keep_index=False)
 
     def chats():
         number = 0
         for chunk in source.chunks(rows, field, writing.CHUNK):
-            for chat in chunk:
-                where = f"{path}, chat {number + 1}"
-                yield tokens_and_mask(chat_template, json.loads(chat), where)
-                number += 1
+            said = [(json.loads(c), f"{path}, chat {number + i + 1}") for i, c in enumerate(chunk)]
+            yield from tokens_and_masks(chat_template, tokenizer, said)
+            number += len(chunk)
 
     return write_prepared(
         out_dir,
         len(rows),
         eval_fraction,
-        lambda staging, split, count: ChatWriter(staging, split, count, num_shards),
+        lambda staging, split, count: ChatWriter(staging, split, count, num_shards, tokenizer),
         chats(),
         chat_template,
-        lambda splits: description(chat_template, path, field, splits),
+        lambda splits: description(chat_template, tokenizer, path, field, splits),
     )
 
 
@@ -123,26 +124,41 @@ def write_prepared(
     return shards.read_metadata(out_dir)
 
 
-def tokens_and_mask(
-    template: templates.ChatTemplate, messages: list[dict], where: str
-) -> tuple[np.ndarray, np.ndarray]:
-    """A chat's byte ids and assistant mask, then the end id (marked after an answer)."""
-    rendered = template.render(messages, where=where)
-    ids, mask = rendered.bytes_and_mask()
-    if not mask.any():
-        raise UserError(
-            f"{where}: the chat has no assistant turn, so there is nothing to learn from it: "
-            "drop it, or end it with the answer"
-        )
-    ends = messages[-1]["role"] == "assistant"
-    return np.append(ids, END), np.append(mask, ends).astype(np.int64)
+def tokens_and_masks(
+    template: templates.ChatTemplate,
+    tokenizer: tokenizing.Bytes | tokenizing.Preset,
+    chats: list[tuple[list[dict], str]],
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each chat's ids and assistant mask, then the end id (marked after an answer).
+
+    ``chats``: each chat's turns and where it is, for a refusal.
+    """
+    rendered = [template.render(messages, where=where) for messages, where in chats]
+    found = []
+    made = tokenizer.ids_and_masks(rendered)
+    for (messages, where), (ids, mask) in zip(chats, made, strict=True):
+        if not mask.any():
+            raise UserError(
+                f"{where}: the chat has no assistant turn, so there is nothing to learn from "
+                "it: drop it, or end it with the answer"
+            )
+        ends = messages[-1]["role"] == "assistant"
+        found.append((np.append(ids, tokenizer.end), np.append(mask, ends).astype(np.int64)))
+    return found
 
 
 class ChatWriter(writing.SplitWriter):
     """A split's chats: ``SplitWriter``'s files, and where each one's answer starts."""
 
-    def __init__(self, out_dir: str, split: str, count: int, num_shards: int):
-        super().__init__(out_dir, split, count, num_shards, VOCAB_SIZE, END)
+    def __init__(
+        self,
+        out_dir: str,
+        split: str,
+        count: int,
+        num_shards: int,
+        tokenizer: tokenizing.Bytes | tokenizing.Preset,
+    ):
+        super().__init__(out_dir, split, count, num_shards, tokenizer.vocab_size, tokenizer.end)
         self.answers: list[int] = []
 
     def add(self, ids: np.ndarray, mask: np.ndarray) -> None:  # type: ignore[override]
@@ -158,13 +174,17 @@ class ChatWriter(writing.SplitWriter):
         return entry | {"answers": name}
 
 
-def description(template: templates.ChatTemplate, path: str, field: str, splits: dict) -> dict:
+def description(
+    template: templates.ChatTemplate,
+    tokenizer: tokenizing.Bytes | tokenizing.Preset,
+    path: str,
+    field: str,
+    splits: dict,
+) -> dict:
     """``dataset.json`` of prepared chats."""
     return {
         "kind": "chat",
-        "tokenizer": "bytes",
-        "vocab_size": VOCAB_SIZE,
-        "end_of_document": END,
+        **tokenizer.described(),
         "chat_template": templates.JINJA,
         "template_from": template.name,
         "field": field,

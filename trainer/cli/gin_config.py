@@ -3,10 +3,11 @@
 Importing this module registers the configurables every experiment may use:
 ``Estimator`` (all but what the run itself gives) and its groups of settings
 (``Checkpoints``, ``Devices``, ...: ``GROUPS``), ``KerasModel``, Keras optimizers under
-``optimizers.`` and learning-rate schedules under ``schedules.``. ``parse`` reads
-the gin files and bindings and turns gin's errors into one line with file, line and
-the closest real name (``gin_errors``). ``check_resumable`` compares two operative
-configs before a run resumes under a checkpoint, letting only ``RESUMABLE`` change.
+``optimizers.``, learning-rate schedules under ``schedules.`` and losses under
+``losses.``. ``parse`` reads the gin files and bindings and turns gin's errors into one
+line with file, line and the closest real name (``gin_errors``). ``check_resumable``
+compares two operative configs before a run resumes under a checkpoint, letting only
+``RESUMABLE`` change.
 """
 
 from __future__ import annotations
@@ -82,6 +83,15 @@ for _cls in [
 ]:
     gin.external_configurable(_cls, module="optimizers")
 gin.external_configurable(optimization.momentum, name="Momentum", module="optimizers")
+for _cls in [  # for KerasModel.loss: a keras-hub task's masked loss, say
+    keras.losses.SparseCategoricalCrossentropy,
+    keras.losses.CategoricalCrossentropy,
+    keras.losses.BinaryCrossentropy,
+    keras.losses.MeanSquaredError,
+    keras.losses.MeanAbsoluteError,
+    keras.losses.Huber,
+]:
+    gin.external_configurable(_cls, module="losses")
 gin.external_configurable(optimization.WarmupDecay, module="schedules")
 for _cls in [
     keras.optimizers.schedules.ExponentialDecay,
