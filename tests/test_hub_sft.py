@@ -124,6 +124,35 @@ def test_chats_are_the_models_own_tokens_and_the_mask_spells_the_answers(prepare
     assert any(ord(c) > 127 for m in rows for t in m for c in t["content"])  # «é» among them
 
 
+def test_pairs_prepared_by_the_models_tokenizer_mark_each_answer(prepared, tmp_path):
+    """``prepare --pairs --preset``: each answer's marked tokens detokenize to it and its
+    end marker, after the same prompt's tokens."""
+    from datasets.chat import pairs
+
+    preset = prepared[0]
+    rows = chats.pair_rows(12)
+    source = str(tmp_path / "pairs.jsonl")
+    with open(source, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+    pairs.prepare(source, str(tmp_path / "pairs"), eval_fraction=0.25, preset=preset)
+    tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(preset)
+    found = chats.pair_records(str(tmp_path / "pairs"), "train")
+    found += chats.pair_records(str(tmp_path / "pairs"), "test")
+    by_chosen = {r["chosen"]: r for r in rows}
+    assert len(found) == len(rows)
+    for record in found:
+        said = {}
+        for answer in ("chosen", "rejected"):
+            ids, mask = record[answer], record[f"{answer}_mask"]
+            assert ids[-1] == tokenizer.end_token_id and mask[-1] == 1
+            said[answer] = tokenizer.detokenize(ids[:-1][mask[:-1] == 1])
+            start = int(np.argmax(mask))
+            said[f"{answer}_prompt"] = tuple(ids[:start])
+        assert said["chosen_prompt"] == said["rejected_prompt"]
+        row = by_chosen[said["chosen"].removesuffix("<|im_end|>\n")]
+        assert said["rejected"] == row["rejected"] + "<|im_end|>\n"
+
+
 @pytest.mark.slow
 def test_three_steps_equal_keras_hub_fit_with_a_masked_loss_and_evaluate_alike(prepared, tmp_path):
     """The Estimator trains the model as it is, on the input_fn's (x, y, sample_weight)
