@@ -23,7 +23,7 @@ is written encoded, as image folders are. Train with
 JSON lines, Parquet, a save_to_disk folder) rendered by ``--chat_template``
 (``datasets/chat/``); train with ``chat.input_fn.data_dir = 'data/chats'``. Its
 ids are bytes, or with ``--preset DIR`` the tokens of that keras-hub model's own
-tokenizer, for that model (a ``GPT2CausalLM``).
+tokenizer (byte-pair or SentencePiece), for that model (a ``GPT2CausalLM``).
 ``--pairs`` is a file of preference pairs (``prompt``, ``chosen``, ``rejected``),
 each answer rendered after its prompt by the same template.
 """

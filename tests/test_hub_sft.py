@@ -10,6 +10,7 @@ three steps equal keras-hub's own ``fit`` of the same batches within 2e-5.
 """
 
 import functools
+import io
 import json
 import os
 
@@ -79,6 +80,36 @@ def prepared(tmp_path_factory):
     return preset, jsonl, out
 
 
+def gemma_preset(root: str, texts: list[str]) -> str:
+    """A tiny Gemma saved as a preset, its SentencePiece model trained on ``texts`` as
+    Gemma's was: byte fallback, no normalization, spaces kept, the template's markers
+    whole."""
+    spm = pytest.importorskip("sentencepiece")
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts), model_writer=model, vocab_size=360, model_type="bpe",
+        pad_id=0, eos_id=1, bos_id=2, unk_id=3, pad_piece="<pad>", eos_piece="<eos>",
+        bos_piece="<bos>", unk_piece="<unk>", user_defined_symbols=["<|im_start|>", "<|im_end|>"],
+        byte_fallback=True, normalization_rule_name="identity", remove_extra_whitespaces=False,
+        add_dummy_prefix=False, minloglevel=2,
+    )  # fmt: skip
+    keras.utils.set_random_seed(0)
+    tokenizer = keras_hub.models.GemmaTokenizer(proto=model.getvalue())
+    backbone = keras_hub.models.GemmaBackbone(
+        vocabulary_size=tokenizer.vocabulary_size(),
+        num_layers=1,
+        num_query_heads=2,
+        num_key_value_heads=1,
+        hidden_dim=16,
+        intermediate_dim=32,
+        head_dim=8,
+    )
+    preprocessor = keras_hub.models.GemmaCausalLMPreprocessor(tokenizer, sequence_length=256)
+    preset = os.path.join(root, "gemma_tiny")
+    keras_hub.models.GemmaCausalLM(backbone, preprocessor).save_to_preset(preset)
+    return preset
+
+
 def causal_lm(preset: str, optimizer) -> keras_hub.models.GPT2CausalLM:
     """The preset's model without its preprocessor, its loss the assistant tokens' mean."""
     model = keras_hub.models.GPT2CausalLM.from_preset(preset, preprocessor=None)
@@ -122,6 +153,31 @@ def test_chats_are_the_models_own_tokens_and_the_mask_spells_the_answers(prepare
         )
         assert tokenizer.detokenize(marked) == answers
     assert any(ord(c) > 127 for m in rows for t in m for c in t["content"])  # «é» among them
+
+
+def test_a_sentencepiece_models_chats_are_its_tokens_and_the_mask_holds_each_answer(tmp_path):
+    """Gemma's kind of tokenizer (SentencePiece): the ids are its own of the whole text, and
+    each run of marked tokens is an answer and its end marker, with at most the newline
+    before it, which SentencePiece starts the answer's first piece with."""
+    rows = chats.rows(40)
+    template = templates.template_of("chatml")
+    preset = gemma_preset(str(tmp_path), [template.render(r["messages"]).text for r in rows])
+    jsonl = chats.write(str(tmp_path / "chats.jsonl"), rows)
+    metadata = preparation.prepare(jsonl, str(tmp_path / "chats"), preset=preset)
+    tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(preset)
+    assert metadata["tokenizer"] == "GemmaTokenizer" and metadata["end_of_document"] == 1
+    by_ids = {tuple(tokenizer(template.render(m["messages"]).text)): m["messages"] for m in rows}
+    found = records(str(tmp_path / "chats"), "train") + records(str(tmp_path / "chats"), "test")
+    assert len(found) == len(rows) == len(by_ids)
+    for record in found:
+        messages = by_ids[tuple(record["tokens"][:-1])]
+        ids, mask = record["tokens"][:-1], record["mask"][:-1]
+        answers = [m["content"] + "<|im_end|>\n" for m in messages if m["role"] == "assistant"]
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], mask, [0]])))  # each run's ends
+        said = [
+            tokenizer.detokenize(ids[a:b]) for a, b in zip(edges[::2], edges[1::2], strict=True)
+        ]
+        assert [text.removeprefix("\n") for text in said] == answers
 
 
 def test_pairs_prepared_by_the_models_tokenizer_mark_each_answer(prepared, tmp_path):
@@ -253,7 +309,7 @@ def test_the_guides_command_and_gin_file_fine_tune_as_keras_hub_fit_does(tmp_pat
     assert accuracy == pytest.approx(expected["sparse_categorical_accuracy"], abs=1e-6)
 
 
-def test_a_preset_whose_tokens_do_not_spell_the_text_is_one_line(tmp_path):
+def test_a_wordpiece_preset_is_one_line(tmp_path):
     """A BERT preset's WordPiece tokenizer drops the spaces, so no token's place in the
     text is known: refused in one line, and nothing is written."""
     from tests.support.hub_tasks import classifier
@@ -263,9 +319,9 @@ def test_a_preset_whose_tokens_do_not_spell_the_text_is_one_line(tmp_path):
     with pytest.raises(trainer.UserError) as caught:
         preparation.prepare(jsonl, str(tmp_path / "out"), preset=str(tmp_path / "presets/bert"))
     assert first_line(caught.value) == (
-        f"--preset {tmp_path}/presets/bert: its tokenizer is a BertTokenizer, whose tokens do "
-        "not spell the text's bytes, so the assistant's cannot be found among them; chats are "
-        "prepared with byte-pair tokenizers (GPT-2's, Llama 3's, Qwen's) or bytes (leave "
-        "--preset out)"
+        f"--preset {tmp_path}/presets/bert: its tokenizer is a BertTokenizer, which gives no "
+        "token's place in the text, so the assistant's tokens cannot be found; chats are "
+        "prepared with byte-pair (GPT-2's, Llama 3's, Qwen's) or SentencePiece (Gemma's, "
+        "Llama 2's, Mistral's) tokenizers, or bytes (leave --preset out)"
     )
     assert not (tmp_path / "out").exists()
