@@ -56,6 +56,8 @@ class LoRA(ModelFn):
         same first adapters in any process, on any devices.
     """
 
+    weights_from = "LoRA.base"  # WarmStart.source beside it is refused
+
     def __init__(
         self,
         model: ModelFn = gin.REQUIRED,

@@ -145,6 +145,20 @@ def test_a_lora_that_cannot_be_is_refused_in_one_line(tmp_path, settings, said):
     assert not os.path.exists(tmp_path / "lora" / "checkpoint")
 
 
+def test_warm_start_beside_lora_is_one_line(tmp_path):
+    """WarmStart.source with LoRA (stdlib_sft.gin's, included and not unbound) would look
+    for the base's weights under LoRA's names: refused, naming LoRA.base."""
+    model = LoRA(chats.language_model(), base(), rank=2)
+    with pytest.raises(trainer.UserError) as error:
+        trainer.Estimator(
+            model, str(tmp_path), warm_start=trainer.WarmStart("output/stdlib_lm"), progress=False
+        )
+    assert str(error.value) == (
+        "WarmStart.source = 'output/stdlib_lm' with LoRA, whose weights LoRA.base loads: "
+        "unbind WarmStart.source (give LoRA.base the weights to start from)"
+    )
+
+
 def test_a_base_that_is_not_the_whole_model_is_refused(tmp_path):
     lora_estimator(str(tmp_path / "lora")).train(input_fn, 2)
     model = LoRA(chats.language_model(), str(tmp_path / "lora"), rank=2)  # a LoRA run's adapters

@@ -7,11 +7,12 @@ why, and fails the day it starts to agree (strict xfail), so that the list stays
 """
 
 import logging
+import os
 import tempfile
 
 import pytest
 
-from tests.support import parity
+from tests.support import chats, parity
 from tests.support.helpers import on_two_cpus, on_workers
 from tests.support.parity import check
 
@@ -85,7 +86,9 @@ def test_two_device_cells():
 def test_multi_worker_cells(tmp_path):
     """The multi_worker column's rows, on two worker processes on 127.0.0.1 (one
     cluster for every cell: a process joins one); each worker finds them equal."""
-    found = on_workers(2, "tests.support.parity", "worker_cells", str(tmp_path))
+    # DPO's reference pass, once, before the cluster starts (the workers read its scores)
+    scored = os.path.dirname(chats.scored_pairs()["reference"])
+    found = on_workers(2, "tests.support.parity", "worker_cells", str(tmp_path), scored)
     failures = []
     for worker, cells_found in enumerate(found):
         assert len(cells_found) == len(parity.MULTI_WORKER) + len(parity.SEVERAL_MACHINES)

@@ -52,6 +52,7 @@ from trainer.settings import (
     WarmStart,
 )
 from trainer.summaries import Writers
+from trainer.warm_start import check_source
 from trainer.writer_lock import WriterLock
 
 
@@ -123,6 +124,7 @@ class Estimator:
         errors.check_instance("model_fn", model_fn, ModelFn, "a trainer.ModelFn or a keras.Model")
         groups = (checkpoints, devices, optimization, warm_start, best_export, early_stop)
         settings.check(*groups, summaries, config)
+        check_source(model_fn, warm_start.source)
         self.loop = training.Loop(global_batch_size, steps_per_loop, log_every_steps, progress)
         self.checkpoints, self.warm_start, self.summaries = checkpoints, warm_start, summaries
         self.placement = Placement(devices, global_batch_size)

@@ -280,6 +280,9 @@ class ModelFn(tf.Module):
     # model's own (pretrained, or as its user made it) are to ``model.predict``.
     holds_own_weights = False
     input_map: Callable[[tf.data.Dataset, Mode], tf.data.Dataset] | None = None
+    # The setting a model that loads its own weights loads them from (``'LoRA.base'``):
+    # ``WarmStart.source`` beside it is refused.
+    weights_from: str | None = None
 
     def __call__(
         self, features: Mapping[str, tf.Tensor], labels: Mapping[str, tf.Tensor] | None, mode: Mode

@@ -89,6 +89,20 @@ def warm_start(
     return report
 
 
+def check_source(model_fn, source: str | None) -> None:
+    """Refuses ``WarmStart.source`` beside a model that loads its own weights (``LoRA.base``).
+
+    Warm start would look for the wrapped model's weights under the wrapper's names, and
+    say it loaded nothing; or, named alike, overwrite what the model loaded.
+    """
+    setting = getattr(model_fn, "weights_from", None)
+    if source and setting:
+        raise UserError(
+            f"WarmStart.source = {source!r} with {type(model_fn).__name__}, whose weights "
+            f"{setting} loads: unbind WarmStart.source (give {setting} the weights to start from)"
+        )
+
+
 def load_frozen(
     model_fn,
     source: str,

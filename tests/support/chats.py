@@ -244,11 +244,17 @@ def scored_pairs() -> dict:
     'weights', 'values'}``: its model_dir, the pairs, its weights and the scores."""
     root = tempfile.mkdtemp(prefix="scored-")
     atexit.register(shutil.rmtree, root, True)
-    reference, data_dir = os.path.join(root, "reference"), os.path.join(root, "pairs")
-    weights = tuned(reference, 2, num_devices=1)  # the same in any process
-    shutil.copytree(prepared_pairs(), data_dir)
-    values = scored(data_dir, reference)
-    return {"reference": reference, "data_dir": data_dir, "weights": weights, "values": values}
+    made = scored_at(root)
+    weights = tuned(made["reference"], 2, num_devices=1)  # the same in any process
+    shutil.copytree(prepared_pairs(), made["data_dir"])
+    values = scored(made["data_dir"], made["reference"])
+    return made | {"weights": weights, "values": values}
+
+
+def scored_at(root: str) -> dict:
+    """Where ``scored_pairs()`` keeps its reference and pairs under its folder ``root``:
+    ``{'reference', 'data_dir'}``, as another process (a worker) finds them."""
+    return {"reference": os.path.join(root, "reference"), "data_dir": os.path.join(root, "pairs")}
 
 
 def scored(data_dir: str, reference: str) -> dict:

@@ -457,16 +457,21 @@ def cells(row_names: str, column_names: str) -> dict:
     }
 
 
-def worker_cells(base_dir: str) -> dict:
+def worker_cells(base_dir: str, scored: str) -> dict:
     """The multi_worker column's cells, run by each worker of the cluster alike (every
     worker trains, evaluates and predicts), each cell in a model_dir under ``base_dir``
-    that the workers share."""
+    that the workers share. ``scored``: the folder of ``chats.scored_pairs()``, DPO's
+    pairs scored by its reference before the cluster started, as a user runs the
+    reference pass once before training on several machines."""
+    from tests.support import chats
+
     trainer.make_strategy("multi_worker", [])  # before TensorFlow runs an op
     rows = COLUMNS["multi_worker"].rows
     found = {f"{r} multi_worker": cell(r, "multi_worker", f"{base_dir}/{r}/model") for r in rows}
+    recipes = {**RECIPES, "dpo": functools.partial(_dpo, made=chats.scored_at(scored))}
     for recipe in SEVERAL_MACHINES:
         found[f"{recipe} multi_worker"] = recipe_cell(
-            recipe, "multi_worker", f"{base_dir}/{recipe}"
+            recipe, "multi_worker", f"{base_dir}/{recipe}", recipes
         )
     return found
 
@@ -490,7 +495,8 @@ def worker_cells(base_dir: str) -> dict:
 #   the same chats padded, unpacked (tests/test_sft.py compares micro-batches too);
 # * dpo: a PreferenceModel's DPO loss on prepared pairs against its reference's scores
 #   kept beside them, warm-started from that reference (tests/support/chats.py
-#   scored_pairs); tests/test_reference.py checks it from its start (log 2) and resumed;
+#   scored_pairs; on workers, the test's, scored before the cluster starts);
+#   tests/test_reference.py checks it from its start (log 2) and resumed;
 # * dpo_held: the same loss against a reference held in memory (PreferenceModel.reference:
 #   an untrained LanguageModel's checkpoint, which it starts from), on several workers too;
 # * lora: rank-2 adapters on a LanguageModel's projections over a frozen base
@@ -528,10 +534,10 @@ def _sft_packed(settings: dict, model_dir: str, packed: bool = True) -> dict:
     return chats.trained(model_dir, RECIPE_STEPS, packed, **settings)
 
 
-def _dpo(settings: dict, model_dir: str) -> dict:
+def _dpo(settings: dict, model_dir: str, made: dict | None = None) -> dict:
     from tests.support import chats
 
-    made = chats.scored_pairs()
+    made = made or chats.scored_pairs()  # pairs and scores made in this process
     return chats.tuned(
         model_dir,
         RECIPE_STEPS,
@@ -568,23 +574,23 @@ RECIPES = {
     "dpo_held": _dpo_held,
     "lora": _lora,
 }
-# Recipes whose start is one process's own: DPO's reference pass scores the pairs in
-# each process, which the workers of one cluster would all do at once into one folder.
-ONE_MACHINE = {"dpo"}
-# The others, in RECIPES' order: every worker of a cluster must make its variables in
-# the same order (a set's order differs between processes, by their hash seeds).
-SEVERAL_MACHINES = [name for name in RECIPES if name not in ONE_MACHINE]
+# The recipes run on several workers, in RECIPES' order: every worker of a cluster must
+# make its variables in the same order (a set's order differs between processes, by
+# their hash seeds).
+SEVERAL_MACHINES = list(RECIPES)
 # A recipe whose reference is another way of training it on one device.
 REFERENCES = {"sft_packed": functools.partial(_sft_packed, packed=False)}
 
 
-def recipe_cell(name: str, column_name: str, model_dir: str | None = None) -> dict:
+def recipe_cell(
+    name: str, column_name: str, model_dir: str | None = None, recipes: dict = RECIPES
+) -> dict:
     """Recipe ``name`` trained under a column: ``{'weights': {variable: list}}`` (lists,
-    for JSON; ``recipe_result`` compares them)."""
+    for JSON; ``recipe_result`` compares them). ``recipes``: how each recipe trains."""
     if model_dir is None:
         with tempfile.TemporaryDirectory() as made:
-            return recipe_cell(name, column_name, made)
-    weights = RECIPES[name](COLUMNS[column_name].settings, model_dir)
+            return recipe_cell(name, column_name, made, recipes)
+    weights = recipes[name](COLUMNS[column_name].settings, model_dir)
     return {"weights": {key: value.tolist() for key, value in weights.items()}}
 
 
