@@ -44,6 +44,7 @@ import gin  # noqa: E402
 import keras  # noqa: E402
 from absl import logging  # noqa: E402
 
+from benchmarks import timing  # noqa: E402
 from datasets import stdlib  # noqa: E402
 from datasets.chat import input_fns, pairs, reference  # noqa: E402
 from datasets.records import shards  # noqa: E402
@@ -96,22 +97,16 @@ def pass_rate(data_dir: str, reference_dir: str, shortest_first: bool) -> float:
 def training_rate(data_dir: str, reference_dir: str, seconds: float, chunk: int = 10) -> float:
     """Pairs per second of DPO training on the stored scores, between log steps."""
     gin.bind_parameter("lengths.group_batches", 25)
-    marks = []
-
-    class Timer(keras.callbacks.Callback):
-        def on_epoch_end(self, epoch, logs=None):  # train's epochs are its log periods
-            marks.append((run.step, time.perf_counter()))
-            if marks[-1][1] - marks[0][1] >= seconds:
-                self.model.stop_training = True
 
     input_fn = functools.partial(
         input_fns.pairs_input_fn, data_dir=data_dir, reference=reference_dir
     )
     with tempfile.TemporaryDirectory() as model_dir:
         run = estimator(model_dir, steps_per_loop=chunk, log_every_steps=chunk)
-        run.train(input_fn, 10**9, callbacks=[Timer()])
+        timer = timing.StopAfter(seconds, lambda: run.step)
+        run.train(input_fn, 10**9, callbacks=[timer])
     gin.bind_parameter("lengths.group_batches", 0)
-    (s0, t0), (s1, t1) = marks[1], marks[-1]  # the first period traces the step
+    (s0, t0), (s1, t1) = timer.marks[1], timer.marks[-1]  # the first period traces the step
     return (s1 - s0) * BATCH / (t1 - t0)
 
 

@@ -54,6 +54,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from absl import logging  # noqa: E402
 
+from benchmarks import timing  # noqa: E402
 from datasets import lengths, pipeline  # noqa: E402
 from models.transformer import LanguageModel, Transformer  # noqa: E402
 from trainer import Estimator, InputParams, Mode  # noqa: E402
@@ -173,13 +174,7 @@ def tokens_per_second(row: str, source, seconds: float, chunk: int = 20) -> floa
     """Real tokens/s of one Estimator.train, between its first and last log step."""
     bound(row)
     lm = row in LM_ROWS
-    input_fn, marks = input_fn_of(source, next_tokens if lm else tokens_and_label), []
-
-    class Timer(keras.callbacks.Callback):
-        def on_epoch_end(self, epoch, logs=None):  # train's epochs are its log periods
-            marks.append((estimator.step, time.perf_counter()))
-            if marks[-1][1] - marks[0][1] >= seconds:
-                self.model.stop_training = True
+    input_fn = input_fn_of(source, next_tokens if lm else tokens_and_label), []
 
     with tempfile.TemporaryDirectory() as model_dir:
         estimator = Estimator(
@@ -194,8 +189,9 @@ def tokens_per_second(row: str, source, seconds: float, chunk: int = 20) -> floa
             checkpoints=Checkpoints(every_steps=None, input=False),
             summaries=Summaries(write_graph=False),
         )
-        estimator.train(input_fn, 10**9, callbacks=[Timer()])
-    (s0, t0), (s1, t1) = marks[0], marks[-1]
+        timer = timing.StopAfter(seconds, lambda: estimator.step)
+        estimator.train(input_fn, 10**9, callbacks=[timer])
+    (s0, t0), (s1, t1) = timer.marks[0], timer.marks[-1]
     real = sum(int(b.sum()) for b in stream(row, input_fn, s0, s1 - s0))
     return real / (t1 - t0)
 

@@ -28,7 +28,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -42,6 +41,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from absl import logging  # noqa: E402
 
+from benchmarks import timing  # noqa: E402
 from datasets import stdlib  # noqa: E402
 from datasets.chat import input_fns, preparation  # noqa: E402
 from models.lora import LoRA  # noqa: E402
@@ -105,13 +105,7 @@ def tokens_per_second(data_dir: str, row: str, seconds: float, base: str, chunk:
     """Tokens read per second by one Estimator.train, between its first and last log step."""
     gin.bind_parameter("packing.length", LENGTH)
     gin.bind_parameter("packing.rows_multiple", 8)
-    input_fn, marks = input_fn_of(data_dir, row), []
-
-    class Timer(keras.callbacks.Callback):
-        def on_epoch_end(self, epoch, logs=None):  # train's epochs are its log periods
-            marks.append((estimator.step, time.perf_counter()))
-            if marks[-1][1] - marks[0][1] >= seconds:
-                self.model.stop_training = True
+    input_fn = input_fn_of(data_dir, row), []
 
     with tempfile.TemporaryDirectory() as model_dir:
         estimator = Estimator(
@@ -126,8 +120,9 @@ def tokens_per_second(data_dir: str, row: str, seconds: float, base: str, chunk:
             checkpoints=Checkpoints(every_steps=None, input=False),
             summaries=Summaries(write_graph=False),
         )
-        estimator.train(input_fn, 10**9, callbacks=[Timer()])
-    (s0, t0), (s1, t1) = marks[1], marks[-1]  # the first period traces the step
+        timer = timing.StopAfter(seconds, lambda: estimator.step)
+        estimator.train(input_fn, 10**9, callbacks=[timer])
+    (s0, t0), (s1, t1) = timer.marks[1], timer.marks[-1]  # the first period traces the step
     return read_tokens(input_fn, s0, s1 - s0) / (t1 - t0)
 
 
