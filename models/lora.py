@@ -14,6 +14,11 @@ optimizer's slots and the model's random state): the base is read from ``base`` 
 at every start, so that a resume, an evaluation and a prediction see one model. An
 export merges them into the kernels for its time (``merged``): its outputs are the
 unmerged model's, without the adapters' matmuls.
+
+Over a DPO ``PreferenceModel`` given no other reference (no scores beside the pairs,
+none held in memory), the reference is the base itself: the same weights with the
+adapters off (``adapters_off``), as TRL does for a PEFT model: a second forward pass
+a step, and no second copy of the model.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from models.preference import PreferenceModel
 from trainer import ModelFn, UserError, errors, internals, warm_start
 
 # The Transformer blocks' projections (models/transformer/blocks.py), by Keras path.
@@ -92,6 +98,8 @@ class LoRA(ModelFn):
         self.input_map = model.input_map
         self._frozen: list = []  # the base's variables, once loaded
         self._layers: dict[str, keras.layers.Dense] = {}  # the adapted layers, once made
+        if isinstance(model, PreferenceModel):  # DPO may score against the base
+            model.offer_base(self.adapters_off)
 
     def __str__(self) -> str:
         return f"LoRA({self.adapted})"
@@ -140,11 +148,22 @@ class LoRA(ModelFn):
         try:
             for layer in layers:
                 internals.stored_kernel(layer).assign(merged_kernel(layer))
-                layer.lora_enabled = False
-            yield self
+            with self.adapters_off():
+                yield self
         finally:
             for layer, kernel in zip(layers, kept, strict=True):
                 internals.stored_kernel(layer).assign(kernel)
+
+    @contextlib.contextmanager
+    def adapters_off(self):
+        """The base alone while inside: what is called (or traced) computes without adapters."""
+        layers = list(self._layers.values())
+        try:
+            for layer in layers:
+                layer.lora_enabled = False
+            yield self
+        finally:
+            for layer in layers:
                 layer.lora_enabled = True
 
 

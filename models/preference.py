@@ -21,10 +21,13 @@ Reported beside the loss, as users of TRL read them: ``rewards_chosen``,
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import gin
 import tensorflow as tf
+from absl import logging
 
 from models.transformer.blocks import Transformer, checked_ids, positions_of, segments_of
 from models.transformer.tasks import LanguageModel
@@ -103,7 +106,9 @@ class PreferenceModel(LanguageModel):
       reference: DPO's reference model held in memory: its model_dir (or checkpoint),
         a model of this one's ``stack``, scored on each batch as it trains, frozen and
         not checkpointed; None (the default): its log-probabilities are read from
-        beside the pairs (``chat.pairs_input_fn.reference``), computed once.
+        beside the pairs (``chat.pairs_input_fn.reference``), computed once, or, under
+        ``models.lora.LoRA`` and with none beside the pairs, computed by LoRA's base
+        (this model, its adapters off).
       **kwargs: the rest of ``LanguageModel``'s (generation, ``bytes``).
     """
 
@@ -141,6 +146,7 @@ class PreferenceModel(LanguageModel):
             )
         self.loss, self.beta, self.gamma, self.reference = loss, beta, gamma, reference
         self._held = None  # the reference held in memory, if it is
+        self._base = None  # LoRA's adapters_off, when LoRA adapts this model
         if reference is not None:  # outside the tracked attributes: not trained, not saved
             stack = type(self.stack).from_config(self.stack.get_config())
             self._held = _Held(LanguageModel(vocab_size, stack))
@@ -160,6 +166,13 @@ class PreferenceModel(LanguageModel):
             "give the model_dir of the model DPO starts from",
         )
         self._held.loaded = True
+
+    def offer_base(self, adapters_off: Callable[[], contextlib.AbstractContextManager]) -> None:
+        """DPO's reference when no other is given: this model inside ``adapters_off()``.
+
+        ``models.lora.LoRA`` offers it: its base, the same weights with the adapters off.
+        """
+        self._base = adapters_off
 
     def __call__(self, features, labels, mode):
         """A pair's loss and rewards; a language model's Spec for any other batch."""
@@ -205,6 +218,12 @@ class PreferenceModel(LanguageModel):
                 tf.stop_gradient(logps_of(self._held.model, features, labels, n, False))
                 for n in answers
             )
+        if not stored and self._base is not None:  # LoRA's base: its adapters off
+            _say_once("DPO's reference is LoRA's base: the model with its adapters off")
+            with self._base():
+                return tuple(
+                    tf.stop_gradient(logps_of(self, features, labels, n, False)) for n in answers
+                )
         if len(stored) < 2:
             raise UserError(
                 "PreferenceModel.loss = 'dpo' scores each answer against the reference "
@@ -224,6 +243,16 @@ class PreferenceModel(LanguageModel):
         (``chat.scoring_input_fn``, what ``datasets.chat.reference`` scores).
         """
         return logps_of(self, features, scored, name, training=mode == Mode.TRAIN)
+
+
+_SAID: set[str] = set()
+
+
+def _say_once(line: str) -> None:
+    """Logs ``line`` once a process (a step is traced more than once)."""
+    if line not in _SAID:
+        _SAID.add(line)
+        logging.info("%s", line)
 
 
 class _Held:

@@ -200,3 +200,27 @@ def test_a_preference_model_tunes_through_adapters(tmp_path):
     estimator.train(functools.partial(input_fns.pairs_input_fn, data_dir=chats.prepared_pairs()), 2)
     assert len(model.trainable_variables) == 12
     assert all(np.abs(layer.lora_kernel_b.numpy()).max() > 0 for layer in model._layers.values())
+
+
+def test_dpo_through_adapters_scores_against_the_base_as_a_held_copy_of_it_would(tmp_path):
+    """LoRA over DPO given no reference: the reference is the base itself, the adapters
+    off (no second copy of the model); three steps train what they train against a
+    copy of the same base held in memory."""
+    pairs = functools.partial(input_fns.pairs_input_fn, data_dir=chats.prepared_pairs())
+    found = {}
+    for name, held in (("base", None), ("held", chats.untrained_base())):
+        model = LoRA(chats.preference_model("dpo", held), chats.untrained_base(), rank=2)
+        estimator = trainer.Estimator(
+            model,
+            str(tmp_path / name),
+            optimizer=keras.optimizers.SGD(0.5),
+            global_batch_size=16,
+            seed=0,
+            progress=False,
+        )
+        estimator.train(pairs, 3)
+        found[name] = [v.numpy() for v in model.trainable_variables]
+    assert len(found["base"]) == len(found["held"]) == 12  # the adapters alone
+    for ours, held in zip(found["base"], found["held"], strict=True):
+        np.testing.assert_allclose(ours, held, rtol=0, atol=1e-6)
+    assert max(np.abs(w).max() for w in found["base"][1::2]) > 1e-3  # B moved from zero
