@@ -131,7 +131,8 @@ def records(data_dir: str, split: str) -> list[dict]:
 
 def test_chats_are_the_models_own_tokens_and_the_mask_spells_the_answers(prepared):
     """Each chat's ids are its tokenizer's of the whole rendered text, then its end token;
-    the tokens marked detokenize to each answer and its end, and nothing else."""
+    the tokens marked detokenize to each answer and its end, and nothing else, and are
+    those Hugging Face's offsets mark."""
     preset, jsonl, data_dir = prepared
     tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(preset)
     metadata = shards.read_metadata(data_dir)
@@ -152,6 +153,13 @@ def test_chats_are_the_models_own_tokens_and_the_mask_spells_the_answers(prepare
             m["content"] + "<|im_end|>\n" for m in messages if m["role"] == "assistant"
         )
         assert tokenizer.detokenize(marked) == answers
+        # Hugging Face's mask of the same tokens: those holding a span's character, by the
+        # character offsets its tokenizers library gives (keras-hub's own Python path).
+        rendered = template.render(messages)
+        offsets = tokenizer._tokenizer.encode(rendered.text).offsets
+        spans = rendered.spans
+        theirs = [any(a < end and b > start for start, end in spans) for a, b in offsets]
+        np.testing.assert_array_equal(record["mask"][:-1], theirs)
     assert any(ord(c) > 127 for m in rows for t in m for c in t["content"])  # «é» among them
 
 
