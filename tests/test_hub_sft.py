@@ -217,6 +217,24 @@ def test_pairs_prepared_by_the_models_tokenizer_mark_each_answer(prepared, tmp_p
         assert said["rejected"] == row["rejected"] + "<|im_end|>\n"
 
 
+def test_pairs_for_a_keras_hub_model_given_to_a_preference_model_are_one_line(prepared, tmp_path):
+    """PreferenceModel reads bytes, 0 its padding (GPT-2's "!"): pairs prepared with a
+    preset are refused where they are read, naming how to prepare them."""
+    from datasets.chat import pairs
+
+    source = str(tmp_path / "pairs.jsonl")
+    with open(source, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(row) + "\n" for row in chats.pair_rows(4))
+    out = str(tmp_path / "pairs")
+    pairs.prepare(source, out, eval_fraction=0.25, preset=prepared[0])
+    with pytest.raises(trainer.UserError) as caught:
+        input_fns.pairs_input_fn(Mode.TRAIN, InputParams(BATCH, BATCH), data_dir=out)
+    assert first_line(caught.value) == (
+        f"{out} holds pairs tokenized by GPT2Tokenizer for a keras-hub model (prepare "
+        "--preset), and PreferenceModel reads bytes: prepare the pairs again without --preset"
+    )
+
+
 @pytest.mark.slow
 def test_three_steps_equal_keras_hub_fit_with_a_masked_loss_and_evaluate_alike(prepared, tmp_path):
     """The Estimator trains the model as it is, on the input_fn's (x, y, sample_weight)

@@ -231,6 +231,7 @@ def pairs_input_fn(
     wanted = train_split if mode == Mode.TRAIN else eval_split
     metadata, paths = shards.check_shards(data_dir, wanted)
     preparation.check_prepared(metadata, data_dir, "pairs")
+    check_bytes(metadata, data_dir)
     split = wanted or shards.eval_split(metadata)
     if mode == Mode.PREDICT:  # a prompt's length is not kept
         source = text.split_examples(data_dir, metadata, paths, split, pair_prompt_of)
@@ -254,12 +255,27 @@ def scoring_input_fn(data_dir: str, split: str, order: np.ndarray):
     def input_fn(mode: Mode, params: InputParams) -> tf.data.Dataset:
         metadata, paths = shards.check_shards(data_dir, split)
         preparation.check_prepared(metadata, data_dir, "pairs")
+        check_bytes(metadata, data_dir)
         source = text.split_examples(data_dir, metadata, paths, split, next_of_pair)
         records = scores.Rearranged(source.records, order)
         source = pipeline.RecordExamples(records, next_of_pair, source.name)
         return pipeline.build(source, mode, params, scored_inputs, name=f"scored-{split}")
 
     return input_fn
+
+
+def check_bytes(metadata: dict, data_dir: str) -> None:
+    """Refuses pairs tokenized for a keras-hub model: ``PreferenceModel`` reads bytes.
+
+    Its models take id 0 for padding, which is a token of such a model's own (GPT-2's
+    ``!``): they would read those tokens as padding.
+    """
+    if "preset" in metadata:
+        raise UserError(
+            f"{data_dir} holds pairs tokenized by {metadata['tokenizer']} for a keras-hub "
+            "model (prepare --preset), and PreferenceModel reads bytes: prepare the pairs "
+            "again without --preset"
+        )
 
 
 def scored_inputs(example: dict):
