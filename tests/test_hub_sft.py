@@ -6,7 +6,9 @@ a real one: trained on them with Hugging Face's ``tokenizers``, as GPT-2's was, 
 saved with a tiny GPT-2 by keras-hub's ``save_to_preset``. The model is loaded from
 that preset without its preprocessor and compiled with a loss that is the mean over
 the assistant's tokens (``reduction='mean_with_sample_weight'``); the Estimator's
-three steps equal keras-hub's own ``fit`` of the same batches within 2e-5.
+three steps equal keras-hub's own ``fit`` of the same batches within 2e-5. A tiny
+Gemma's SentencePiece tokenizer marks its chats too; pairs prepared so are refused by
+the preference model, which reads bytes; a WordPiece preset and packing are refused.
 """
 
 import functools
