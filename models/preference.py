@@ -219,7 +219,9 @@ class PreferenceModel(LanguageModel):
                 for n in answers
             )
         if not stored and self._base is not None:  # LoRA's base: its adapters off
-            _say_once("DPO's reference is LoRA's base: the model with its adapters off")
+            logging.log_first_n(  # once a process: a step is traced more than once
+                logging.INFO, "DPO's reference is LoRA's base: the model with its adapters off", 1
+            )
             with self._base():
                 return tuple(
                     tf.stop_gradient(logps_of(self, features, labels, n, False)) for n in answers
@@ -243,16 +245,6 @@ class PreferenceModel(LanguageModel):
         (``chat.scoring_input_fn``, what ``datasets.chat.reference`` scores).
         """
         return logps_of(self, features, scored, name, training=mode == Mode.TRAIN)
-
-
-_SAID: set[str] = set()
-
-
-def _say_once(line: str) -> None:
-    """Logs ``line`` once a process (a step is traced more than once)."""
-    if line not in _SAID:
-        _SAID.add(line)
-        logging.info("%s", line)
 
 
 class _Held:
