@@ -174,7 +174,7 @@ def tokens_per_second(row: str, source, seconds: float, chunk: int = 20) -> floa
     """Real tokens/s of one Estimator.train, between its first and last log step."""
     bound(row)
     lm = row in LM_ROWS
-    input_fn = input_fn_of(source, next_tokens if lm else tokens_and_label), []
+    input_fn = input_fn_of(source, next_tokens if lm else tokens_and_label)
 
     with tempfile.TemporaryDirectory() as model_dir:
         estimator = Estimator(

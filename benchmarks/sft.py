@@ -105,7 +105,7 @@ def tokens_per_second(data_dir: str, row: str, seconds: float, base: str, chunk:
     """Tokens read per second by one Estimator.train, between its first and last log step."""
     gin.bind_parameter("packing.length", LENGTH)
     gin.bind_parameter("packing.rows_multiple", 8)
-    input_fn = input_fn_of(data_dir, row), []
+    input_fn = input_fn_of(data_dir, row)
 
     with tempfile.TemporaryDirectory() as model_dir:
         estimator = Estimator(
